@@ -1,0 +1,3 @@
+from nondet.cli.app import main
+
+main()

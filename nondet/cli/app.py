@@ -1,0 +1,79 @@
+"""The `nondet` command: a typer app with one module per command and one error boundary.
+
+Command modules register themselves here; this file imports no torch, so `nondet --help`
+stays fast. Heavy imports happen inside each command's function body.
+"""
+
+import os
+import sys
+
+import typer
+
+from nondet.errors import NondetError
+
+app = typer.Typer(
+    name="nondet",
+    help="Find, explain and prove the fix for batch-variance nondeterminism in LLM inference.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Find, explain and prove the fix for batch-variance nondeterminism in LLM inference.
+
+    Start with `nondet probe` (embedded demo model) or `nondet probe --model DIR`.
+    Exit codes: 0 ok, 1 gate policy violated, 2 usage error, 3 could not run (model,
+    memory, server), 4 bad run directory, 5 bad server response, 70 internal error.
+    """
+
+
+def _register_commands() -> None:
+    # Each module defines its command(s) on `app` (or a sub-app) at import time.
+    from nondet.cli import probe  # noqa: F401
+
+    for optional in ("bisect", "report", "gate", "kernels"):
+        try:
+            __import__(f"nondet.cli.{optional}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"nondet.cli.{optional}":
+                raise
+
+
+def main() -> None:
+    """Entry point: run the app behind the one error boundary."""
+    _register_commands()
+    try:
+        app(standalone_mode=False)
+    except NondetError as exc:
+        _fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted; results already written stay in the run directory", 130)
+    except Exception as exc:  # noqa: BLE001 - the boundary: never a traceback by default
+        handled = _handle_click_exception(exc)
+        if handled is None:
+            _fail(f"internal error: {type(exc).__name__}: {exc} (NONDET_DEBUG=1 shows the traceback)", 70)
+        sys.exit(handled)
+
+
+def _handle_click_exception(exc: Exception) -> int | None:
+    """typer's parse errors (bad flags) carry their own exit code and message."""
+    show = getattr(exc, "show", None)
+    exit_code = getattr(exc, "exit_code", None)
+    if callable(show) and isinstance(exit_code, int):
+        if os.environ.get("NONDET_DEBUG") == "1":
+            raise exc
+        show()
+        return exit_code
+    if type(exc).__name__ == "Abort":
+        return 130
+    return None
+
+
+def _fail(message: str, code: int) -> None:
+    if os.environ.get("NONDET_DEBUG") == "1":
+        raise
+    print(f"nondet: error: {message}", file=sys.stderr)
+    sys.exit(code)

@@ -1,0 +1,61 @@
+"""Rich rendering of probe summaries (tables, branch tokens), shared by probe and gate."""
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+
+def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
+    for mode, m in summary["modes"].items():
+        console.print(_conditions_table(mode, m))
+        tree = m.get("branch_tree")
+        if tree:
+            console.print(branch_line(tree))
+    if len(summary["modes"]) > 1:
+        console.print(_side_by_side(summary["modes"]))
+    console.print(Text(summary["verdict"], style="bold"))
+    console.print(f"run directory: {run_dir}")
+
+
+def _conditions_table(mode: str, m: dict) -> Table:
+    table = Table(title=f"kernels: {mode}  (reference = prompt alone at batch size 1)")
+    for col in ("condition", "runs", "distinct", "first token divergence", "first numeric divergence"):
+        table.add_column(col, justify="left" if col == "condition" else "right")
+    for c in m["conditions"]:
+        table.add_row(c["condition_id"].split("/", 1)[1], str(c["n_runs"]), str(c["distinct_completions"]),
+                      _step(c["first_token_divergence"]), _step(c["first_numeric_divergence"]))
+    table.caption = (f"{m['distinct_completions']} distinct completion(s) over {m['n_runs']} runs; "
+                     f"most common x{m['most_common_count']}")
+    return table
+
+
+def branch_line(tree: dict) -> Text:
+    """'step 93: ' Queens' x7 (margin 0.012) / ' New' x2 (margin 0.004)' for the first branch."""
+    line = Text(f"branch at step {tree['step']}: ", style="bold")
+    line.append(f"…{tree['prefix_text'][-40:]!r} -> ")
+    parts = []
+    for alt in tree["alternatives"]:
+        ref = " (reference)" if alt["is_reference"] else ""
+        parts.append(f"{alt['piece']!r} x{alt['count']}{ref} margin {_margin(alt['margin'])}")
+    line.append(" / ".join(parts))
+    return line
+
+
+def _side_by_side(modes: dict) -> Table:
+    table = Table(title="confirm: default vs batch-invariant kernels")
+    table.add_column("")
+    for mode in modes:
+        table.add_column(mode, justify="right")
+    for key, label in (("distinct_completions", "distinct completions"), ("n_runs", "runs"),
+                       ("first_token_divergence", "first token divergence"),
+                       ("first_numeric_divergence", "first numeric divergence")):
+        table.add_row(label, *(_step(m[key]) for m in modes.values()))
+    return table
+
+
+def _step(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def _margin(hex_value) -> str:
+    return "?" if hex_value is None else f"{float.fromhex(hex_value):.4g}"

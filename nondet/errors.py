@@ -1,0 +1,51 @@
+"""The only errors the CLI shows to a user: one line each, with a distinct exit code.
+
+Exit codes (also in the README):
+  1  policy violated (nondet gate only)
+  2  usage or configuration error (bad flag values, empty prompt, unreadable file)
+  3  could not run: model missing or not loadable, out of memory, server unreachable
+  4  bad run directory (missing or malformed files)
+  5  server answered, but with an unusable response (HTTP error, malformed JSON)
+"""
+
+
+class NondetError(Exception):
+    """Base class. `exit_code` is what the CLI exits with; the message is one line."""
+
+    exit_code = 2
+
+
+class UsageError(NondetError):
+    """A flag, config value or input file the user gave is not usable."""
+
+    exit_code = 2
+
+
+class ModelLoadError(NondetError):
+    """The model (or tokenizer) could not be found or loaded."""
+
+    exit_code = 3
+
+
+class OutOfMemoryError(NondetError):
+    """The device ran out of memory; results already written stay on disk."""
+
+    exit_code = 3
+
+
+class ServerUnreachableError(NondetError):
+    """A live server refused the connection, timed out or hung."""
+
+    exit_code = 3
+
+
+class RunDirError(NondetError):
+    """A run directory is missing, incomplete or malformed."""
+
+    exit_code = 4
+
+
+class ServerResponseError(NondetError):
+    """A live server answered with an HTTP error or a malformed body."""
+
+    exit_code = 5

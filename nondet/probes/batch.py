@@ -1,0 +1,53 @@
+"""Build the token batch of one condition: the target in its rows, fillers elsewhere.
+
+Same-length fillers are cut or repeated to exactly the target's token count, so the batch
+needs no padding and nothing but the batch composition changes. Ragged fillers have other
+lengths and the batch is left-padded: a separate, labelled condition.
+"""
+
+from dataclasses import dataclass
+
+from nondet.probes.conditions import Condition
+
+
+@dataclass
+class Batch:
+    input_ids: list[list[int]]  # [batch, seq] left-padded token ids
+    attention_mask: list[list[int]]  # [batch, seq] 1 = real token
+    target_rows: tuple[int, ...]
+
+
+def build_batch(condition: Condition, target: list[int], fillers: list[list[int]],
+                pad_id: int) -> Batch:
+    rows: list[list[int]] = []
+    filler_index = 0
+    for row in range(condition.batch_size):
+        if row in condition.positions:
+            rows.append(list(target))
+            continue
+        source = fillers[filler_index % len(fillers)]
+        length = _ragged_length(len(target), filler_index) if condition.fillers == "ragged" else len(target)
+        rows.append(fit_length(source, length))
+        filler_index += 1
+    return _left_pad(rows, pad_id, condition.positions)
+
+
+def fit_length(tokens: list[int], length: int) -> list[int]:
+    """Repeat or cut a filler so it has exactly `length` tokens."""
+    if not tokens:
+        raise ValueError("a filler prompt tokenized to no tokens")
+    repeated = tokens * (length // len(tokens) + 1)
+    return repeated[:length]
+
+
+def _ragged_length(target_len: int, filler_index: int) -> int:
+    # Alternate shorter and longer than the target, so the target row is padded too.
+    factors = (0.5, 1.75, 0.75, 2.0, 1.25)
+    return max(1, round(target_len * factors[filler_index % len(factors)]))
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, targets: tuple[int, ...]) -> Batch:
+    width = max(map(len, rows))
+    ids = [[pad_id] * (width - len(r)) + r for r in rows]
+    mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
+    return Batch(ids, mask, targets)

@@ -1,0 +1,160 @@
+"""Diff token streams against the reference: first divergences, distinct completions, branches.
+
+Pure Python on the run-directory records (no torch), so reports and tests can use it.
+A stream is a dict with "run_id", "condition_id", "position", "is_reference" and "steps"
+(each step: "token", "logprob" as float.hex, "margin" as float.hex, "piece").
+"""
+
+from collections import Counter
+from typing import Callable
+
+Decode = Callable[[list[int]], str]
+PREFIX_CHARS = 80  # characters of shared prefix shown before a branch point
+
+
+def tokens_of(stream: dict) -> tuple[int, ...]:
+    return tuple(step["token"] for step in stream["steps"])
+
+
+def first_token_divergence(ref: dict, run: dict) -> int | None:
+    """First step where the tokens differ (or one stream ends first); None if identical."""
+    a, b = tokens_of(ref), tokens_of(run)
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def first_numeric_divergence(ref: dict, run: dict) -> int | None:
+    """First step where the chosen token's logprob bits (or the token) differ."""
+    for i, (x, y) in enumerate(zip(ref["steps"], run["steps"])):
+        if x["token"] != y["token"] or x["logprob"] != y["logprob"]:
+            return i
+    return first_token_divergence(ref, run)
+
+
+def summarize(streams: list[dict], decode: Decode | None = None) -> dict:
+    """The diff of one kernels mode's streams (the reference is the stream flagged is_reference)."""
+    decode = decode or _join_pieces(streams)
+    ref = next(s for s in streams if s["is_reference"])
+    completion_ids = _completion_ids(streams, ref)
+    runs = [_run_row(ref, s, completion_ids[tokens_of(s)]) for s in streams]
+    counts = Counter(tokens_of(s) for s in streams)
+    return {
+        "kernels": ref.get("kernels", "default"),
+        "reference_run_id": ref["run_id"],
+        "n_runs": len(streams),
+        "n_conditions": len({s["condition_id"] for s in streams}),
+        "distinct_completions": len(counts),
+        "most_common_count": max(counts.values()),
+        "first_token_divergence": _earliest(r["first_token_divergence"] for r in runs),
+        "first_numeric_divergence": _earliest(r["first_numeric_divergence"] for r in runs),
+        "runs": runs,
+        "conditions": _condition_rows(runs),
+        "completions": _completions(streams, completion_ids, counts, ref, decode),
+        "branch_tree": branch_tree(streams, decode),
+    }
+
+
+def branch_tree(streams: list[dict], decode: Decode, start: int = 0) -> dict | None:
+    """The first step >= start where these streams split, grouped by next token; recursive."""
+    step = _split_step(streams, start)
+    if step is None:
+        return None
+    groups: dict[int | None, list[dict]] = {}
+    for s in streams:
+        groups.setdefault(_token_at(s, step), []).append(s)
+    alternatives = [_alternative(tok, members, step, decode)
+                    for tok, members in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
+    prefix = decode(list(tokens_of(streams[0])[:step]))
+    return {"step": step, "count": len(streams), "prefix_text": prefix[-PREFIX_CHARS:],
+            "alternatives": alternatives}
+
+
+def _alternative(token, members: list[dict], step: int, decode: Decode) -> dict:
+    first = members[0]
+    has_step = step < len(first["steps"])
+    return {
+        "token": token,
+        "piece": first["steps"][step].get("piece", "") if has_step else "<end>",
+        "count": len(members),
+        "margin": first["steps"][step].get("margin") if has_step else None,
+        "is_reference": any(m["is_reference"] for m in members),
+        "child": branch_tree(members, decode, step + 1) if has_step else None,
+    }
+
+
+def _split_step(streams: list[dict], start: int) -> int | None:
+    longest = max(len(s["steps"]) for s in streams)
+    for step in range(start, longest):
+        if len({_token_at(s, step) for s in streams}) > 1:
+            return step
+    return None
+
+
+def _token_at(stream: dict, step: int) -> int | None:
+    return stream["steps"][step]["token"] if step < len(stream["steps"]) else None
+
+
+def _completion_ids(streams: list[dict], ref: dict) -> dict[tuple, int]:
+    counts = Counter(tokens_of(s) for s in streams)
+    ordered = sorted(counts, key=lambda t: (t != tokens_of(ref), -counts[t]))
+    return {tokens: i for i, tokens in enumerate(ordered)}
+
+
+def _run_row(ref: dict, s: dict, completion_id: int) -> dict:
+    return {
+        "run_id": s["run_id"], "condition_id": s["condition_id"], "position": s["position"],
+        "is_reference": s["is_reference"],
+        "first_token_divergence": first_token_divergence(ref, s),
+        "first_numeric_divergence": first_numeric_divergence(ref, s),
+        "completion_id": completion_id,
+    }
+
+
+def _condition_rows(runs: list[dict]) -> list[dict]:
+    by_condition: dict[str, list[dict]] = {}
+    for r in runs:
+        by_condition.setdefault(r["condition_id"], []).append(r)
+    return [{
+        "condition_id": cid,
+        "n_runs": len(rows),
+        "distinct_completions": len({r["completion_id"] for r in rows}),
+        "first_token_divergence": _earliest(r["first_token_divergence"] for r in rows),
+        "first_numeric_divergence": _earliest(r["first_numeric_divergence"] for r in rows),
+    } for cid, rows in by_condition.items()]
+
+
+def _completions(streams, completion_ids, counts, ref, decode) -> list[dict]:
+    out = []
+    for tokens, cid in sorted(completion_ids.items(), key=lambda kv: kv[1]):
+        out.append({"completion_id": cid, "count": counts[tokens],
+                    "is_reference": tokens == tokens_of(ref),
+                    "text": decode(list(tokens)), "tokens": list(tokens)})
+    return out
+
+
+def _earliest(values) -> int | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _join_pieces(streams: list[dict]) -> Decode:
+    pieces = {st["token"]: st.get("piece", "") for s in streams for st in s["steps"]}
+    return lambda tokens: "".join(pieces.get(t, "") for t in tokens)
+
+
+def verdict(modes: dict[str, dict]) -> str:
+    """One sentence: what the probe found, per kernels mode."""
+    parts = []
+    for name, m in modes.items():
+        if m["distinct_completions"] > 1:
+            parts.append(f"{name} kernels: batch-variant, {m['distinct_completions']} distinct completions "
+                         f"over {m['n_runs']} runs; first token divergence at step {m['first_token_divergence']}")
+        elif m["first_numeric_divergence"] is not None:
+            parts.append(f"{name} kernels: same tokens over {m['n_runs']} runs, but logprob bits differ "
+                         f"from step {m['first_numeric_divergence']}")
+        else:
+            parts.append(f"{name} kernels: batch-invariant, 1 distinct completion over {m['n_runs']} runs, "
+                         "bit-identical logprobs")
+    return "; ".join(parts)

@@ -1,0 +1,97 @@
+"""Load a causal LM and its tokenizer: the embedded default, a local directory or a hub id.
+
+Every path goes through from_pretrained, so the embedded default exercises the same code
+as a user's model. Errors become one-line ModelLoadError / UsageError.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nondet.errors import ModelLoadError, OutOfMemoryError, UsageError
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str | None = None  # local dir or hub id; None = the embedded default
+    dtype: str = "bfloat16"  # the default model is bf16; batch variance is largest there
+    device: str = "cpu"
+    attn_implementation: str | None = None  # None = transformers' default (sdpa)
+    trust_remote_code: bool = False  # off unless the user asks: model code is untrusted
+
+
+@dataclass
+class LoadedModel:
+    model: object  # transformers PreTrainedModel, eval mode
+    tokenizer: object
+    description: dict  # name, embedded_default, layers, hidden, vocab, params, dtype, device
+
+
+def load_model(spec: ModelSpec) -> LoadedModel:
+    if spec.dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, not {spec.dtype!r}")
+    source = _resolve_source(spec.name)
+    model, tokenizer = _from_pretrained(source, spec)
+    _ensure_pad_token(tokenizer)
+    return LoadedModel(model, tokenizer, _describe(model, spec))
+
+
+def _resolve_source(name: str | None) -> str:
+    if name is None:
+        from nondet.probes.default_model import default_model_dir
+
+        return str(default_model_dir())
+    looks_local = name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
+    if looks_local and not Path(name).expanduser().is_dir():
+        raise ModelLoadError(f"model directory not found: {name}")
+    return str(Path(name).expanduser()) if looks_local else name
+
+
+def _from_pretrained(source: str, spec: ModelSpec):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"dtype": getattr(torch, spec.dtype), "trust_remote_code": spec.trust_remote_code}
+    if spec.attn_implementation:
+        kwargs["attn_implementation"] = spec.attn_implementation
+    from transformers.utils import logging as hf_logging
+
+    bars_were_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # our own progress bar is the only one on screen
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        model = model.to(spec.device).eval()
+    except torch.OutOfMemoryError as exc:
+        raise OutOfMemoryError(f"out of memory loading {source} on {spec.device}") from exc
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"cannot load model {source!r}: {first[:300]}") from exc
+    finally:
+        if bars_were_enabled:
+            hf_logging.enable_progress_bar()
+    return model, tokenizer
+
+
+def _ensure_pad_token(tokenizer) -> None:
+    # Left padding keeps every prompt's last token in the last column (needed for ragged).
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+
+
+def _describe(model, spec: ModelSpec) -> dict:
+    cfg = model.config
+    return {
+        "name": spec.name or "nondet-default",
+        "embedded_default": spec.name is None,
+        "architecture": type(model).__name__,
+        "layers": getattr(cfg, "num_hidden_layers", None),
+        "hidden": getattr(cfg, "hidden_size", None),
+        "vocab": getattr(cfg, "vocab_size", None),
+        "params": sum(p.numel() for p in model.parameters()),
+        "dtype": spec.dtype,
+        "device": spec.device,
+        "attn_implementation": getattr(cfg, "_attn_implementation", None),
+    }

@@ -1,0 +1,148 @@
+"""`nondet probe` as a library call: replay one prompt under a sweep and diff the streams.
+
+The model is loaded once; each condition is one batched generate call; every target
+stream is appended to streams.jsonl as soon as its condition finishes, so a crash loses
+nothing already computed. The summary (diff) is written at the end.
+"""
+
+import contextlib
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from nondet.errors import UsageError
+from nondet.probes import conditions as cond
+from nondet.probes.batch import build_batch
+from nondet.probes.corpus import FILLERS
+from nondet.probes.diff import summarize, verdict
+from nondet.probes.loading import ModelSpec, load_model
+from nondet.probes.numerics import fingerprint, numerics_scope
+from nondet.probes.replay import DecodeSettings, generate_condition
+from nondet.rundir import RunDir
+
+KERNEL_MODES = ("default", "batch-invariant")
+DEFAULT_PROMPT = "Tell me about Richard Feynman"
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    prompt: str = DEFAULT_PROMPT  # the target request
+    model: ModelSpec = field(default_factory=ModelSpec)
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)  # batch sizes swept; 1 = the reference
+    placement: str = "ends"  # target rows: ends | first | last | all (every row a copy)
+    runs: int | None = None  # N target replays spread over the batches (None = placement)
+    fillers: tuple[str, ...] = FILLERS  # texts of the other requests in the batch
+    ragged: bool = False  # also run padded batches of unequal lengths (labelled "ragged")
+    max_new_tokens: int = 200  # the default model's first flips come at tokens ~10-150
+    temperature: float = 0.0  # 0 = greedy
+    seed: int = 0  # per-request generator seed when sampling
+    kernels: tuple[str, ...] = ("default",)  # kernel modes run in order ("--confirm" = both)
+    threads: int | None = None  # torch CPU threads (None = torch's default); fingerprinted
+    out: str | None = None  # run directory (None = nondet-runs/<time>-probe)
+    argv: tuple[str, ...] = ()  # the command line, for "reproduce" in reports
+
+
+@dataclass
+class ProbeResult:
+    run_dir: Path
+    summary: dict  # summary.json contents
+    seconds: float
+
+
+OnCondition = Callable[[cond.Condition, int, int], None]  # (condition, index, total)
+
+
+def run_probe(config: ProbeConfig, on_condition: OnCondition | None = None) -> ProbeResult:
+    _validate(config)
+    started = time.perf_counter()
+    run_dir = RunDir(config.out or default_run_dir("probe"))
+    loaded = load_model(config.model)
+    with numerics_scope(config.threads):
+        target, fillers = _tokenize(loaded.tokenizer, config)
+        plans = [c for mode in config.kernels for c in cond.plan_conditions(
+            config.batch_sizes, config.placement, config.runs, config.ragged, mode)]
+        _write_header(run_dir, config, loaded.description)
+        streams = _replay_all(loaded, plans, target, fillers, config, run_dir, on_condition)
+    summary = summarize_modes(streams, loaded.tokenizer)
+    run_dir.write_json("summary.json", summary)
+    return ProbeResult(run_dir.path, summary, time.perf_counter() - started)
+
+
+def summarize_modes(streams: list[dict], tokenizer=None) -> dict:
+    decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
+    modes = {}
+    for mode in dict.fromkeys(s["kernels"] for s in streams):
+        modes[mode] = summarize([s for s in streams if s["kernels"] == mode], decode)
+    return {"modes": modes, "verdict": verdict(modes)}
+
+
+def default_run_dir(command: str) -> str:
+    return str(Path("nondet-runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}")
+
+
+def _validate(config: ProbeConfig) -> None:
+    if not config.prompt.strip():
+        raise UsageError("the prompt is empty; pass --prompt TEXT or --prompt-file FILE")
+    if config.max_new_tokens < 1:
+        raise UsageError("--max-new-tokens must be >= 1")
+    if config.temperature < 0:
+        raise UsageError("--temperature must be >= 0")
+    for mode in config.kernels:
+        if mode not in KERNEL_MODES:
+            raise UsageError(f"--kernels must be one of {', '.join(KERNEL_MODES)}, not {mode!r}")
+    if not config.fillers:
+        raise UsageError("no filler prompts: the fillers file is empty")
+
+
+def _tokenize(tokenizer, config: ProbeConfig) -> tuple[list[int], list[list[int]]]:
+    target = tokenizer(config.prompt, add_special_tokens=False)["input_ids"]
+    fillers = [tokenizer(f, add_special_tokens=False)["input_ids"] for f in config.fillers]
+    return target, [f for f in fillers if f] or [target]
+
+
+def _write_header(run_dir: RunDir, config: ProbeConfig, description: dict) -> None:
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    from nondet import __version__
+
+    run_dir.write_json("config.json", {"command": "probe", "argv": list(config.argv),
+                                       "config": asdict(config), "nondet_version": __version__})
+    run_dir.write_json("fingerprint.json", fingerprint(description, ",".join(config.kernels)))
+
+
+def _replay_all(loaded, plans, target, fillers, config, run_dir, on_condition) -> list[dict]:
+    settings = DecodeSettings(config.max_new_tokens, config.temperature, config.seed)
+    streams: list[dict] = []
+    for index, condition in enumerate(plans):
+        if on_condition:
+            on_condition(condition, index, len(plans))
+        run_dir.append_jsonl("conditions.jsonl", condition.to_json())
+        batch = build_batch(condition, target, fillers, loaded.tokenizer.pad_token_id)
+        with kernels_mode(condition.kernels, loaded.model):
+            rows = generate_condition(loaded.model, loaded.tokenizer, batch, settings)
+        for row, steps in rows.items():
+            stream = _stream_record(len(streams), condition, row, steps, len(target), loaded.tokenizer)
+            run_dir.append_jsonl("streams.jsonl", stream)
+            streams.append(stream)
+    return streams
+
+
+def kernels_mode(mode: str, model):
+    """The batch-invariant mode around a call, or nothing for the default kernels."""
+    if mode == "default":
+        return contextlib.nullcontext()
+    from nondet.kernels import batch_invariant
+
+    return batch_invariant(model=model)
+
+
+def _stream_record(run_id, condition, row, steps, prompt_tokens, tokenizer) -> dict:
+    for step in steps:
+        step["piece"] = tokenizer.decode([step["token"]])
+    tokens = [s["token"] for s in steps]
+    return {
+        "run_id": run_id, "condition_id": condition.condition_id, "kernels": condition.kernels,
+        "position": row, "is_reference": condition.is_reference, "prompt_tokens": prompt_tokens,
+        "finish": "length" if len(steps) else "empty", "text": tokenizer.decode(tokens),
+        "steps": steps,
+    }

@@ -1,0 +1,56 @@
+"""One condition = one batched `model.generate` call; returns the target rows' streams."""
+
+from dataclasses import dataclass
+
+from nondet.errors import OutOfMemoryError
+from nondet.probes.batch import Batch
+from nondet.probes.recorder import StepRecorder
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    max_new_tokens: int
+    temperature: float  # 0 = greedy
+    seed: int  # seeds each request's own generator when sampling
+
+
+def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings) -> dict[int, list[dict]]:
+    """Run generate on the batch; {target row: [step record, ...]} truncated after EOS."""
+    import torch
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    device = model.device
+    recorder = StepRecorder(batch.target_rows, len(batch.input_ids), settings.temperature, settings.seed)
+    eos = _eos_ids(model, tokenizer)
+    config = GenerationConfig(
+        do_sample=False,  # sampling, when asked, is done by the recorder per request
+        max_new_tokens=settings.max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos or None,
+    )
+    try:
+        with torch.inference_mode():
+            model.generate(
+                input_ids=torch.tensor(batch.input_ids, device=device),
+                attention_mask=torch.tensor(batch.attention_mask, device=device),
+                generation_config=config,
+                logits_processor=LogitsProcessorList([recorder]),
+            )
+    except torch.OutOfMemoryError as exc:
+        raise OutOfMemoryError(
+            f"out of memory at batch size {len(batch.input_ids)}; finished conditions are in the run directory") from exc
+    return {row: _truncate_at_eos(steps, eos) for row, steps in recorder.steps.items()}
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+
+
+def _truncate_at_eos(steps: list[dict], eos: list[int]) -> list[dict]:
+    for i, step in enumerate(steps):
+        if step["token"] in eos:
+            return steps[: i + 1]
+    return steps

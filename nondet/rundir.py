@@ -1,0 +1,137 @@
+"""The run directory: the only module that reads or writes its files (docs/run-directory.md).
+
+JSON is written with `ensure_ascii=True`, so model text survives exactly, including lone
+surrogates (bytes that were not valid UTF-8, decoded with "surrogateescape") and control
+characters. JSONL lines are flushed and fsynced one by one, so a crash loses at most the
+line being written; a reader skips such a torn last line. Imports no torch.
+"""
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from nondet.errors import RunDirError
+
+
+class RunDir:
+    """A run directory on disk. Creating the object touches nothing; writers create it."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def exists(self, name: str) -> bool:
+        return self.file(name).is_file()
+
+    def require(self) -> None:
+        """Raise RunDirError unless the directory exists."""
+        if not self.path.is_dir():
+            raise RunDirError(f"run directory not found: {self.path} (create one with `nondet probe`)")
+
+    # -- JSON ---------------------------------------------------------------------------
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        """Write one JSON document atomically (temp file, fsync, rename)."""
+        return self.write_text(name, json.dumps(obj, indent=2, ensure_ascii=True) + "\n")
+
+    def read_json(self, name: str) -> Any:
+        text = self.read_text(name)
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise RunDirError(f"{self.file(name)}: malformed JSON at line {exc.lineno}: {exc.msg}") from None
+
+    # -- JSONL --------------------------------------------------------------------------
+
+    def append_jsonl(self, name: str, obj: Any) -> None:
+        """Append one record as one line, flushed and fsynced before returning."""
+        line = json.dumps(obj, ensure_ascii=True, separators=(",", ":")) + "\n"
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.file(name), "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read_jsonl(self, name: str) -> list[Any]:
+        """All records. A torn last line (no newline, not parseable: a crash) is skipped."""
+        text = self.read_text(name)
+        lines = text.split("\n")
+        records = []
+        for i, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                if i == len(lines):  # last line without a newline: the write was cut off
+                    break
+                raise RunDirError(f"{self.file(name)}: malformed JSON on line {i}: {exc.msg}") from None
+        return records
+
+    # -- CSV ----------------------------------------------------------------------------
+
+    def write_csv(self, name: str, rows: Iterable[dict], fieldnames: list[str]) -> Path:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=fieldnames, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in fieldnames})
+        return self.write_text(name, buf.getvalue())
+
+    def read_csv(self, name: str) -> list[dict[str, str]]:
+        """Rows as dicts of strings (empty string = missing)."""
+        text = self.read_text(name)
+        try:
+            return list(csv.DictReader(io.StringIO(text)))
+        except csv.Error as exc:
+            raise RunDirError(f"{self.file(name)}: malformed CSV: {exc}") from None
+
+    # -- raw text and bytes -------------------------------------------------------------
+
+    def read_text(self, name: str) -> str:
+        path = self.file(name)
+        if not path.is_file():
+            self.require()
+            raise RunDirError(f"{path}: missing from the run directory")
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise RunDirError(f"{path}: not UTF-8 (byte {exc.start})") from None
+
+    def write_text(self, name: str, text: str) -> Path:
+        return self.write_bytes(name, text.encode("utf-8"))
+
+    def write_bytes(self, name: str, data: bytes) -> Path:
+        """Write a whole file atomically; creates the directory and subfolders."""
+        path = self.file(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return path
+
+
+def hex_to_float(s: str | None) -> float | None:
+    """`float.fromhex` for stored bit-exact floats; None stays None."""
+    if s is None:
+        return None
+    try:
+        return float.fromhex(s)
+    except (TypeError, ValueError):
+        raise RunDirError(f"not a float.hex() string: {s!r}") from None
+
+
+def float_to_hex(x: float | None) -> str | None:
+    """The stored form of a float that must compare bitwise; None stays None."""
+    return None if x is None else float(x).hex()

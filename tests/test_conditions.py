@@ -1,0 +1,51 @@
+import pytest
+
+from nondet.errors import UsageError
+from nondet.probes.batch import build_batch, fit_length
+from nondet.probes.conditions import parse_batch_sizes, plan_conditions
+
+
+def test_parse_batch_sizes_ranges_and_reference():
+    assert parse_batch_sizes("4,2") == (1, 2, 4)
+    assert parse_batch_sizes("1-4,8") == (1, 2, 3, 4, 8)
+
+
+@pytest.mark.parametrize("text", ["0", "2,0", "a", "", "-3"])
+def test_bad_batch_sizes(text):
+    with pytest.raises(UsageError):
+        parse_batch_sizes(text)
+
+
+def test_plan_reference_first_and_ends():
+    plans = plan_conditions((1, 4, 8), "ends", None, False, "default")
+    assert plans[0].is_reference and plans[0].batch_size == 1
+    assert [(c.batch_size, c.positions) for c in plans[1:]] == [(4, (0, 3)), (8, (0, 7))]
+
+
+def test_runs_spread_over_batches():
+    plans = plan_conditions((1, 2, 4), "ends", 6, False, "default")
+    rows = {c.batch_size: c.positions for c in plans}
+    assert sum(len(p) for p in rows.values()) == 6
+    assert rows[4] == (0, 1, 3) or len(rows[4]) == 3
+
+
+def test_runs_beyond_capacity_is_usage_error():
+    with pytest.raises(UsageError, match="--runs"):
+        plan_conditions((1, 2), "ends", 10, False, "default")
+
+
+def test_same_length_fillers_need_no_padding_and_ragged_does():
+    target = [5, 6, 7, 8]
+    plans = plan_conditions((1, 4), "first", None, True, "default")
+    same, ragged = plans[1], plans[2]
+    b = build_batch(same, target, [[1, 2], [3, 4, 5, 6, 7, 8, 9]], pad_id=0)
+    assert all(len(r) == 4 for r in b.input_ids) and all(all(m) for m in b.attention_mask)
+    assert b.input_ids[0] == target
+    r = build_batch(ragged, target, [[1, 2], [3]], pad_id=0)
+    assert ragged.fillers == "ragged" and any(0 in m for m in r.attention_mask)
+    assert r.input_ids[ragged.positions[0]][-4:] == target
+
+
+def test_fit_length_repeats_and_cuts():
+    assert fit_length([1, 2], 5) == [1, 2, 1, 2, 1]
+    assert fit_length([1, 2, 3], 2) == [1, 2]
