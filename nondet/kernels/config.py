@@ -1,0 +1,64 @@
+"""One fixed kernel configuration per dtype: no autotuning, nothing that depends on M.
+
+A row's result may depend only on that row's data, never on how many rows share the launch.
+Tile sizes and the K chunk therefore depend on the dtype alone (the K chunk count depends on
+K, which is a property of the weight, never of the batch).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    block_m: int  # rows of A per program; fixed so every row meets the same MMA shape
+    block_n: int  # columns of B per program
+    block_k: int  # K step of one tl.dot; the order of these steps is the reduction order
+    k_chunk: int  # K is summed in chunks of this size (twice this size when K > 4 * k_chunk, so
+    #               long K gets fewer restarts), each from zero, then the chunk sums are added in
+    #               order: the same arithmetic whether chunks run in one program or in parallel.
+    #               The chunk depends on K alone (a property of the weight), never on M.
+    group_m: int  # L2-friendly program order; changes scheduling only, never numerics
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    block_m: int  # query rows (query positions x heads of one KV group) per program, prefill and decode alike
+    block_n: int  # KV positions per inner step
+    kv_chunk: int  # KV is split into chunks of this FIXED size, merged in order (never a fixed number of splits)
+    num_warps: int
+    num_stages: int
+
+
+# fp16/bf16 use the tensor cores; fp32 uses IEEE fma (input_precision="ieee", never TF32).
+# bf16/fp16: chosen on an H200 from a CUDA-graph-timed sweep (docs/benchmarks.md) of 128x128 and
+# 128x256 tiles with 1024 / 2048 / no K chunks; 128x256x64 was best over the issue's shapes.
+MATMUL_CONFIGS = {
+    torch.bfloat16: MatmulConfig(128, 256, 64, 1024, 8, 8, 3),
+    torch.float16: MatmulConfig(128, 256, 64, 1024, 8, 8, 3),
+    torch.float32: MatmulConfig(64, 64, 32, 1024, 8, 4, 3),
+}
+
+# block_m 16 keeps decode (a few rows: the heads of one KV group) from wasting the tile;
+# prefill uses the same tile so its per-row arithmetic equals decode's (H200 sweep).
+ATTENTION_CONFIGS = {
+    torch.bfloat16: AttentionConfig(16, 128, 512, 4, 2),
+    torch.float16: AttentionConfig(16, 128, 512, 4, 2),
+    torch.float32: AttentionConfig(16, 32, 512, 4, 1),
+}
+
+# Row kernels (norms, softmax): a whole row in one program up to this many columns;
+# longer rows are walked in blocks of this size, in order.
+ROW_BLOCK_MAX = 8192
+
+# CPU path: every row of a matmul / reduction is computed inside a call of exactly this many
+# rows (the last block padded with zeros), so MKL/oneDNN always sees the same shape.
+CPU_ROW_BLOCK = 16
+
+
+def k_chunk_for(k: int, cfg: MatmulConfig) -> int:
+    """The K chunk for a reduction of length k: a function of k (and the dtype's config) only."""
+    return cfg.k_chunk if k <= 4 * cfg.k_chunk else 2 * cfg.k_chunk

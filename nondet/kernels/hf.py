@@ -1,0 +1,58 @@
+"""The attention function the mode selects on a transformers model.
+
+Registered under ATTN_IMPLEMENTATION in transformers' AttentionInterface (the function) and
+AttentionMaskInterface (masks built as for SDPA: a bool mask, or None when plain causal), so
+`model.set_attn_implementation(ATTN_IMPLEMENTATION)` routes every attention layer here,
+prefill and decode against the KV cache alike. Registration adds a name, nothing else; the
+numerics change only when a model selects it.
+"""
+
+from nondet.kernels import ops
+
+ATTN_IMPLEMENTATION = "nondet_batch_invariant"
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                      scaling: float | None = None, sliding_window=None, softcap=None, **kwargs):
+    """transformers attention-interface signature -> (attn_output (B, Q, H, D), None)."""
+    from nondet.kernels.mode import active_ops
+
+    if "attention" not in active_ops():
+        # The model still points here but the attention class is switched off (an inner
+        # context): run transformers' SDPA path, which takes the same masks.
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, sliding_window=sliding_window, softcap=softcap,
+                                      **kwargs)
+    if softcap is not None or kwargs.get("s_aux") is not None:
+        raise ValueError("batch-invariant attention supports no logit softcap and no attention sinks")
+    if dropout:
+        raise ValueError("batch-invariant attention is for inference: dropout must be 0")
+    is_causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
+    out = ops.attention(query, key, value, attention_mask, scale=scaling, is_causal=is_causal)
+    return out, None
+
+
+def register() -> None:
+    """Add ATTN_IMPLEMENTATION to transformers' interfaces (idempotent)."""
+    from transformers import AttentionInterface
+
+    try:
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:  # older layouts keep masks elsewhere; the attention fn still registers
+        AttentionMaskInterface = None
+    AttentionInterface.register(ATTN_IMPLEMENTATION, attention_forward)
+    if AttentionMaskInterface is not None:
+        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+
+
+def select(model, implementation: str) -> None:
+    """Point the model (and its sub-models) at an attention implementation."""
+    try:
+        model.set_attn_implementation(implementation)
+    except (AttributeError, ValueError):
+        for module in model.modules():
+            config = getattr(module, "config", None)
+            if config is not None and hasattr(config, "_attn_implementation_internal"):
+                config._attn_implementation_internal = implementation

@@ -1,0 +1,103 @@
+"""The batch-invariant mode: a context manager that nests and switches op classes one at a time.
+
+    with batch_invariant(model=model):                 # all classes, attention selected on model
+        with batch_invariant(ops={"matmul"}):          # ablation: only matmul is invariant here
+            ...
+        # back to all classes, exactly
+
+Inside a context the active op classes are exactly its `ops` (None = all of OP_CLASSES); on
+exit the enclosing context's set is restored, also when the body raises. aten overrides live
+in one torch.library.Library that is rebuilt on every change (destroying a Library removes
+its kernels, so the previous kernels come back); the attention class is the transformers
+attention interface (hf.py). Importing this module changes nothing.
+"""
+
+import contextlib
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from nondet.kernels import hf, overrides
+
+OP_CLASSES = ("matmul", "norm", "attention", "softmax")
+
+
+@dataclass
+class _Frame:
+    ops: frozenset  # op classes active inside this context
+    model: object = None  # the model whose attention implementation this context selected
+    previous_impl: str | None = None  # what to put back on the model at exit
+
+
+_STACK: list[_Frame] = []
+_LIBRARY = None  # the torch.library.Library holding the active aten overrides, or None
+
+
+def active_ops() -> frozenset:
+    """The op classes made batch-invariant right now (empty outside any context)."""
+    return _STACK[-1].ops if _STACK else frozenset()
+
+
+def is_active(op_class: str | None = None) -> bool:
+    """Whether the mode is on (for one op class, when given)."""
+    return bool(active_ops()) if op_class is None else op_class in active_ops()
+
+
+def _parse(ops: Iterable[str] | str | None) -> frozenset:
+    if ops is None:
+        return frozenset(OP_CLASSES)
+    wanted = frozenset([ops] if isinstance(ops, str) else ops)
+    unknown = sorted(wanted - set(OP_CLASSES))
+    if unknown:
+        raise ValueError(f"unknown op class {', '.join(unknown)}; choose from {', '.join(OP_CLASSES)}")
+    return wanted
+
+
+def _install(ops: frozenset) -> None:
+    """Make the aten overrides exactly those of `ops` (rebuilding the one Library)."""
+    global _LIBRARY
+    if _LIBRARY is not None:
+        _LIBRARY._destroy()
+        _LIBRARY = None
+    entries = [entry for cls in OP_CLASSES if cls in ops for entry in overrides.OP_TABLE[cls]]
+    if not entries:
+        return
+    import torch
+
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        # torch warns once that an existing kernel is overridden: that is the point here.
+        warnings.simplefilter("ignore", UserWarning)
+        for name, kernel in entries:
+            if overrides.available(name):
+                for key in overrides.DISPATCH_KEYS:
+                    library.impl(name, kernel, key)
+    _LIBRARY = library
+
+
+@contextlib.contextmanager
+def batch_invariant(ops: Iterable[str] | str | None = None, model=None) -> Iterator[None]:
+    """Run the body with batch-invariant kernels for the op classes `ops` (None = all).
+
+    ops: a subset of OP_CLASSES ("matmul", "norm", "attention", "softmax").
+    model: a transformers model; when "attention" is in ops, its attention implementation is
+    switched to the invariant one for the body and restored afterwards.
+    """
+    frame = _Frame(_parse(ops), model)
+    _STACK.append(frame)
+    try:
+        _install(frame.ops)
+        if model is not None and "attention" in frame.ops:
+            hf.register()
+            previous = model.config._attn_implementation
+            if previous != hf.ATTN_IMPLEMENTATION:
+                hf.select(model, hf.ATTN_IMPLEMENTATION)
+                frame.previous_impl = previous
+        yield
+    finally:
+        _STACK.pop()
+        try:
+            if frame.previous_impl is not None:
+                hf.select(model, frame.previous_impl)
+        finally:
+            _install(active_ops())

@@ -1,0 +1,132 @@
+"""Public batch-invariant ops: Triton kernels on CUDA, the row-blocked path on the CPU.
+
+These compute the same function as torch's ops but with a reduction order that depends only
+on the row, never on the batch. The mode (nondet.kernels.mode) routes aten ops here.
+"""
+
+import math
+
+import torch
+
+from nondet.kernels import cpu
+
+TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _triton(x: torch.Tensor) -> bool:
+    return x.is_cuda and x.dtype in TRITON_DTYPES
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (M, K) @ b (K, N)."""
+    if _triton(a) and a.dtype == b.dtype:
+        from nondet.kernels import triton_matmul
+
+        return triton_matmul.mm(a, b)
+    return cpu.mm(a, b)
+
+
+def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta=1, alpha=1) -> torch.Tensor:
+    """beta * bias + alpha * (a @ b); bias broadcasts to (M, N)."""
+    if _triton(a) and a.dtype == b.dtype:
+        from nondet.kernels import triton_matmul
+
+        return triton_matmul.mm(a, b, bias, alpha=float(alpha), beta=float(beta))
+    return cpu.addmm(bias, a, b, beta=beta, alpha=alpha)
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(B, M, K) @ (B, K, N)."""
+    if _triton(a) and a.dtype == b.dtype:
+        from nondet.kernels import triton_matmul
+
+        return triton_matmul.bmm(a, b)
+    return cpu.bmm(a, b)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for inputs of any rank: rows are flattened first."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = mm(rows, weight.t()) if bias is None else addmm(bias, rows, weight.t())
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x.mean(-1, keepdim=keepdim, dtype=dtype)."""
+    if _triton(x):
+        from nondet.kernels import triton_rows
+
+        return triton_rows.mean_last(x, keepdim, dtype)
+    return cpu.mean_last(x, keepdim, dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """x * rsqrt(mean(x^2, -1) + eps) * weight, fp32 inside, x's dtype out."""
+    if _triton(x):
+        from nondet.kernels import triton_rows
+
+        return triton_rows.rms_norm(x, weight, eps)
+    xf = x.float()
+    y = xf * torch.rsqrt(cpu.mean_last(xf * xf, True, None) + eps)
+    return (y if weight is None else y * weight.float()).to(x.dtype)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dim."""
+    if _triton(x):
+        from nondet.kernels import triton_rows
+
+        return triton_rows.layer_norm(x, weight, bias, eps)[0]
+    return cpu.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)[0]
+
+
+def softmax(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """softmax over the last dim."""
+    if _triton(x):
+        from nondet.kernels import triton_rows
+
+        return triton_rows.softmax(x, log=False, dtype=dtype)
+    return cpu.softmax_last(x if dtype is None else x.to(dtype), False, log=False)
+
+
+def log_softmax(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """log_softmax over the last dim."""
+    if _triton(x):
+        from nondet.kernels import triton_rows
+
+        return triton_rows.softmax(x, log=True, dtype=dtype)
+    return cpu.softmax_last(x if dtype is None else x.to(dtype), False, log=True)
+
+
+def kv_start_from_mask(mask: torch.Tensor | None, bsz: int, s: int, device) -> torch.Tensor:
+    """Per batch row, the number of leading KV positions no query may see (left padding)."""
+    if mask is None:
+        return torch.zeros(bsz, dtype=torch.int32, device=device)
+    keep = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    hidden = ~keep[:, 0].any(dim=1)  # (B or 1, S): columns masked for every query
+    lead = torch.cumprod(hidden.to(torch.int32), dim=-1).sum(-1).to(torch.int32)
+    return lead.expand(bsz).contiguous()
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+              scale: float | None = None, is_causal: bool = True) -> torch.Tensor:
+    """q (B, H, Q, D), k/v (B, KVH, S, D) -> (B, Q, H, D).
+
+    mask: None (causal when is_causal, query i at KV position S - Q + i; else full), or a bool
+    (True = attend) / additive float mask broadcastable to (B, 1, Q, S). Prefill and decode use
+    the same per-row arithmetic; left padding is aligned away (see triton_attention).
+    """
+    bsz, _, nq, d = q.shape
+    s = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if mask is None and not is_causal:
+        mask = torch.ones((1, 1, nq, s), dtype=torch.bool, device=q.device)
+    if mask is not None:
+        mask = mask[..., :s]
+    kv_start = kv_start_from_mask(mask, bsz, s, q.device)
+    if _triton(q):
+        from nondet.kernels import triton_attention
+
+        return triton_attention.attention(q, k, v, mask, scale, kv_start)
+    return cpu.attention(q, k, v, mask, scale, kv_start.tolist())

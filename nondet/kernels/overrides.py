@@ -1,0 +1,123 @@
+"""aten kernels the mode installs on the CPU and CUDA dispatch keys, grouped by op class.
+
+Each override handles the cases that matter for batch invariance (float tensors, reductions
+over the last dim) and sends everything else to the ORIGINAL kernel through the op's `.out`
+overload, which is never overridden, so an override cannot recurse into itself.
+
+Why these ops: a transformers decoder (Qwen3, Llama, Mistral, Gemma) reduces only in
+nn.Linear (aten::linear decomposes to mm / addmm, or to matmul -> mm / bmm), in RMSNorm
+(`x.pow(2).mean(-1)` -> mean.dim), in rotary embeddings (matmul -> bmm), in attention
+(handled through transformers' attention interface, see hf.py) and in softmax /
+log_softmax on the logits. LayerNorm and F.rms_norm models go through native_layer_norm
+and _fused_rms_norm. Everything else in those forwards is elementwise or a gather, which is
+batch-invariant already.
+"""
+
+import torch
+
+from nondet.kernels import ops
+
+aten = torch.ops.aten
+
+
+def _empty(like: torch.Tensor, dtype=None) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype or like.dtype, device=like.device)
+
+
+def _float(*ts: torch.Tensor) -> bool:
+    return all(t.dtype in ops.TRITON_DTYPES for t in ts) and len({t.dtype for t in ts}) == 1
+
+
+def mm(self, mat2):
+    if not _float(self, mat2):
+        return aten.mm.out(self, mat2, out=_empty(self))
+    return ops.mm(self, mat2)
+
+
+def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    if not _float(mat1, mat2) or self.dtype != mat1.dtype:
+        return aten.addmm.out(self, mat1, mat2, beta=beta, alpha=alpha, out=_empty(mat1))
+    return ops.addmm(self, mat1, mat2, beta=beta, alpha=alpha)
+
+
+def bmm(self, mat2):
+    if not _float(self, mat2):
+        return aten.bmm.out(self, mat2, out=_empty(self))
+    return ops.bmm(self, mat2)
+
+
+def _is_last(dim, ndim: int) -> bool:
+    return ndim >= 1 and dim is not None and len(dim) == 1 and dim[0] % ndim == ndim - 1
+
+
+def mean_dim(self, dim, keepdim=False, *, dtype=None):
+    if not (_is_last(dim, self.dim()) and _float(self) and self.numel() > 0):
+        return aten.mean.out(self, dim, keepdim, dtype=dtype, out=_empty(self, dtype))
+    return ops.mean_last(self, keepdim, dtype)
+
+
+def _softmax(self, dim, half_to_float):
+    out_dtype = torch.float32 if half_to_float else self.dtype
+    if not (_is_last([dim], self.dim()) and _float(self) and self.numel() > 0):
+        return aten._softmax.out(self, dim, half_to_float, out=_empty(self, out_dtype))
+    return ops.softmax(self, dtype=out_dtype)
+
+
+def _log_softmax(self, dim, half_to_float):
+    out_dtype = torch.float32 if half_to_float else self.dtype
+    if not (_is_last([dim], self.dim()) and _float(self) and self.numel() > 0):
+        return aten._log_softmax.out(self, dim, half_to_float, out=_empty(self, out_dtype))
+    return ops.log_softmax(self, dtype=out_dtype)
+
+
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    if input.is_cuda and _float(input) and input.numel() > 0:
+        from nondet.kernels import triton_rows
+
+        n = 1
+        for size in normalized_shape:
+            n *= size
+        x = input.reshape(*input.shape[: input.dim() - len(normalized_shape)], n)
+        w = None if weight is None else weight.reshape(n)
+        b = None if bias is None else bias.reshape(n)
+        y, mean, rstd = triton_rows.layer_norm(x, w, b, eps)
+        stat_shape = (*x.shape[:-1], *([1] * len(normalized_shape)))
+        return y.reshape(input.shape), mean.reshape(stat_shape), rstd.reshape(stat_shape)
+    from nondet.kernels import cpu  # composed from the invariant row mean, any device
+
+    return cpu.native_layer_norm(input, normalized_shape, weight, bias, eps)
+
+
+def _fused_rms_norm(input, normalized_shape, weight, eps):
+    # No .out overload exists: composed from the invariant row mean, fp32 inside.
+    eps = torch.finfo(input.dtype).eps if eps is None else eps
+    n = 1
+    for size in normalized_shape:
+        n *= size
+    lead = input.shape[: input.dim() - len(normalized_shape)]
+    x = input.reshape(*lead, n).float()
+    rstd = torch.rsqrt(ops.mean_last(x * x, keepdim=True) + eps)
+    y = x * rstd
+    if weight is not None:
+        y = y * weight.reshape(n).float()
+    stat_shape = (*lead, *([1] * len(normalized_shape)))
+    return y.to(input.dtype).reshape(input.shape), rstd.reshape(stat_shape)
+
+
+# op class -> [(aten op name with overload, kernel)]
+OP_TABLE = {
+    "matmul": [("mm", mm), ("addmm", addmm), ("bmm", bmm)],
+    "norm": [("mean.dim", mean_dim), ("native_layer_norm", native_layer_norm),
+             ("_fused_rms_norm", _fused_rms_norm)],
+    "softmax": [("_softmax", _softmax), ("_log_softmax", _log_softmax)],
+    "attention": [],  # through transformers' attention interface, not aten
+}
+
+DISPATCH_KEYS = ("CPU", "CUDA")
+
+
+def available(name: str) -> bool:
+    """Whether this torch build has the aten op (`_fused_rms_norm` is recent)."""
+    base, _, overload = name.partition(".")
+    packet = getattr(aten, base, None)
+    return packet is not None and (overload or "default") in packet.overloads()

@@ -1,0 +1,243 @@
+"""Batch-invariant attention in Triton: prefill (causal, GQA, masks) and decode on a KV cache.
+
+A query row's arithmetic is fixed by its own position, never by the batch or by how many
+queries share the launch:
+
+- the KV range [kv_start, S) is cut into chunks of a FIXED size (`kv_chunk`, 256), never into
+  a fixed number of splits; a chunk is summed with an online softmax in steps of `block_n`;
+- chunk results (max, sum, acc) are merged in chunk order by one shared `_merge` helper;
+- decode (few rows) runs one program per chunk and merges in a second kernel; prefill runs one
+  program per row tile that merges as it goes. The arithmetic is the same, so a token's
+  logprob from decode equals the one from a fresh prefill of the same sequence.
+
+Positions a row may not see (causal, mask, beyond S) contribute exact zeros, so extra masked
+steps never change a row's bits. `kv_start` (per batch row: the number of left-padding
+positions) aligns the chunks to the first real token, which makes left padding invariant too.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from nondet.kernels.config import ATTENTION_CONFIGS, AttentionConfig
+from nondet.kernels.triton_matmul import _sm_count, interpreting
+
+_NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: exp2(_NEG - m) is an exact 0
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _merge(m, l, acc, m_c, l_c, acc_c):
+    """Fold one chunk's (max, sum, acc) into the running one; explicit fma pins the rounding."""
+    m_new = tl.maximum(m, m_c)
+    a = tl.exp2(m - m_new)
+    b = tl.exp2(m_c - m_new)
+    l = tl.fma(l_c, b, l * a)
+    acc = tl.fma(acc_c, b[:, None], acc * a[:, None])
+    return m_new, l, acc
+
+
+@triton.jit
+def _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
+           qi, qpos, row_ok, offs_d, lo, hi, qk_scale,
+           D, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+           CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
+           UPCAST: tl.constexpr):
+    """Online softmax over KV positions [lo, hi) for a tile of query rows -> (max, sum, acc)."""
+    m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
+    l = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    d_ok = offs_d < D
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        col_ok = cols < hi
+        kt = tl.load(k_base + cols[None, :] * s_ks + offs_d[:, None] * s_kd,
+                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(v_base + cols[:, None] * s_vs + offs_d[None, :] * s_vd,
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST:  # the CPU interpreter's tl.dot misreads bf16/fp16
+            kt = kt.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+        ok = row_ok[:, None] & col_ok[None, :]
+        if CAUSAL:
+            ok = ok & (cols[None, :] <= qpos[:, None])
+        if MASK_KIND == 1:
+            mk = tl.load(mask_base + qi[:, None] * s_mq + cols[None, :] * s_ms, mask=ok, other=0)
+            ok = ok & (mk != 0)
+        if MASK_KIND == 2:
+            mk = tl.load(mask_base + qi[:, None] * s_mq + cols[None, :] * s_ms, mask=ok, other=0.0)
+            s = s + mk.to(tl.float32) * 1.4426950408889634
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = tl.fma(l, alpha, tl.sum(p, axis=1))
+        acc = acc * alpha[:, None]
+        p = p.to(v_base.dtype.element_ty)
+        if UPCAST:
+            p = p.to(tl.float32)
+        acc = tl.dot(p, v, acc, input_precision=PRECISION)
+        m = m_new
+    return m, l, acc
+
+
+@triton.jit(do_not_specialize=["Q", "S"])  # one binary for every batch size
+def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, ws_m, ws_l, ws_acc,
+                 Q, S, H, KVH, D, NC, qk_scale,
+                 s_qb, s_qh, s_qq, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
+                 s_mb, s_mq, s_ms,
+                 G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr,
+                 CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    pid_r = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // KVH).to(tl.int64)
+    kvh = pid_bh % KVH
+    rows = pid_r * BLOCK_M + tl.arange(0, BLOCK_M)  # row = query index * G + head in group
+    row_ok = rows < Q * G
+    qi = rows // G
+    head = kvh * G + rows % G
+    qpos = S - Q + qi  # query position in KV coordinates (bottom-right causal alignment)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = tl.load(q_ptr + b * s_qb + head[:, None] * s_qh + qi[:, None] * s_qq + offs_d[None, :] * s_qd,
+                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_base = k_ptr + b * s_kb + kvh * s_kh
+    v_base = v_ptr + b * s_vb + kvh * s_vh
+    mask_base = mask_ptr + b * s_mb
+    start = tl.load(start_ptr + b)
+    # last KV position any row of this tile may see
+    last = S - 1
+    if CAUSAL:
+        last = tl.minimum(S - Q + (pid_r * BLOCK_M + BLOCK_M - 1) // G, S - 1)
+    if SPLIT:
+        c_lo = tl.program_id(2)
+        c_hi = c_lo + 1
+    else:
+        c_lo = 0
+        c_hi = tl.cdiv(last + 1 - start, CHUNK)
+    m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
+    l = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for c in range(c_lo, c_hi):
+        lo = start + c * CHUNK
+        hi = tl.minimum(lo + CHUNK, last + 1)
+        m_c, l_c, acc_c = _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
+                                 qi, qpos, row_ok, offs_d, lo, hi, qk_scale, D,
+                                 BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, MASK_KIND, PRECISION, UPCAST)
+        if SPLIT:
+            m, l, acc = m_c, l_c, acc_c
+        else:
+            m, l, acc = _merge(m, l, acc, m_c, l_c, acc_c)
+    row_idx = ((b * H + head) * Q + qi) * NC + c_lo  # (B, H, Q, NC) layout of the workspace
+    if SPLIT:
+        tl.store(ws_m + row_idx, m, mask=row_ok)
+        tl.store(ws_l + row_idx, l, mask=row_ok)
+        tl.store(ws_acc + row_idx[:, None] * BLOCK_D + offs_d[None, :], acc, mask=row_ok[:, None])
+    else:
+        out = tl.where(l[:, None] > 0, acc / tl.where(l > 0, l, 1.0)[:, None], 0.0)
+        o = o_ptr + ((b * Q + qi[:, None]) * H + head[:, None]) * D + offs_d[None, :]
+        tl.store(o, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
+
+
+@triton.jit(do_not_specialize=["B", "Q", "S"])  # one binary for every batch size
+def _combine_kernel(o_ptr, start_ptr, ws_m, ws_l, ws_acc, B, Q, S, H, D, NC,
+                    CAUSAL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+    # rows are (b, h, qi) flattened; chunks 0..n-1 are merged in order, as the fused kernel does
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < B * H * Q
+    b = rows // (H * Q)
+    h = (rows // Q) % H
+    qi = rows % Q
+    start = tl.load(start_ptr + b, mask=row_ok, other=0)
+    last = S - 1 + qi * 0
+    if CAUSAL:
+        last = S - Q + qi
+    n_c = tl.where(row_ok, tl.maximum(tl.cdiv(last + 1 - start, CHUNK), 0), 0)
+    offs_d = tl.arange(0, BLOCK_D)
+    m = tl.full((BLOCK_R,), _NEG, dtype=tl.float32)
+    l = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+    for c in range(0, tl.max(n_c, axis=0)):
+        ok = c < n_c
+        idx = rows.to(tl.int64) * NC + c
+        m_c = tl.load(ws_m + idx, mask=ok, other=_NEG)
+        l_c = tl.load(ws_l + idx, mask=ok, other=0.0)
+        acc_c = tl.load(ws_acc + idx[:, None] * BLOCK_D + offs_d[None, :], mask=ok[:, None], other=0.0)
+        m, l, acc = _merge(m, l, acc, m_c, l_c, acc_c)
+    out = tl.where(l[:, None] > 0, acc / tl.where(l > 0, l, 1.0)[:, None], 0.0)
+    o = o_ptr + ((b.to(tl.int64) * Q + qi)[:, None] * H + h[:, None]) * D + offs_d[None, :]
+    tl.store(o, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
+
+
+def use_split(programs: int, chunks: int, device: torch.device) -> bool:
+    """One program per chunk when the row tiles alone leave the GPU idle. Speed only."""
+    return chunks > 1 and programs < 2 * _sm_count(device)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+              scale: float | None = None, kv_start: torch.Tensor | None = None,
+              split: bool | None = None, cfg: AttentionConfig | None = None) -> torch.Tensor:
+    """Attention for q (B, H, Q, D) over k, v (B, KVH, S, D) -> (B, Q, H, D).
+
+    mask: None (causal, bottom-right aligned: query i sits at position S - Q + i), a bool mask
+    (True = attend) or an additive float mask, broadcastable to (B, 1, Q, S). kv_start: (B,)
+    first KV position of each row (left padding); chunks start there.
+    """
+    bsz, h, nq, d = q.shape
+    kvh, s = k.shape[1], k.shape[2]
+    assert h % kvh == 0 and v.shape == k.shape and k.shape[0] == bsz
+    cfg = cfg or ATTENTION_CONFIGS[q.dtype]
+    g = h // kvh
+    out = torch.empty((bsz, nq, h, d), dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    if kv_start is None:
+        kv_start = torch.zeros(bsz, dtype=torch.int32, device=q.device)
+    kv_start = kv_start.to(device=q.device, dtype=torch.int32).contiguous()
+    mask_kind, mask_t, mstrides = _mask_args(mask, bsz, nq, s, q)
+    block_d = triton.next_power_of_2(d)
+    chunks = triton.cdiv(s, cfg.kv_chunk)
+    row_tiles = triton.cdiv(nq * g, cfg.block_m)
+    if split is None:
+        split = use_split(row_tiles * bsz * kvh, chunks, q.device)
+    nc = chunks if split else 1
+    if split:
+        ws_m = torch.empty((bsz, h, nq, nc), dtype=torch.float32, device=q.device)
+        ws_l = torch.empty_like(ws_m)
+        ws_acc = torch.empty((bsz, h, nq, nc, block_d), dtype=torch.float32, device=q.device)
+    else:
+        ws_m = ws_l = ws_acc = out
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _attn_kernel[(row_tiles, bsz * kvh, nc)](
+        q, k, v, out, mask_t, kv_start, ws_m, ws_l, ws_acc,
+        nq, s, h, kvh, d, nc, float(scale) * _LOG2E,
+        *q.stride(), *k.stride(), *v.stride(), *mstrides,
+        G=g, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, CHUNK=cfg.kv_chunk,
+        SPLIT=split, CAUSAL=mask_kind == 0, MASK_KIND=mask_kind, PRECISION=precision,
+        UPCAST=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if split:
+        block_r = 16
+        _combine_kernel[(triton.cdiv(bsz * h * nq, block_r),)](
+            out, kv_start, ws_m, ws_l, ws_acc, bsz, nq, s, h, d, nc,
+            CAUSAL=mask_kind == 0, CHUNK=cfg.kv_chunk, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
+    return out
+
+
+def _mask_args(mask, bsz, nq, s, like):
+    """(kind, tensor, (stride_b, stride_q, stride_s)) for the kernel; kind 0 = causal, no tensor."""
+    if mask is None:
+        return 0, like, (0, 0, 0)
+    assert mask.dim() == 4 and mask.shape[1] == 1, "mask must be (B or 1, 1, Q, S)"
+    m = mask.expand(bsz, 1, nq, s)
+    if m.dtype == torch.bool:
+        m = m.view(torch.uint8)
+        return 1, m, (m.stride(0), m.stride(2), m.stride(3))
+    return 2, m, (m.stride(0), m.stride(2), m.stride(3))

@@ -1,0 +1,218 @@
+"""Batch-invariant matmul in Triton: mm, addmm and bmm through one kernel.
+
+Reduction order of one output element: K is cut into chunks (a size that depends only on K and
+the dtype, config.k_chunk_for), each chunk is summed from zero by a chain of `tl.dot` steps of `block_k`,
+and the chunk sums are added in order, starting from zero. Two launch strategies compute
+exactly that arithmetic:
+
+- fused: one program per output tile walks all chunks (large M: enough tiles to fill the GPU);
+- split: one program per (tile, chunk) writes its chunk sum to an fp32 workspace and a second
+  kernel adds the chunk sums in order (small M: the chunks give the parallelism the rows lack).
+
+Tile shapes, the chunk size and the MMA instruction are the same in both, so the choice
+between them changes speed, never bits (tests assert that row 0 is bitwise equal across M).
+"""
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from nondet.kernels.config import MATMUL_CONFIGS, MatmulConfig, k_chunk_for
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def _epilogue(acc, bias_ptr, offs_m, offs_n, s_biasm, s_biasn, alpha, beta, M, N,
+              HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr):
+    # Shared by both launch strategies so the epilogue arithmetic is one piece of code.
+    if HAS_BIAS:
+        bmask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        bias = tl.load(bias_ptr + offs_m[:, None] * s_biasm + offs_n[None, :] * s_biasn,
+                       mask=bmask, other=0.0).to(tl.float32)
+        if UNIT_SCALE:
+            acc = acc + bias
+        else:
+            acc = tl.fma(acc, alpha, bias * beta)
+    else:
+        if not UNIT_SCALE:
+            acc = acc * alpha
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])  # one binary for every batch size
+def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr,
+               M, N, K,
+               s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn,
+               s_biasb, s_biasm, s_biasn, alpha, beta,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               K_CHUNK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+               SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr,
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    # Grouped order over tiles: better L2 reuse; numerics untouched.
+    group = pid // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_n)) % size_m
+    pid_n = (pid % (GROUP_M * num_n)) // size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    rm = offs_m % M  # wrapped rows compute throw-away values; each row's dot uses only its own data
+    rn = offs_n % N
+    a_base = a_ptr + pid_b * s_ab + rm[:, None] * s_am
+    b_base = b_ptr + pid_b * s_bb + rn[None, :] * s_bn
+
+    if SPLIT:
+        c_lo = tl.program_id(2)
+        c_hi = c_lo + 1
+    else:
+        c_lo = 0
+        c_hi = tl.cdiv(K, K_CHUNK)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for c in range(c_lo, c_hi):
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        k_hi = tl.minimum((c + 1) * K_CHUNK, K)
+        for k in range(c * K_CHUNK, k_hi, BLOCK_K):
+            ks = k + offs_k
+            if EVEN_K:
+                a = tl.load(a_base + ks[None, :] * s_ak)
+                b = tl.load(b_base + ks[:, None] * s_bk)
+            else:
+                a = tl.load(a_base + ks[None, :] * s_ak, mask=ks[None, :] < K, other=0.0)
+                b = tl.load(b_base + ks[:, None] * s_bk, mask=ks[:, None] < K, other=0.0)
+            if UPCAST:  # the CPU interpreter's tl.dot misreads bf16/fp16; bf16 products are exact in fp32
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            part = tl.dot(a, b, part, input_precision=PRECISION)
+        acc = acc + part
+
+    out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SPLIT:
+        # workspace: (chunks, batch, M, N) fp32, contiguous
+        nb = tl.num_programs(1)
+        ws = ws_ptr + ((c_lo * nb + pid_b) * M + offs_m[:, None]) * N + offs_n[None, :]
+        tl.store(ws, acc, mask=out_mask)
+    else:
+        acc = _epilogue(acc, bias_ptr + pid_b * s_biasb, offs_m, offs_n, s_biasm, s_biasn,
+                        alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
+        c = c_ptr + pid_b * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
+        tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit(do_not_specialize=["M"])  # one binary for every batch size
+def _chunk_sum_kernel(ws_ptr, c_ptr, bias_ptr, M, N, K,
+                      s_cb, s_cm, s_cn, s_biasb, s_biasm, s_biasn, alpha, beta,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_CHUNK: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_b = tl.program_id(2).to(tl.int64)
+    nb = tl.num_programs(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for c in range(0, tl.cdiv(K, K_CHUNK)):  # chunk sums in order, from zero: as the fused loop
+        ws = ws_ptr + ((c * nb + pid_b) * M + offs_m[:, None]) * N + offs_n[None, :]
+        acc = acc + tl.load(ws, mask=out_mask, other=0.0)
+    acc = _epilogue(acc, bias_ptr + pid_b * s_biasb, offs_m, offs_n, s_biasm, s_biasn,
+                    alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
+    c = c_ptr + pid_b * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=out_mask)
+
+
+def interpreting() -> bool:
+    """True under TRITON_INTERPRET=1 (kernels run on the CPU, in numpy)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # interpreter: small, so the tests exercise both strategies
+
+
+def use_split(batch: int, m: int, n: int, k: int, cfg: MatmulConfig, device: torch.device) -> bool:
+    """Split K over programs when the output tiles alone leave the GPU idle. Speed only."""
+    chunks = triton.cdiv(k, k_chunk_for(k, cfg))
+    tiles = batch * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    return chunks > 1 and tiles < _sm_count(device)
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+        alpha: float = 1.0, beta: float = 1.0, out_dtype: torch.dtype | None = None,
+        split: bool | None = None, cfg: MatmulConfig | None = None) -> torch.Tensor:
+    """(B, M, K) @ (B, K, N) [* alpha + beta * bias] -> (B, M, N); bias broadcasts to (B, M, N).
+
+    `split` forces a launch strategy and `cfg` a configuration (tests and benchmarks); None
+    picks by occupancy / by dtype. Both strategies give the same bits.
+    """
+    assert a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1]
+    assert a.dtype == b.dtype and a.dtype in SUPPORTED_DTYPES, a.dtype
+    nb, m, k = a.shape
+    n = b.shape[2]
+    cfg = cfg or MATMUL_CONFIGS[a.dtype]
+    c = torch.empty((nb, m, n), dtype=out_dtype or a.dtype, device=a.device)
+    if m == 0 or n == 0 or nb == 0:
+        return c
+    if k == 0:
+        return c.copy_(_bias_only(bias, c, beta))
+    if split is None:
+        split = use_split(nb, m, n, k, cfg, a.device)
+    has_bias = bias is not None
+    bias_t = bias.expand(nb, m, n) if has_bias else c
+    unit = alpha == 1.0 and (beta == 1.0 or not has_bias)
+    precision = "ieee" if a.dtype == torch.float32 else "tf32"
+    common = dict(HAS_BIAS=has_bias, UNIT_SCALE=unit)
+    k_chunk = k_chunk_for(k, cfg)
+    chunks = triton.cdiv(k, k_chunk)
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    ws = torch.empty((chunks, nb, m, n), dtype=torch.float32, device=a.device) if split else c
+    _mm_kernel[(tiles, nb, chunks if split else 1)](
+        a, b, c, bias_t, ws, m, n, k,
+        a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
+        c.stride(0), c.stride(1), c.stride(2),
+        bias_t.stride(0), bias_t.stride(1), bias_t.stride(2), float(alpha), float(beta),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk,
+        GROUP_M=cfg.group_m, EVEN_K=(k % cfg.block_k == 0), SPLIT=split, PRECISION=precision,
+        UPCAST=interpreting(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+    if split:
+        grid = (triton.cdiv(m, 32), triton.cdiv(n, 128), nb)
+        _chunk_sum_kernel[grid](
+            ws, c, bias_t, m, n, k, c.stride(0), c.stride(1), c.stride(2),
+            bias_t.stride(0), bias_t.stride(1), bias_t.stride(2), float(alpha), float(beta),
+            BLOCK_M=32, BLOCK_N=128, K_CHUNK=k_chunk, num_warps=4, **common)
+    return c
+
+
+def _bias_only(bias, c, beta):
+    if bias is None:
+        return torch.zeros_like(c)
+    return (bias.float() * beta).expand_as(c)
+
+
+def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
+       alpha: float = 1.0, beta: float = 1.0, split: bool | None = None,
+       cfg: MatmulConfig | None = None) -> torch.Tensor:
+    """(M, K) @ (K, N) [* alpha + beta * bias] -> (M, N); bias is (N,), (1, N) or (M, N)."""
+    assert a.dim() == 2 and b.dim() == 2
+    bias3 = None if bias is None else bias.expand(a.shape[0], b.shape[1]).unsqueeze(0)
+    return bmm(a.unsqueeze(0), b.unsqueeze(0), bias3, alpha=alpha, beta=beta, split=split, cfg=cfg)[0]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear on inputs of any rank: rows are flattened, so a row never sees its neighbours."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = mm(rows, weight.t(), bias)
+    return out.reshape(*x.shape[:-1], weight.shape[0])

@@ -1,0 +1,166 @@
+"""Row kernels in Triton: RMSNorm, LayerNorm, mean over the last dim, softmax, log_softmax.
+
+One program owns one row, so a row's reduction tree depends only on the row length (the block
+size is fixed by N), never on how many rows are in the launch. Rows longer than ROW_BLOCK_MAX
+are walked in blocks of ROW_BLOCK_MAX, in order. All arithmetic is fp32.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from nondet.kernels.config import ROW_BLOCK_MAX
+
+
+def _block(n: int) -> tuple[int, int]:
+    """(block size, num_warps) for rows of n columns: depends on n alone."""
+    block = min(triton.next_power_of_2(max(n, 1)), ROW_BLOCK_MAX)
+    return block, max(1, min(16, block // 512))
+
+
+@triton.jit
+def _row_sum(x_ptr, N, BLOCK: tl.constexpr, SQUARE: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, N, BLOCK):
+        x = tl.load(x_ptr + start + offs, mask=start + offs < N, other=0.0).to(tl.float32)
+        acc += x * x if SQUARE else x
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _mean_kernel(x_ptr, y_ptr, N, s_x, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    total = _row_sum(x_ptr + row * s_x, N, BLOCK, False)
+    tl.store(y_ptr + row, (total / N).to(y_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, N, s_x, s_y, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * s_x
+    rstd = 1.0 / tl.sqrt(_row_sum(x_row, N, BLOCK, True) / N + eps)
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, N, BLOCK):
+        mask = start + offs < N
+        x = tl.load(x_row + start + offs, mask=mask, other=0.0).to(tl.float32)
+        y = x * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * s_y + start + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N, s_x, s_y, eps,
+                       HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * s_x
+    offs = tl.arange(0, BLOCK)
+    mean = _row_sum(x_row, N, BLOCK, False) / N
+    var_acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, N, BLOCK):
+        mask = start + offs < N
+        x = tl.load(x_row + start + offs, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, x - mean, 0.0)
+        var_acc += d * d
+    rstd = 1.0 / tl.sqrt(tl.sum(var_acc, axis=0) / N + eps)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+    for start in range(0, N, BLOCK):
+        mask = start + offs < N
+        x = tl.load(x_row + start + offs, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_B:
+            y = y + tl.load(b_ptr + start + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * s_y + start + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_kernel(x_ptr, y_ptr, N, s_x, s_y, LOG: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * s_x
+    offs = tl.arange(0, BLOCK)
+    # pass 1: running max and rescaled sum, block by block in order
+    m = tl.full((BLOCK,), float("-inf"), dtype=tl.float32)
+    s = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, N, BLOCK):
+        x = tl.load(x_row + start + offs, mask=start + offs < N, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - m_safe) + tl.exp(x - m_safe)
+        m = m_new
+    row_max = tl.max(m, axis=0)
+    total = tl.sum(s * tl.exp(m - row_max), axis=0)
+    # pass 2: write
+    for start in range(0, N, BLOCK):
+        mask = start + offs < N
+        x = tl.load(x_row + start + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        if LOG:
+            y = (x - row_max) - tl.log(total)
+        else:
+            y = tl.exp(x - row_max) / total
+        tl.store(y_ptr + row * s_y + start + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """A (R, N) view with unit column stride (a copy only when the last dim is strided)."""
+    x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x.mean(-1, keepdim, dtype=dtype), accumulated in fp32 one row per program."""
+    n = x.shape[-1]
+    rows = _rows(x)
+    y = torch.empty(rows.shape[0], dtype=dtype or x.dtype, device=x.device)
+    block, warps = _block(n)
+    if rows.shape[0]:
+        _mean_kernel[(rows.shape[0],)](rows, y, n, rows.stride(0), BLOCK=block, num_warps=warps)
+    shape = (*x.shape[:-1], 1) if keepdim else x.shape[:-1]
+    return y.reshape(shape)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) * weight over the last dim, fp32 inside, x's dtype out."""
+    n = x.shape[-1]
+    rows = _rows(x)
+    y = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    block, warps = _block(n)
+    if rows.shape[0]:
+        _rms_norm_kernel[(rows.shape[0],)](rows, weight if weight is not None else rows, y, n,
+                                           rows.stride(0), y.stride(0), float(eps),
+                                           HAS_W=weight is not None, BLOCK=block, num_warps=warps)
+    return y.reshape(x.shape)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm over the last dim -> (y, mean, rstd) as aten::native_layer_norm returns them."""
+    n = x.shape[-1]
+    rows = _rows(x)
+    r = rows.shape[0]
+    y = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    mean = torch.empty(r, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(r, dtype=torch.float32, device=x.device)
+    block, warps = _block(n)
+    if r:
+        _layer_norm_kernel[(r,)](rows, weight if weight is not None else rows,
+                                 bias if bias is not None else rows, y, mean, rstd, n,
+                                 rows.stride(0), y.stride(0), float(eps), HAS_W=weight is not None,
+                                 HAS_B=bias is not None, BLOCK=block, num_warps=warps)
+    stat_shape = (*x.shape[:-1], 1)
+    return y.reshape(x.shape), mean.reshape(stat_shape), rstd.reshape(stat_shape)
+
+
+def softmax(x: torch.Tensor, log: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """softmax / log_softmax over the last dim, fp32 inside."""
+    n = x.shape[-1]
+    rows = _rows(x)
+    y = torch.empty(rows.shape, dtype=dtype or x.dtype, device=x.device)
+    block, warps = _block(n)
+    if rows.shape[0] and n:
+        _softmax_kernel[(rows.shape[0],)](rows, y, n, rows.stride(0), y.stride(0), LOG=log,
+                                          BLOCK=block, num_warps=warps)
+    return y.reshape(x.shape)

@@ -1,0 +1,208 @@
+"""Batch-invariant kernels on a CUDA GPU: correctness, row invariance, and a random Qwen3
+under HF generate with and without the mode. Results the report needs (distinct completion
+counts) are written as JSON to $NONDET_GPU_RESULTS when it is set."""
+
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+pytestmark = pytest.mark.gpu
+
+from nondet.kernels import batch_invariant, reference  # noqa: E402
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-5}
+
+
+def _rel(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _record(key, value):
+    path = os.environ.get("NONDET_GPU_RESULTS")
+    if not path:
+        return
+    data = json.load(open(path)) if os.path.exists(path) else {}
+    data[key] = value
+    with open(path, "w") as fh:
+        json.dump(data, fh, indent=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_correct_and_row0_invariant(dtype):
+    from nondet.kernels import triton_matmul
+
+    torch.manual_seed(0)
+    for m, k, n in ((1823, 781, 1000), (37, 61, 29), (300, 4096, 512)):
+        a = torch.randn(m, k, device="cuda", dtype=dtype)
+        b = torch.randn(n, k, device="cuda", dtype=dtype).t()
+        bias = torch.randn(n, device="cuda", dtype=dtype)
+        assert _rel(triton_matmul.mm(a, b, bias), reference.mm(a, b, bias)) < TOL[dtype]
+    # K=4096: small M takes the split strategy, large M the fused one; row 0 must not move
+    a = torch.randn(4096, 4096, device="cuda", dtype=dtype)
+    b = torch.randn(4096, 4096, device="cuda", dtype=dtype).t()
+    row0 = triton_matmul.mm(a[:1], b)[0]
+    for m in (2, 3, 7, 16, 63, 64, 65, 127, 128, 129, 256, 1000, 4096):
+        assert torch.equal(triton_matmul.mm(a[:m], b)[0], row0), m
+    assert torch.equal(triton_matmul.mm(a[:64], b, split=True), triton_matmul.mm(a[:64], b, split=False))
+
+
+def test_bmm_and_addmm_invariant():
+    from nondet.kernels import triton_matmul
+
+    a = torch.randn(8, 100, 333, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8, 333, 77, device="cuda", dtype=torch.bfloat16)
+    assert _rel(triton_matmul.bmm(a, b), reference.bmm(a, b)) < 2e-2
+    full = triton_matmul.bmm(a, b)
+    assert torch.equal(triton_matmul.bmm(a[:1, :1], b[:1])[0, 0], full[0, 0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_correct_and_invariant(dtype):
+    from nondet.kernels import triton_rows
+
+    torch.manual_seed(0)
+    for n in (61, 4096, 151936):
+        x = torch.randn(300, n, device="cuda", dtype=dtype)
+        w = torch.randn(n, device="cuda", dtype=dtype)
+        tol = TOL[dtype] if dtype != torch.float32 else 1e-5
+        assert _rel(triton_rows.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6)) < tol
+        assert _rel(triton_rows.layer_norm(x, w, w, 1e-5)[0], reference.layer_norm(x, w, w, 1e-5)) < tol
+        assert _rel(triton_rows.mean_last(x), reference.mean_last(x)) < tol
+        assert _rel(triton_rows.softmax(x), reference.softmax(x)) < tol
+        assert _rel(triton_rows.softmax(x, log=True, dtype=torch.float32), reference.softmax(x, log=True)) < 1e-4
+        for fn in (lambda t: triton_rows.rms_norm(t, w), lambda t: triton_rows.softmax(t, log=True)):
+            row0 = fn(x[:1])[0]
+            assert all(torch.equal(fn(x[:m])[0], row0) for m in (2, 3, 64, 300))
+
+
+def test_attention_correct_prefill_equals_decode():
+    from nondet.kernels import triton_attention as ta
+
+    torch.manual_seed(0)
+    b, h, kvh, q_len, s, d = 3, 16, 8, 300, 700, 128
+    q = torch.randn(b, h, q_len, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, kvh, s, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out = ta.attention(q, k, v)
+    assert _rel(out, reference.attention(q, k, v)) < 2e-2
+    for i in (0, 1, 255, 256, 299):
+        pos = s - q_len + i + 1
+        dec = ta.attention(q[:, :, i:i + 1], k[:, :, :pos], v[:, :, :pos])
+        assert torch.equal(dec[:, 0], out[:, i]), i
+        assert torch.equal(ta.attention(q[:1, :, i:i + 1], k[:1, :, :pos], v[:1, :, :pos])[0, 0], out[0, i])
+    mask = torch.ones(b, 1, q_len, s, dtype=torch.bool, device="cuda").tril(s - q_len)
+    mask[1, ..., :17] = False
+    assert _rel(ta.attention(q, k, v, mask), reference.attention(q, k, v, mask)) < 2e-2
+
+
+def test_mode_makes_linear_invariant_on_cuda():
+    x = torch.randn(512, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    with batch_invariant():
+        full = F.linear(x, w)
+        assert all(torch.equal(F.linear(x[:m], w)[0], full[0]) for m in (1, 2, 8, 64, 65, 200))
+        h = x.float()
+        assert all(torch.equal(h[:m].pow(2).mean(-1)[0], h[:1].pow(2).mean(-1)[0]) for m in (2, 512))
+
+
+def _qwen3(hidden=1024, layers=8, vocab=151936):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=2048)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+class _Recorder:
+    """LogitsProcessor that keeps the target row's logits of every step."""
+
+    def __init__(self):
+        self.steps = []
+
+    def __call__(self, input_ids, scores):
+        self.steps.append(scores[0].clone())
+        return scores
+
+
+def _generate(model, prompt, batch, new_tokens):
+    from transformers import LogitsProcessorList
+
+    g = torch.Generator(device="cuda").manual_seed(batch)
+    fillers = torch.randint(0, model.config.vocab_size, (batch - 1, prompt.shape[1]), device="cuda", generator=g)
+    ids = torch.cat([prompt, fillers])
+    rec = _Recorder()
+    with torch.no_grad():
+        seq = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, logits_processor=LogitsProcessorList([rec]),
+                             pad_token_id=0, eos_token_id=None)
+    return seq[0, prompt.shape[1]:].tolist(), torch.stack(rec.steps)
+
+
+BATCHES = (1, 2, 3, 4, 8, 16, 32, 64, 128)
+
+
+def test_qwen3_generate_one_completion_with_mode():
+    model = _qwen3()
+    prompt = torch.randint(0, model.config.vocab_size, (1, 32), device="cuda",
+                           generator=torch.Generator(device="cuda").manual_seed(7))
+    counts = {}
+    # NONDET_GPU_SKIP_CONTROL=1 skips the run without the mode (it does not involve our kernels)
+    modes = (True,) if os.environ.get("NONDET_GPU_SKIP_CONTROL") == "1" else (False, True)
+    for mode in modes:
+        texts, first_diff, logits0 = set(), [], None
+        for batch in BATCHES:
+            if mode:
+                with batch_invariant(model=model):
+                    toks, logits = _generate(model, prompt, batch, 400)
+            else:
+                toks, logits = _generate(model, prompt, batch, 400)
+            texts.add(tuple(toks))
+            if logits0 is None:
+                logits0, toks0 = logits, toks
+            else:
+                same_logits = torch.equal(logits, logits0)
+                diverge = next((i for i, (a, b) in enumerate(zip(toks, toks0)) if a != b), None)
+                first_diff.append({"batch": batch, "logits_identical": same_logits, "first_divergent_token": diverge})
+        counts["with_mode" if mode else "without_mode"] = {"distinct": len(texts), "vs_batch1": first_diff}
+    _record("qwen3_generate", counts)
+    assert model.config._attn_implementation == "sdpa"  # restored
+    assert counts["with_mode"]["distinct"] == 1
+    assert all(r["logits_identical"] for r in counts["with_mode"]["vs_batch1"])
+
+
+def test_qwen3_prefill_equals_decode_with_mode():
+    model = _qwen3()
+    prompt = torch.randint(0, model.config.vocab_size, (4, 40), device="cuda",
+                           generator=torch.Generator(device="cuda").manual_seed(3))
+    from transformers import LogitsProcessorList
+
+    class Rec:
+        def __init__(self):
+            self.steps = []
+
+        def __call__(self, input_ids, scores):
+            self.steps.append(scores.clone())
+            return scores
+
+    rec = Rec()
+    with batch_invariant(model=model), torch.no_grad():
+        seq = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=300,
+                             min_new_tokens=300, logits_processor=LogitsProcessorList([rec]),
+                             pad_token_id=0, eos_token_id=None)
+        fresh = model(seq).logits.float()  # one prefill of the whole sequence
+    decode_lp = torch.log_softmax(torch.stack(rec.steps, 1), -1)  # (B, steps, V)
+    prefill_lp = torch.log_softmax(fresh[:, prompt.shape[1] - 1:-1], -1)
+    tokens = seq[:, prompt.shape[1]:]
+    dec_tok = decode_lp.gather(-1, tokens[..., None])
+    pre_tok = prefill_lp.gather(-1, tokens[..., None])
+    equal = (dec_tok == pre_tok).float().mean().item()
+    _record("prefill_vs_decode_equal_fraction", equal)
+    assert torch.equal(dec_tok, pre_tok)

@@ -1,0 +1,146 @@
+"""The Triton kernels on the CPU, under TRITON_INTERPRET=1: correct against the torch
+references on small irregular shapes, and row 0 bitwise equal across M.
+
+TRITON_INTERPRET must be set before triton is first imported, which another test may already
+have done in this process. So the outer test re-runs this file in a fresh interpreter with the
+variable set; the checks below are collected only there.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+INNER = os.environ.get("NONDET_TRITON_INNER") == "1"
+
+if not INNER:
+
+    def test_triton_kernels_under_interpreter():
+        env = {**os.environ, "TRITON_INTERPRET": "1", "NONDET_TRITON_INNER": "1"}
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
+                              env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+else:
+    import torch
+
+    from nondet.kernels import reference, triton_attention, triton_matmul, triton_rows
+    from nondet.kernels.config import AttentionConfig, MatmulConfig
+
+    # Small tiles and a small K chunk keep the interpreter fast and make K=29..200 span chunks,
+    # so the split and fused strategies are both exercised.
+    MM_CFG = MatmulConfig(block_m=16, block_n=16, block_k=16, k_chunk=32, group_m=2, num_warps=4, num_stages=1)
+    ATT_CFG = AttentionConfig(block_m=16, block_n=16, kv_chunk=32, num_warps=4, num_stages=1)
+    TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+    def rel(out, ref):
+        return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    def test_matmul_correct_on_irregular_shapes(dtype):
+        torch.manual_seed(0)
+        a = torch.randn(37, 61, dtype=dtype)
+        b = torch.randn(29, 61, dtype=dtype).t()  # a transposed weight, as F.linear passes it
+        bias = torch.randn(29, dtype=dtype)
+        for split in (False, True):
+            assert rel(triton_matmul.mm(a, b, cfg=MM_CFG, split=split), reference.mm(a, b)) < TOL[dtype]
+            out = triton_matmul.mm(a, b, bias, cfg=MM_CFG, split=split)
+            assert rel(out, reference.mm(a, b, bias)) < TOL[dtype]
+        # the default configuration too (one tile here)
+        assert rel(triton_matmul.mm(a, b), reference.mm(a, b)) < TOL[dtype]
+        x = torch.randn(3, 5, 61, dtype=dtype)
+        y = torch.randn(3, 61, 29, dtype=dtype)
+        assert rel(triton_matmul.bmm(x, y, cfg=MM_CFG), reference.bmm(x, y)) < TOL[dtype]
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    def test_matmul_row0_bitwise_equal_across_m(dtype):
+        torch.manual_seed(1)
+        a = torch.randn(33, 70, dtype=dtype)  # K=70: three K chunks, the last one short
+        b = torch.randn(70, 24, dtype=dtype)
+        row0 = triton_matmul.mm(a[:1], b, cfg=MM_CFG)[0]
+        for m in (*range(1, 10), 15, 16, 17, 32, 33):  # around the 16-row tile boundaries
+            assert torch.equal(triton_matmul.mm(a[:m], b, cfg=MM_CFG)[0], row0), m
+        # the two launch strategies give the same bits, not just close ones
+        assert torch.equal(triton_matmul.mm(a, b, cfg=MM_CFG, split=True),
+                           triton_matmul.mm(a, b, cfg=MM_CFG, split=False))
+
+    def test_matmul_fp32_is_ieee_not_tf32():
+        # fp32 products must not be rounded to tf32's 10-bit mantissa
+        a = torch.full((1, 16), 1.0 + 2.0 ** -20)
+        b = torch.ones(16, 16)
+        assert torch.equal(triton_matmul.mm(a, b, cfg=MM_CFG), a @ b)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    def test_row_kernels_correct(dtype):
+        torch.manual_seed(2)
+        x = torch.randn(2, 9, 61, dtype=dtype)
+        w = torch.randn(61, dtype=dtype)
+        tol = TOL[dtype]
+        assert rel(triton_rows.mean_last(x, keepdim=True), reference.mean_last(x, keepdim=True)) < tol
+        assert rel(triton_rows.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6)) < tol
+        assert rel(triton_rows.layer_norm(x, w, w, 1e-5)[0], reference.layer_norm(x, w, w, 1e-5)) < tol
+        assert rel(triton_rows.softmax(x), reference.softmax(x)) < tol
+        lsm = triton_rows.softmax(x, log=True, dtype=torch.float32)
+        assert rel(lsm, reference.softmax(x, log=True)) < 1e-5
+
+    def test_row_kernels_walk_long_rows_in_blocks(monkeypatch):
+        monkeypatch.setattr(triton_rows, "ROW_BLOCK_MAX", 16)
+        x = torch.randn(3, 61)
+        assert rel(triton_rows.softmax(x, log=True), reference.softmax(x, log=True)) < 1e-5
+        assert rel(triton_rows.rms_norm(x), reference.rms_norm(x, None, 1e-6)) < 1e-5
+
+    def test_row_kernels_row0_bitwise_equal_across_m():
+        torch.manual_seed(3)
+        x = torch.randn(12, 61, dtype=torch.bfloat16)
+        w = torch.randn(61, dtype=torch.bfloat16)
+        fns = [lambda t: triton_rows.rms_norm(t, w), lambda t: triton_rows.mean_last(t.float()),
+               lambda t: triton_rows.softmax(t), lambda t: triton_rows.layer_norm(t, w, w)[0]]
+        for fn in fns:
+            row0 = fn(x[:1])[0]
+            assert all(torch.equal(fn(x[:m])[0], row0) for m in (2, 3, 7, 12))
+
+    def _qkv(b, h, kvh, q_len, s, d, dtype=torch.float32, seed=4):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(b, h, q_len, d, generator=g, dtype=dtype),
+                torch.randn(b, kvh, s, d, generator=g, dtype=dtype),
+                torch.randn(b, kvh, s, d, generator=g, dtype=dtype))
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    def test_attention_correct_causal_gqa(dtype):
+        q, k, v = _qkv(2, 4, 2, 9, 75, 16, dtype)
+        for split in (False, True):
+            out = triton_attention.attention(q, k, v, split=split, cfg=ATT_CFG)
+            assert rel(out, reference.attention(q, k, v)) < TOL[dtype] * 2
+
+    def test_attention_masks():
+        q, k, v = _qkv(2, 4, 2, 9, 40, 16)
+        mask = torch.ones(2, 1, 9, 40, dtype=torch.bool).tril(40 - 9)
+        mask[1, ..., :6] = False  # left padding on row 1
+        out = triton_attention.attention(q, k, v, mask, cfg=ATT_CFG)
+        assert rel(out, reference.attention(q, k, v, mask)) < 1e-5
+        additive = torch.zeros(2, 1, 9, 40).masked_fill(~mask, float("-inf"))
+        assert rel(triton_attention.attention(q, k, v, additive, cfg=ATT_CFG), reference.attention(q, k, v, mask)) < 1e-5
+
+    def test_attention_decode_equals_prefill_bitwise():
+        q, k, v = _qkv(2, 4, 2, 12, 70, 16)
+        full = triton_attention.attention(q, k, v, cfg=ATT_CFG, split=False)
+        for i in (0, 1, 5, 11):  # positions 59, 60, 64 (a chunk boundary) and 70
+            pos = 70 - 12 + i + 1
+            dec = triton_attention.attention(q[:, :, i:i + 1], k[:, :, :pos], v[:, :, :pos], cfg=ATT_CFG, split=True)
+            assert torch.equal(dec[:, 0], full[:, i]), i
+
+    def test_attention_row0_invariant_to_batch_and_left_padding():
+        q, k, v = _qkv(5, 4, 2, 1, 70, 16, torch.bfloat16)
+        solo = triton_attention.attention(q[:1], k[:1], v[:1], cfg=ATT_CFG)
+        for b in (2, 5):
+            assert torch.equal(triton_attention.attention(q[:b], k[:b], v[:b], cfg=ATT_CFG)[0], solo[0])
+        # the same request behind 7 padding positions, in a batch of 2
+        pad = 7
+        kp = torch.cat([torch.randn(2, 2, pad, 16).to(k.dtype), k[:2]], dim=2)
+        vp = torch.cat([torch.randn(2, 2, pad, 16).to(v.dtype), v[:2]], dim=2)
+        mask = torch.ones(2, 1, 1, 70 + pad, dtype=torch.bool)
+        mask[0, ..., :pad] = False
+        start = torch.tensor([pad, 0], dtype=torch.int32)
+        padded = triton_attention.attention(q[:2], kp, vp, mask, kv_start=start, cfg=ATT_CFG)
+        assert torch.equal(padded[0], solo[0])
