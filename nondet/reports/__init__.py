@@ -1,0 +1,23 @@
+"""Reports: run directory -> tables (pandas), figures (matplotlib), report.md and report.html.
+
+Imports no torch: a report can be rendered on any machine from the run directory alone.
+The names below load on first use, so `nondet.reports.ci` stays light (no pandas).
+
+    from nondet.reports import load_run, write_report
+    tables = load_run("RUN_DIR")          # DataFrames: streams, runs, conditions, ...
+    md_path, html_path = write_report("RUN_DIR")
+"""
+
+__all__ = ["RunTables", "load_run", "write_report"]
+
+
+def __getattr__(name: str):
+    if name in ("RunTables", "load_run"):
+        from nondet.reports import load
+
+        return getattr(load, name)
+    if name == "write_report":
+        from nondet.reports.write import write_report
+
+        return write_report
+    raise AttributeError(f"module 'nondet.reports' has no attribute {name!r}")

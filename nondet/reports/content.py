@@ -1,0 +1,401 @@
+"""RunTables -> Report: what the report says, in the order issue 5 fixes.
+
+verdict, conditions, branch tree, token diff, figures (first divergence, distinct by
+batch size, bisect heatmap, amplification, before/after kernels), ablation, environment,
+reproduce. A section without data becomes one line saying how to produce it.
+"""
+
+import re
+import shlex
+
+import pandas as pd
+
+from nondet.reports import figures
+from nondet.reports.blocks import (Branch, BranchPoint, Code, CodeBlock, Figure, Model, Para, Report, Section,
+                                   Strong, Table, TokenDiff)
+from nondet.reports.load import RunTables
+from nondet.rundir import hex_to_float
+
+CONTEXT_BEFORE, CONTEXT_AFTER = 12, 16  # tokens shown around a split in the token diff
+MAX_DIFFS = 6                            # divergent completions shown in the token diff
+MAX_TREE_NODES = 30                      # branch points drawn before the tree is cut
+
+
+def build_report(t: RunTables) -> Report:
+    sections = [
+        Section("Verdict", "verdict", [_verdict(t), *_model_note(t)]),
+        Section("Conditions", "conditions", _conditions(t)),
+        Section("Branch tree", "branch-tree", _tree(t)),
+        Section("Token diff", "token-diff", _token_diffs(t)),
+        Section("Figures", "figures", []),
+        *_figure_sections(t),
+        Section("Ablation", "ablation", _ablation(t)),
+        Section("Environment", "environment", _environment(t)),
+        Section("Reproduce", "reproduce", _reproduce(t)),
+    ]
+    return Report(f"nondet report: {t.path.resolve().name}", sections)
+
+
+# -- formatting -------------------------------------------------------------------------
+
+
+def fmt_step(v) -> str:
+    return "—" if v is None or pd.isna(v) else str(int(v))
+
+
+def fmt_float(v) -> str:
+    return "—" if v is None or pd.isna(v) else f"{v:.3g}"
+
+
+def fmt_margin(h: str | None) -> str:
+    """A top1-top2 logit margin; zero is an exact tie, broken by token order alone."""
+    return "0 (exact tie)" if h is not None and hex_to_float(h) == 0 else fmt_hex(h)
+
+
+def fmt_hex(h: str | None) -> str:
+    """A stored float.hex value as a short decimal, with the exact value beside it."""
+    return "—" if h is None else f"{hex_to_float(h):.3g} ({short_hex(h)})"
+
+
+def short_hex(h: str) -> str:
+    """float.hex without the mantissa's trailing zeros: 0x1.8000000000000p-3 -> 0x1.8p-3 (same value)."""
+    return re.sub(r"(\.[0-9a-f]*?)0+p", r"\1p", h).replace(".p", "p")
+
+
+def _run_dir_arg(t: RunTables) -> str:
+    return shlex.quote(str(t.path))
+
+
+# -- verdict ----------------------------------------------------------------------------
+
+
+def verdict_text(t: RunTables) -> str:
+    """One sentence: variance found or not, where, and what fixes it."""
+    mode = t.primary_mode
+    m = t.modes[mode]
+    n_cond, d = m.get("n_conditions", 0), m.get("distinct_completions", 1)
+    ftd, fnd = m.get("first_token_divergence"), m.get("first_numeric_divergence")
+    where = "" if mode == "default" else f" with {mode} kernels"
+    if d > 1:
+        s = (f"Batch-variant{where}: {d} distinct completions over {n_cond} conditions ({m.get('n_runs')} runs); "
+             f"first token divergence at step {fmt_step(ftd)}")
+    elif fnd is not None:
+        s = (f"Numerically batch-variant{where}: 1 completion over {n_cond} conditions, "
+             f"but logprob bits differ from step {fnd}")
+    else:
+        s = f"Batch-invariant{where}: 1 completion over {n_cond} conditions, bit-identical logprobs"
+    if t.minimal_set and (d > 1 or fnd is not None):
+        s += f"; fixed by batch-invariant {' + '.join(t.minimal_set)}"
+    if mode == "default" and "batch-invariant" in t.modes:
+        inv = t.modes["batch-invariant"]
+        if inv.get("distinct_completions") == 1 and inv.get("first_numeric_divergence") is None:
+            s += "; with batch-invariant kernels: 1 completion, bit-identical logprobs"
+        else:
+            s += (f"; with batch-invariant kernels: {inv.get('distinct_completions')} distinct completions, "
+                  f"first numeric divergence at step {fmt_step(inv.get('first_numeric_divergence'))}")
+    return s + "."
+
+
+def _verdict(t: RunTables) -> Para:
+    return Para([verdict_text(t)], kind="verdict")
+
+
+def _model_note(t: RunTables) -> list[Para]:
+    model = t.fingerprint.get("model") or {}
+    name = model.get("name", "unknown model")
+    dtype, device = t.fingerprint.get("dtype", "?"), t.fingerprint.get("device", "?")
+    if model.get("embedded_default"):
+        return [Para(["Model: the embedded demonstration model (", Code(str(name)), ", random weights built in "
+                      f"code, {dtype} on {device}). Its text is meaningless; the numerics are real."], kind="note")]
+    return [Para(["Model: ", Code(str(name)), f", {dtype} on {device}."], kind="note")]
+
+
+# -- conditions -------------------------------------------------------------------------
+
+
+def _positions(p) -> str:
+    return ", ".join(map(str, p)) if isinstance(p, list) else "—"
+
+
+def _conditions(t: RunTables) -> list:
+    header = ["condition", "kernels", "load", "batch size", "positions", "fillers", "runs", "runs ≠ reference",
+              "distinct completions", "first token divergence", "first numeric divergence"]
+    off = t.runs.dropna(subset=["first_token_divergence"]).groupby("condition_id").size()
+    rows = [[Code(str(c.condition_id)), str(c.kernels), str(c.load), fmt_step(c.batch_size),
+             _positions(c.positions), str(c.fillers), fmt_step(c.n_runs),
+             str(int(off.get(c.condition_id, 0))), fmt_step(c.distinct_completions),
+             fmt_step(c.first_token_divergence), fmt_step(c.first_numeric_divergence)]
+            for c in t.conditions.itertuples()]
+    numeric = [False] * 6 + [True] * 5
+    ref = t.modes[t.primary_mode].get("reference_run_id")
+    note = Para([f"Each condition is one batched generate call; every run is compared with the reference "
+                 f"(run {ref}: the prompt alone, batch size 1). Runs ≠ reference: runs whose tokens differ "
+                 "from it; distinct completions: among the condition's own runs. A numeric divergence is a step "
+                 "whose logprob bits differ; a token divergence is a different token."], kind="note")
+    return [Table(header, rows, numeric), note]
+
+
+# -- streams ----------------------------------------------------------------------------
+
+
+def _run_steps(t: RunTables) -> dict[int, pd.DataFrame]:
+    return {int(k): g.sort_values("step") for k, g in t.streams.groupby("run_id")}
+
+
+def _mode_runs(t: RunTables, mode: str) -> list[dict]:
+    return t.modes[mode].get("runs", [])
+
+
+# -- branch tree ------------------------------------------------------------------------
+
+
+def _tree(t: RunTables) -> list:
+    mode = t.primary_mode
+    node = t.modes[mode].get("branch_tree")
+    if not node:
+        return [Para(["No branch point: every run produced the reference completion."], kind="hint")]
+    steps = _run_steps(t)
+    tokens = {r["run_id"]: steps[r["run_id"]].token.tolist() for r in _mode_runs(t, mode) if r["run_id"] in steps}
+    budget = {"left": MAX_TREE_NODES, "cut": False}
+    root = _branch_point(node, [], tokens, steps, budget)
+    parts = [Para([f"Runs with {mode} kernels share a prefix until a branch point; each alternative shows the "
+                   "token taken there, how many runs took it, the top1−top2 logit margin there, and the "
+                   "text that follows."], kind="note"), root]
+    if budget["cut"]:
+        parts.append(Para([f"Deeper branch points left out (more than {MAX_TREE_NODES})."], kind="note"))
+    return parts
+
+
+def _branch_point(node: dict, path: list, tokens: dict, steps: dict, budget: dict) -> BranchPoint:
+    budget["left"] -= 1
+    step, total = node["step"], node["count"]
+    alts = []
+    for a in node["alternatives"]:
+        here = path + [(step, a["token"])]
+        run = next((r for r, toks in tokens.items() if all(len(toks) > s and toks[s] == tok for s, tok in here)), None)
+        cont = "".join(steps[run].piece.tolist()[step + 1: step + 1 + 10]) if run is not None else ""
+        child = a.get("child")
+        if child and budget["left"] <= 0:
+            budget["cut"], child = True, None
+        sub = _branch_point(child, here, tokens, steps, budget) if child else None
+        alts.append(Branch(piece=a.get("piece", ""), count=a["count"], share=a["count"] / max(total, 1),
+                           is_reference=bool(a.get("is_reference")), margin=fmt_margin(a.get("margin")),
+                           continuation=cont, child=sub))
+    return BranchPoint(step=step, count=total, prefix=node.get("prefix_text", ""), alternatives=alts)
+
+
+# -- token diff -------------------------------------------------------------------------
+
+
+def _token_diffs(t: RunTables) -> list:
+    mode = t.primary_mode
+    m = t.modes[mode]
+    divergent = sorted((c for c in m.get("completions", []) if not c.get("is_reference")),
+                       key=lambda c: -c["count"])
+    if not divergent:
+        return [Para(["No divergent completion: every run matches the reference token for token."], kind="hint")]
+    steps = _run_steps(t)
+    ref = steps.get(m.get("reference_run_id"))
+    if ref is None:
+        return [Para(["The reference run's stream is missing from streams.jsonl: rerun `nondet probe`."], kind="hint")]
+    out = [Para([f"The reference against each distinct divergent completion ({mode} kernels), aligned at the "
+                 "first differing token (highlighted)."], kind="note")]
+    for c in divergent[:MAX_DIFFS]:
+        run = next((r for r in m.get("runs", []) if r.get("completion_id") == c["completion_id"]), None)
+        if run is not None and run["run_id"] in steps:
+            out.append(_one_diff(c, run, ref, steps[run["run_id"]], sum(x["count"] for x in m["completions"])))
+    if len(divergent) > MAX_DIFFS:
+        out.append(Para([f"{len(divergent) - MAX_DIFFS} more divergent completions not shown "
+                         "(all are in summary.json and `nondet.reports.load_run`)."], kind="note"))
+    return out
+
+
+def _split(a: list, b: list) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _one_diff(c: dict, run: dict, ref: pd.DataFrame, alt: pd.DataFrame, n_runs: int) -> TokenDiff:
+    rt, at = ref.token.tolist(), alt.token.tolist()
+    k = _split(rt, at)
+    rp, ap = ref.piece.tolist(), alt.piece.tolist()
+    lo = max(0, k - CONTEXT_BEFORE)
+    title = [Strong(f"Completion {c['completion_id']}"), f": {c['count']} of {n_runs} runs, e.g. run "
+             f"{run['run_id']} (", Code(run["condition_id"]), f", position {run['position']}); splits at step {k}"]
+    return TokenDiff(title=title, step=k, before=rp[lo:k], ref_after=rp[k:k + CONTEXT_AFTER],
+                     alt_after=ap[k:k + CONTEXT_AFTER], ref_label="reference",
+                     alt_label=f"completion {c['completion_id']}", detail=_diff_detail(k, ref, alt),
+                     cut_before=lo > 0)
+
+
+def _diff_detail(k: int, ref: pd.DataFrame, alt: pd.DataFrame) -> list:
+    parts = []
+    for label, df in (("reference", ref), ("this completion", alt)):
+        if k < len(df):
+            s = df.iloc[k]
+            parts += [f"{label} chose ", Model(s.piece), f" (logprob {fmt_hex(s.logprob_hex)}, "
+                      f"top1−top2 margin {fmt_margin(s.margin_hex)}); "]
+        else:
+            parts.append(f"{label} had ended; ")
+    if k < len(ref) and k < len(alt) and ref.iloc[k].top_ids:
+        s, tok = ref.iloc[k], int(alt.iloc[k].token)
+        rank = s.top_ids.index(tok) + 1 if tok in s.top_ids else None
+        parts.append(f"in the reference, that token ranked #{rank} of its top {len(s.top_ids)}."
+                     if rank else f"that token was outside the reference's top {len(s.top_ids)}.")
+    return parts
+
+
+# -- figures ----------------------------------------------------------------------------
+
+
+def _figure(name: str, png: bytes | None, alt: str, caption: list, hint: list) -> list:
+    return [Figure(name, png, alt, caption)] if png else [Para(hint, kind="hint")]
+
+
+def _figure_sections(t: RunTables) -> list[Section]:
+    rd = _run_dir_arg(t)
+    no_bisect = ["No bisect yet: run ", Code(f"nondet bisect {rd}"), "."]
+    return [
+        Section("First divergence steps", "fig-first-divergence", _figure(
+            "first_divergence.png", figures.first_divergence_histogram(t), "Histogram of first divergence steps",
+            ["Per run: the first step whose logprob bits differ from the reference, and the first step "
+             "whose token differs. Numeric divergence comes first; the token flips later, at a near-tie."],
+            ["No run diverged from the reference: nothing to plot."]), level=3),
+        Section("Distinct completions by batch size", "fig-batch-size", _figure(
+            "distinct_by_batch_size.png", figures.distinct_by_batch_size(t), "Distinct completions by batch size",
+            ["Every run at each batch size, coloured by the completion it produced (green: the reference's); "
+             "the number on top counts the distinct completions there."],
+            ["No runs with a batch size and completion id: rerun `nondet probe`."]), level=3),
+        Section("Bisect: where the difference is born", "fig-bisect", _bisect_blocks(t, no_bisect), level=3),
+        Section("Bisect: amplification", "fig-amplification", _figure(
+            "amplification.png", figures.amplification_curve(t), "Amplification of the difference",
+            ["Largest absolute difference of the target row's residual stream after each decoder layer, "
+             "per replayed step: how far a few-ULP difference at the origin spreads, and whether it lasts "
+             "until a near-tie flips a token."],
+            no_bisect), level=3),
+        Section("Before / after: batch-invariant kernels", "fig-before-after", _figure(
+            "kernels_before_after.png", figures.kernels_before_after(t), "Default against batch-invariant kernels",
+            ["Distinct completions per condition under default and batch-invariant kernels."],
+            ["No before/after comparison yet: run ", Code(_confirm_command(t)), "."]), level=3),
+    ]
+
+
+def _bisect_blocks(t: RunTables, no_bisect: list) -> list:
+    b = t.bisect
+    if b is None:
+        return [Para(no_bisect, kind="hint")]
+    parts = [f"Bisect replayed run {b.get('run_id')} (", Code(str(b.get("condition_id"))),
+             f") in lockstep with the reference (run {b.get('reference_run_id')})."]
+    origin = b.get("origin")
+    if origin:
+        layer = "" if origin.get("layer") is None else f", layer {origin['layer']}"
+        parts += [" The first bit difference is born at ", Strong(f"step {origin.get('step')}"), " in ",
+                  Code(str(origin.get("module"))), f" (op class {origin.get('op_class')}{layer})."]
+    else:
+        parts.append(" No captured point differs.")
+    flip, probe_flip = b.get("flip_step"), b.get("probe_flip_step")
+    if flip is not None:
+        parts.append(f" The token flips at step {flip}, where the reference's top1−top2 margin was "
+                     f"{fmt_margin(b.get('margin_at_flip'))}")
+        ft = b.get("flip_tokens") or {}
+        if "reference_piece" in ft and "divergent_piece" in ft:
+            parts += [": the reference took ", Model(ft["reference_piece"]), ", the divergent run ",
+                      Model(ft["divergent_piece"])]
+        parts.append(".")
+    elif probe_flip is not None:
+        parts.append(f" Bisect replayed {b.get('steps', 'fewer')} steps, short of the probe's token flip at step "
+                     f"{probe_flip} (rerun with --max-steps {probe_flip + 1} to reach it).")
+    blocks = [Para(parts)]
+    blocks += _figure("bisect_heatmap.png", figures.bisect_heatmap(t), "Heatmap of differences by layer and op class",
+                      ["Layer × op class; colour = log10 of the largest absolute difference of the target row "
+                       "(blank = bit-identical); the origin is boxed."],
+                      ["No per-module table (bisect_modules.csv) yet: run ", Code(f"nondet bisect {_run_dir_arg(t)}"),
+                       "."])
+    blocks += _first_modules(t)
+    return blocks
+
+
+def _first_modules(t: RunTables, limit: int = 8) -> list:
+    mods = t.bisect_modules
+    if mods.empty:
+        return []
+    step = int(mods[mods.differs].step.min()) if mods.differs.any() else int(mods.step.min())
+    d = mods[(mods.step == step) & mods.differs].sort_values("order").head(limit)
+    rows = [[fmt_step(r.layer), Code(r.module), r.op_class, fmt_float(r.max_abs_diff), fmt_float(r.max_rel_diff),
+             fmt_float(r.max_ulp), fmt_step(r.first_diff_index)] for r in d.itertuples()]
+    header = ["layer", "module", "op class", "max abs diff", "max rel diff", "max ULP", "first differing index"]
+    return [Para([f"First differing modules at step {step}, in execution order (all rows: bisect_modules.csv):"]),
+            Table(header, rows, [True, False, False, True, True, True, True])]
+
+
+# -- ablation, environment, reproduce ---------------------------------------------------
+
+
+def _ablation(t: RunTables) -> list:
+    if t.ablation.empty:
+        return [Para(["No ablation yet: run ", Code(f"nondet bisect {_run_dir_arg(t)}"),
+                      " (it reruns the divergent condition with each op class made batch-invariant)."], kind="hint")]
+    with_origin = t.ablation.origin_removed.notna().any()
+    header = ["batch-invariant op classes", "tokens match reference", "activations bit-identical",
+              "first token divergence", "first numeric divergence"] + (["origin removed"] if with_origin else [])
+    rows = [[Code(" + ".join(r.ops)), _yes(r.tokens_match), _yes(r.activations_match),
+             fmt_step(r.first_token_divergence), fmt_step(r.first_numeric_step)]
+            + ([_yes(r.origin_removed)] if with_origin else []) for r in t.ablation.itertuples()]
+    out = [Table(header, rows, [False, False, False, True, True, False])]
+    if t.minimal_set:
+        out.append(Para(["Minimal set that removes the divergence: ", Strong(" + ".join(t.minimal_set)), "."]))
+    else:
+        out.append(Para(["No op-class set removed the divergence."]))
+    return out
+
+
+def _yes(v) -> str:
+    return "—" if v is None or v is pd.NA or (isinstance(v, float) and pd.isna(v)) else "yes" if v else "no"
+
+
+def _flatten(d: dict, prefix: str = "") -> list[tuple[str, str]]:
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out += _flatten(v, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", ", ".join(map(str, v)) if isinstance(v, list) else str(v)))
+    return out
+
+
+def _environment(t: RunTables) -> list:
+    if not t.fingerprint:
+        return [Para(["No environment fingerprint (fingerprint.json is missing): rerun ",
+                      Code("nondet probe"), " to record it."], kind="hint")]
+    return [Table(["setting", "value"], [[Code(k), v] for k, v in _flatten(t.fingerprint)])]
+
+
+def probe_command(t: RunTables) -> str | None:
+    """The probe's command line as recorded in config.json, spelled as `nondet ...`."""
+    argv = [str(a) for a in t.config.get("argv") or []]
+    if not argv:
+        return None
+    if argv[0].endswith(("nondet", "__main__.py", "python", "python3")) or "/" in argv[0]:
+        argv = argv[1:]
+    if argv[:2] == ["-m", "nondet"]:
+        argv = argv[2:]
+    command = t.config.get("command", "probe")
+    if not argv or argv[0] != command:
+        argv = [command, *argv]
+    return "nondet " + shlex.join(argv)
+
+
+def _confirm_command(t: RunTables) -> str:
+    cmd = probe_command(t) or "nondet probe"
+    return cmd if "--confirm" in cmd.split() else cmd + " --confirm"
+
+
+def _reproduce(t: RunTables) -> list:
+    cmd = probe_command(t)
+    if cmd is None:
+        return [Para(["No recorded command (config.json is missing or has no argv)."], kind="hint")]
+    lines = [cmd]
+    if t.bisect is not None:
+        cond = t.bisect.get("condition_id")
+        lines.append(f"nondet bisect {_run_dir_arg(t)}" + (f" --condition {shlex.quote(cond)}" if cond else ""))
+    lines.append(f"nondet report {_run_dir_arg(t)}")
+    return [Para(["With the environment above (same library versions, device and threads):"]), CodeBlock(lines)]

@@ -1,0 +1,166 @@
+"""Run directory -> pandas DataFrames, for the report and for notebook users.
+
+    from nondet.reports import load_run
+    t = load_run("runs/2026-11-22T0300")
+    t.streams.groupby("condition_id").logprob.std()
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from nondet.errors import RunDirError
+from nondet.rundir import RunDir, hex_to_float
+
+STREAM_COLUMNS = ["run_id", "condition_id", "kernels", "position", "is_reference", "step", "token", "piece",
+                  "logprob", "logprob_hex", "margin", "margin_hex", "top_ids", "top_logprobs"]
+RUN_COLUMNS = ["run_id", "condition_id", "kernels", "position", "is_reference", "batch_size", "load",
+               "prompt_tokens", "finish", "n_steps", "text", "completion_id",
+               "first_token_divergence", "first_numeric_divergence"]
+CONDITION_COLUMNS = ["condition_id", "kernels", "load", "batch_size", "positions", "fillers", "label",
+                     "n_runs", "distinct_completions", "first_token_divergence", "first_numeric_divergence"]
+COMPLETION_COLUMNS = ["kernels", "completion_id", "count", "is_reference", "n_tokens", "text", "tokens"]
+MODULE_COLUMNS = ["step", "order", "layer", "module", "op_class", "max_abs_diff", "max_rel_diff", "max_ulp",
+                  "first_diff_index", "differs"]
+ABLATION_COLUMNS = ["ops", "tokens_match", "activations_match", "first_token_divergence", "first_numeric_step",
+                    "origin_removed"]  # origin_removed: the origin point is bit-identical under this ablation
+AMPLIFICATION_COLUMNS = ["step", "layer", "max_abs_diff"]
+_NULLABLE_INT = ["first_token_divergence", "first_numeric_divergence", "first_numeric_step", "completion_id",
+                 "layer", "first_diff_index", "batch_size", "n_runs", "distinct_completions", "prompt_tokens"]
+
+
+@dataclass
+class RunTables:
+    """Everything in one run directory. Tables are DataFrames (empty, with their columns,
+    when the stage that writes them has not run); raw JSON documents are dicts."""
+
+    path: Path
+    config: dict                    # config.json ({} when absent)
+    fingerprint: dict               # fingerprint.json ({} when absent)
+    summary: dict                   # summary.json: the probe's diff (modes, verdict)
+    streams: pd.DataFrame           # one row per (run, step): STREAM_COLUMNS
+    runs: pd.DataFrame              # one row per run: RUN_COLUMNS
+    conditions: pd.DataFrame        # one row per condition: CONDITION_COLUMNS
+    completions: pd.DataFrame       # one row per (kernels mode, distinct completion): COMPLETION_COLUMNS
+    bisect: dict | None = None      # bisect.json, None before `nondet bisect`
+    bisect_modules: pd.DataFrame = field(default_factory=lambda: _frame([], MODULE_COLUMNS))
+    amplification: pd.DataFrame = field(default_factory=lambda: _frame([], AMPLIFICATION_COLUMNS))
+    ablation: pd.DataFrame = field(default_factory=lambda: _frame([], ABLATION_COLUMNS))
+    minimal_set: list[str] | None = None  # smallest op-class set whose ablation removes the divergence
+
+    @property
+    def modes(self) -> dict:
+        return self.summary.get("modes", {})
+
+    @property
+    def primary_mode(self) -> str:
+        """The mode the verdict is about: "default" when the run has it."""
+        return "default" if "default" in self.modes else next(iter(self.modes))
+
+
+def load_run(path) -> RunTables:
+    """Read a run directory into DataFrames; RunDirError if it is missing or malformed."""
+    rd = RunDir(path)
+    rd.require()
+    for name in ("conditions.jsonl", "streams.jsonl", "summary.json"):
+        if not rd.exists(name):
+            raise RunDirError(f"{rd.file(name)}: missing; not a finished probe run (run `nondet probe` first)")
+    summary = rd.read_json("summary.json")
+    if not isinstance(summary, dict) or not summary.get("modes"):
+        raise RunDirError(f"{rd.file('summary.json')}: has no 'modes'; rerun `nondet probe`")
+    raw_streams = rd.read_jsonl("streams.jsonl")
+    raw_conditions = rd.read_jsonl("conditions.jsonl")
+    try:
+        tables = RunTables(
+            path=rd.path, config=_optional(rd, "config.json"), fingerprint=_optional(rd, "fingerprint.json"),
+            summary=summary, streams=_streams(raw_streams), runs=_runs(raw_streams, raw_conditions, summary),
+            conditions=_conditions(raw_conditions, summary), completions=_completions(summary))
+        _add_bisect(rd, tables)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RunDirError(f"{rd.path}: malformed run directory ({type(exc).__name__}: {exc})") from None
+    return tables
+
+
+def _optional(rd: RunDir, name: str) -> dict:
+    return rd.read_json(name) if rd.exists(name) else {}
+
+
+def _frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=columns)
+    for col in columns:
+        if col in _NULLABLE_INT:
+            df[col] = pd.array([None if pd.isna(v) else int(v) for v in df[col]], dtype="Int64")
+    return df
+
+
+def _streams(raw: list[dict]) -> pd.DataFrame:
+    rows = []
+    for r in raw:
+        for i, s in enumerate(r["steps"]):
+            top = s.get("top") or []
+            rows.append({"run_id": r["run_id"], "condition_id": r["condition_id"], "kernels": r["kernels"],
+                         "position": r["position"], "is_reference": bool(r["is_reference"]), "step": i,
+                         "token": s["token"], "piece": s.get("piece", ""),
+                         "logprob": hex_to_float(s.get("logprob")), "logprob_hex": s.get("logprob"),
+                         "margin": hex_to_float(s.get("margin")), "margin_hex": s.get("margin"),
+                         "top_ids": [t[0] for t in top], "top_logprobs": [hex_to_float(t[1]) for t in top]})
+    return _frame(rows, STREAM_COLUMNS)
+
+
+def _runs(raw: list[dict], conditions: list[dict], summary: dict) -> pd.DataFrame:
+    by_cond = {c["condition_id"]: c for c in conditions}
+    diff = {r["run_id"]: r for m in summary["modes"].values() for r in m.get("runs", [])}
+    rows = []
+    for r in raw:
+        c, d = by_cond.get(r["condition_id"], {}), diff.get(r["run_id"], {})
+        rows.append({"run_id": r["run_id"], "condition_id": r["condition_id"], "kernels": r["kernels"],
+                     "position": r["position"], "is_reference": bool(r["is_reference"]),
+                     "batch_size": c.get("batch_size"), "load": c.get("load"),
+                     "prompt_tokens": r.get("prompt_tokens"), "finish": r.get("finish"),
+                     "n_steps": len(r["steps"]), "text": r.get("text", ""),
+                     "completion_id": d.get("completion_id"),
+                     "first_token_divergence": d.get("first_token_divergence"),
+                     "first_numeric_divergence": d.get("first_numeric_divergence")})
+    return _frame(rows, RUN_COLUMNS)
+
+
+def _conditions(raw: list[dict], summary: dict) -> pd.DataFrame:
+    diff = {c["condition_id"]: c for m in summary["modes"].values() for c in m.get("conditions", [])}
+    rows = []
+    for c in raw:
+        d = diff.get(c["condition_id"], {})
+        rows.append({**{k: c.get(k) for k in CONDITION_COLUMNS[:7]},
+                     **{k: d.get(k) for k in CONDITION_COLUMNS[7:]}})
+    return _frame(rows, CONDITION_COLUMNS)
+
+
+def _completions(summary: dict) -> pd.DataFrame:
+    rows = [{"kernels": mode, "completion_id": c["completion_id"], "count": c["count"],
+             "is_reference": bool(c.get("is_reference")), "n_tokens": len(c.get("tokens") or []),
+             "text": c.get("text", ""), "tokens": c.get("tokens") or []}
+            for mode, m in summary["modes"].items() for c in m.get("completions", [])]
+    return _frame(rows, COMPLETION_COLUMNS)
+
+
+def _add_bisect(rd: RunDir, t: RunTables) -> None:
+    if rd.exists("bisect.json"):
+        t.bisect = rd.read_json("bisect.json")
+        t.amplification = _frame(t.bisect.get("amplification") or [], AMPLIFICATION_COLUMNS)
+    if rd.exists("bisect_modules.csv"):
+        t.bisect_modules = _modules(rd.read_csv("bisect_modules.csv"))
+    ablation = rd.read_json("ablation.json") if rd.exists("ablation.json") else (t.bisect or {})
+    t.ablation = _frame(ablation.get("ablation") or [], ABLATION_COLUMNS)
+    t.minimal_set = ablation.get("minimal_set")
+
+
+def _modules(rows: list[dict[str, str]]) -> pd.DataFrame:
+    def num(v, kind=float):
+        return None if v in ("", None) else kind(float(v))
+
+    out = [{"step": int(r["step"]), "order": int(r["order"]), "layer": num(r.get("layer"), int),
+            "module": r["module"], "op_class": r["op_class"] or "other",
+            "max_abs_diff": num(r.get("max_abs_diff")), "max_rel_diff": num(r.get("max_rel_diff")),
+            "max_ulp": num(r.get("max_ulp")), "first_diff_index": num(r.get("first_diff_index"), int),
+            "differs": str(r.get("differs", "")).strip().lower() in ("true", "1", "yes")} for r in rows]
+    return _frame(out, MODULE_COLUMNS)

@@ -1,0 +1,28 @@
+"""write_report: run directory -> report.md, report.html and figures/*.png inside it."""
+
+from pathlib import Path
+
+from nondet.errors import RunDirError
+from nondet.reports.blocks import Figure
+from nondet.reports.content import build_report
+from nondet.reports.html import render_html
+from nondet.reports.load import load_run
+from nondet.reports.markdown import render_markdown
+from nondet.rundir import RunDir
+
+
+def write_report(run_dir) -> tuple[Path, Path]:
+    """Render the run directory's report; returns (report.md path, report.html path)."""
+    tables = load_run(run_dir)
+    try:
+        report = build_report(tables)
+    except (KeyError, TypeError, ValueError) as exc:  # a summary.json or bisect.json field is off
+        raise RunDirError(f"{run_dir}: malformed run directory ({type(exc).__name__}: {exc})") from exc
+    rd = RunDir(run_dir)
+    for section in report.sections:
+        for block in section.blocks:
+            if isinstance(block, Figure):
+                rd.write_bytes(f"figures/{block.name}", block.png)
+    md = rd.write_text("report.md", render_markdown(report, "figures"))
+    html = rd.write_text("report.html", render_html(report))
+    return md, html
