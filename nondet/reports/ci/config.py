@@ -1,0 +1,232 @@
+"""The gate's settings: flags over a config file over defaults.
+
+The config file is `--config FILE`, or else the first `nondet.toml` or `pyproject.toml`
+(its `[tool.nondet]` table) found from the working directory upwards, stopping at the
+repository root (a directory holding `.git`). `nondet.toml` wins when both sit in one
+directory. Keys (TOML, kebab-case):
+
+    model = "path/or/hub-id"          # relative paths are relative to the config file
+    prompts = ["Tell me about Richard Feynman"]   # or prompt = "..."
+    batch-sizes = [1, 8, 16]          # or "1,8,16" / "1-16"
+    positions = "ends"                # ends | first | last | all
+    runs = 9                          # spread N replays over the batches instead
+    max-new-tokens = 120
+    kernels = "batch-invariant"       # default | batch-invariant
+    dtype = "bfloat16"
+    device = "cpu"
+    threads = 2
+    load = "static"                   # static | continuous (in-process continuous batching)
+    endpoint = "http://127.0.0.1:8000"   # probe a live OpenAI-compatible server instead
+    rate = 0.5                        # filler arrivals (per engine step / per second on a server)
+    concurrency = 8                   # fillers in the engine at once / copies in flight
+    require = "identical"             # or ONE of: max-distinct = 2, min-divergence-step = 50,
+                                      #            max-logprob-diff = 1e-3
+
+Any other key, a wrong type or unparseable TOML is a one-line UsageError (exit 2).
+"""
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nondet.errors import UsageError
+from nondet.reports.ci.policy import Policy
+
+THRESHOLDS = ("max-distinct", "min-divergence-step", "max-logprob-diff")
+CONFIG_NAMES = ("nondet.toml", "pyproject.toml")
+KEYS = ("model", "prompt", "prompts", "batch-sizes", "positions", "runs", "max-new-tokens", "kernels",
+        "dtype", "device", "threads", "load", "endpoint", "rate", "concurrency", "require", *THRESHOLDS)
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    model: str | None = None  # local dir or hub id; None = the embedded demo model
+    prompts: tuple[str, ...] = ()  # () = the probe's default prompt; each prompt is its own probe
+    batch_sizes: tuple[int, ...] = (1, 8, 16)  # the demo model's tokens flip at bs 8/16 near step 93
+    positions: str = "ends"  # target rows per batch (ends = first and last)
+    runs: int | None = None  # N target replays spread over the batches (overrides positions)
+    max_new_tokens: int = 120  # long enough for the demo model's first token flip
+    kernels: str = "default"  # default | batch-invariant: the mode the repository promises
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    threads: int | None = None  # torch CPU threads; results depend on it, so CI should pin it
+    load: str = "static"  # static batches | continuous (the engine in process); see nondet probe
+    endpoint: str | None = None  # a live OpenAI-compatible server to probe (the "server" load)
+    rate: float | None = None  # filler arrival rate under load (None = the probe's default)
+    concurrency: int | None = None  # fillers in the engine / copies in flight (None = default)
+    policy: Policy = field(default_factory=Policy)
+    source: str = ""  # the config file the settings came from ("" = flags and defaults only)
+
+
+def find_config(start: Path) -> Path | None:
+    """nondet.toml, or a pyproject.toml with [tool.nondet], from start up to the repository root."""
+    for directory in (start.resolve(), *start.resolve().parents):
+        for name in CONFIG_NAMES:
+            path = directory / name
+            if path.is_file() and (name == "nondet.toml" or "nondet" in _read_toml(path).get("tool", {})):
+                return path
+        if (directory / ".git").exists():
+            return None
+    return None
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """The nondet table of one file: [tool.nondet] in pyproject.toml, the top level otherwise."""
+    data = _read_toml(path)
+    if path.name != "pyproject.toml":
+        return data
+    table = data.get("tool", {}).get("nondet", {})
+    if not isinstance(table, dict):
+        raise UsageError(f"{path}: [tool.nondet] must be a table")
+    return table
+
+
+def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | None = None) -> GateSettings:
+    """Settings from flags (None = not given) over the file's values over the defaults."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    label = _Labels(_where(source), set(given))
+    values = {**_check_keys(file_values, label.where), **given}
+    if source is not None and isinstance(file_values.get("model"), str) and "model" not in given:
+        values["model"] = _relative_to(file_values["model"], source.parent)
+    return GateSettings(
+        model=_typed(values, "model", str, label),
+        prompts=_prompts(values, label),
+        batch_sizes=_batch_sizes(values.get("batch-sizes"), label),
+        positions=_typed(values, "positions", str, label) or "ends",
+        runs=_typed(values, "runs", int, label),
+        max_new_tokens=_positive(values, "max-new-tokens", 120, label),
+        kernels=_typed(values, "kernels", str, label) or "default",
+        dtype=_typed(values, "dtype", str, label) or "bfloat16",
+        device=_typed(values, "device", str, label) or "cpu",
+        threads=_typed(values, "threads", int, label),
+        load=_typed(values, "load", str, label) or "static",
+        endpoint=_typed(values, "endpoint", str, label),
+        rate=_typed(values, "rate", float, label),
+        concurrency=_typed(values, "concurrency", int, label),
+        policy=_policy(given, file_values, label.where),
+        source=str(source) if source else "",
+    )
+
+
+class _Labels:
+    """How an error names a setting: '--max-new-tokens' (a flag) or 'nondet.toml: max-new-tokens'."""
+
+    def __init__(self, where: str, flag_keys: set[str]) -> None:
+        self.where, self.flag_keys = where, flag_keys
+
+    def __call__(self, key: str) -> str:
+        return f"--{key}" if key in self.flag_keys else f"{self.where}: {key}"
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"cannot parse {path}: {exc}") from None
+
+
+def _where(source: Path | None) -> str:
+    if source is None:
+        return "defaults"
+    return f"{source} [tool.nondet]" if source.name == "pyproject.toml" else str(source)
+
+
+def _check_keys(values: dict[str, Any], where: str) -> dict[str, Any]:
+    unknown = sorted(set(values) - set(KEYS))
+    if unknown:
+        raise UsageError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(KEYS)}")
+    return values
+
+
+def _relative_to(model: str, base: Path) -> str:
+    """A model path in a config file is relative to that file; hub ids stay as they are."""
+    candidate = base / model
+    return str(candidate) if model.startswith(".") or candidate.exists() else model
+
+
+def _typed(values: dict[str, Any], key: str, kind: type, label: _Labels):
+    value = values.get(key)
+    if value is None:
+        return None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise UsageError(f"{label(key)} must be {_TYPE_NAMES[kind]}, not {value!r}")
+    return value
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list"}
+
+
+def _positive(values: dict[str, Any], key: str, default: int, label: _Labels) -> int:
+    value = _typed(values, key, int, label)
+    if value is not None and value < 1:
+        raise UsageError(f"{label(key)} must be >= 1, not {value}")
+    return default if value is None else value
+
+
+def _prompts(values: dict[str, Any], label: _Labels) -> tuple[str, ...]:
+    """prompts = [...] or prompt = "..." in the file; --prompt (repeatable) replaces both."""
+    if "prompt" in values and "prompts" in values and "prompts" not in label.flag_keys:
+        raise UsageError(f"{label.where}: give either prompt or prompts, not both")
+    key = "prompts" if "prompts" in values else "prompt"
+    value = values.get(key)
+    if value is None:
+        return ()
+    prompts = [value] if key == "prompt" and isinstance(value, str) else value
+    if not isinstance(prompts, list) or not all(isinstance(p, str) and p.strip() for p in prompts):
+        if key in label.flag_keys:
+            raise UsageError("--prompt is empty")
+        raise UsageError(f"{label(key)} must be " + ("non-empty text" if key == "prompt" else "a list of non-empty strings"))
+    return tuple(prompts)
+
+
+def _batch_sizes(value, label: _Labels) -> tuple[int, ...]:
+    from nondet.probes.conditions import parse_batch_sizes  # pure Python, no torch
+
+    if value is None:
+        return GateSettings.batch_sizes
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        value = ",".join(map(str, value))
+    if not isinstance(value, str):
+        raise UsageError(f"{label('batch-sizes')} must be a list of integers or a string like '1,8,16'")
+    try:
+        sizes = parse_batch_sizes(value)
+    except UsageError as exc:  # its message names the flag; a file's value is named by the file
+        raise UsageError(f"{label('batch-sizes')}: {str(exc).removeprefix('--batch-sizes: ')}") from None
+    if len(sizes) < 2:
+        raise UsageError(f"{label('batch-sizes')} needs a size > 1 (1 alone is only the reference)")
+    return sizes
+
+
+def _policy(flags: dict[str, Any], file_values: dict[str, Any], where: str) -> Policy:
+    """The requirement from the flags if they name one, else from the file, else identical."""
+    for layer, prefix in ((flags, "--"), (file_values, "")):
+        named = [k for k in ("require", *THRESHOLDS) if layer.get(k) is not None]
+        origin = "" if prefix else f"{where}: "
+        if len(named) > 1:
+            raise UsageError(f"{origin}give one requirement, not {' and '.join(prefix + n for n in named)}")
+        if named:
+            return _one_policy(named[0], layer[named[0]], origin)
+    return Policy()
+
+
+def _one_policy(key: str, value, prefix: str) -> Policy:
+    try:
+        return _policy_of(key, value)
+    except UsageError as exc:
+        raise UsageError(f"{prefix}{exc}") from None
+
+
+def _policy_of(key: str, value) -> Policy:
+    if key == "require":
+        if not isinstance(value, str):
+            raise UsageError(f"require must be a string such as 'identical', not {value!r}")
+        return Policy.parse(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"{key} must be a number, not {value!r}")
+    return Policy(key, float(value))

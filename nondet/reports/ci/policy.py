@@ -1,0 +1,255 @@
+"""The gate's policy and its verdict: which batch variance a model repository accepts.
+
+A policy is ONE requirement, checked per condition (one batched call of the probe) against
+the reference (the prompt alone at batch size 1):
+
+    identical                 every run has the reference's tokens AND bit-identical logprobs
+    max-distinct = N          at most N distinct completions per kernels mode, the reference's
+                              included (a condition fails when one of its runs produces a
+                              completion beyond the reference and the N-1 most common ones)
+    min-divergence-step = S   no run's tokens diverge before step S (steps count from 0)
+    max-logprob-diff = X      same tokens as the reference, and every chosen token's logprob
+                              within X of the reference's (needs streams.jsonl)
+
+A failed condition's message names the first divergence and the branch tokens, e.g.
+    first token divergence at step 93 (run 3, row 7): reference ' Queens' vs ' New'
+Pure Python on summary.json / streams.jsonl records; imports no torch.
+"""
+
+from dataclasses import dataclass, field
+
+from nondet.errors import UsageError
+
+REQUIREMENTS = ("identical", "max-distinct", "min-divergence-step", "max-logprob-diff")
+
+
+@dataclass(frozen=True)
+class Policy:
+    require: str = "identical"  # one of REQUIREMENTS; identical is the only safe default
+    value: float | None = None  # N, S or X of a threshold requirement; None for identical
+
+    def __post_init__(self) -> None:
+        if self.require not in REQUIREMENTS:
+            raise UsageError(f"requirement must be one of {', '.join(REQUIREMENTS)}, not {self.require!r}")
+        if (self.value is None) != (self.require == "identical"):
+            raise UsageError(f"requirement {self.require!r} needs a value, as in '{self.require} = N'"
+                             if self.value is None else "requirement 'identical' takes no value")
+        if self.value is not None:
+            _check_value(self.require, self.value)
+
+    @classmethod
+    def parse(cls, text: str) -> "Policy":
+        """'identical', 'max-distinct = 2', 'min-divergence-step=50', 'max-logprob-diff = 1e-3'."""
+        name, sep, value = (part.strip() for part in text.partition("="))
+        if not sep:
+            return cls(name)
+        try:
+            number = float(value)
+        except ValueError:
+            raise UsageError(f"requirement {text.strip()!r}: {value!r} is not a number") from None
+        return cls(name, number)
+
+    def describe(self) -> str:
+        if self.value is None:
+            return self.require
+        shown = int(self.value) if self.require != "max-logprob-diff" else self.value
+        return f"{self.require} = {shown}"
+
+    def evaluate(self, summary: dict, streams: list[dict] | None = None, name: str = "") -> "Verdict":
+        return evaluate(summary, streams, self, name)
+
+
+def _check_value(require: str, value: float) -> None:
+    if require in ("max-distinct", "min-divergence-step") and value != int(value):
+        raise UsageError(f"{require} must be an integer, not {value:g}")
+    lowest = 1 if require == "max-distinct" else 0
+    if value < lowest:
+        raise UsageError(f"{require} must be >= {lowest}, not {value:g}")
+
+
+@dataclass(frozen=True)
+class ConditionResult:
+    kernels: str  # kernels mode of the condition
+    condition_id: str  # e.g. "default/bs8/ends"
+    n_runs: int
+    first_token_divergence: int | None  # earliest over the condition's runs
+    first_numeric_divergence: int | None
+    passed: bool
+    message: str  # why it failed: first divergence and branch tokens; "" when it passed
+
+
+@dataclass(frozen=True)
+class Verdict:
+    policy: Policy
+    name: str  # what was gated (e.g. the prompt); "" when only one thing was
+    conditions: tuple[ConditionResult, ...]  # every non-reference condition, in run order
+    run_dir: str = ""  # where the evidence is, when known
+    note: str = ""  # what the check could not see, e.g. a server that sent no logprobs
+    passed: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "passed", all(c.passed for c in self.conditions))
+
+    @property
+    def failures(self) -> list[ConditionResult]:
+        return [c for c in self.conditions if not c.passed]
+
+    @property
+    def message(self) -> str:
+        """One line: met, or the first failing condition and its divergence."""
+        policy = self.policy.describe() + (f"; {self.note}" if self.note else "")
+        if self.passed:
+            return f"policy met ({policy}): {len(self.conditions)} condition(s) agree with the reference"
+        first = self.failures[0]
+        return (f"policy violated ({policy}): {len(self.failures)} of {len(self.conditions)} condition(s) "
+                f"fail; {first.condition_id}: {first.message}")
+
+
+def evaluate(summary: dict, streams: list[dict] | None = None, policy: Policy = Policy(),
+             name: str = "", run_dir: str = "") -> Verdict:
+    """Check every non-reference condition of every kernels mode in summary.json."""
+    level = summary.get("load", {}).get("compare_level")
+    blind = level in ("tokenizer", "text")  # a server that sent no logprobs: tokens only
+    if policy.require == "max-logprob-diff" and (streams is None or blind):
+        raise UsageError("max-logprob-diff needs logprobs: " + (
+            f"the server sent none (compared at level {level})" if blind else "pass the streams (streams.jsonl)"))
+    results = [r for name_, mode in summary["modes"].items() for r in _judge_mode(name_, mode, streams, policy)]
+    note = f"compared at level {level}: logprob bits not checked" if blind else ""
+    return Verdict(policy, name, tuple(results), run_dir, note)
+
+
+def _judge_mode(mode_name: str, mode: dict, streams: list[dict] | None, policy: Policy) -> list[ConditionResult]:
+    view = _ModeView(mode, [s for s in streams or [] if s.get("kernels", mode_name) == mode_name])
+    results = []
+    for cond in mode["conditions"]:
+        runs = [r for r in mode["runs"] if r["condition_id"] == cond["condition_id"]]
+        if all(r["is_reference"] for r in runs):
+            continue  # the reference is what the others are compared with
+        message = _CHECKS[policy.require](view, runs, policy.value)
+        results.append(ConditionResult(mode_name, cond["condition_id"], cond["n_runs"],
+                                       cond["first_token_divergence"], cond["first_numeric_divergence"],
+                                       message is None, message or ""))
+    return results
+
+
+class _ModeView:
+    """Tokens, pieces and logprobs of one kernels mode's runs, from streams or the summary."""
+
+    def __init__(self, mode: dict, streams: list[dict]) -> None:
+        self.mode = mode
+        self.streams = {s["run_id"]: s for s in streams}
+        self.tokens = {c["completion_id"]: c["tokens"] for c in mode["completions"]}
+        self.pieces = _tree_pieces(mode.get("branch_tree"))
+        self.ref_id = mode["reference_run_id"]
+        self.completion_of = {r["run_id"]: r["completion_id"] for r in mode["runs"]}
+
+    def step(self, run_id: int, step: int) -> dict | None:
+        """{"token", "piece", "logprob"?, "margin"?} of one step, or None past the end."""
+        stream = self.streams.get(run_id)
+        if stream is not None:
+            return stream["steps"][step] if step < len(stream["steps"]) else None
+        tokens = self.tokens[self.completion_of[run_id]]
+        if step >= len(tokens):
+            return None
+        return {"token": tokens[step], "piece": self.pieces.get(tokens[step])}
+
+    def logprob_diffs(self, run_id: int) -> list[float]:
+        ref, run = self.streams[self.ref_id]["steps"], self.streams[run_id]["steps"]
+        return [abs(float.fromhex(a["logprob"]) - float.fromhex(b["logprob"])) for a, b in zip(ref, run)]
+
+
+def _tree_pieces(node: dict | None) -> dict[int, str]:
+    """token id -> piece for every branch token in the tree (the summary's only pieces)."""
+    pieces: dict[int, str] = {}
+    for alt in node["alternatives"] if node else []:
+        pieces.setdefault(alt["token"], alt["piece"])
+        for token, piece in _tree_pieces(alt["child"]).items():
+            pieces.setdefault(token, piece)
+    return pieces
+
+
+# -- the four requirements: each returns None (pass) or the failure message -----------------
+
+def _identical(view: _ModeView, runs: list[dict], _value) -> str | None:
+    diverged = [r for r in runs if r["first_token_divergence"] is not None]
+    if diverged:
+        return _token_message(view, _earliest(diverged, "first_token_divergence"), runs)
+    numeric = [r for r in runs if r["first_numeric_divergence"] is not None]
+    if numeric:
+        return _numeric_message(view, _earliest(numeric, "first_numeric_divergence"))
+    return None
+
+
+def _max_distinct(view: _ModeView, runs: list[dict], value) -> str | None:
+    beyond = [r for r in runs if r["completion_id"] >= int(value)]
+    if not beyond:
+        return None
+    total = view.mode["distinct_completions"]
+    return (f"{total} distinct completions in {view.mode['kernels']} kernels, at most {int(value)} allowed; "
+            + _token_message(view, _earliest(beyond, "first_token_divergence"), runs))
+
+
+def _min_divergence_step(view: _ModeView, runs: list[dict], value) -> str | None:
+    early = [r for r in runs if r["first_token_divergence"] is not None
+             and r["first_token_divergence"] < int(value)]
+    if not early:
+        return None
+    return f"diverges before step {int(value)}: " + _token_message(
+        view, _earliest(early, "first_token_divergence"), runs)
+
+
+def _max_logprob_diff(view: _ModeView, runs: list[dict], value) -> str | None:
+    diverged = [r for r in runs if r["first_token_divergence"] is not None]
+    if diverged:
+        return _token_message(view, _earliest(diverged, "first_token_divergence"), runs)
+    for run in runs:
+        diffs = view.logprob_diffs(run["run_id"])
+        worst = max(range(len(diffs)), key=diffs.__getitem__, default=None)
+        if worst is not None and diffs[worst] > value:
+            first = next(i for i, d in enumerate(diffs) if d > value)
+            return (f"logprob differs by {diffs[worst]:.3g} > {value:g} at step {worst} "
+                    f"(first over the limit at step {first}; run {run['run_id']}, row {run['position']})")
+    return None
+
+
+_CHECKS = {"identical": _identical, "max-distinct": _max_distinct,
+           "min-divergence-step": _min_divergence_step, "max-logprob-diff": _max_logprob_diff}
+
+
+# -- messages ------------------------------------------------------------------------------
+
+def _earliest(runs: list[dict], key: str) -> dict:
+    return min(runs, key=lambda r: r[key])
+
+
+def _token_message(view: _ModeView, run: dict, runs: list[dict]) -> str:
+    """'first token divergence at step 93 (run 3, row 7, 2 of 2 runs): reference ' Queens' vs ' New''."""
+    step = run["first_token_divergence"]
+    n = sum(r["first_token_divergence"] is not None for r in runs)
+    ref, here = view.step(view.ref_id, step), view.step(run["run_id"], step)
+    text = (f"first token divergence at step {step} (run {run['run_id']}, row {run['position']}, "
+            f"{n} of {len(runs)} runs): reference {_show(ref)} vs {_show(here)}")
+    if run["first_numeric_divergence"] is not None and run["first_numeric_divergence"] < step:
+        text += f"; logprob bits differ from step {run['first_numeric_divergence']}"
+    return text
+
+
+def _numeric_message(view: _ModeView, run: dict) -> str:
+    step = run["first_numeric_divergence"]
+    ref, here = view.step(view.ref_id, step), view.step(run["run_id"], step)
+    text = (f"same tokens, but logprob bits differ from step {step} "
+            f"(run {run['run_id']}, row {run['position']}) at {_show(ref)}")
+    if ref and here and "logprob" in ref and "logprob" in here:
+        a, b = float.fromhex(ref["logprob"]), float.fromhex(here["logprob"])
+        text += f": {a!r} vs {b!r} (diff {abs(a - b):.3g})"
+    return text
+
+
+def _show(step: dict | None) -> str:
+    """A branch token as repr of its piece (escapes control characters), or <end>."""
+    if step is None:
+        return "<end>"
+    piece = step.get("piece")
+    shown = repr(piece) if piece is not None else f"token {step['token']}"
+    margin = step.get("margin")
+    return shown + (f" (margin {float.fromhex(margin):.3g})" if margin else "")

@@ -1,0 +1,128 @@
+"""`nondet gate` end to end on the embedded default: every exit code from a real case."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+HAS_KERNELS = importlib.util.find_spec("nondet.kernels") is not None
+needs_kernels = pytest.mark.skipif(not HAS_KERNELS, reason="nondet.kernels (batch-invariant mode) not installed")
+# The demo model's tokens flip at batch size 8 near step 93 (its logprob bits differ from step 0).
+QUICK = ["--batch-sizes", "1,8", "--max-new-tokens", "100"]
+
+
+def gate(*args, cwd: Path, env=None):
+    (cwd / ".git").mkdir(exist_ok=True)  # a repository root: no config file above it is read
+    full_env = {**os.environ, "GITHUB_ACTIONS": "", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "nondet", "gate", *args], cwd=cwd, capture_output=True,
+                          text=True, env=full_env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def violated(tmp_path_factory, default_model_dir):
+    """One gate run without the mode, under GitHub Actions, with JUnit: shared by several tests."""
+    work = tmp_path_factory.mktemp("gate-violated")
+    summary = work / "step-summary.md"
+    r = gate(*QUICK, "--junit", "junit.xml", "--out", "run", cwd=work,
+             env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
+    return r, work, summary
+
+
+def test_violated_policy_exits_1(violated):
+    r, work, _ = violated
+    assert r.returncode == 1, r.stderr
+    assert r.stderr == ""
+    lines = r.stdout.splitlines()
+    assert any(line.startswith("nondet gate: policy violated (identical): 1 of 1 condition(s) fail; "
+                               "default/bs8/ends: first token divergence at step ") for line in lines)
+    assert "junit: junit.xml" in lines
+    assert (work / "run" / "summary.json").is_file() and (work / "run" / "streams.jsonl").is_file()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nondet.probes.bisect") is None, reason="nondet bisect not installed")
+def test_violation_is_bisected_where_the_bits_are_born(violated):
+    r, work, _ = violated
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("bisect: first differing bits at step 0 in model.layers.")
+    assert last.endswith(f"(bisect.json in run)")
+    assert (work / "run" / "bisect.json").is_file()
+
+
+def test_junit_parses_and_names_the_failing_condition(violated):
+    _, work, _ = violated
+    root = ET.parse(work / "junit.xml").getroot()
+    case = root.find("testsuite/testcase")
+    assert (case.get("classname"), case.get("name")) == ("nondet.gate.default", "default/bs8/ends")
+    message = case.find("failure").get("message")
+    assert message.startswith("first token divergence at step ")
+    assert " vs " in message and "logprob bits differ from step 0" in message
+
+
+def test_github_annotations_and_step_summary(violated):
+    r, _, summary = violated
+    errors = [line for line in r.stdout.splitlines() if line.startswith("::error ")]
+    assert len(errors) == 1 and errors[0].startswith("::error title=nondet gate%3A default/bs8/ends::identical: ")
+    text = summary.read_text()
+    assert text.startswith("## nondet gate: ❌ policy violated (identical)")
+    assert "| default/bs8/ends | 2 |" in text
+
+
+@needs_kernels
+def test_met_policy_with_batch_invariant_kernels_exits_0(tmp_path, default_model_dir):
+    r = gate("--batch-sizes", "1,8", "--max-new-tokens", "24", "--kernels", "batch-invariant",
+             "--junit", "junit.xml", "--out", "run", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-2] == \
+        "nondet gate: policy met (identical): 1 condition(s) agree with the reference"
+    root = ET.parse(tmp_path / "junit.xml").getroot()
+    assert root.get("failures") == "0" and root.find(".//testcase").get("name") == "batch-invariant/bs8/ends"
+
+
+def test_missing_model_exits_3(tmp_path):
+    missing = tmp_path / "no-such-model"
+    r = gate(str(missing), cwd=tmp_path)
+    assert r.returncode == 3
+    assert r.stderr == f"nondet: error: model directory not found: {missing}\n"
+
+
+def test_unreachable_server_exits_3(tmp_path):
+    (tmp_path / "nondet.toml").write_text('endpoint = "http://127.0.0.1:9"\nmax-new-tokens = 4\n')
+    r = gate("--junit", "junit.xml", cwd=tmp_path)
+    assert r.returncode == 3
+    assert r.stderr.startswith("nondet: error: cannot reach http://127.0.0.1:9/v1/models: connection refused")
+    assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "junit.xml").exists()
+
+
+def test_unknown_kernels_mode_exits_2(tmp_path):
+    r = gate("--kernels", "fast", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == "nondet: error: --kernels must be one of default, batch-invariant, not 'fast'\n"
+
+
+def test_help_documents_the_exit_codes_and_imports_no_torch():
+    code = ("import sys; sys.argv=['nondet', 'gate', '--help']\n"
+            "from nondet.cli.app import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('HEAVY', [m for m in ('torch', 'transformers', 'triton') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "100"})
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr
+    for line in ("0  policy met", "1  policy violated (never 0 on a violation)",
+                 "2  usage or configuration error", "3  could not run: model missing or not loadable"):
+        assert line in out.stdout
+
+
+def test_several_prompts_get_a_run_directory_and_a_testsuite_each(tmp_path, tiny_model_dir):
+    # min-divergence-step = 0 holds for any run: this checks the plumbing, not the model.
+    r = gate(str(tiny_model_dir), "-p", "first prompt", "-p", "second <prompt>", "-b", "1,3", "-n", "4",
+             "--min-divergence-step", "0", "--junit", "junit.xml", "--out", "run", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "run" / "prompt-1" / "summary.json").is_file()
+    assert (tmp_path / "run" / "prompt-2" / "summary.json").is_file()
+    suites = ET.parse(tmp_path / "junit.xml").getroot().findall("testsuite")
+    assert [s.get("name") for s in suites] == ["nondet gate: prompt 'first prompt'",
+                                               "nondet gate: prompt 'second <prompt>'"]
