@@ -1,4 +1,8 @@
-"""`nondet probe`: replay a prompt under many batch conditions and diff the token streams."""
+"""`nondet probe`: replay a prompt under many batch conditions and diff the token streams.
+
+Three loads: static batches (default), `--load continuous` (transformers' continuous-batching
+engine in process, fillers arriving every step), and `--endpoint URL` (a live server).
+"""
 
 import json
 from pathlib import Path
@@ -19,7 +23,8 @@ def probe(
     positions: Annotated[str, typer.Option(
         help="Target rows in each batch: ends (first and last) | first | last | all (every row a copy).")] = "ends",
     runs: Annotated[Optional[int], typer.Option(
-        help="Spread N target replays over the batches (overrides --positions).")] = None,
+        help="Static: spread N target replays over the batches (overrides --positions). Continuous / "
+             "--endpoint: N replays under load (default 8 / 16), plus the reference sent alone.")] = None,
     fillers: Annotated[Optional[Path], typer.Option(
         help="File of filler prompts, one per line (default: a built-in multilingual set).")] = None,
     ragged: Annotated[bool, typer.Option(
@@ -37,6 +42,30 @@ def probe(
     threads: o.ThreadsOpt = None,
     out: o.OutOpt = None,
     json_output: o.JsonOpt = False,
+    load: Annotated[str, typer.Option(
+        "--load", help="static (one batched generate per condition) | continuous (transformers' continuous-batching "
+                       "engine, in process). --endpoint implies a server load.")] = "static",
+    rate: Annotated[Optional[float], typer.Option(
+        help="Filler arrival rate (Poisson): per engine step with --load continuous (default 0.5), "
+             "requests per second with --endpoint (default 4).")] = None,
+    concurrency: Annotated[Optional[int], typer.Option(
+        help="Continuous: most fillers in the engine at once (default 8). --endpoint: most copies "
+             "in flight at once (default all).")] = None,
+    filler_requests: Annotated[Optional[int], typer.Option(
+        "--filler-requests", help="Filler requests: per run with --load continuous (default 24), in all with "
+                                  "--endpoint (default 2 x runs). Their texts come from --fillers.")] = None,
+    endpoint: Annotated[Optional[str], typer.Option(
+        help="Probe a live OpenAI-compatible server at this base URL, e.g. http://127.0.0.1:8000. "
+             "--model then names the served model (default: the first of /v1/models).")] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="Use /v1/chat/completions instead of /v1/completions.")] = False,
+    tokenizer: Annotated[Optional[str], typer.Option(
+        help="Tokenizer (dir or hub id) for comparing a server's texts token by token when it returns no logprobs.")] = None,
+    api_key_env: Annotated[str, typer.Option(
+        "--api-key-env", help="Environment variable holding the server's API key (never written to disk).")] = "OPENAI_API_KEY",
+    timeout: Annotated[float, typer.Option(
+        help="Seconds a server request may take; past it the probe stops (not resent: the server may still be busy).")] = 600.0,
+    resume: Annotated[Optional[Path], typer.Option(
+        help="Finish an interrupted --endpoint probe in this run directory; completed requests are not resent.")] = None,
 ) -> None:
     """Replay one prompt under varying batch sizes and positions; find where outputs diverge.
 
@@ -45,14 +74,22 @@ def probe(
     completions, and the branch points.
 
     Example:  nondet probe --batch-sizes 1,2,4,8,16 --max-new-tokens 200
+    Under load:  nondet probe --load continuous --runs 8 --rate 0.5 --concurrency 8
+    A server:  nondet probe --endpoint http://127.0.0.1:8000 --runs 16 --tokenizer DIR
     """
     import sys
 
     from nondet.cli.options import read_lines_file, read_prompt
     from nondet.probes.conditions import parse_batch_sizes
     from nondet.probes.corpus import FILLERS
+    from nondet.probes.load.config import LoadConfig
     from nondet.probes.loading import ModelSpec
     from nondet.probes.probe import DEFAULT_PROMPT, ProbeConfig
+
+    mode = "server" if endpoint or resume else load
+    load_config = LoadConfig(mode=mode, rate=rate, concurrency=concurrency, filler_requests=filler_requests,
+                             endpoint=endpoint, chat=chat, tokenizer=tokenizer, api_key_env=api_key_env,
+                             timeout=timeout, resume=str(resume) if resume else None)
 
     config = ProbeConfig(
         prompt=read_prompt(prompt, prompt_file, DEFAULT_PROMPT),
@@ -63,6 +100,7 @@ def probe(
         ragged=ragged, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
         kernels=("default", "batch-invariant") if confirm else (kernels,),
         threads=threads, out=str(out) if out else None, argv=tuple(["nondet"] + sys.argv[1:]),
+        load=load_config,
     )
     result = run_with_progress(config, quiet=json_output)
     write_report_if_available(result.run_dir)
@@ -76,6 +114,7 @@ def probe(
 
     console = Console()
     print_probe_summary(result.summary, result.run_dir, console)
+    print_load_notes(result.summary, console)
     console.print(f"wall time: {result.seconds:.1f} s")
 
 
@@ -88,6 +127,8 @@ def run_with_progress(config, quiet: bool):
 
     if quiet:
         return run_probe(config)
+    if config.load.mode == "server":
+        return run_server_with_progress(config)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("loading model", total=None)
@@ -107,3 +148,35 @@ def write_report_if_available(run_dir) -> None:
     except ImportError:
         return
     write_report(run_dir)
+
+
+def run_server_with_progress(config):
+    """The server probe with a bar: answers on disk of all, requests in flight, failed attempts."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from nondet.probes.load.server_probe import run_server_probe
+    from nondet.probes.probe import _validate
+
+    _validate(config)
+    columns = (TextColumn("requests"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("in flight {task.fields[in_flight]}  failed {task.fields[failed]}"), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("requests", total=None, in_flight=0, failed=0)
+
+        def on_progress(counts):
+            progress.update(task, total=counts.total, completed=counts.done, in_flight=counts.in_flight,
+                            failed=counts.failed)
+
+        return run_server_probe(config, on_progress)
+
+
+def print_load_notes(summary: dict, console) -> None:
+    """The load settings and caveats (comparison level; what invariance is not claimed for)."""
+    load = summary.get("load")
+    if not load:
+        return
+    level = f", compared at level {load['compare_level']}" if load.get("compare_level") else ""
+    console.print(f"load: {load['mode']}{level}")
+    for note in load.get("notes", []):
+        console.print(f"note: {note}")

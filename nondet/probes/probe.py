@@ -16,8 +16,11 @@ from nondet.probes import conditions as cond
 from nondet.probes.batch import build_batch
 from nondet.probes.corpus import FILLERS
 from nondet.probes.diff import summarize, verdict
+from nondet.probes.load.config import LoadConfig
+from nondet.probes.load.config import validate as validate_load
 from nondet.probes.loading import ModelSpec, load_model
 from nondet.probes.numerics import fingerprint, numerics_scope
+from nondet.probes.pieces import token_piece
 from nondet.probes.replay import DecodeSettings, generate_condition
 from nondet.rundir import RunDir
 
@@ -41,6 +44,7 @@ class ProbeConfig:
     threads: int | None = None  # torch CPU threads (None = torch's default); fingerprinted
     out: str | None = None  # run directory (None = nondet-runs/<time>-probe)
     argv: tuple[str, ...] = ()  # the command line, for "reproduce" in reports
+    load: LoadConfig = field(default_factory=LoadConfig)  # static batches, continuous batching, or a server
 
 
 @dataclass
@@ -55,6 +59,8 @@ OnCondition = Callable[[cond.Condition, int, int], None]  # (condition, index, t
 
 def run_probe(config: ProbeConfig, on_condition: OnCondition | None = None) -> ProbeResult:
     _validate(config)
+    if config.load.mode != "static":
+        return _run_under_load(config, on_condition)
     started = time.perf_counter()
     run_dir = RunDir(config.out or default_run_dir("probe"))
     loaded = load_model(config.model)
@@ -67,6 +73,16 @@ def run_probe(config: ProbeConfig, on_condition: OnCondition | None = None) -> P
     summary = summarize_modes(streams, loaded.tokenizer)
     run_dir.write_json("summary.json", summary)
     return ProbeResult(run_dir.path, summary, time.perf_counter() - started)
+
+
+def _run_under_load(config: ProbeConfig, on_condition: OnCondition | None) -> ProbeResult:
+    if config.load.mode == "continuous":
+        from nondet.probes.load.continuous import run_continuous
+
+        return run_continuous(config, on_condition)
+    from nondet.probes.load.server_probe import run_server_probe
+
+    return run_server_probe(config)
 
 
 def summarize_modes(streams: list[dict], tokenizer=None) -> dict:
@@ -93,6 +109,7 @@ def _validate(config: ProbeConfig) -> None:
             raise UsageError(f"--kernels must be one of {', '.join(KERNEL_MODES)}, not {mode!r}")
     if not config.fillers:
         raise UsageError("no filler prompts: the fillers file is empty")
+    validate_load(config.load, config.temperature)
 
 
 def _tokenize(tokenizer, config: ProbeConfig) -> tuple[list[int], list[list[int]]]:
@@ -138,7 +155,7 @@ def kernels_mode(mode: str, model):
 
 def _stream_record(run_id, condition, row, steps, prompt_tokens, tokenizer) -> dict:
     for step in steps:
-        step["piece"] = tokenizer.decode([step["token"]])
+        step["piece"] = token_piece(tokenizer, step["token"])
     tokens = [s["token"] for s in steps]
     return {
         "run_id": run_id, "condition_id": condition.condition_id, "kernels": condition.kernels,

@@ -1,0 +1,161 @@
+"""A small OpenAI-compatible HTTP client on the standard library: bounded retries, one-line errors.
+
+Connection errors, HTTP 429 and 5xx are retried (a greedy completion has no side effects, so
+sending it again is safe) with exponential backoff, a bounded number of times. A timeout is
+not: the server may still be working on the request, and a resend only adds to its load.
+Other 4xx answers and malformed JSON are not retried either. Every failure ends as one line:
+ServerUnreachableError (exit 3) when the server could not be reached or did not answer in
+time, ServerResponseError (exit 5) when it answered with an error or garbage.
+
+The API key is read from the environment variable named by `api_key_env` when the client is
+created, kept in memory only, and never appears in messages, headers returned or records.
+"""
+
+import http.client
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Callable
+from urllib.parse import urlsplit
+
+from nondet.errors import ServerResponseError, ServerUnreachableError, UsageError
+
+DROP_HEADERS = {"date", "content-length", "content-type", "connection", "set-cookie", "x-request-id",
+                "transfer-encoding", "www-authenticate", "authorization"}
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    endpoint: str  # base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)
+    timeout: float = 600.0  # seconds per blocking socket operation (as OpenAI's client): a hung server fails after this
+    retries: int = 2  # extra attempts after a retryable failure
+    backoff: float = 0.5  # first wait between attempts; doubles each time
+    api_key_env: str = "OPENAI_API_KEY"
+
+
+@dataclass
+class Reply:
+    body: dict
+    headers: dict[str, str]  # lower-case names
+    seconds: float  # wall time of the successful attempt
+    attempts: int
+
+
+class _Retryable(Exception):
+    def __init__(self, kind: str, detail: str):
+        super().__init__(detail)
+        self.kind = kind  # "connection" | "timeout" | "status"
+
+
+class Client:
+    def __init__(self, settings: ClientSettings, on_failed_attempt: Callable[[str], None] | None = None):
+        self.settings = settings
+        self.on_failed_attempt = on_failed_attempt or (lambda _detail: None)
+        parts = urlsplit(settings.endpoint.rstrip("/"))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"--endpoint must be an http(s) URL like http://127.0.0.1:8000, not {settings.endpoint!r}")
+        self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port
+        self._base = parts.path[:-3] if parts.path.endswith("/v1") else parts.path
+        self._key = os.environ.get(settings.api_key_env) or None
+
+    def url(self, path: str) -> str:
+        return f"{self.settings.endpoint.rstrip('/').removesuffix('/v1')}{path}"
+
+    def get(self, path: str) -> Reply:
+        return self._request("GET", path, None)
+
+    def post(self, path: str, payload: dict) -> Reply:
+        return self._request("POST", path, payload)
+
+    def _request(self, method: str, path: str, payload: dict | None) -> Reply:
+        attempts = self.settings.retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._once(method, path, payload, attempt)
+            except _Retryable as failure:
+                self.on_failed_attempt(str(failure))
+                if attempt == attempts or failure.kind == "timeout":
+                    raise self._final_error(path, failure, attempts) from None
+                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
+
+    def _once(self, method: str, path: str, payload: dict | None, attempt: int) -> Reply:
+        started = time.perf_counter()
+        try:
+            status, headers, raw = self._exchange(method, path, payload)
+        except (TimeoutError, socket.timeout):
+            raise _Retryable("timeout", f"no answer within {self.settings.timeout:g} s") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise _Retryable("connection", _describe(exc)) from None
+        if status == 429 or status >= 500:
+            raise _Retryable("status", f"HTTP {status}: {_snippet(raw)}")
+        if status >= 400:
+            raise ServerResponseError(f"{self.url(path)} answered HTTP {status}: {_snippet(raw)}{self._key_hint(status)}")
+        return Reply(self._json(path, raw), headers, time.perf_counter() - started, attempt)
+
+    def _exchange(self, method: str, path: str, payload: dict | None) -> tuple[int, dict, bytes]:
+        cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=self.settings.timeout)
+        try:
+            body = None if payload is None else json.dumps(payload).encode()
+            conn.request(method, self._base + path, body=body, headers=self._headers(body is not None))
+            response = conn.getresponse()
+            raw = response.read()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, raw
+        finally:
+            conn.close()
+
+    def _headers(self, has_body: bool) -> dict:
+        headers = {"Accept": "application/json", "User-Agent": "nondet"}
+        if has_body:
+            headers["Content-Type"] = "application/json"
+        if self._key:
+            headers["Authorization"] = f"Bearer {self._key}"
+        return headers
+
+    def _json(self, path: str, raw: bytes) -> dict:
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ServerResponseError(f"{self.url(path)} answered malformed JSON ({exc}): {_snippet(raw)}") from None
+        if not isinstance(body, dict):
+            raise ServerResponseError(f"{self.url(path)} answered JSON that is not an object: {_snippet(raw)}")
+        return body
+
+    def _key_hint(self, status: int) -> str:
+        if status not in (401, 403):
+            return ""
+        state = "is not set" if self._key is None else "was sent"
+        return f" (the API key from ${self.settings.api_key_env} {state}; --api-key-env names the variable)"
+
+    def _final_error(self, path: str, failure: _Retryable, attempts: int) -> Exception:
+        attempts = 1 if failure.kind == "timeout" else attempts
+        where, tries = self.url(path), f"{attempts} attempt{'s' if attempts > 1 else ''}"
+        if failure.kind == "status":
+            return ServerResponseError(f"{where} answered {failure} ({tries})")
+        if failure.kind == "timeout":
+            return ServerUnreachableError(f"{where}: {failure}; the server hangs or is overloaded (--timeout)")
+        return ServerUnreachableError(f"cannot reach {where}: {failure} ({tries}); is the server running?")
+
+
+def public_headers(headers: dict[str, str]) -> dict[str, str]:
+    """Response headers worth keeping as server identity (never cookies or auth)."""
+    return {k: v for k, v in sorted(headers.items()) if k not in DROP_HEADERS}
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                        http.client.IncompleteRead)):
+        return "connection dropped before a complete answer"
+    if isinstance(exc, socket.gaierror):
+        return "host name not found"
+    return (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).strip()
+
+
+def _snippet(raw: bytes, limit: int = 200) -> str:
+    text = " ".join(raw.decode("utf-8", "replace").split())
+    return (text[:limit] + "...") if len(text) > limit else (text or "(empty body)")

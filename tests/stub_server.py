@@ -1,0 +1,106 @@
+"""A tiny local OpenAI-compatible stub, for FAULT paths only (real numerics come from a real server).
+
+Modes (settable while running): "ok" answers every completion; "500" answers HTTP 500;
+"garbage" answers 200 with a body that is not JSON; "hang" holds the request without an
+answer (until `hang_seconds` pass or the stub stops); "drop" closes the connection without
+an answer. `drop_after=K` switches to "drop" once K completions have been answered (the
+server dying mid-run). Answers are deterministic: text and logprobs depend on nothing.
+"""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class StubServer:
+    def __init__(self, mode: str = "ok", drop_after: int | None = None, hang_seconds: float = 10.0,
+                 fail_first: int = 0):
+        self.mode, self.drop_after, self.hang_seconds, self.fail_first = mode, drop_after, hang_seconds, fail_first
+        self.answered = 0  # completions answered with 200
+        self.received: list[dict] = []  # completion request bodies, in arrival order
+        self.auth: list[str | None] = []  # Authorization header of each completion request
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> "StubServer":
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopping.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def decide(self, body: dict) -> str:
+        """What to do with one completion request."""
+        with self.lock:
+            self.received.append(body)
+            if self.fail_first > 0:
+                self.fail_first -= 1
+                return "500"
+            if self.drop_after is not None and self.answered >= self.drop_after:
+                return "drop"
+            if self.mode == "ok":
+                self.answered += 1
+                return f"ok:{self.answered}"
+            return self.mode
+
+
+def completion_body(n: int, body: dict) -> dict:
+    words = [" alpha", " beta", " gamma", " delta"][: max(1, min(4, int(body.get("max_tokens", 4))))]
+    logprobs = {"tokens": words, "token_logprobs": [-0.5] * len(words),
+                "top_logprobs": [{w: -0.5, " other": -1.25} for w in words]}
+    return {"id": f"stub-{n}", "object": "text_completion", "model": "stub-model",
+            "choices": [{"index": 0, "text": "".join(words), "finish_reason": "length", "logprobs": logprobs}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)}}
+
+
+def _handler(stub: StubServer):
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "nondet-stub/1.0"
+
+        def log_message(self, *args) -> None:  # quiet
+            pass
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/") == "/v1/models":
+                return self._send(200, json.dumps({"object": "list", "data": [{"id": "stub-model"}]}).encode())
+            if self.path == "/health":
+                return self._send(200, b'{"status": "ok"}')
+            self._send(404, b'{"error": "not found"}')
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            stub.auth.append(self.headers.get("Authorization"))
+            action = stub.decide(body)
+            if action.startswith("ok:"):
+                n = int(action[3:])
+                return self._send(200, json.dumps(completion_body(n, body)).encode(), {"x-request-id": f"stub-{n}"})
+            if action == "500":
+                return self._send(500, b"Internal Server Error")
+            if action == "garbage":
+                return self._send(200, b"<html>not json{")
+            if action == "hang":
+                stub.stopping.wait(stub.hang_seconds)
+                return self.close_connection_now()
+            self.close_connection_now()
+
+        def close_connection_now(self) -> None:
+            self.close_connection = True
+            self.connection.close()
+
+        def _send(self, status: int, payload: bytes, headers: dict | None = None) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(payload)
+
+    return Handler
