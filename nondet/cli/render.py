@@ -18,7 +18,8 @@ def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
 
 
 def _conditions_table(mode: str, m: dict) -> Table:
-    table = Table(title=f"kernels: {mode}  (reference = prompt alone at batch size 1)")
+    table = Table(title=f"kernels: {mode}  (every run is compared with reference run {m['reference_run_id']}: "
+                        "the prompt sent alone)")
     for col in ("condition", "runs", "distinct", "first token divergence", "first numeric divergence"):
         table.add_column(col, justify="left" if col == "condition" else "right")
     for c in m["conditions"]:

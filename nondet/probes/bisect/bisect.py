@@ -1,0 +1,205 @@
+"""`nondet bisect` as a library call: attribute a probe's divergence to a point and op class.
+
+Reads the probe's run directory (config.json reloads the same model, prompt, fillers and
+decoding settings; summary.json names the divergent runs), replays the reference and one
+divergent run in lockstep (lockstep.py), writes bisect.json, bisect_modules.csv and
+ablation.json back into the same directory (docs/run-directory.md).
+"""
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from nondet.errors import RunDirError
+from nondet.probes.batch import Batch, build_batch
+from nondet.probes.bisect.ablation import Ablation, run_ablation
+from nondet.probes.bisect.choose import Target, choose_target
+from nondet.probes.bisect.lockstep import Lockstep, eos_ids, run_lockstep
+from nondet.probes.conditions import Condition
+from nondet.probes.loading import ModelSpec, load_model
+from nondet.probes.numerics import numerics_scope
+from nondet.probes.pieces import token_piece
+from nondet.probes.replay import DecodeSettings
+from nondet.rundir import RunDir
+
+PROBE_KEYS = ("prompt", "model", "fillers", "max_new_tokens", "temperature", "seed")  # config.json keys read
+MODULE_FIELDS = ["step", "order", "layer", "module", "op_class", "max_abs_diff", "max_rel_diff", "max_ulp",
+                 "first_diff_index", "differs"]
+
+
+@dataclass(frozen=True)
+class BisectConfig:
+    run_dir: str  # a probe's run directory: read, and written into
+    condition: str | None = None  # condition id or its part after "<kernels>/"; None = the earliest flip
+    position: int | None = None  # target row of that condition; None = its run that diverges first
+    max_steps: int | None = None  # decode steps replayed; None = through the probe's flip step (or all)
+    ablation: bool = True  # rerun per op class with batch-invariant kernels (the causal test)
+    baseline: tuple[str, ...] = ()  # op classes invariant in EVERY replay (e.g. Thinking Machines' set:
+    #                                 matmul, norm, softmax); bisect then attributes what remains
+
+
+@dataclass
+class BisectResult:
+    run_dir: Path
+    bisect: dict  # bisect.json contents (ablation included)
+    modules: list[dict]  # bisect_modules.csv rows
+    seconds: float
+
+
+OnStage = Callable[[str], None]  # a short description of what runs now, for progress display
+
+
+def run_bisect(config: BisectConfig, on_stage: OnStage | None = None) -> BisectResult:
+    started = time.perf_counter()
+    stage = on_stage or (lambda text: None)
+    rd = RunDir(config.run_dir)
+    conditions, summary, streams = _read_probe_results(rd)
+    target = choose_target(conditions, summary, str(rd.path), config.condition, config.position)
+    probe = _read_probe_config(rd)
+    stage("loading model")
+    loaded = load_model(ModelSpec(**probe["model"]))
+    settings = DecodeSettings(_horizon(config, probe, target), probe["temperature"], probe["seed"])
+    with numerics_scope(probe.get("threads")):
+        ref, div = _batches(loaded.tokenizer, probe, target)
+        replay = _replayer(loaded, ref, div, settings, target.condition.kernels, config.baseline)
+        stage(f"lockstep replay of {target.condition.condition_id} row {target.position}")
+        main = replay(None)
+        ablation = _ablate(config, target, main, replay, stage)
+    result = describe(target, main, loaded.tokenizer, ablation, config.baseline)
+    result["reference_reproduced"] = _reproduced(main, streams, target.reference_run_id)
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    rows = module_rows(main)
+    _write(rd, result, rows)
+    return BisectResult(rd.path, result, rows, time.perf_counter() - started)
+
+
+def _horizon(config: BisectConfig, probe: dict, target: Target) -> int:
+    """Steps replayed: --max-steps, else through the probe's flip (nothing later is needed)."""
+    if config.max_steps:
+        return config.max_steps
+    if target.probe_flip_step is not None:
+        return min(probe["max_new_tokens"], target.probe_flip_step + 1)
+    return probe["max_new_tokens"]
+
+
+def _read_probe_results(rd: RunDir) -> tuple[list[dict], dict, list[dict]]:
+    rd.require()
+    return rd.read_jsonl("conditions.jsonl"), rd.read_json("summary.json"), rd.read_jsonl("streams.jsonl")
+
+
+def _read_probe_config(rd: RunDir) -> dict:
+    """The ProbeConfig fields of config.json (model, prompt, fillers, decoding settings)."""
+    header = rd.read_json("config.json")
+    if header.get("command") != "probe" or "config" not in header:
+        raise RunDirError(f"{rd.file('config.json')}: not written by `nondet probe`; bisect needs a probe run")
+    missing = [k for k in PROBE_KEYS if k not in header["config"]]
+    if missing:
+        raise RunDirError(f"{rd.file('config.json')}: lacks {', '.join(missing)}; rerun `nondet probe`")
+    return header["config"]
+
+
+def _batches(tokenizer, probe: dict, target: Target) -> tuple[Batch, Batch]:
+    """The reference (prompt alone) and the divergent batch exactly as the probe built it."""
+    ids = tokenizer(probe["prompt"], add_special_tokens=False)["input_ids"]
+    fillers = [tokenizer(f, add_special_tokens=False)["input_ids"] for f in probe["fillers"]]
+    fillers = [f for f in fillers if f] or [ids]
+    pad = tokenizer.pad_token_id
+    reference = build_batch(Condition("bisect/ref", target.condition.kernels, 1, (0,), "none"), ids, fillers, pad)
+    divergent = build_batch(target.condition, ids, fillers, pad)
+    return reference, dataclasses.replace(divergent, target_rows=(target.position,))
+
+
+def _replayer(loaded, ref: Batch, div: Batch, settings: DecodeSettings, mode: str, baseline: tuple[str, ...]):
+    """(op classes made invariant on top of the baseline or None, steps, stop at flip) -> Lockstep."""
+    model, tokenizer = loaded.model, loaded.tokenizer
+    eos = eos_ids(model, tokenizer)
+
+    def replay(ops: tuple[str, ...] | None, steps: int | None = None, stop_at_flip: bool = False) -> Lockstep:
+        scope = _scope(mode, baseline + (ops or ()), model)
+        horizon = dataclasses.replace(settings, max_new_tokens=steps or settings.max_new_tokens)
+        return run_lockstep(model, ref, div, horizon, eos, tokenizer.pad_token_id, scope, stop_at_flip)
+
+    return replay
+
+
+def _scope(mode: str, ops: tuple[str, ...], model):
+    """The kernels of one replay: the condition's mode, or exactly `ops` made batch-invariant."""
+    from nondet.probes.probe import kernels_mode
+
+    if not ops or mode != "default":
+        return lambda: kernels_mode(mode, model)
+
+    def invariant():
+        from nondet.kernels import batch_invariant
+
+        return batch_invariant(ops=set(ops), model=model)
+
+    return invariant
+
+
+def _ablate(config: BisectConfig, target: Target, main: Lockstep, replay, stage: OnStage) -> Ablation | None:
+    if not config.ablation or target.condition.kernels != "default" or main.first_diff is None:
+        return None
+    from nondet.kernels import OP_CLASSES
+
+    classes = tuple(c for c in OP_CLASSES if c not in config.baseline)
+    steps = main.steps if main.flip_step is None else main.flip_step + 1  # through the flip
+    return run_ablation(lambda ops: replay(ops, steps, True), classes, main.first_diff,
+                        lambda ops: stage(f"ablation: batch-invariant {' + '.join(ops)}"))
+
+
+def describe(target: Target, ls: Lockstep, tokenizer, ablation: Ablation | None,
+             baseline: tuple[str, ...] = ()) -> dict:
+    """bisect.json (docs/run-directory.md) from one lockstep and its ablation."""
+    flip = ls.flip_step
+    return {
+        "condition_id": target.condition.condition_id, "run_id": target.run_id,
+        "reference_run_id": target.reference_run_id, "position": target.position,
+        "batch_size": target.condition.batch_size, "steps": ls.steps, "baseline": list(baseline),
+        "origin": _origin(ls.first_diff),
+        "first_numeric_step": ls.first_numeric_step,
+        "flip_step": flip,
+        "margin_at_flip": None if flip is None else ls.reference[flip]["margin"],
+        "flip_tokens": None if flip is None else _flip_tokens(ls, flip, tokenizer),
+        "probe_flip_step": target.probe_flip_step,
+        "amplification": ls.amplification,
+        "ablation": [] if ablation is None else ablation.entries,
+        "minimal_set": None if ablation is None else ablation.minimal_set,
+    }
+
+
+def _origin(first: dict | None) -> dict | None:
+    if first is None:
+        return None
+    keys = ("step", "module", "op_class", "layer", "order", "max_abs_diff", "max_ulp", "first_diff_index")
+    return {k: first[k] for k in keys}
+
+
+def _flip_tokens(ls: Lockstep, flip: int, tokenizer) -> dict:
+    ref, own = ls.reference[flip], ls.divergent[flip]
+    return {"reference": ref["token"], "reference_piece": token_piece(tokenizer, ref["token"]),
+            "divergent": own["token"], "divergent_piece": token_piece(tokenizer, own["token"]),
+            "divergent_margin": own["margin"]}
+
+
+def _reproduced(ls: Lockstep, streams: list[dict], reference_run_id: int) -> bool | None:
+    """Do the replayed reference tokens equal the probe's reference stream (same numerics)?"""
+    ref = next((s for s in streams if s["run_id"] == reference_run_id), None)
+    if ref is None:
+        return None
+    probe_tokens = [s["token"] for s in ref["steps"]][: len(ls.reference)]
+    return probe_tokens == [s["token"] for s in ls.reference][: len(probe_tokens)]
+
+
+def module_rows(ls: Lockstep) -> list[dict]:
+    """bisect_modules.csv: the kept steps (first numeric divergence, flip), execution order."""
+    return [{k: row[k] for k in MODULE_FIELDS} for step in sorted(ls.rows) for row in ls.rows[step]]
+
+
+def _write(rd: RunDir, result: dict, rows: list[dict]) -> None:
+    rd.write_csv("bisect_modules.csv", rows, MODULE_FIELDS)
+    rd.write_json("bisect.json", result)
+    rd.write_json("ablation.json", {"condition_id": result["condition_id"], "ablation": result["ablation"],
+                                    "minimal_set": result["minimal_set"]})

@@ -1,0 +1,223 @@
+"""Teacher-forced lockstep replay: the reference and one divergent condition, step-aligned.
+
+Both runs go through `model.generate` exactly as the probe's do (same GenerationConfig,
+same prefill + one-token decode steps, same KV cache), so their numerics are the probe's
+and the flip lands where the probe saw it. The reference (the prompt alone, batch size 1)
+runs first and keeps its target row at every point and step. The divergent condition runs
+second: its target row is FORCED to the reference's token at every step (fillers pick
+their own), so both stay aligned past the flip; each step's points are compared with the
+reference's when the step ends, and only the comparison (max diffs) is kept.
+
+The divergent target's "own" token at each step is what it would have picked given the
+same history: the first step where it differs from the reference's token is the flip,
+exactly the probe's first token divergence.
+"""
+
+import contextlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+from nondet.errors import OutOfMemoryError
+from nondet.probes.batch import Batch
+from nondet.probes.bisect.capture import Point, Tap
+from nondet.probes.bisect.compare import compare, quick_compare
+from nondet.probes.recorder import StepRecorder
+from nondet.probes.replay import DecodeSettings
+
+KernelScope = Callable[[], contextlib.AbstractContextManager]  # a fresh kernels mode per run
+
+
+@dataclass
+class Lockstep:
+    reference: list[dict]  # reference step records (recorder format: token, logprob, top, margin)
+    divergent: list[dict]  # the divergent target's own choice per step, teacher-forced history
+    rows: dict[int, list[dict]] = field(default_factory=dict)  # kept steps -> comparisons, execution order
+    amplification: list[dict] = field(default_factory=list)  # residual stream: step, layer, max_abs_diff
+    first_diff: dict | None = None  # the first comparison row whose bits differ (the origin)
+
+    @property
+    def flip_step(self) -> int | None:
+        for step, (ref, own) in enumerate(zip(self.reference, self.divergent)):
+            if ref["token"] != own["token"]:
+                return step
+        return None
+
+    @property
+    def first_numeric_step(self) -> int | None:
+        return None if self.first_diff is None else self.first_diff["step"]
+
+    @property
+    def steps(self) -> int:
+        return len(self.divergent)
+
+
+def run_lockstep(model, reference: Batch, divergent: Batch, settings: DecodeSettings, eos: list[int],
+                 pad_id: int, kernels: KernelScope = contextlib.nullcontext,
+                 stop_at_flip: bool = False) -> Lockstep:
+    """Replay reference then divergent (target row divergent.target_rows[0]) and compare."""
+    ref_sink = _Record()
+    ref_recorder = _recorder(reference, settings)
+    with kernels():
+        _replay(model, reference, settings, eos, pad_id, Tap(model, 0, 1, ref_sink), [ref_recorder], None)
+    ref_steps = _truncate_at_eos(ref_recorder.steps[0], eos)
+    tokens = [s["token"] for s in ref_steps]
+    row = divergent.target_rows[0]
+    recorder = _recorder(divergent, settings)
+    force = _Force(recorder, row, tokens)
+    sink = _Compare(ref_sink, lambda step: step in force.flips)
+    stop = _Stop(force, stop_at_flip)
+    with kernels():
+        _replay(model, divergent, settings, eos, pad_id, Tap(model, row, len(divergent.input_ids), sink),
+                [recorder, force], stop)
+    sink.flush()
+    return Lockstep(ref_steps, recorder.steps[row][: len(tokens)], sink.rows, sink.amplification, sink.first)
+
+
+def _recorder(batch: Batch, settings: DecodeSettings) -> StepRecorder:
+    # Records the first target row's own choice (greedy, or sampled with the request's seed).
+    return StepRecorder(batch.target_rows[:1], len(batch.input_ids), settings.temperature, settings.seed)
+
+
+def _replay(model, batch: Batch, settings: DecodeSettings, eos, pad_id, tap: Tap, processors: list, stop) -> None:
+    """One generate call of the batch under `tap`, exactly as the probe makes it."""
+    import torch
+    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+    config = GenerationConfig(do_sample=False, max_new_tokens=settings.max_new_tokens, pad_token_id=pad_id,
+                              eos_token_id=eos or None)
+    try:
+        with tap, torch.inference_mode():
+            model.generate(input_ids=torch.tensor(batch.input_ids, device=model.device),
+                           attention_mask=torch.tensor(batch.attention_mask, device=model.device),
+                           generation_config=config, logits_processor=LogitsProcessorList(processors),
+                           stopping_criteria=StoppingCriteriaList([stop] if stop else []))
+    except torch.OutOfMemoryError as exc:
+        raise OutOfMemoryError(f"out of memory replaying batch size {len(batch.input_ids)} for bisect") from exc
+
+
+class _Force:
+    """Logits processor after the recorder: notes whether the target's own token differs from
+    the reference's (a flip), then forces the reference's token so the histories stay equal."""
+
+    def __init__(self, recorder: StepRecorder, row: int, tokens: list[int]):
+        self.recorder, self.row, self.tokens = recorder, row, tokens
+        self.step = 0
+        self.flips: set[int] = set()
+
+    def __call__(self, input_ids, scores):
+        if self.step < len(self.tokens):
+            if self.recorder.steps[self.row][-1]["token"] != self.tokens[self.step]:
+                self.flips.add(self.step)
+            scores[self.row] = float("-inf")
+            scores[self.row, self.tokens[self.step]] = 0.0
+        self.step += 1
+        return scores
+
+
+class _Stop:
+    """Stopping criterion: the reference's steps are covered, or (when asked) the token flipped."""
+
+    def __init__(self, force: _Force, at_flip: bool):
+        self.force, self.at_flip = force, at_flip
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        done = self.force.step >= len(self.force.tokens) or (self.at_flip and bool(self.force.flips))
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+
+class _Record:
+    """Sink for the reference: keeps the target row of every point, keyed per step."""
+
+    def __init__(self):
+        self.points: dict[int, list[tuple[tuple, Point]]] = {}  # step -> [(key, point)] in order
+        self.tensors: dict[tuple, object] = {}  # (step, key) -> tensor [seq, ...]
+        self._calls: Counter = Counter()
+
+    def __call__(self, step: int, point: Point, row) -> None:
+        key = _key(self._calls, step, point)
+        self.points.setdefault(step, []).append((key, point))
+        self.tensors[(step, key)] = row.clone()
+
+
+class _Compare:
+    """Sink for the divergent run: compares each point with the reference's, one step at a time.
+
+    A step's points are buffered and compared when the step is over, because only then is
+    it known whether the step is the flip. Full statistics (rel diff, ULP, first index) are
+    computed for the steps kept in the table (first numeric divergence, flip); other steps
+    keep the residual stream's max abs diff (amplification) and the bitwise verdict.
+    """
+
+    def __init__(self, reference: _Record, is_flip: Callable[[int], bool]):
+        self.reference, self.is_flip = reference, is_flip
+        self.order = {s: {k: i for i, (k, _) in enumerate(pts)} for s, pts in reference.points.items()}
+        self.rows: dict[int, list[dict]] = {}  # kept steps -> rows in execution order
+        self.amplification: list[dict] = []  # {"step", "layer", "max_abs_diff"} of the residual stream
+        self.first: dict | None = None
+        self._calls: Counter = Counter()
+        self._pending: list[tuple[int, tuple, Point, object]] = []
+
+    def __call__(self, step: int, point: Point, row) -> None:
+        if self._pending and self._pending[0][0] != step:
+            self.flush()
+        self._pending.append((step, _key(self._calls, step, point), point, row.clone()))
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        step = self._pending[0][0]
+        flip = self.is_flip(step)
+        detail = self.first is None or flip
+        records = [self._compare_one(step, key, point, got, detail) for _, key, point, got in self._pending]
+        self._pending.clear()
+        if flip or (self.first is not None and self.first["step"] == step):
+            self.rows[step] = [r for r in records if r is not None]
+
+    def _compare_one(self, step: int, key: tuple, point: Point, got, detail: bool) -> dict | None:
+        ref = self.reference.tensors.pop((step, key), None)
+        got = _align(got, ref)
+        if got is None:
+            return None
+        diff = compare(ref, got) if detail else quick_compare(ref, got)
+        record = {"step": step, "order": self.order[step][key], "layer": point.layer, "module": point.module,
+                  "op_class": point.op_class, **diff.to_row()}
+        if point.block:
+            self.amplification.append({"step": step, "layer": point.layer, "max_abs_diff": diff.max_abs_diff})
+        if diff.differs and self.first is None:
+            self.first = record
+        return record
+
+
+def _key(calls: Counter, step: int, point: Point) -> tuple:
+    """(module, n): the n-th call of that module in this step (a module may run twice)."""
+    n = calls[(step, point.module)]
+    calls[(step, point.module)] += 1
+    return (point.module, n)
+
+
+def _align(got, ref):
+    """The divergent row trimmed to the reference's shape: left padding -> keep the last positions."""
+    if ref is None or got.dtype != ref.dtype:
+        return None
+    if got.shape == ref.shape:
+        return got
+    if got.dim() >= 1 and got.shape[1:] == ref.shape[1:] and got.shape[0] > ref.shape[0]:
+        return got[got.shape[0] - ref.shape[0]:]
+    return None
+
+
+def _truncate_at_eos(steps: list[dict], eos: list[int]) -> list[dict]:
+    for i, step in enumerate(steps):
+        if step["token"] in eos:
+            return steps[: i + 1]
+    return steps
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]

@@ -1,0 +1,83 @@
+"""`nondet bisect`: exit codes and exact one-line messages; --help imports no torch."""
+
+import json
+import os
+import subprocess
+import sys
+
+
+def nondet(*args):
+    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=300)
+
+
+def test_missing_run_dir(tmp_path):
+    missing = tmp_path / "no-such-run"
+    r = nondet("bisect", str(missing))
+    assert r.returncode == 4
+    assert r.stderr.strip() == f"nondet: error: run directory not found: {missing} (create one with `nondet probe`)"
+
+
+def _probe_dir(tmp_path, divergent: bool):
+    """A minimal probe run directory (no model run needed for these errors)."""
+    from nondet.rundir import RunDir
+
+    rd = RunDir(tmp_path / "run")
+    rd.write_json("config.json", {"command": "probe", "config": {}})
+    rd.append_jsonl("conditions.jsonl", {"condition_id": "default/bs1/ref", "kernels": "default", "batch_size": 1,
+                                         "positions": [0], "fillers": "none"})
+    rd.append_jsonl("conditions.jsonl", {"condition_id": "default/bs4/last", "kernels": "default", "batch_size": 4,
+                                         "positions": [3], "fillers": "same-length"})
+    step = 3 if divergent else None
+    runs = [{"run_id": 0, "condition_id": "default/bs1/ref", "position": 0, "first_token_divergence": None,
+             "first_numeric_divergence": None},
+            {"run_id": 1, "condition_id": "default/bs4/last", "position": 3, "first_token_divergence": None,
+             "first_numeric_divergence": step}]
+    rd.write_json("summary.json", {"modes": {"default": {"reference_run_id": 0, "runs": runs}}})
+    rd.append_jsonl("streams.jsonl", {"run_id": 0, "steps": []})
+    return rd.path
+
+
+def test_no_divergent_condition(tmp_path):
+    path = _probe_dir(tmp_path, divergent=False)
+    r = nondet("bisect", str(path))
+    assert r.returncode == 4
+    assert r.stderr.strip() == (f"nondet: error: {path}: no condition diverged from its reference "
+                                "(every run is bit-identical); nothing to bisect")
+
+
+def test_bad_condition(tmp_path):
+    path = _probe_dir(tmp_path, divergent=True)
+    r = nondet("bisect", str(path), "--condition", "bs9/ends")
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"nondet: error: --condition bs9/ends: no such condition in {path}; "
+                                "divergent conditions: default/bs4/last")
+
+
+def test_help_imports_no_torch():
+    code = ("import sys; sys.argv=['nondet', 'bisect', '--help']\n"
+            "from nondet.cli.app import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('HEAVY', [m for m in ('torch', 'transformers', 'triton') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr
+    assert "RUN_DIR" in out.stdout
+
+
+def test_bisect_runs_probe_first(tmp_path, default_model_dir):
+    """No RUN_DIR: probe the embedded default first, then bisect it; tables on stdout."""
+    out = tmp_path / "run"
+    r = nondet("bisect", "--batch-sizes", "1,8", "--max-new-tokens", "3", "--no-ablation", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    data = json.loads((out / "bisect.json").read_text())
+    origin = data["origin"]
+    assert f"origin: step {origin['step']}, {origin['module']} (op class {origin['op_class']}" in r.stdout
+    assert "first differing modules" in r.stdout and f"run directory: {out}" in r.stdout
+    assert (out / "bisect_modules.csv").is_file() and data["ablation"] == []
+
+
+def test_model_option_with_run_dir(tmp_path):
+    r = nondet("bisect", str(tmp_path), "--model", "x")
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("nondet: error: --model, --prompt, --prompt-file and --out apply only without "
+                                "RUN_DIR (bisect reloads the probe's model and prompt from RUN_DIR/config.json)")
