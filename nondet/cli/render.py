@@ -1,5 +1,7 @@
 """Rich rendering of probe summaries (tables, branch tokens), shared by probe and gate."""
 
+import re
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -33,13 +35,19 @@ def _conditions_table(mode: str, m: dict) -> Table:
 def branch_line(tree: dict) -> Text:
     """'step 93: ' Queens' x7 (margin 0.012) / ' New' x2 (margin 0.004)' for the first branch."""
     line = Text(f"branch at step {tree['step']}: ", style="bold")
-    line.append(f"…{tree['prefix_text'][-40:]!r} -> ")
+    line.append(f"…{visible(tree['prefix_text'][-40:])} -> ")
     parts = []
     for alt in tree["alternatives"]:
         ref = " (reference)" if alt["is_reference"] else ""
-        parts.append(f"{alt['piece']!r} x{alt['count']}{ref} margin {_margin(alt['margin'])}")
+        parts.append(f"{visible(alt['piece'])} x{alt['count']}{ref} margin {_margin(alt['margin'])}")
     line.append(" / ".join(parts))
     return line
+
+
+def visible(text: str) -> str:
+    """Quoted model text for a terminal: raw bytes (stored as surrogate escapes) as \\xNN."""
+    quoted = repr(text)
+    return re.sub(r"\\udc([89a-f][0-9a-f])", r"\\x\1", quoted)
 
 
 def _side_by_side(modes: dict) -> Table:
