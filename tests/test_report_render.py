@@ -88,8 +88,8 @@ def test_markdown_bisect_ablation_reproduce(full):
             "the reference took `  Queens `, the divergent run `  New `.") in md
     assert "![Heatmap of differences by layer and op class](figures/bisect_heatmap.png)" in md
     assert "| 0 | `model.layers.0.self_attn.q_proj` | matmul | 0.00112 | 0.00449 | 73 | 17 |" in md
-    assert "| `matmul` | yes | yes | — | — | yes |" in md
-    assert "| `norm` | no | no | 5 | 1 | no |" in md
+    assert "| `matmul` | yes | yes | — | — | — |" in md
+    assert "| `norm` | no | no | 5 | 1 | step 1: model.layers.0.self_attn.q_proj (matmul) |" in md
     assert "Minimal set that removes the divergence: **matmul**." in md
     assert "| `model.layers` | 4 |" in md
     assert "nondet probe --batch-sizes 1,2,4,8 --runs 7 --max-new-tokens 14 --confirm\n" in md

@@ -138,6 +138,8 @@ def print_bisect(b: dict, modules: list[dict], console) -> None:
 def _origin_line(b: dict):
     from rich.text import Text
 
+    from nondet.cli.render import visible
+
     origin = b["origin"]
     where = f"{b['condition_id']} row {b['position']} (run {b['run_id']}) vs reference (run {b['reference_run_id']})"
     if origin is None:
@@ -148,8 +150,8 @@ def _origin_line(b: dict):
                 f"{origin['max_ulp']} ULP", style="bold")
     if b["flip_step"] is not None:
         t = b["flip_tokens"]
-        line.append(f"\ntoken flip: step {b['flip_step']}: reference {t['reference_piece']!r} vs "
-                    f"{t['divergent_piece']!r}, reference top1-top2 margin {_hex(b['margin_at_flip'])}")
+        line.append(f"\ntoken flip: step {b['flip_step']}: reference {visible(t['reference_piece'])} vs "
+                    f"{visible(t['divergent_piece'])}, reference top1-top2 margin {_hex(b['margin_at_flip'])}")
     else:
         line.append(f"\nno token flip over {b['steps']} steps")
     return line

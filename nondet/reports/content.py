@@ -330,16 +330,22 @@ def _first_modules(t: RunTables, limit: int = 8) -> list:
 # -- ablation, environment, reproduce ---------------------------------------------------
 
 
+def _point(first_diff) -> str:
+    """'step 0: model.layers.0.mlp.up_proj (matmul)' for an ablation's first differing point."""
+    if not isinstance(first_diff, dict):
+        return "—"
+    return f"step {first_diff.get('step')}: {first_diff.get('module')} ({first_diff.get('op_class')})"
+
+
 def _ablation(t: RunTables) -> list:
     if t.ablation.empty:
         return [Para(["No ablation yet: run ", Code(f"nondet bisect {_run_dir_arg(t)}"),
                       " (it reruns the divergent condition with each op class made batch-invariant)."], kind="hint")]
-    with_origin = t.ablation.origin_removed.notna().any()
     header = ["batch-invariant op classes", "tokens match reference", "activations bit-identical",
-              "first token divergence", "first numeric divergence"] + (["origin removed"] if with_origin else [])
+              "first token divergence", "first numeric divergence", "first differing point"]
     rows = [[Code(" + ".join(r.ops)), _yes(r.tokens_match), _yes(r.activations_match),
-             fmt_step(r.first_token_divergence), fmt_step(r.first_numeric_step)]
-            + ([_yes(r.origin_removed)] if with_origin else []) for r in t.ablation.itertuples()]
+             fmt_step(r.first_token_divergence), fmt_step(r.first_numeric_step), _point(r.first_diff)]
+            for r in t.ablation.itertuples()]
     out = [Table(header, rows, [False, False, False, True, True, False])]
     if t.minimal_set:
         out.append(Para(["Minimal set that removes the divergence: ", Strong(" + ".join(t.minimal_set)), "."]))

@@ -24,7 +24,9 @@ COMPLETION_COLUMNS = ["kernels", "completion_id", "count", "is_reference", "n_to
 MODULE_COLUMNS = ["step", "order", "layer", "module", "op_class", "max_abs_diff", "max_rel_diff", "max_ulp",
                   "first_diff_index", "differs"]
 ABLATION_COLUMNS = ["ops", "tokens_match", "activations_match", "first_token_divergence", "first_numeric_step",
-                    "origin_removed"]  # origin_removed: the origin point is bit-identical under this ablation
+                    "first_diff", "origin_removed"]  # first_diff: first differing point under this ablation
+#                   ({"step", "module", "op_class", "layer"} or None); origin_removed: the origin point is
+#                   bit-identical under this ablation
 AMPLIFICATION_COLUMNS = ["step", "layer", "max_abs_diff"]
 _NULLABLE_INT = ["first_token_divergence", "first_numeric_divergence", "first_numeric_step", "completion_id",
                  "layer", "first_diff_index", "batch_size", "n_runs", "distinct_completions", "prompt_tokens"]
