@@ -9,7 +9,6 @@ server dying mid-run). Answers are deterministic: text and logprobs depend on no
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 

@@ -1,7 +1,7 @@
 """`nondet gate` end to end on the embedded default: every exit code from a real case."""
 
-import importlib.util
 import os
+import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-HAS_KERNELS = importlib.util.find_spec("nondet.kernels") is not None
-needs_kernels = pytest.mark.skipif(not HAS_KERNELS, reason="nondet.kernels (batch-invariant mode) not installed")
 # The demo model's tokens flip at batch size 8 near step 93 (its logprob bits differ from step 0).
 QUICK = ["--batch-sizes", "1,8", "--max-new-tokens", "100"]
 
@@ -41,14 +39,17 @@ def test_violated_policy_exits_1(violated):
                                "default/bs8/ends: first token divergence at step ") for line in lines)
     assert "junit: junit.xml" in lines
     assert (work / "run" / "summary.json").is_file() and (work / "run" / "streams.jsonl").is_file()
+    verdict = json.loads((work / "run" / "gate.json").read_text())
+    assert verdict["passed"] is False and verdict["policy"]["require"] == "identical"
+    assert [c["condition_id"] for c in verdict["conditions"] if not c["passed"]] == ["default/bs8/ends"]
+    assert "CI gate (identical): policy violated by 1 of 1 condition(s)." in (work / "run" / "report.md").read_text()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("nondet.probes.bisect") is None, reason="nondet bisect not installed")
 def test_violation_is_bisected_where_the_bits_are_born(violated):
     r, work, _ = violated
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("bisect: first differing bits at step 0 in model.layers.")
-    assert last.endswith(f"(bisect.json in run)")
+    assert last.endswith("(bisect.json in run)")
     assert (work / "run" / "bisect.json").is_file()
 
 
@@ -71,7 +72,6 @@ def test_github_annotations_and_step_summary(violated):
     assert "| default/bs8/ends | 2 |" in text
 
 
-@needs_kernels
 def test_met_policy_with_batch_invariant_kernels_exits_0(tmp_path, default_model_dir):
     r = gate("--batch-sizes", "1,8", "--max-new-tokens", "24", "--kernels", "batch-invariant",
              "--junit", "junit.xml", "--out", "run", cwd=tmp_path)

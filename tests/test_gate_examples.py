@@ -1,6 +1,5 @@
 """The examples: the GitHub workflow's own gate command, run in a model repository built from them."""
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -12,8 +11,6 @@ import pytest
 import yaml
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-needs_kernels = pytest.mark.skipif(importlib.util.find_spec("nondet.kernels") is None,
-                                   reason="nondet.kernels (batch-invariant mode) not installed")
 
 
 def workflow_gate_command() -> str:
@@ -45,7 +42,6 @@ def junit_failures(repo: Path) -> list[str]:
     return [c.get("name") for c in root.iter("testcase") if c.find("failure") is not None]
 
 
-@needs_kernels
 def test_workflow_gate_command_passes_with_the_promised_kernels(model_repo):
     r = run_in_ci(workflow_gate_command(), model_repo)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -1,15 +1,12 @@
 """The pytest plugin: loaded by entry point, no torch at import, fails and passes real models."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 import xml.etree.ElementTree as ET
 
-import pytest
 
-HAS_KERNELS = importlib.util.find_spec("nondet.kernels") is not None
 
 USER_TESTS = textwrap.dedent('''
     import pytest
@@ -50,8 +47,7 @@ def test_plugin_is_registered_by_entry_point(tmp_path):
 
 def test_fails_on_default_kernels_and_passes_with_the_mode(tmp_path, default_model_dir):
     (tmp_path / "test_model.py").write_text(USER_TESTS)
-    selected = [] if HAS_KERNELS else ["-k", "default_kernels"]
-    r = run_pytest(tmp_path, "-q", "--junitxml=results.xml", "test_model.py", *selected)
+    r = run_pytest(tmp_path, "-q", "--junitxml=results.xml", "test_model.py")
     cases = {c.get("name"): c for c in ET.parse(tmp_path / "results.xml").getroot().iter("testcase")}
     failure = cases["test_default_kernels"].find("failure")
     assert failure is not None, r.stdout
@@ -59,7 +55,5 @@ def test_fails_on_default_kernels_and_passes_with_the_mode(tmp_path, default_mod
         "AssertionError: batch-variant under policy identical:\n"
         "  prompt 'Tell me about Richard Feynman', default/bs8/ends: first token divergence at step ")
     assert "AssertionError: batch-variant under policy identical:" in r.stdout  # the test report shows it
-    if not HAS_KERNELS:
-        pytest.skip("nondet.kernels not installed: the passing half needs the batch-invariant mode")
     assert list(cases["test_batch_invariant_kernels"]) == [], r.stdout  # no failure, no error
     assert r.returncode == 1  # exactly the default-kernels test failed

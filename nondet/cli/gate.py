@@ -152,7 +152,15 @@ def _gate_one(settings, prompt: str | None, run_dir: str, outputs: GateOutputs) 
     streams = RunDir(result.run_dir).read_jsonl("streams.jsonl")
     name = f"prompt {config.prompt[:60]!r}" if len(settings.prompts) > 1 else ""
     verdict = evaluate(result.summary, streams, settings.policy, name=name, run_dir=str(result.run_dir))
+    RunDir(result.run_dir).write_json("gate.json", verdict_json(verdict))  # the report shows it
     return Gated(result.run_dir, result.summary, verdict)
+
+
+def verdict_json(verdict) -> dict:
+    """gate.json: the policy, pass/fail and each condition's result (docs/run-directory.md)."""
+    import dataclasses
+
+    return dataclasses.asdict(verdict)
 
 
 def _probe_config(settings, prompt: str | None, run_dir: str, argv: tuple[str, ...]):

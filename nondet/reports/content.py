@@ -23,7 +23,7 @@ MAX_TREE_NODES = 30                      # branch points drawn before the tree i
 
 def build_report(t: RunTables) -> Report:
     sections = [
-        Section("Verdict", "verdict", [_verdict(t), *_model_note(t)]),
+        Section("Verdict", "verdict", [_verdict(t), *_gate_note(t), *_model_note(t)]),
         Section("Conditions", "conditions", _conditions(t)),
         Section("Branch tree", "branch-tree", _tree(t)),
         Section("Token diff", "token-diff", _token_diffs(t)),
@@ -98,6 +98,18 @@ def verdict_text(t: RunTables) -> str:
 
 def _verdict(t: RunTables) -> Para:
     return Para([verdict_text(t)], kind="verdict")
+
+
+def _gate_note(t: RunTables) -> list[Para]:
+    """One line when `nondet gate` judged this run: the policy and pass/fail."""
+    if not t.gate:
+        return []
+    policy = t.gate.get("policy") or {}
+    rule = policy.get("require", "?") + ("" if policy.get("value") is None else f" = {policy['value']:g}")
+    failed = [c for c in t.gate.get("conditions", []) if not c.get("passed")]
+    outcome = (f"policy violated by {len(failed)} of {len(t.gate.get('conditions', []))} condition(s)"
+               if failed else "policy met")
+    return [Para([f"CI gate ({rule}): {outcome}."], kind="note")]
 
 
 def _model_note(t: RunTables) -> list[Para]:

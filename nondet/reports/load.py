@@ -50,6 +50,7 @@ class RunTables:
     amplification: pd.DataFrame = field(default_factory=lambda: _frame([], AMPLIFICATION_COLUMNS))
     ablation: pd.DataFrame = field(default_factory=lambda: _frame([], ABLATION_COLUMNS))
     minimal_set: list[str] | None = None  # smallest op-class set whose ablation removes the divergence
+    gate: dict | None = None        # gate.json, None unless `nondet gate` wrote this run
 
     @property
     def modes(self) -> dict:
@@ -79,6 +80,7 @@ def load_run(path) -> RunTables:
             summary=summary, streams=_streams(raw_streams), runs=_runs(raw_streams, raw_conditions, summary),
             conditions=_conditions(raw_conditions, summary), completions=_completions(summary))
         _add_bisect(rd, tables)
+        _add_gate(rd, tables)
     except (KeyError, TypeError, ValueError) as exc:
         raise RunDirError(f"{rd.path}: malformed run directory ({type(exc).__name__}: {exc})") from None
     return tables
@@ -143,6 +145,11 @@ def _completions(summary: dict) -> pd.DataFrame:
              "text": c.get("text", ""), "tokens": c.get("tokens") or []}
             for mode, m in summary["modes"].items() for c in m.get("completions", [])]
     return _frame(rows, COMPLETION_COLUMNS)
+
+
+def _add_gate(rd: RunDir, t: RunTables) -> None:
+    if rd.exists("gate.json"):
+        t.gate = rd.read_json("gate.json")
 
 
 def _add_bisect(rd: RunDir, t: RunTables) -> None:
