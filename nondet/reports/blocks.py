@@ -99,3 +99,8 @@ class Report:
 @dataclass
 class CodeBlock:
     lines: list[str]  # trusted shell commands, one per line
+
+
+def figure_or_hint(name: str, png: bytes | None, alt: str, caption: list, hint: list) -> list:
+    """The figure when there is data for it, else one line saying how to produce it."""
+    return [Figure(name, png, alt, caption)] if png else [Para(hint, kind="hint")]

@@ -5,16 +5,16 @@ batch size, bisect heatmap, amplification, before/after kernels), ablation, envi
 reproduce. A section without data becomes one line saying how to produce it.
 """
 
-import re
 import shlex
 
 import pandas as pd
 
 from nondet.reports import figures
-from nondet.reports.blocks import (Branch, BranchPoint, Code, CodeBlock, Figure, Model, Para, Report, Section,
-                                   Strong, Table, TokenDiff)
+from nondet.reports.blocks import (Branch, BranchPoint, Code, CodeBlock, Model, Para, Report, Section, Strong,
+                                   Table, TokenDiff, figure_or_hint)
+from nondet.reports.bisect_sections import ablation_blocks, bisect_blocks
+from nondet.reports.fmt import fmt_hex, fmt_margin, fmt_step, run_dir_arg
 from nondet.reports.load import RunTables
-from nondet.rundir import hex_to_float
 
 CONTEXT_BEFORE, CONTEXT_AFTER = 12, 16  # tokens shown around a split in the token diff
 MAX_DIFFS = 6                            # divergent completions shown in the token diff
@@ -29,41 +29,11 @@ def build_report(t: RunTables) -> Report:
         Section("Token diff", "token-diff", _token_diffs(t)),
         Section("Figures", "figures", []),
         *_figure_sections(t),
-        Section("Ablation", "ablation", _ablation(t)),
+        Section("Ablation", "ablation", ablation_blocks(t)),
         Section("Environment", "environment", _environment(t)),
         Section("Reproduce", "reproduce", _reproduce(t)),
     ]
     return Report(f"nondet report: {t.path.resolve().name}", sections)
-
-
-# -- formatting -------------------------------------------------------------------------
-
-
-def fmt_step(v) -> str:
-    return "—" if v is None or pd.isna(v) else str(int(v))
-
-
-def fmt_float(v) -> str:
-    return "—" if v is None or pd.isna(v) else f"{v:.3g}"
-
-
-def fmt_margin(h: str | None) -> str:
-    """A top1-top2 logit margin; zero is an exact tie, broken by token order alone."""
-    return "0 (exact tie)" if h is not None and hex_to_float(h) == 0 else fmt_hex(h)
-
-
-def fmt_hex(h: str | None) -> str:
-    """A stored float.hex value as a short decimal, with the exact value beside it."""
-    return "—" if h is None else f"{hex_to_float(h):.3g} ({short_hex(h)})"
-
-
-def short_hex(h: str) -> str:
-    """float.hex without the mantissa's trailing zeros: 0x1.8000000000000p-3 -> 0x1.8p-3 (same value)."""
-    return re.sub(r"(\.[0-9a-f]*?)0+p", r"\1p", h).replace(".p", "p")
-
-
-def _run_dir_arg(t: RunTables) -> str:
-    return shlex.quote(str(t.path))
 
 
 # -- verdict ----------------------------------------------------------------------------
@@ -259,115 +229,35 @@ def _diff_detail(k: int, ref: pd.DataFrame, alt: pd.DataFrame) -> list:
 # -- figures ----------------------------------------------------------------------------
 
 
-def _figure(name: str, png: bytes | None, alt: str, caption: list, hint: list) -> list:
-    return [Figure(name, png, alt, caption)] if png else [Para(hint, kind="hint")]
-
-
 def _figure_sections(t: RunTables) -> list[Section]:
-    rd = _run_dir_arg(t)
+    rd = run_dir_arg(t)
     no_bisect = ["No bisect yet: run ", Code(f"nondet bisect {rd}"), "."]
     return [
-        Section("First divergence steps", "fig-first-divergence", _figure(
+        Section("First divergence steps", "fig-first-divergence", figure_or_hint(
             "first_divergence.png", figures.first_divergence_histogram(t), "Histogram of first divergence steps",
             ["Per run: the first step whose logprob bits differ from the reference, and the first step "
              "whose token differs. Numeric divergence comes first; the token flips later, at a near-tie."],
             ["No run diverged from the reference: nothing to plot."]), level=3),
-        Section("Distinct completions by batch size", "fig-batch-size", _figure(
+        Section("Distinct completions by batch size", "fig-batch-size", figure_or_hint(
             "distinct_by_batch_size.png", figures.distinct_by_batch_size(t), "Distinct completions by batch size",
             ["Every run at each batch size, coloured by the completion it produced (green: the reference's); "
              "the number on top counts the distinct completions there."],
             ["No runs with a batch size and completion id: rerun `nondet probe`."]), level=3),
-        Section("Bisect: where the difference is born", "fig-bisect", _bisect_blocks(t, no_bisect), level=3),
-        Section("Bisect: amplification", "fig-amplification", _figure(
+        Section("Bisect: where the difference is born", "fig-bisect", bisect_blocks(t, no_bisect), level=3),
+        Section("Bisect: amplification", "fig-amplification", figure_or_hint(
             "amplification.png", figures.amplification_curve(t), "Amplification of the difference",
             ["Largest absolute difference of the target row's residual stream after each decoder layer, "
              "per replayed step: how far a few-ULP difference at the origin spreads, and whether it lasts "
              "until a near-tie flips a token."],
             no_bisect), level=3),
-        Section("Before / after: batch-invariant kernels", "fig-before-after", _figure(
+        Section("Before / after: batch-invariant kernels", "fig-before-after", figure_or_hint(
             "kernels_before_after.png", figures.kernels_before_after(t), "Default against batch-invariant kernels",
             ["Distinct completions per condition under default and batch-invariant kernels."],
             ["No before/after comparison yet: run ", Code(_confirm_command(t)), "."]), level=3),
     ]
 
 
-def _bisect_blocks(t: RunTables, no_bisect: list) -> list:
-    b = t.bisect
-    if b is None:
-        return [Para(no_bisect, kind="hint")]
-    parts = [f"Bisect replayed run {b.get('run_id')} (", Code(str(b.get("condition_id"))),
-             f") in lockstep with the reference (run {b.get('reference_run_id')})."]
-    origin = b.get("origin")
-    if origin:
-        layer = "" if origin.get("layer") is None else f", layer {origin['layer']}"
-        parts += [" The first bit difference is born at ", Strong(f"step {origin.get('step')}"), " in ",
-                  Code(str(origin.get("module"))), f" (op class {origin.get('op_class')}{layer})."]
-    else:
-        parts.append(" No captured point differs.")
-    flip, probe_flip = b.get("flip_step"), b.get("probe_flip_step")
-    if flip is not None:
-        parts.append(f" The token flips at step {flip}, where the reference's top1−top2 margin was "
-                     f"{fmt_margin(b.get('margin_at_flip'))}")
-        ft = b.get("flip_tokens") or {}
-        if "reference_piece" in ft and "divergent_piece" in ft:
-            parts += [": the reference took ", Model(ft["reference_piece"]), ", the divergent run ",
-                      Model(ft["divergent_piece"])]
-        parts.append(".")
-    elif probe_flip is not None:
-        parts.append(f" Bisect replayed {b.get('steps', 'fewer')} steps, short of the probe's token flip at step "
-                     f"{probe_flip} (rerun with --max-steps {probe_flip + 1} to reach it).")
-    blocks = [Para(parts)]
-    blocks += _figure("bisect_heatmap.png", figures.bisect_heatmap(t), "Heatmap of differences by layer and op class",
-                      ["Layer × op class; colour = log10 of the largest absolute difference of the target row "
-                       "(blank = bit-identical); the origin is boxed."],
-                      ["No per-module table (bisect_modules.csv) yet: run ", Code(f"nondet bisect {_run_dir_arg(t)}"),
-                       "."])
-    blocks += _first_modules(t)
-    return blocks
-
-
-def _first_modules(t: RunTables, limit: int = 8) -> list:
-    mods = t.bisect_modules
-    if mods.empty:
-        return []
-    step = int(mods[mods.differs].step.min()) if mods.differs.any() else int(mods.step.min())
-    d = mods[(mods.step == step) & mods.differs].sort_values("order").head(limit)
-    rows = [[fmt_step(r.layer), Code(r.module), r.op_class, fmt_float(r.max_abs_diff), fmt_float(r.max_rel_diff),
-             fmt_float(r.max_ulp), fmt_step(r.first_diff_index)] for r in d.itertuples()]
-    header = ["layer", "module", "op class", "max abs diff", "max rel diff", "max ULP", "first differing index"]
-    return [Para([f"First differing modules at step {step}, in execution order (all rows: bisect_modules.csv):"]),
-            Table(header, rows, [True, False, False, True, True, True, True])]
-
-
-# -- ablation, environment, reproduce ---------------------------------------------------
-
-
-def _point(first_diff) -> str:
-    """'step 0: model.layers.0.mlp.up_proj (matmul)' for an ablation's first differing point."""
-    if not isinstance(first_diff, dict):
-        return "—"
-    return f"step {first_diff.get('step')}: {first_diff.get('module')} ({first_diff.get('op_class')})"
-
-
-def _ablation(t: RunTables) -> list:
-    if t.ablation.empty:
-        return [Para(["No ablation yet: run ", Code(f"nondet bisect {_run_dir_arg(t)}"),
-                      " (it reruns the divergent condition with each op class made batch-invariant)."], kind="hint")]
-    header = ["batch-invariant op classes", "tokens match reference", "activations bit-identical",
-              "first token divergence", "first numeric divergence", "first differing point"]
-    rows = [[Code(" + ".join(r.ops)), _yes(r.tokens_match), _yes(r.activations_match),
-             fmt_step(r.first_token_divergence), fmt_step(r.first_numeric_step), _point(r.first_diff)]
-            for r in t.ablation.itertuples()]
-    out = [Table(header, rows, [False, False, False, True, True, False])]
-    if t.minimal_set:
-        out.append(Para(["Minimal set that removes the divergence: ", Strong(" + ".join(t.minimal_set)), "."]))
-    else:
-        out.append(Para(["No op-class set removed the divergence."]))
-    return out
-
-
-def _yes(v) -> str:
-    return "—" if v is None or v is pd.NA or (isinstance(v, float) and pd.isna(v)) else "yes" if v else "no"
+# -- environment, reproduce ---------------------------------------------------------
 
 
 def _flatten(d: dict, prefix: str = "") -> list[tuple[str, str]]:
@@ -414,6 +304,6 @@ def _reproduce(t: RunTables) -> list:
     lines = [cmd]
     if t.bisect is not None:
         cond = t.bisect.get("condition_id")
-        lines.append(f"nondet bisect {_run_dir_arg(t)}" + (f" --condition {shlex.quote(cond)}" if cond else ""))
-    lines.append(f"nondet report {_run_dir_arg(t)}")
+        lines.append(f"nondet bisect {run_dir_arg(t)}" + (f" --condition {shlex.quote(cond)}" if cond else ""))
+    lines.append(f"nondet report {run_dir_arg(t)}")
     return [Para(["With the environment above (same library versions, device and threads):"]), CodeBlock(lines)]
