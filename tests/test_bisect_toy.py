@@ -81,7 +81,8 @@ def _invariant(model):
 def _lockstep(loaded, condition: Condition, row: int, temperature: float = 0.0):
     import dataclasses
 
-    from nondet.probes.bisect.lockstep import eos_ids, run_lockstep
+    from nondet.probes.bisect.lockstep import run_lockstep
+    from nondet.probes.replay import eos_ids
 
     tok = loaded.tokenizer
     target = tok("Tell me about Richard Feynman", add_special_tokens=False)["input_ids"]

@@ -17,6 +17,18 @@ class Batch:
     target_rows: tuple[int, ...]
 
 
+def tokenize_inputs(tokenizer, prompt: str, fillers) -> tuple[list[int], list[list[int]]]:
+    """Token ids of the target and of each filler text (no special tokens).
+
+    Fillers that tokenize to nothing are dropped; with none left the target fills the batch.
+    Probe, bisect and the in-memory probe all build their batches from this, so bisect
+    rebuilds exactly the batch the probe ran.
+    """
+    target = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    ids = [tokenizer(f, add_special_tokens=False)["input_ids"] for f in fillers]
+    return target, [f for f in ids if f] or [target]
+
+
 def build_batch(condition: Condition, target: list[int], fillers: list[list[int]],
                 pad_id: int) -> Batch:
     rows: list[list[int]] = []

@@ -7,11 +7,11 @@ For the pytest plugin and notebooks: the same conditions, batches, replay and di
 from dataclasses import dataclass
 
 from nondet.probes import conditions as cond
-from nondet.probes.batch import build_batch
+from nondet.probes.batch import tokenize_inputs
 from nondet.probes.corpus import FILLERS
 from nondet.probes.numerics import numerics_scope
-from nondet.probes.probe import KERNEL_MODES, kernels_mode, summarize_modes
-from nondet.probes.replay import DecodeSettings, generate_condition
+from nondet.probes.probe import KERNEL_MODES, replay_condition, summarize_modes
+from nondet.probes.replay import DecodeSettings
 
 
 @dataclass(frozen=True)
@@ -40,31 +40,9 @@ def probe_model(model, tokenizer, probe: InMemoryProbe) -> InMemoryResult:
         raise UsageError(f"kernels must be among {', '.join(KERNEL_MODES)}, not {bad[0]!r}")
     settings = DecodeSettings(probe.max_new_tokens, 0.0, 0)
     with numerics_scope(probe.threads):
-        target, fillers = _tokenize(tokenizer, probe)
+        target, fillers = tokenize_inputs(tokenizer, probe.prompt, probe.fillers)
         streams: list[dict] = []
         for mode in probe.kernels:
             for condition in cond.plan_conditions(probe.batch_sizes, probe.placement, None, False, mode):
-                streams += _replay(model, tokenizer, condition, target, fillers, settings, len(streams))
+                streams += replay_condition(model, tokenizer, condition, target, fillers, settings, len(streams))
     return InMemoryResult(summarize_modes(streams, tokenizer), streams)
-
-
-def _tokenize(tokenizer, probe: InMemoryProbe) -> tuple[list[int], list[list[int]]]:
-    target = tokenizer(probe.prompt, add_special_tokens=False)["input_ids"]
-    fillers = [tokenizer(f, add_special_tokens=False)["input_ids"] for f in probe.fillers]
-    return target, [f for f in fillers if f] or [target]
-
-
-def _replay(model, tokenizer, condition, target, fillers, settings, first_id: int) -> list[dict]:
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    batch = build_batch(condition, target, fillers, pad_id or 0)
-    with kernels_mode(condition.kernels, model):
-        rows = generate_condition(model, tokenizer, batch, settings)
-    return [_stream(first_id + i, condition, row, steps, tokenizer)
-            for i, (row, steps) in enumerate(rows.items())]
-
-
-def _stream(run_id: int, condition, row: int, steps: list[dict], tokenizer) -> dict:
-    for step in steps:
-        step["piece"] = tokenizer.decode([step["token"]])
-    return {"run_id": run_id, "condition_id": condition.condition_id, "kernels": condition.kernels,
-            "position": row, "is_reference": condition.is_reference, "steps": steps}

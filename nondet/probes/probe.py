@@ -13,7 +13,7 @@ from typing import Callable
 
 from nondet.errors import UsageError
 from nondet.probes import conditions as cond
-from nondet.probes.batch import build_batch
+from nondet.probes.batch import build_batch, tokenize_inputs
 from nondet.probes.corpus import FILLERS
 from nondet.probes.diff import summarize, verdict
 from nondet.probes.load.config import LoadConfig
@@ -65,7 +65,7 @@ def run_probe(config: ProbeConfig, on_condition: OnCondition | None = None) -> P
     run_dir = RunDir(config.out or default_run_dir("probe"))
     loaded = load_model(config.model)
     with numerics_scope(config.threads):
-        target, fillers = _tokenize(loaded.tokenizer, config)
+        target, fillers = tokenize_inputs(loaded.tokenizer, config.prompt, config.fillers)
         plans = [c for mode in config.kernels for c in cond.plan_conditions(
             config.batch_sizes, config.placement, config.runs, config.ragged, mode)]
         _write_header(run_dir, config, loaded.description)
@@ -112,12 +112,6 @@ def _validate(config: ProbeConfig) -> None:
     validate_load(config.load, config.temperature)
 
 
-def _tokenize(tokenizer, config: ProbeConfig) -> tuple[list[int], list[list[int]]]:
-    target = tokenizer(config.prompt, add_special_tokens=False)["input_ids"]
-    fillers = [tokenizer(f, add_special_tokens=False)["input_ids"] for f in config.fillers]
-    return target, [f for f in fillers if f] or [target]
-
-
 def _write_header(run_dir: RunDir, config: ProbeConfig, description: dict) -> None:
     run_dir.path.mkdir(parents=True, exist_ok=True)
     from nondet import __version__
@@ -134,14 +128,22 @@ def _replay_all(loaded, plans, target, fillers, config, run_dir, on_condition) -
         if on_condition:
             on_condition(condition, index, len(plans))
         run_dir.append_jsonl("conditions.jsonl", condition.to_json())
-        batch = build_batch(condition, target, fillers, loaded.tokenizer.pad_token_id)
-        with kernels_mode(condition.kernels, loaded.model):
-            rows = generate_condition(loaded.model, loaded.tokenizer, batch, settings)
-        for row, steps in rows.items():
-            stream = _stream_record(len(streams), condition, row, steps, len(target), loaded.tokenizer)
+        for stream in replay_condition(loaded.model, loaded.tokenizer, condition, target, fillers, settings,
+                                       first_run_id=len(streams)):
             run_dir.append_jsonl("streams.jsonl", stream)
             streams.append(stream)
     return streams
+
+
+def replay_condition(model, tokenizer, condition: cond.Condition, target: list[int], fillers: list[list[int]],
+                     settings: DecodeSettings, first_run_id: int) -> list[dict]:
+    """One condition: build its batch, generate under its kernels, one stream record per target row."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batch = build_batch(condition, target, fillers, pad_id or 0)
+    with kernels_mode(condition.kernels, model):
+        rows = generate_condition(model, tokenizer, batch, settings)
+    return [_stream_record(first_run_id + i, condition, row, steps, len(target), tokenizer)
+            for i, (row, steps) in enumerate(rows.items())]
 
 
 def kernels_mode(mode: str, model):

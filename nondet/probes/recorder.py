@@ -30,7 +30,7 @@ class StepRecorder:
 
         chosen = self._choose(scores)
         for row in self.target_rows:
-            self.steps[row].append(_step_record(scores[row:row + 1].float(), int(chosen[row])))
+            self.steps[row].append(step_record(scores[row:row + 1].float(), int(chosen[row])))
         if self.generators is None:
             return scores
         forced = torch.full_like(scores, float("-inf"))
@@ -49,7 +49,7 @@ class StepRecorder:
         return torch.tensor(picks, device=scores.device)
 
 
-def _step_record(logits_row, token: int) -> dict:
+def step_record(logits_row, token: int) -> dict:
     """logits_row: [1, vocab] fp32 -> token, exact logprob, top-5, top1-top2 logit margin."""
     import torch
 

@@ -21,7 +21,7 @@ def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings)
 
     device = model.device
     recorder = StepRecorder(batch.target_rows, len(batch.input_ids), settings.temperature, settings.seed)
-    eos = _eos_ids(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
     config = GenerationConfig(
         do_sample=False,  # sampling, when asked, is done by the recorder per request
         max_new_tokens=settings.max_new_tokens,
@@ -39,17 +39,19 @@ def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings)
     except torch.OutOfMemoryError as exc:
         raise OutOfMemoryError(
             f"out of memory at batch size {len(batch.input_ids)}; finished conditions are in the run directory") from exc
-    return {row: _truncate_at_eos(steps, eos) for row, steps in recorder.steps.items()}
+    return {row: truncate_at_eos(steps, eos) for row, steps in recorder.steps.items()}
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
+def eos_ids(model, tokenizer) -> list[int]:
+    """The ids that end a completion: the generation config's, else the tokenizer's."""
     eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
     if eos is None:
         return []
     return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
 
 
-def _truncate_at_eos(steps: list[dict], eos: list[int]) -> list[dict]:
+def truncate_at_eos(steps: list[dict], eos: list[int]) -> list[dict]:
+    """Steps up to and including the first end-of-sequence token."""
     for i, step in enumerate(steps):
         if step["token"] in eos:
             return steps[: i + 1]

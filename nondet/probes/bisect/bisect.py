@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Callable
 
 from nondet.errors import RunDirError
-from nondet.probes.batch import Batch, build_batch
+from nondet.probes.batch import Batch, build_batch, tokenize_inputs
 from nondet.probes.bisect.ablation import Ablation, run_ablation
 from nondet.probes.bisect.choose import Target, choose_target
-from nondet.probes.bisect.lockstep import Lockstep, eos_ids, run_lockstep
+from nondet.probes.bisect.lockstep import Lockstep, run_lockstep
 from nondet.probes.conditions import Condition
 from nondet.probes.loading import ModelSpec, load_model
 from nondet.probes.numerics import numerics_scope
 from nondet.probes.pieces import token_piece
-from nondet.probes.replay import DecodeSettings
+from nondet.probes.replay import DecodeSettings, eos_ids
 from nondet.rundir import RunDir
 
 PROBE_KEYS = ("prompt", "model", "fillers", "max_new_tokens", "temperature", "seed")  # config.json keys read
@@ -102,9 +102,7 @@ def _read_probe_config(rd: RunDir) -> dict:
 
 def _batches(tokenizer, probe: dict, target: Target) -> tuple[Batch, Batch]:
     """The reference (prompt alone) and the divergent batch exactly as the probe built it."""
-    ids = tokenizer(probe["prompt"], add_special_tokens=False)["input_ids"]
-    fillers = [tokenizer(f, add_special_tokens=False)["input_ids"] for f in probe["fillers"]]
-    fillers = [f for f in fillers if f] or [ids]
+    ids, fillers = tokenize_inputs(tokenizer, probe["prompt"], probe["fillers"])
     pad = tokenizer.pad_token_id
     reference = build_batch(Condition("bisect/ref", target.condition.kernels, 1, (0,), "none"), ids, fillers, pad)
     divergent = build_batch(target.condition, ids, fillers, pad)

@@ -23,7 +23,7 @@ from nondet.probes.batch import Batch
 from nondet.probes.bisect.capture import Point, Tap
 from nondet.probes.bisect.compare import compare, quick_compare
 from nondet.probes.recorder import StepRecorder
-from nondet.probes.replay import DecodeSettings
+from nondet.probes.replay import DecodeSettings, truncate_at_eos
 
 KernelScope = Callable[[], contextlib.AbstractContextManager]  # a fresh kernels mode per run
 
@@ -60,7 +60,7 @@ def run_lockstep(model, reference: Batch, divergent: Batch, settings: DecodeSett
     ref_recorder = _recorder(reference, settings)
     with kernels():
         _replay(model, reference, settings, eos, pad_id, Tap(model, 0, 1, ref_sink), [ref_recorder], None)
-    ref_steps = _truncate_at_eos(ref_recorder.steps[0], eos)
+    ref_steps = truncate_at_eos(ref_recorder.steps[0], eos)
     tokens = [s["token"] for s in ref_steps]
     row = divergent.target_rows[0]
     recorder = _recorder(divergent, settings)
@@ -208,16 +208,3 @@ def _align(got, ref):
         return got[got.shape[0] - ref.shape[0]:]
     return None
 
-
-def _truncate_at_eos(steps: list[dict], eos: list[int]) -> list[dict]:
-    for i, step in enumerate(steps):
-        if step["token"] in eos:
-            return steps[: i + 1]
-    return steps
-
-
-def eos_ids(model, tokenizer) -> list[int]:
-    eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
-    if eos is None:
-        return []
-    return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]

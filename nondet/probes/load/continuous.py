@@ -35,15 +35,16 @@ class Progress:
 
 
 def run_continuous(config, on_condition=None):
+    from nondet.probes.batch import tokenize_inputs
     from nondet.probes.loading import load_model
     from nondet.probes.numerics import numerics_scope
-    from nondet.probes.probe import ProbeResult, _tokenize, default_run_dir, summarize_modes
+    from nondet.probes.probe import ProbeResult, default_run_dir, summarize_modes
 
     started = time.perf_counter()
     run_dir = RunDir(config.out or default_run_dir("probe"))
     loaded = load_model(config.model)
     with numerics_scope(config.threads):
-        target, fillers = _tokenize(loaded.tokenizer, config)
+        target, fillers = tokenize_inputs(loaded.tokenizer, config.prompt, config.fillers)
         engine = ContinuousEngine(loaded.model, _settings(config, loaded, target, fillers))
         try:
             _write_header(run_dir, config, loaded.description, engine)
@@ -68,10 +69,10 @@ def load_summary(config, engine: ContinuousEngine) -> dict:
 
 
 def _settings(config, loaded, target, fillers) -> EngineSettings:
-    from nondet.probes.replay import _eos_ids
+    from nondet.probes.replay import eos_ids
 
     longest = max(map(len, fillers + [target])) + 2 * config.max_new_tokens
-    return EngineSettings(config.max_new_tokens, tuple(_eos_ids(loaded.model, loaded.tokenizer)),
+    return EngineSettings(config.max_new_tokens, tuple(eos_ids(loaded.model, loaded.tokenizer)),
                           max_requests=_concurrency(config) + 1, max_len=longest,
                           max_batch_tokens=max(512, 2 * len(target)), plain="batch-invariant" in config.kernels)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from nondet.errors import ModelLoadError
 from nondet.probes.load.arrivals import Arrival
-from nondet.probes.recorder import _step_record
+from nondet.probes.recorder import step_record
 
 TARGET_ID = "target"
 
@@ -131,7 +131,7 @@ class ContinuousEngine:
         processor.update_batch()
         if state is not None and row is not None and state.generated_len() > before:
             logits = self._logits[-1][0, row:row + 1].float()  # [1, vocab] fp32, as generate scores it
-            trace.steps.append(_step_record(logits, int(state.generated_tokens[-1])))
+            trace.steps.append(step_record(logits, int(state.generated_tokens[-1])))
             trace.batch_requests.append(len(batch))
             trace.batch_tokens.append(int(processor.inputs_and_outputs.total_seqlen_q))
             trace.position = trace.position if trace.position is not None else _index(batch, TARGET_ID)
