@@ -11,6 +11,10 @@ reference's when the step ends, and only the comparison (max diffs) is kept.
 The divergent target's "own" token at each step is what it would have picked given the
 same history: the first step where it differs from the reference's token is the flip,
 exactly the probe's first token divergence.
+
+Each step's comparisons are judged as they end (lasting.py): a difference absorbed before
+it reaches the KV cache is transient; the first one that enters the cache (or, failing
+that, the one at the flip) is the lasting divergence, and its step's table is kept.
 """
 
 import contextlib
@@ -22,6 +26,7 @@ from nondet.errors import OutOfMemoryError
 from nondet.probes.batch import Batch
 from nondet.probes.bisect.capture import Point, Tap
 from nondet.probes.bisect.compare import compare, quick_compare
+from nondet.probes.bisect.lasting import Tracker, judge
 from nondet.probes.recorder import StepRecorder
 from nondet.probes.replay import DecodeSettings, truncate_at_eos
 
@@ -35,6 +40,8 @@ class Lockstep:
     rows: dict[int, list[dict]] = field(default_factory=dict)  # kept steps -> comparisons, execution order
     amplification: list[dict] = field(default_factory=list)  # residual stream: step, layer, max_abs_diff
     first_diff: dict | None = None  # the first comparison row whose bits differ (the origin)
+    lasting: dict | None = None  # where the divergence that enters the KV cache / flips is born
+    transients: list[dict] = field(default_factory=list)  # differing steps before it, each absorbed
 
     @property
     def flip_step(self) -> int | None:
@@ -46,6 +53,14 @@ class Lockstep:
     @property
     def first_numeric_step(self) -> int | None:
         return None if self.first_diff is None else self.first_diff["step"]
+
+    @property
+    def first_logprob_step(self) -> int | None:
+        """The probe's measure on the replay: first step whose token or its logprob bits differ."""
+        for step, (ref, own) in enumerate(zip(self.reference, self.divergent)):
+            if (ref["token"], ref["logprob"]) != (own["token"], own["logprob"]):
+                return step
+        return None
 
     @property
     def steps(self) -> int:
@@ -71,7 +86,8 @@ def run_lockstep(model, reference: Batch, divergent: Batch, settings: DecodeSett
         _replay(model, divergent, settings, eos, pad_id, Tap(model, row, len(divergent.input_ids), sink),
                 [recorder, force], stop)
     sink.flush()
-    return Lockstep(ref_steps, recorder.steps[row][: len(tokens)], sink.rows, sink.amplification, sink.first)
+    return Lockstep(ref_steps, recorder.steps[row][: len(tokens)], sink.rows, sink.amplification, sink.first,
+                    sink.tracker.result(), sink.tracker.transients)
 
 
 def _recorder(batch: Batch, settings: DecodeSettings) -> StepRecorder:
@@ -147,8 +163,9 @@ class _Compare:
 
     A step's points are buffered and compared when the step is over, because only then is
     it known whether the step is the flip. Full statistics (rel diff, ULP, first index) are
-    computed for the steps kept in the table (first numeric divergence, flip); other steps
-    keep the residual stream's max abs diff (amplification) and the bitwise verdict.
+    computed until the lasting divergence is found and at the flip; the steps kept in the
+    table are the first numeric divergence, the lasting divergence's step and the flip. Other
+    steps keep the residual stream's max abs diff (amplification) and the bitwise verdict.
     """
 
     def __init__(self, reference: _Record, is_flip: Callable[[int], bool]):
@@ -157,6 +174,7 @@ class _Compare:
         self.rows: dict[int, list[dict]] = {}  # kept steps -> rows in execution order
         self.amplification: list[dict] = []  # {"step", "layer", "max_abs_diff"} of the residual stream
         self.first: dict | None = None
+        self.tracker = Tracker()
         self._calls: Counter = Counter()
         self._pending: list[tuple[int, tuple, Point, object]] = []
 
@@ -170,11 +188,15 @@ class _Compare:
             return
         step = self._pending[0][0]
         flip = self.is_flip(step)
-        detail = self.first is None or flip
-        records = [self._compare_one(step, key, point, got, detail) for _, key, point, got in self._pending]
+        searching = self.tracker.lasting is None
+        records = [self._compare_one(step, key, point, got, searching or flip)
+                   for _, key, point, got in self._pending]
+        records = [r for r in records if r is not None]
         self._pending.clear()
-        if flip or (self.first is not None and self.first["step"] == step):
-            self.rows[step] = [r for r in records if r is not None]
+        self.tracker.add(judge(step, records), flip)
+        found = searching and self.tracker.lasting is not None
+        if flip or found or (self.first is not None and self.first["step"] == step):
+            self.rows[step] = records
 
     def _compare_one(self, step: int, key: tuple, point: Point, got, detail: bool) -> dict | None:
         ref = self.reference.tensors.pop((step, key), None)
@@ -183,7 +205,7 @@ class _Compare:
             return None
         diff = compare(ref, got) if detail else quick_compare(ref, got)
         record = {"step": step, "order": self.order[step][key], "layer": point.layer, "module": point.module,
-                  "op_class": point.op_class, **diff.to_row()}
+                  "op_class": point.op_class, **diff.to_row(), "block": point.block}
         if point.block:
             self.amplification.append({"step": step, "layer": point.layer, "max_abs_diff": diff.max_abs_diff})
         if diff.differs and self.first is None:
