@@ -49,3 +49,14 @@ class ServerResponseError(NondetError):
     """A live server answered with an HTTP error or a malformed body."""
 
     exit_code = 5
+
+
+_OOM_MESSAGES = ("can't allocate memory", "out of memory")  # torch CPU allocator; CUDA/HIP/MPS allocators
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for every way an allocator says it ran out: torch.OutOfMemoryError (a device),
+    RuntimeError "DefaultCPUAllocator: can't allocate memory" (torch on CPU), MemoryError (Python)."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)

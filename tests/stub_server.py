@@ -3,7 +3,8 @@
 Modes (settable while running): "ok" answers every completion; "500" answers HTTP 500;
 "garbage" answers 200 with a body that is not JSON; "hang" holds the request without an
 answer (until `hang_seconds` pass or the stub stops); "drop" closes the connection without
-an answer. `drop_after=K` switches to "drop" once K completions have been answered (the
+an answer; "truncated" announces a 500-byte body, sends 26 bytes and closes; "nologprobs"
+answers like "ok" without logprobs (as `transformers serve` does). `drop_after=K` switches to "drop" once K completions have been answered (the
 server dying mid-run). Answers are deterministic: text and logprobs depend on nothing.
 """
 
@@ -43,9 +44,9 @@ class StubServer:
                 return "500"
             if self.drop_after is not None and self.answered >= self.drop_after:
                 return "drop"
-            if self.mode == "ok":
+            if self.mode in ("ok", "nologprobs"):
                 self.answered += 1
-                return f"ok:{self.answered}"
+                return f"{self.mode}:{self.answered}"
             return self.mode
 
 
@@ -77,13 +78,24 @@ def _handler(stub: StubServer):
             body = json.loads(self.rfile.read(length) or b"{}")
             stub.auth.append(self.headers.get("Authorization"))
             action = stub.decide(body)
-            if action.startswith("ok:"):
-                n = int(action[3:])
-                return self._send(200, json.dumps(completion_body(n, body)).encode(), {"x-request-id": f"stub-{n}"})
+            if action.startswith(("ok:", "nologprobs:")):
+                kind, n = action.split(":")
+                answer = completion_body(int(n), body)
+                if kind == "nologprobs":
+                    answer["choices"][0]["logprobs"] = None
+                return self._send(200, json.dumps(answer).encode(), {"x-request-id": f"stub-{n}"})
             if action == "500":
                 return self._send(500, b"Internal Server Error")
             if action == "garbage":
                 return self._send(200, b"<html>not json{")
+            if action == "truncated":
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "500")
+                self.end_headers()
+                self.wfile.write(b'{"id": "stub", "choices": ')  # 26 of the 500 bytes announced
+                self.wfile.flush()
+                return self.close_connection_now()
             if action == "hang":
                 stub.stopping.wait(stub.hang_seconds)
                 return self.close_connection_now()

@@ -48,7 +48,7 @@ def test_violated_policy_exits_1(violated):
 def test_violation_is_bisected_where_the_bits_are_born(violated):
     r, work, _ = violated
     last = r.stdout.strip().splitlines()[-1]
-    assert last.startswith("bisect: first differing bits at step 0 in model.layers.")
+    assert last.startswith("bisect: first differing activation bits at step 0 in model.layers.")
     assert last.endswith("(bisect.json in run)")
     assert (work / "run" / "bisect.json").is_file()
 
@@ -70,6 +70,10 @@ def test_github_annotations_and_step_summary(violated):
     text = summary.read_text()
     assert text.startswith("## nondet gate: ❌ policy violated (identical)")
     assert "| default/bs8/ends | 2 |" in text
+    bisect = next(line for line in r.stdout.splitlines() if line.startswith("bisect: "))
+    assert "\nbisect: first differing activation bits at step 0 in model.layers." in text  # as printed
+    assert bisect.startswith("bisect: first differing activation bits")
+    assert "sampled token's logprob bits differ" in text  # both numbers explained
 
 
 def test_met_policy_with_batch_invariant_kernels_exits_0(tmp_path, default_model_dir):

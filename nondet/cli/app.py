@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from nondet.errors import NondetError
+from nondet.errors import NondetError, is_out_of_memory
 
 app = typer.Typer(
     name="nondet",
@@ -53,6 +53,9 @@ def main() -> None:
         _fail("interrupted; results already written stay in the run directory", 130)
     except Exception as exc:  # noqa: BLE001 - the boundary: never a traceback by default
         handled = _handle_click_exception(exc)
+        if handled is None and is_out_of_memory(exc):
+            _fail(f"out of memory ({type(exc).__name__}: {_first_line(exc)}); results already written stay "
+                  "in the run directory", 3)
         if handled is None:
             _fail(f"internal error: {type(exc).__name__}: {exc} (NONDET_DEBUG=1 shows the traceback)", 70)
         sys.exit(handled)
@@ -72,8 +75,23 @@ def _handle_click_exception(exc: Exception) -> int | None:
     return None
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def _fail(message: str, code: int) -> None:
     if os.environ.get("NONDET_DEBUG") == "1":
+        _show_whole_chain(sys.exc_info()[1])
         raise
     print(f"nondet: error: {message}", file=sys.stderr)
     sys.exit(code)
+
+
+def _show_whole_chain(exc: BaseException | None) -> None:
+    """Undo `raise ... from None` along the chain, so the debug traceback shows the original frame."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__suppress_context__ = False
+        exc = exc.__cause__ or exc.__context__

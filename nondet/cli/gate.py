@@ -112,23 +112,43 @@ def run_gate(settings: "GateSettings", outputs: GateOutputs) -> bool:
     verdicts = [g.verdict for g in gated]
     if outputs.junit:
         write_junit(outputs.junit, verdicts, time.perf_counter() - started)
-    github.emit(verdicts)
+    github.annotate(verdicts)
     _print(gated, outputs)
+    bisects = []
     for g in gated:  # diagnostics: they never change the verdict or the exit code
-        if outputs.bisect and not g.verdict.passed:
-            _diagnose("bisect", _bisect_if_available, g.run_dir, g.verdict)
+        bisect = outputs.bisect and not g.verdict.passed
+        bisects.append(_diagnose("bisect", _bisect_if_available, g.run_dir, g.verdict) if bisect else None)
         _diagnose("report", _write_report, g.run_dir)
+    _step_summary(verdicts, bisects)
     return all(v.passed for v in verdicts)
 
 
-def _diagnose(what: str, step, *args) -> None:
-    """Run a diagnostic step; its one-line error is a warning, so exit 1 keeps meaning 'violated'."""
+def _diagnose(what: str, step, *args) -> str | None:
+    """Run a diagnostic step; its one-line error is a warning, so exit 1 keeps meaning 'violated'.
+    Returns the step's one-line result, or the warning."""
     from nondet.errors import NondetError
 
     try:
-        step(*args)
+        return step(*args)
     except NondetError as exc:
-        print(f"nondet: warning: {what} failed: {exc}", file=sys.stderr)
+        warning = f"{what} failed: {exc}"
+        print(f"nondet: warning: {warning}", file=sys.stderr)
+        return warning
+
+
+def _step_summary(verdicts, bisects: list[str | None]) -> None:
+    """The GitHub step summary, last (it holds the bisect result). A summary that cannot be written
+    is a warning: the verdict, the JUnit file and the annotations stand."""
+    import os
+
+    from nondet.reports.ci import github
+
+    try:
+        github.append_step_summary(verdicts, bisects=bisects)
+    except OSError as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        print(f"nondet: warning: cannot write the GitHub step summary to {os.environ.get('GITHUB_STEP_SUMMARY')}: "
+              f"{reason}; the gate's verdict stands", file=sys.stderr)
 
 
 def _prompt_dirs(settings, out: str | None) -> list[tuple[str | None, str]]:
@@ -192,14 +212,20 @@ def _bisect_if_available(run_dir: Path, verdict: "Verdict") -> None:
     config = BisectConfig(run_dir=str(run_dir), condition=first.condition_id,
                           max_steps=None if born is None else born + 1)
     result = run_bisect(config)
-    print(f"bisect: {_bisect_line(result.bisect)} (bisect.json in {run_dir})", flush=True)
+    line = _bisect_line(result.bisect, first.first_numeric_divergence)
+    print(f"bisect: {line} (bisect.json in {run_dir})", flush=True)
+    return line
 
 
-def _bisect_line(bisect: dict) -> str:
+def _bisect_line(bisect: dict, logprob_step: int | None = None) -> str:
+    """Where the bits are born (any activation), and how that relates to the table's number (the logprob)."""
     origin = bisect.get("origin")
     if not origin:
         return "no captured module differs"
-    where = f"first differing bits at step {origin['step']} in {origin['module']} ({origin['op_class']})"
+    where = f"first differing activation bits at step {origin['step']} in {origin['module']} ({origin['op_class']})"
+    if logprob_step is not None and logprob_step != origin["step"]:
+        where += (f"; the sampled token's logprob bits first differ at step {logprob_step} (the table's first "
+                  "numeric divergence): the earlier difference did not reach the logprob")
     minimal = bisect.get("minimal_set")
     return where + (f"; batch-invariant {' + '.join(minimal)} removes it" if minimal else "")
 

@@ -84,7 +84,7 @@ def probe(
     from nondet.probes.corpus import FILLERS
     from nondet.probes.load.config import LoadConfig
     from nondet.probes.loading import ModelSpec
-    from nondet.probes.probe import DEFAULT_PROMPT, ProbeConfig
+    from nondet.probes.probe import DEFAULT_PROMPT, ProbeConfig, default_run_dir
 
     mode = "server" if endpoint or resume else load
     load_config = LoadConfig(mode=mode, rate=rate, concurrency=concurrency, filler_requests=filler_requests,
@@ -99,10 +99,10 @@ def probe(
         fillers=read_lines_file(fillers, "fillers") if fillers else FILLERS,
         ragged=ragged, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
         kernels=("default", "batch-invariant") if confirm else (kernels,),
-        threads=threads, out=str(out) if out else None, argv=tuple(["nondet"] + sys.argv[1:]),
+        threads=threads, out=str(out or default_run_dir("probe")), argv=tuple(["nondet"] + sys.argv[1:]),
         load=load_config,
     )
-    result = run_with_progress(config, quiet=json_output)
+    result = run_keeping_streams(config, quiet=json_output)
     write_report_if_available(result.run_dir)
     if json_output:
         print(json.dumps({"run_dir": str(result.run_dir), "seconds": round(result.seconds, 2),
@@ -118,6 +118,16 @@ def probe(
     console.print(f"wall time: {result.seconds:.1f} s")
 
 
+def run_keeping_streams(config, quiet: bool):
+    """run_with_progress; out of memory names where the streams already written are."""
+    from nondet.errors import OutOfMemoryError
+
+    try:
+        return run_with_progress(config, quiet)
+    except OutOfMemoryError as exc:
+        raise OutOfMemoryError(f"{exc}; streams already written stay in {config.load.resume or config.out}") from exc
+
+
 def run_with_progress(config, quiet: bool):
     """run_probe with a rich progress bar on stderr (none with --json)."""
     from rich.console import Console
@@ -125,7 +135,7 @@ def run_with_progress(config, quiet: bool):
 
     from nondet.probes.probe import run_probe
 
-    if quiet:
+    if quiet or not Console(stderr=True).is_interactive:  # a bar on a log file is noise (and a stray blank line)
         return run_probe(config)
     if config.load.mode == "server":
         return run_server_with_progress(config)

@@ -26,10 +26,20 @@ def _conditions_table(mode: str, m: dict) -> Table:
         table.add_column(col, justify="left" if col == "condition" else "right")
     for c in m["conditions"]:
         table.add_row(c["condition_id"].split("/", 1)[1], str(c["n_runs"]), str(c["distinct_completions"]),
-                      _step(c["first_token_divergence"]), _step(c["first_numeric_divergence"]))
+                      _step(c["first_token_divergence"]), numeric_step(c["first_numeric_divergence"], m))
     table.caption = (f"{m['distinct_completions']} distinct completion(s) over {m['n_runs']} runs; "
-                     f"most common x{m['most_common_count']}")
+                     f"most common x{m['most_common_count']}\n{NUMERIC_NOTE}")
     return table
+
+
+NUMERIC_NOTE = "numeric divergence: first step whose sampled-token logprob bits differ from the reference"
+
+
+def numeric_step(value, mode: dict) -> str:
+    """A first numeric divergence, or why there is none to show (a server that sent no logprobs)."""
+    if mode.get("numeric_na"):
+        return f"n/a ({mode['numeric_na']})"
+    return _step(value)
 
 
 def branch_line(tree: dict) -> Text:
@@ -58,7 +68,8 @@ def _side_by_side(modes: dict) -> Table:
     for key, label in (("distinct_completions", "distinct completions"), ("n_runs", "runs"),
                        ("first_token_divergence", "first token divergence"),
                        ("first_numeric_divergence", "first numeric divergence")):
-        table.add_row(label, *(_step(m[key]) for m in modes.values()))
+        show = numeric_step if key == "first_numeric_divergence" else (lambda v, _m: _step(v))
+        table.add_row(label, *(show(m[key], m) for m in modes.values()))
     return table
 
 

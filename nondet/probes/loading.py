@@ -7,7 +7,7 @@ as a user's model. Errors become one-line ModelLoadError / UsageError.
 from dataclasses import dataclass
 from pathlib import Path
 
-from nondet.errors import ModelLoadError, OutOfMemoryError, UsageError
+from nondet.errors import ModelLoadError, OutOfMemoryError, UsageError, is_out_of_memory
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -31,10 +31,35 @@ class LoadedModel:
 def load_model(spec: ModelSpec) -> LoadedModel:
     if spec.dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, not {spec.dtype!r}")
+    check_device(spec.device)
     source = _resolve_source(spec.name)
     model, tokenizer = _from_pretrained(source, spec)
     _ensure_pad_token(tokenizer)
     return LoadedModel(model, tokenizer, _describe(model, spec))
+
+
+def check_device(device: str) -> None:
+    """A one-line UsageError for a device string torch does not know or cannot use here."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise UsageError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+    if parsed.type == "cpu":
+        return
+    backend = getattr(torch, parsed.type, None)
+    if backend is None or not hasattr(backend, "is_available"):
+        raise UsageError(f"--device {device!r}: nondet runs on cpu or cuda, not {parsed.type}")
+    if parsed.type == "cuda" and not torch.backends.cuda.is_built():
+        raise UsageError(f"--device {device!r}: this torch ({torch.__version__}) was built without CUDA; "
+                         "use --device cpu")
+    if not backend.is_available():
+        raise UsageError(f"--device {device!r}: no {parsed.type} device is visible; use --device cpu")
+    count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if parsed.index is not None and parsed.index >= count:
+        raise UsageError(f"--device {device!r}: only {count} {parsed.type} device(s) visible "
+                         f"({parsed.type}:0..{parsed.type}:{count - 1})")
 
 
 def _resolve_source(name: str | None) -> str:
@@ -63,9 +88,9 @@ def _from_pretrained(source: str, spec: ModelSpec):
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         model = model.to(spec.device).eval()
-    except torch.OutOfMemoryError as exc:
-        raise OutOfMemoryError(f"out of memory loading {source} on {spec.device}") from exc
-    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError, MemoryError) as exc:
+        if is_out_of_memory(exc):  # torch.OutOfMemoryError on a GPU, a plain RuntimeError on CPU
+            raise OutOfMemoryError(f"out of memory loading {source} on {spec.device}") from exc
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"cannot load model {source!r}: {first[:300]}") from exc
     finally:

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from nondet.errors import OutOfMemoryError
+from nondet.errors import OutOfMemoryError, is_out_of_memory
 from nondet.probes.batch import Batch
 from nondet.probes.recorder import StepRecorder
 
@@ -36,9 +36,11 @@ def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings)
                 generation_config=config,
                 logits_processor=LogitsProcessorList([recorder]),
             )
-    except torch.OutOfMemoryError as exc:
-        raise OutOfMemoryError(
-            f"out of memory at batch size {len(batch.input_ids)}; finished conditions are in the run directory") from exc
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError; on CPU a plain one
+        if not is_out_of_memory(exc):
+            raise
+        raise OutOfMemoryError(f"out of memory at batch size {len(batch.input_ids)} on {device}; "
+                               "lower --batch-sizes or --max-new-tokens") from exc
     return {row: truncate_at_eos(steps, eos) for row, steps in recorder.steps.items()}
 
 

@@ -5,7 +5,7 @@ sending it again is safe) with exponential backoff, a bounded number of times. A
 not: the server may still be working on the request, and a resend only adds to its load.
 Other 4xx answers and malformed JSON are not retried either. Every failure ends as one line:
 ServerUnreachableError (exit 3) when the server could not be reached or did not answer in
-time, ServerResponseError (exit 5) when it answered with an error or garbage.
+time, ServerResponseError (exit 5) when it answered with an error, garbage or a truncated body.
 
 The API key is read from the environment variable named by `api_key_env` when the client is
 created, kept in memory only, and never appears in messages, headers returned or records.
@@ -46,7 +46,7 @@ class Reply:
 class _Retryable(Exception):
     def __init__(self, kind: str, detail: str):
         super().__init__(detail)
-        self.kind = kind  # "connection" | "timeout" | "status"
+        self.kind = kind  # "connection" | "timeout" | "status" | "truncated"
 
 
 class Client:
@@ -87,6 +87,9 @@ class Client:
             status, headers, raw = self._exchange(method, path, payload)
         except (TimeoutError, socket.timeout):
             raise _Retryable("timeout", f"no answer within {self.settings.timeout:g} s") from None
+        except http.client.IncompleteRead as exc:  # it answered, then closed mid-body
+            got = len(exc.partial)
+            raise _Retryable("truncated", f"{got} of {got + (exc.expected or 0)} bytes") from None
         except (OSError, http.client.HTTPException) as exc:
             raise _Retryable("connection", _describe(exc)) from None
         if status == 429 or status >= 500:
@@ -135,6 +138,9 @@ class Client:
         where, tries = self.url(path), f"{attempts} attempt{'s' if attempts > 1 else ''}"
         if failure.kind == "status":
             return ServerResponseError(f"{where} answered {failure} ({tries})")
+        if failure.kind == "truncated":
+            return ServerResponseError(f"{where} sent a truncated response ({failure}, then closed the "
+                                       f"connection; {tries})")
         if failure.kind == "timeout":
             return ServerUnreachableError(f"{where}: {failure}; the server hangs or is overloaded (--timeout)")
         return ServerUnreachableError(f"cannot reach {where}: {failure} ({tries}); is the server running?")
@@ -148,8 +154,7 @@ def public_headers(headers: dict[str, str]) -> dict[str, str]:
 def _describe(exc: Exception) -> str:
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
-    if isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
-                        http.client.IncompleteRead)):
+    if isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
         return "connection dropped before a complete answer"
     if isinstance(exc, socket.gaierror):
         return "host name not found"

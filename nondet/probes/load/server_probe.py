@@ -43,7 +43,10 @@ def run_server_probe(config, on_progress=None):
     except NondetError as exc:
         n = len(_done_indices(run_dir))
         raise type(exc)(f"{exc}; {n} completed answers are kept in {run_dir.path}: "
-                        f"finish with `nondet probe --resume {run_dir.path}`") from None
+                        f"finish with `nondet probe --resume {run_dir.path}`") from exc
+    finally:
+        if config.load.resume:
+            _record_resume(run_dir, config, len(_done_indices(run_dir)) - len(done))
     summary = summarize_server(_streams(run_dir), config, tokenizer)
     run_dir.write_json("summary.json", summary)
     return ProbeResult(run_dir.path, summary, time.perf_counter() - started)
@@ -116,12 +119,24 @@ def summarize_server(streams: list[dict], config, tokenizer) -> dict:
             s["steps"] = compare.steps_at(level, s["text"], s["server_tokens"], tokenizer)
     summary = summarize_modes(streams, tokenizer if level == "tokenizer" else None)
     if level != "logprobs":  # no logprobs: say nothing about bits
+        _no_numeric(summary["modes"]["default"])
         summary["verdict"] = _text_verdict(summary["modes"]["default"], level)
     summary["load"] = {"mode": "server", "compare_level": level, "endpoint": config.load.endpoint,
                        "chat": config.load.chat, "runs": _runs(config), "concurrency": _concurrency(config),
                        "rate": config.load.resolved_rate(), "rate_unit": "filler requests per second (Poisson)",
                        "filler_requests": _filler_count(config), "notes": _level_notes(level)}
     return summary
+
+
+NO_LOGPROBS = "server returned no logprobs"  # why a server run has no first numeric divergence
+
+
+def _no_numeric(m: dict) -> None:
+    """Without logprobs there are no bits to compare: the diff's numeric divergence (which falls
+    back to the token step) becomes null everywhere, and the mode says why ("numeric_na")."""
+    for row in [m, *m["runs"], *m["conditions"]]:
+        row["first_numeric_divergence"] = None
+    m["numeric_na"] = NO_LOGPROBS
 
 
 def _text_verdict(m: dict, level: str) -> str:
@@ -166,6 +181,16 @@ def _identify(client: Client) -> dict:
     data = reply.body.get("data")
     ids = [m.get("id") for m in data if isinstance(m, dict) and m.get("id")] if isinstance(data, list) else []
     return {"models": ids, "headers": public_headers(reply.headers)}
+
+
+def _record_resume(run_dir: RunDir, config, runs_added: int) -> None:
+    """config.json "resumes": one entry per --resume (UTC time, runs it added, endpoint), so the
+    report can say which runs ran after the interruption (possibly on a restarted server)."""
+    stored = run_dir.read_json("config.json")
+    stored.setdefault("resumes", []).append({
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs_added": runs_added,
+        "endpoint": config.load.endpoint})
+    run_dir.write_json("config.json", stored)
 
 
 def _record_reference_identity(run_dir: RunDir, reply) -> None:

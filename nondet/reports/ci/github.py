@@ -17,17 +17,35 @@ from nondet.reports.ci.policy import Verdict
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~])")  # emphasis, code, links, table cells
 
 
-def emit(verdicts: Sequence[Verdict], env: Mapping[str, str] = os.environ, out: TextIO = sys.stdout) -> Path | None:
-    """Annotations and step summary when running under GitHub Actions; returns the summary path."""
+NUMBERS_NOTE = ("First numeric divergence: the first step where the sampled token's logprob bits differ from the "
+                "reference. bisect's first differing step is the first where any activation differs: it can be "
+                "earlier, when a difference is rounded away before it reaches the logprob.")
+
+
+def emit(verdicts: Sequence[Verdict], env: Mapping[str, str] = os.environ, out: TextIO = sys.stdout,
+         bisects: Sequence[str | None] = ()) -> Path | None:
+    """Annotations and step summary when running under GitHub Actions; returns the summary path.
+    OSError when the summary cannot be written (the annotations are printed by then)."""
+    annotate(verdicts, env, out)
+    return append_step_summary(verdicts, env, bisects)
+
+
+def annotate(verdicts: Sequence[Verdict], env: Mapping[str, str] = os.environ, out: TextIO = sys.stdout) -> None:
+    """`::error` / `::notice` lines on stdout, under GitHub Actions only."""
     if env.get("GITHUB_ACTIONS") != "true":
-        return None
+        return
     for line in annotations(verdicts):
         print(line, file=out)
+
+
+def append_step_summary(verdicts: Sequence[Verdict], env: Mapping[str, str] = os.environ,
+                        bisects: Sequence[str | None] = ()) -> Path | None:
+    """Append the Markdown summary to $GITHUB_STEP_SUMMARY under GitHub Actions; OSError if it cannot."""
     target = env.get("GITHUB_STEP_SUMMARY")
-    if not target:
+    if env.get("GITHUB_ACTIONS") != "true" or not target:
         return None
     with open(target, "a", encoding="utf-8") as f:
-        f.write(step_summary(verdicts))
+        f.write(step_summary(verdicts, bisects))
     return Path(target)
 
 
@@ -43,13 +61,15 @@ def annotations(verdicts: Sequence[Verdict]) -> list[str]:
     return lines
 
 
-def step_summary(verdicts: Sequence[Verdict]) -> str:
-    """Markdown: one heading for the whole gate, one table per gated prompt."""
+def step_summary(verdicts: Sequence[Verdict], bisects: Sequence[str | None] = ()) -> str:
+    """Markdown: one heading for the whole gate, one table (and bisect line) per gated prompt."""
     passed = all(v.passed for v in verdicts)
     policies = ", ".join(dict.fromkeys(v.policy.describe() for v in verdicts))
     head = "✅ policy met" if passed else "❌ policy violated"
     parts = [f"## nondet gate: {head} ({md(policies)})\n"]
-    parts += [_verdict_section(v) for v in verdicts]
+    bisects = list(bisects) + [None] * (len(verdicts) - len(bisects))
+    parts += [_verdict_section(v, b) for v, b in zip(verdicts, bisects)]
+    parts.append(f"_{md(NUMBERS_NOTE)}_")
     return "\n".join(parts) + "\n"
 
 
@@ -60,7 +80,7 @@ def md(text: str) -> str:
     return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
 
-def _verdict_section(verdict: Verdict) -> str:
+def _verdict_section(verdict: Verdict, bisect: str | None = None) -> str:
     lines = []
     if verdict.name:
         lines.append(f"**{md(verdict.name)}**\n")
@@ -71,6 +91,8 @@ def _verdict_section(verdict: Verdict) -> str:
         result = "✅ pass" if c.passed else f"❌ {md(c.message)}"
         lines.append(f"| {md(c.condition_id)} | {c.n_runs} | {_step(c.first_token_divergence)} "
                      f"| {_step(c.first_numeric_divergence)} | {result} |")
+    if bisect:
+        lines.append(f"\nbisect: {md(bisect)}")
     if verdict.run_dir:
         lines.append(f"\nrun directory: {md(verdict.run_dir)}")
     return "\n".join(lines) + "\n"
