@@ -49,6 +49,8 @@ def verdict_text(t: RunTables) -> str:
     if d > 1:
         s = (f"Batch-variant{where}: {d} distinct completions over {n_cond} conditions ({m.get('n_runs')} runs); "
              f"first token divergence at step {fmt_step(ftd)}")
+    elif m.get("numeric_na"):
+        s = f"No token divergence{where}: 1 completion over {n_cond} conditions; logprob bits n/a ({m['numeric_na']})"
     elif fnd is not None:
         s = (f"Numerically batch-variant{where}: 1 completion over {n_cond} conditions, "
              f"but logprob bits differ from step {fnd}")
@@ -106,15 +108,48 @@ def _conditions(t: RunTables) -> list:
     rows = [[Code(str(c.condition_id)), str(c.kernels), str(c.load), fmt_step(c.batch_size),
              _positions(c.positions), str(c.fillers), fmt_step(c.n_runs),
              str(int(off.get(c.condition_id, 0))), fmt_step(c.distinct_completions),
-             fmt_step(c.first_token_divergence), fmt_step(c.first_numeric_divergence)]
+             fmt_step(c.first_token_divergence), _numeric_cell(t, c.kernels, c.first_numeric_divergence)]
             for c in t.conditions.itertuples()]
     numeric = [False] * 6 + [True] * 5
     ref = t.modes[t.primary_mode].get("reference_run_id")
-    note = Para([f"Each condition is one batched generate call; every run is compared with the reference "
-                 f"(run {ref}: the prompt alone, batch size 1). Runs ≠ reference: runs whose tokens differ "
-                 "from it; distinct completions: among the condition's own runs. A numeric divergence is a step "
-                 "whose logprob bits differ; a token divergence is a different token."], kind="note")
-    return [Table(header, rows, numeric), note]
+    note = Para([f"{_what_ran(t)} Every run is compared with the reference (run {ref}: the prompt alone"
+                 f"{'' if (t.summary.get('load') or {}).get('mode') == 'server' else ', batch size 1'}). "
+                 "Runs ≠ reference: runs whose tokens differ from it; distinct completions: among the condition's "
+                 "own runs. A numeric divergence is a step where the sampled token's logprob bits differ (bisect's "
+                 "first differing step is where any activation differs, which can be earlier); a token divergence "
+                 "is a different token."], kind="note")
+    return [Table(header, rows, numeric), note, *_resume_note(t)]
+
+
+def _numeric_cell(t: RunTables, kernels, value) -> str:
+    """The step, or why a mode has none (a server that sent no logprobs)."""
+    na = t.modes.get(kernels, {}).get("numeric_na")
+    return f"n/a ({na})" if na else fmt_step(value)
+
+
+def _what_ran(t: RunTables) -> str:
+    """What one condition is, per load: a batched call, engine runs, or requests to a server."""
+    load = t.summary.get("load") or {}
+    if load.get("mode") == "server":
+        return (f"Server probe: the reference is one request sent alone, nothing else in flight; the burst is "
+                f"{load.get('runs')} concurrent copies of it, at most {load.get('concurrency')} in flight, while "
+                f"{load.get('filler_requests')} filler requests arrive at {load.get('rate', 0):g} "
+                f"{load.get('rate_unit', 'per second')}; the server batches them as it likes.")
+    if load.get("mode") == "continuous":
+        return (f"Continuous batching in process: each condition is one run of the engine with the target joining "
+                f"mid-flight, at most {load.get('concurrency')} fillers at once, {load.get('filler_requests')} in "
+                f"all, arriving at {load.get('rate', 0):g} {load.get('rate_unit', 'per step')}.")
+    return "Each condition is one batched generate call."
+
+
+def _resume_note(t: RunTables) -> list[Para]:
+    """A probe finished with --resume: when, and how many runs each resume added."""
+    resumes = t.config.get("resumes") or []
+    if not resumes:
+        return []
+    parts = "; ".join(f"{r.get('time')}: {r.get('runs_added')} run(s) added" for r in resumes)
+    return [Para([f"Resumed {len(resumes)} time(s) with --resume ({parts}): the runs added then ran after the "
+                  "interruption, possibly on a restarted server with another batch around them."], kind="note")]
 
 
 # -- streams ----------------------------------------------------------------------------
