@@ -136,3 +136,76 @@ def test_only_transient_differences_leave_no_lasting_divergence(toy):
     assert ls.lasting is None and ls.flip_step is None
     assert [t["step"] for t in ls.transients] == [TRANSIENT, LASTING]
     assert ls.first_logprob_step is None  # nothing reached the sampled token's logprob
+
+
+# -- bisect.json, the CLI output and the report on that lockstep ------------------------------
+
+
+@pytest.fixture(scope="module")
+def described(toy):
+    """bisect.json of the transient-then-lasting lockstep; the probe saw the replay's logprob step."""
+    from nondet.probes.bisect.bisect import describe, module_rows
+    from nondet.probes.bisect.choose import Target
+
+    ls, _ = _lockstep(toy, {TRANSIENT: "absorbed", LASTING: "kept"})
+    condition = Condition("default/bs2/ends", "default", 2, (0, 1), "same-length")
+    target = Target(condition, 1, 2, 0, None, ls.first_logprob_step)
+    return describe(target, ls, toy.tokenizer, None), module_rows(ls)
+
+
+def test_bisect_json_keeps_origin_and_adds_lasting(described):
+    b, rows = described
+    assert _where(b["origin"]) == (TRANSIENT, VARIANT, "matmul", 0)  # unchanged meaning: the first difference
+    assert b["first_numeric_step"] == TRANSIENT
+    assert _where(b["lasting"]) == (LASTING, VARIANT, "matmul", 0)
+    assert [t["step"] for t in b["transients"]] == [TRANSIENT]
+    assert b["probe_numeric_step"] == b["first_logprob_step"] == LASTING
+    assert b["numeric_agreement"]["agree"] is False
+    assert b["numeric_agreement"]["note"] == (
+        f"bisect's first differing activation is at step {TRANSIENT}, the probe's first numeric divergence at "
+        f"step {LASTING} (the sampled token's logprob bits): the differences at step(s) {TRANSIENT} were absorbed "
+        f"before the logits; the lasting divergence, born at step {LASTING}, is the one the probe sees")
+    assert {r["step"] for r in rows} == {TRANSIENT, LASTING}
+
+
+def test_cli_names_both_and_tables_the_lasting_step(described):
+    from rich.console import Console
+
+    from nondet.cli.bisect import print_bisect
+
+    b, rows = described
+    console = Console(record=True, width=1000)
+    print_bisect(b, rows, console)
+    out = console.export_text()
+    assert (f"first difference: step {TRANSIENT}, {VARIANT} (op class matmul, layer 0), max |diff| 7.63e-06, "
+            "1 ULP; transient: absorbed before the residual stream") in out
+    assert f"lasting origin: step {LASTING}, {VARIANT} (op class matmul, layer 0)" in out
+    assert f"; enters the KV cache at {b['lasting']['enters_at']}" in out
+    assert f"probe vs bisect: {b['numeric_agreement']['note']}" in out
+    assert f"step {TRANSIENT} (first difference): first differing modules" in out
+    assert f"step {LASTING} (lasting divergence): first differing modules" in out
+    assert f"{VARIANT} <- lasting origin" in out
+
+
+def test_report_names_both_and_tables_the_lasting_step(described, tmp_path):
+    from report_fixtures import write_run
+
+    from nondet.probes.bisect.bisect import MODULE_FIELDS
+    from nondet.reports.bisect_sections import bisect_blocks
+    from nondet.reports.load import load_run
+    from nondet.reports.blocks import Report, Section
+    from nondet.reports.markdown import render_markdown
+    from nondet.rundir import RunDir
+
+    b, rows = described
+    rd = RunDir(write_run(tmp_path / "run", bisect=True))
+    rd.write_json("bisect.json", b)
+    rd.write_csv("bisect_modules.csv", rows, MODULE_FIELDS)
+    md = render_markdown(Report("r", [Section("bisect", "b", bisect_blocks(load_run(rd.path), []))]))
+    assert (f"The first bit difference is born at **step {TRANSIENT}** in `{VARIANT}` (op class matmul, layer 0). "
+            "It is transient: absorbed before the residual stream, so nothing of it reached later steps. "
+            f"The lasting divergence is born at **step {LASTING}** in `{VARIANT}` (op class matmul, layer 0); it "
+            f"enters the KV cache at {b['lasting']['enters_at']}, which every later step reads") in md
+    assert f"First differing modules at step {TRANSIENT}, in execution order" in md
+    assert f"Differing modules at step {LASTING}, where the lasting divergence is born" in md
+    assert b["numeric_agreement"]["note"] in md

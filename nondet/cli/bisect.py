@@ -121,7 +121,7 @@ def print_bisect(b: dict, modules: list[dict], console) -> None:
         console.print("warning: the replayed reference's tokens differ from the probe's reference stream "
                       "(other threads, library versions or device?); attribution is for this replay",
                       style="yellow")
-    steps = list(dict.fromkeys(s for s in (b["first_numeric_step"], b["flip_step"]) if s is not None))
+    steps = _table_steps(b)
     for step in steps:
         console.print(_modules_table(step, b, modules))
     if steps and b["amplification"]:
@@ -135,41 +135,100 @@ def print_bisect(b: dict, modules: list[dict], console) -> None:
         console.print("ablation: not run (--no-ablation, or a batch-invariant condition)")
 
 
+def _table_steps(b: dict) -> list[int]:
+    """Steps with a module table: the first difference, the lasting divergence, the flip."""
+    lasting = (b.get("lasting") or {}).get("step")
+    return list(dict.fromkeys(s for s in (b["first_numeric_step"], lasting, b["flip_step"]) if s is not None))
+
+
 def _origin_line(b: dict):
     from rich.text import Text
 
     from nondet.cli.render import visible
 
-    origin = b["origin"]
+    origin, lasting = b["origin"], b.get("lasting")
     where = f"{b['condition_id']} row {b['position']} (run {b['run_id']}) vs reference (run {b['reference_run_id']})"
     if origin is None:
         return Text(f"{where}: no captured point differs over {b['steps']} steps", style="bold")
-    layer = "" if origin["layer"] is None else f", layer {origin['layer']}"
-    line = Text(f"{where}\norigin: step {origin['step']}, {origin['module']} "
-                f"(op class {origin['op_class']}{layer}), max |diff| {origin['max_abs_diff']:.3g}, "
-                f"{origin['max_ulp']} ULP", style="bold")
+    line = Text(where)
+    if "lasting" not in b:  # bisect.json written before lasting divergences were told apart
+        line.append(f"\norigin: {_point(origin)}", style="bold")
+    elif lasting is not None and _same(origin, lasting):
+        line.append(f"\norigin: {_point(origin)}; lasting: {_via(lasting)}", style="bold")
+    else:
+        line.append(f"\nfirst difference: {_point(origin)}; {_transient(origin, lasting, b['transients'])}")
+        line.append(_transients_part(b["transients"]))
+        line.append(f"\nlasting origin: {_point(lasting)}; {_via(lasting)}" if lasting is not None else
+                    f"\nno lasting divergence over {b['steps']} steps: no difference reached the KV cache "
+                    "or flipped a token", style="bold")
     if b["flip_step"] is not None:
         t = b["flip_tokens"]
         line.append(f"\ntoken flip: step {b['flip_step']}: reference {visible(t['reference_piece'])} vs "
                     f"{visible(t['divergent_piece'])}, reference top1-top2 margin {_hex(b['margin_at_flip'])}")
     else:
         line.append(f"\nno token flip over {b['steps']} steps")
+    agreement = b.get("numeric_agreement")
+    if agreement and not agreement["agree"]:
+        line.append(f"\nprobe vs bisect: {agreement['note']}")
     return line
+
+
+def _point(p: dict) -> str:
+    """'step 3, model.layers.1.mlp.down_proj (op class matmul, layer 1), max |diff| 7.6e-06, 1 ULP'."""
+    layer = "" if p["layer"] is None else f", layer {p['layer']}"
+    return (f"step {p['step']}, {p['module']} (op class {p['op_class']}{layer}), "
+            f"max |diff| {p['max_abs_diff']:.3g}, {p['max_ulp']} ULP")
+
+
+def _same(a: dict, b: dict) -> bool:
+    return (a["step"], a["module"], a["order"]) == (b["step"], b["module"], b["order"])
+
+
+def _via(lasting: dict) -> str:
+    if lasting["via"] == "kv cache":
+        silent = lasting.get("silent_steps") or 0
+        return (f"enters the KV cache at {lasting['enters_at']}"
+                + (f" (its effect rounded away at {silent} later step(s))" if silent else ""))
+    return "born at the flip step, it reached the logits directly"
+
+
+REACH = {"layer": "absorbed before the residual stream", "residual stream": "reached the residual stream, "
+         "absorbed before the KV cache and the logits", "logits": "reached the logits, not the KV cache"}
+
+
+def _transient(origin: dict, lasting: dict | None, transients: list[dict]) -> str:
+    """Why the first difference is not the lasting one."""
+    if transients and transients[0]["step"] == origin["step"]:
+        return "transient: " + REACH.get(transients[0]["reach"], transients[0]["reach"])
+    return "absorbed within its step, before the lasting divergence born later in the same step"
+
+
+def _transients_part(transients: list[dict], shown: int = 4) -> str:
+    """'' or '\nother transient differences: step 7 (model...down_proj, matmul), ... (9 in all)'."""
+    rest = transients[1:]
+    if not rest:
+        return ""
+    parts = [f"step {t['step']} ({t['module']}, {t['op_class']})" for t in rest[:shown]]
+    more = f" ... ({len(transients)} transient steps in all)" if len(rest) > shown else ""
+    return "\nother transient differences: " + ", ".join(parts) + more
 
 
 def _modules_table(step: int, b: dict, modules: list[dict]):
     from rich.table import Table
 
-    tags = [n for k, n in (("first_numeric_step", "first numeric divergence"), ("flip_step", "token flip"))
-            if b[k] == step]
+    lasting = b.get("lasting") or {}
+    tags = [n for s, n in ((b["first_numeric_step"], "first difference"), (lasting.get("step"), "lasting divergence"),
+                           (b["flip_step"], "token flip")) if s == step]
     rows = [m for m in modules if m["step"] == step and m["differs"]]
     table = Table(title=f"step {step} ({', '.join(tags)}): first differing modules, execution order")
     for col in ("layer", "module", "op class", "max abs", "max rel", "max ULP", "first diff index"):
         table.add_column(col, justify="left" if col in ("module", "op class") else "right",
                          overflow="fold" if col == "module" else "ellipsis")
     for m in rows[:TABLE_ROWS]:
-        table.add_row(_dash(m["layer"]), m["module"], m["op_class"], f"{m['max_abs_diff']:.3g}",
-                      f"{m['max_rel_diff']:.3g}", str(m["max_ulp"]), _dash(m["first_diff_index"]))
+        origin = lasting.get("step") == step and lasting.get("order") == m["order"]
+        table.add_row(_dash(m["layer"]), m["module"] + (" <- lasting origin" if origin else ""), m["op_class"],
+                      f"{m['max_abs_diff']:.3g}", f"{m['max_rel_diff']:.3g}", str(m["max_ulp"]),
+                      _dash(m["first_diff_index"]), style="bold" if origin else None)
     table.caption = f"{len(rows)} of {sum(1 for m in modules if m['step'] == step)} points differ (bisect_modules.csv)"
     return table
 
@@ -189,14 +248,17 @@ def _ablation_table(entries: list[dict]):
 
     yes = {True: "yes", False: "no"}
     table = Table(title="ablation: reference and divergent condition rerun with these op classes batch-invariant")
-    for col in ("op classes", "tokens match", "bit-identical", "flip step", "first differing point"):
+    for col in ("op classes", "tokens match", "bit-identical", "flip step", "first differing point",
+                "lasting origin"):
         table.add_column(col, justify="right" if col in ("tokens match", "flip step") else "left", overflow="fold")
     for e in entries:
-        first = e["first_diff"]
-        where = "-" if first is None else f"step {first['step']}: {first['module']} ({first['op_class']})"
         table.add_row(" + ".join(e["ops"]), yes[e["tokens_match"]], yes[e["activations_match"]],
-                      _dash(e["first_token_divergence"]), where)
+                      _dash(e["first_token_divergence"]), _where(e["first_diff"]), _where(e.get("lasting")))
     return table
+
+
+def _where(point: dict | None) -> str:
+    return "-" if point is None else f"step {point['step']}: {point['module']} ({point['op_class']})"
 
 
 def _dash(value) -> str:

@@ -16,9 +16,9 @@ def bisect_blocks(t: RunTables, no_bisect: list) -> list:
              f") in lockstep with the reference (run {b.get('reference_run_id')})."]
     origin = b.get("origin")
     if origin:
-        layer = "" if origin.get("layer") is None else f", layer {origin['layer']}"
         parts += [" The first bit difference is born at ", Strong(f"step {origin.get('step')}"), " in ",
-                  Code(str(origin.get("module"))), f" (op class {origin.get('op_class')}{layer})."]
+                  *_module(origin), "."]
+        parts += _lasting(b, origin)
     else:
         parts.append(" No captured point differs.")
     flip, probe_flip = b.get("flip_step"), b.get("probe_flip_step")
@@ -34,6 +34,11 @@ def bisect_blocks(t: RunTables, no_bisect: list) -> list:
         parts.append(f" Bisect replayed {b.get('steps', 'fewer')} steps, short of the probe's token flip at step "
                      f"{probe_flip} (rerun with --max-steps {probe_flip + 1} to reach it).")
     blocks = [Para(parts)]
+    agreement = b.get("numeric_agreement")
+    if isinstance(agreement, dict) and agreement.get("agree") is False:
+        blocks.append(Para(["Probe vs bisect: the probe's first numeric divergence compares the sampled "
+                            "token's logprob bits, bisect every activation; here ", str(agreement.get("note")),
+                            "."], kind="note"))
     blocks += figure_or_hint("bisect_heatmap.png", figures.bisect_heatmap(t), "Heatmap of differences by layer and op class",
                       ["Layer × op class; colour = log10 of the largest absolute difference of the target row "
                        "(blank = bit-identical); the origin is boxed."],
@@ -43,16 +48,62 @@ def bisect_blocks(t: RunTables, no_bisect: list) -> list:
     return blocks
 
 
-def _first_modules(t: RunTables, limit: int = 8) -> list:
+def _module(point: dict) -> list:
+    layer = "" if point.get("layer") is None else f", layer {point['layer']}"
+    return [Code(str(point.get("module"))), f" (op class {point.get('op_class')}{layer})"]
+
+
+REACH = {"layer": "absorbed before the residual stream", "logits": "it reached the logits but not the KV cache",
+         "residual stream": "it reached the residual stream but neither the KV cache nor the logits"}
+
+
+def _lasting(b: dict, origin: dict) -> list:
+    """The transient / lasting sentence (nothing for a bisect.json written before they were told apart)."""
+    if "lasting" not in b:
+        return []
+    lasting, transients = b.get("lasting"), b.get("transients") or []
+    if lasting and (lasting.get("step"), lasting.get("order")) == (origin.get("step"), origin.get("order")):
+        return [f" It is also where the lasting divergence begins: it {_via(lasting)}."]
+    first = transients[0] if transients and transients[0].get("step") == origin.get("step") else None
+    out = [" It is transient: " + (REACH.get(first.get("reach"), str(first.get("reach"))) if first else
+                                   "absorbed within its step") + ", so nothing of it reached later steps"]
+    out.append(f" ({len(transients)} steps before the lasting divergence had transient differences)."
+               if len(transients) > 1 else ".")
+    if not lasting:
+        return out + [f" No difference lasted: none reached the KV cache or flipped a token in {b.get('steps')} "
+                      "steps."]
+    return out + [" The lasting divergence is born at ", Strong(f"step {lasting.get('step')}"), " in ",
+                  *_module(lasting), f"; it {_via(lasting)}."]
+
+
+def _via(lasting: dict) -> str:
+    if lasting.get("via") == "kv cache":
+        silent = lasting.get("silent_steps") or 0
+        return (f"enters the KV cache at {lasting.get('enters_at')}, which every later step reads"
+                + (f" (its effect rounded away at {silent} later step(s))" if silent else ""))
+    return "reached the logits at the token flip itself"
+
+
+def _first_modules(t: RunTables) -> list:
+    """Tables of the first differing step and, when it is another, the lasting divergence's step."""
     mods = t.bisect_modules
     if mods.empty:
         return []
     step = int(mods[mods.differs].step.min()) if mods.differs.any() else int(mods.step.min())
+    lasting = ((t.bisect or {}).get("lasting") or {}).get("step")
+    out = _modules_table(mods, step, f"First differing modules at step {step}")
+    if lasting is not None and lasting != step:
+        out += _modules_table(mods, lasting, f"Differing modules at step {lasting}, where the lasting divergence "
+                                             "is born")
+    return out
+
+
+def _modules_table(mods, step: int, title: str, limit: int = 8) -> list:
     d = mods[(mods.step == step) & mods.differs].sort_values("order").head(limit)
     rows = [[fmt_step(r.layer), Code(r.module), r.op_class, fmt_float(r.max_abs_diff), fmt_float(r.max_rel_diff),
              fmt_float(r.max_ulp), fmt_step(r.first_diff_index)] for r in d.itertuples()]
     header = ["layer", "module", "op class", "max abs diff", "max rel diff", "max ULP", "first differing index"]
-    return [Para([f"First differing modules at step {step}, in execution order (all rows: bisect_modules.csv):"]),
+    return [Para([f"{title}, in execution order (all rows: bisect_modules.csv):"]),
             Table(header, rows, [True, False, False, True, True, True, True])]
 
 
@@ -74,7 +125,10 @@ def ablation_blocks(t: RunTables) -> list:
     rows = [[Code(" + ".join(r.ops)), _yes(r.tokens_match), _yes(r.activations_match),
              fmt_step(r.first_token_divergence), fmt_step(r.first_numeric_step), _point(r.first_diff)]
             for r in t.ablation.itertuples()]
-    out = [Table(header, rows, [False, False, False, True, True, False])]
+    if "lasting" in t.ablation.columns:  # ablation entries since lasting divergences are told apart
+        header.append("lasting divergence born at")
+        rows = [row + [_point(r.lasting)] for row, r in zip(rows, t.ablation.itertuples())]
+    out = [Table(header, rows, [False, False, False, True, True, False, False][: len(header)])]
     if t.minimal_set:
         out.append(Para(["Minimal set that removes the divergence: ", Strong(" + ".join(t.minimal_set)), "."]))
     else:

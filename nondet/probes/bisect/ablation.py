@@ -57,6 +57,7 @@ def entry(ops: tuple[str, ...], replay: Replay, origin: dict | None) -> dict:
         "first_numeric_step": ls.first_numeric_step,
         "first_diff": None if first is None else {k: first[k] for k in ("step", "module", "op_class", "layer")},
         "origin_removed": _removes(first, origin),
+        "lasting": None if ls.lasting is None else {k: ls.lasting[k] for k in ("step", "module", "op_class", "layer")},
         "steps": ls.steps,
         "seconds": round(time.perf_counter() - started, 2),
     }

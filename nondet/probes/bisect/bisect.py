@@ -15,6 +15,7 @@ from typing import Callable
 from nondet.errors import RunDirError
 from nondet.probes.batch import Batch, build_batch, tokenize_inputs
 from nondet.probes.bisect.ablation import Ablation, run_ablation
+from nondet.probes.bisect.agreement import numeric_agreement
 from nondet.probes.bisect.choose import Target, choose_target
 from nondet.probes.bisect.lockstep import Lockstep, run_lockstep
 from nondet.probes.conditions import Condition
@@ -158,6 +159,12 @@ def describe(target: Target, ls: Lockstep, tokenizer, ablation: Ablation | None,
         "batch_size": target.condition.batch_size, "steps": ls.steps, "baseline": list(baseline),
         "origin": _origin(ls.first_diff),
         "first_numeric_step": ls.first_numeric_step,
+        "lasting": ls.lasting,
+        "transients": ls.transients,
+        "probe_numeric_step": target.probe_numeric_step,
+        "first_logprob_step": ls.first_logprob_step,
+        "numeric_agreement": numeric_agreement(target.probe_numeric_step, ls.first_logprob_step, ls.first_diff,
+                                               ls.lasting, ls.transients, ls.steps),
         "flip_step": flip,
         "margin_at_flip": None if flip is None else ls.reference[flip]["margin"],
         "flip_tokens": None if flip is None else _flip_tokens(ls, flip, tokenizer),
@@ -192,7 +199,7 @@ def _reproduced(ls: Lockstep, streams: list[dict], reference_run_id: int) -> boo
 
 
 def module_rows(ls: Lockstep) -> list[dict]:
-    """bisect_modules.csv: the kept steps (first numeric divergence, flip), execution order."""
+    """bisect_modules.csv: the kept steps (first numeric divergence, lasting divergence, flip), execution order."""
     return [{k: row[k] for k in MODULE_FIELDS} for step in sorted(ls.rows) for row in ls.rows[step]]
 
 
