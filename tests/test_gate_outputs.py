@@ -3,6 +3,8 @@
 import io
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from gate_fixtures import A, B, C, summary_of, sweep
 from nondet.reports.ci import Policy, evaluate, github
 from nondet.reports.ci.junit import junit_xml, write_junit, xml_safe
@@ -90,3 +92,24 @@ def test_emit_appends_the_step_summary(tmp_path):
 
 def test_markdown_cells_escape_pipes_and_newlines():
     assert github.md("a|b\nc <i>") == "a\\|b c &lt;i&gt;"
+
+
+def test_step_summary_holds_the_bisect_result_and_explains_both_numbers(tmp_path):
+    summary = tmp_path / "summary.md"
+    env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)}
+    line = "first differing activation bits at step 3 in model.layers.1.mlp.down_proj (matmul)"
+    assert github.append_step_summary([violated()], env=env, bisects=[line]) == summary
+    text = summary.read_text()
+    assert "\nbisect: first differing activation bits at step 3 in model.layers.1.mlp.down\\_proj (matmul)\n" in text
+    assert text.rstrip().endswith("_First numeric divergence: the first step where the sampled token's logprob bits "
+                                  "differ from the reference. bisect's first differing step is the first where any "
+                                  "activation differs: it can be earlier, when a difference is rounded away before "
+                                  "it reaches the logprob._")
+
+
+def test_unwritable_step_summary_raises_after_the_annotations(tmp_path):
+    out = io.StringIO()
+    env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(tmp_path)}  # a directory
+    with pytest.raises(IsADirectoryError):
+        github.emit([violated()], env=env, out=out)
+    assert out.getvalue().count("::error ") == 2  # annotations first: the gate's CLI turns the rest into a warning

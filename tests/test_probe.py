@@ -45,9 +45,16 @@ def test_saved_tiny_model_loads_and_samples_with_seeds(tiny_model_dir, tmp_path)
     result = run_probe(cfg)
     m = result.summary["modes"]["default"]
     assert m["n_runs"] == 1 + 3 + 1
-    # fp32 tiny model: every copy of the target uses the same seed, so sampling agrees on
-    # the shared prefix at least at step 0 of the same-length batch.
     ids = {r["condition_id"] for r in m["runs"]}
     assert "default/bs3/ragged" in ids and "default/bs3/all" in ids
+    streams = [json.loads(line) for line in (tmp_path / "run" / "streams.jsonl").read_text().splitlines()]
+    ref = next(s for s in streams if s["is_reference"])
+    same_length = [s for s in streams if s["condition_id"].endswith("bs3/all")]
+    # fp32 tiny model: every copy of the target uses the same seed, so sampling agrees on
+    # the shared prefix at least at step 0 of the same-length batch.
+    assert len(same_length) == 3
+    assert {s["steps"][0]["token"] for s in same_length} == {ref["steps"][0]["token"]}
+    # It sampled (temperature 1 over a near-uniform random model), not greedy argmax.
+    assert any(st["token"] != st["top"][0][0] for s in streams for st in s["steps"])
     fp = json.loads((tmp_path / "run" / "fingerprint.json").read_text())
     assert fp["model"]["name"] == str(tiny_model_dir) and not fp["model"]["embedded_default"]
