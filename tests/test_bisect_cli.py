@@ -70,8 +70,10 @@ def test_bisect_runs_probe_first(tmp_path, default_model_dir):
     r = nondet("bisect", "--batch-sizes", "1,8", "--max-new-tokens", "3", "--no-ablation", "--out", str(out))
     assert r.returncode == 0, r.stderr
     data = json.loads((out / "bisect.json").read_text())
-    origin = data["origin"]
-    assert f"origin: step {origin['step']}, {origin['module']} (op class {origin['op_class']}" in r.stdout
+    origin, lasting = data["origin"], data["lasting"]
+    first = "origin" if lasting and (lasting["step"], lasting["order"]) == (origin["step"], origin["order"]) else \
+        "first difference"
+    assert f"{first}: step {origin['step']}, {origin['module']} (op class {origin['op_class']}" in r.stdout
     assert "first differing modules" in r.stdout and f"run directory: {out}" in r.stdout
     assert (out / "bisect_modules.csv").is_file() and data["ablation"] == []
 

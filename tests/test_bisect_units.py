@@ -157,6 +157,7 @@ class _Fake:
                                                  "op_class": left[0], "layer": 0}
         self.flip_step = None if not left else 4
         self.first_numeric_step = None if not left else 0
+        self.lasting = self.first_diff
         self.steps = 5
 
 
@@ -184,3 +185,84 @@ def test_choose_skips_continuous_load():
     assert choose_target(conditions, _summary(runs), "RUN").run_id == 2
     with pytest.raises(RunDirError, match="only continuous conditions diverged; bisect replays static batches"):
         choose_target(conditions, _summary(runs[:1]), "RUN")
+
+
+# -- transient or lasting (lasting.py) -----------------------------------------------------------
+
+
+def _step(*differing: str, modules: tuple[str, ...] | None = None) -> list[dict]:
+    """One step's records of a 2-layer decoder, in execution order; `differing` name the points that differ."""
+    names = modules or ("model.embed_tokens", "model.rotary_emb") + tuple(
+        f"model.layers.{i}.{n}" for i in (0, 1) for n in (
+            "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.core",
+            "self_attn.o_proj", "mlp.down_proj")) + ("model.norm", "lm_head")
+    blocks = [i for i, n in enumerate(names) if n.endswith("mlp.down_proj")]  # each layer's output follows it
+    records, order = [], 0
+    for i, name in enumerate(names):
+        records.append(_record(order, name, name in differing, block=False))
+        order += 1
+        if i in blocks:
+            layer = name.split(".")[2]
+            records.append(_record(order, f"model.layers.{layer}", f"model.layers.{layer}" in differing, block=True))
+            order += 1
+    return records
+
+
+def _record(order: int, module: str, differs: bool, block: bool) -> dict:
+    from nondet.probes.bisect.classify import layer_index
+
+    op = "rotary" if "rotary" in module else "attention" if module.endswith(".core") else "other" if block else "x"
+    return {"step": 3, "order": order, "module": module, "op_class": op, "layer": layer_index(module),
+            "max_abs_diff": 1.0 if differs else 0.0, "max_ulp": int(differs), "first_diff_index": 0 if differs else None,
+            "differs": differs, "block": block}
+
+
+def test_absorbed_difference_is_transient():
+    from nondet.probes.bisect.lasting import judge
+
+    v = judge(3, _step("model.layers.0.mlp.down_proj"))
+    assert not v.carries and v.reach == "layer" and v.first["module"] == "model.layers.0.mlp.down_proj"
+    v = judge(3, _step("model.layers.1.mlp.down_proj", "model.layers.1"))  # the last layer feeds no cache
+    assert not v.carries and v.reach == "residual stream"
+    assert judge(3, _step()).first is None
+
+
+def test_lasting_origin_is_traced_past_an_absorbed_point():
+    """Layer 0's difference is absorbed (its output identical); layer 1's key projection starts anew."""
+    from nondet.probes.bisect.lasting import judge
+
+    v = judge(3, _step("model.layers.0.mlp.down_proj", "model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.core",
+                       "model.layers.1", "lm_head"))
+    assert v.carries and v.reach == "kv cache"
+    assert v.first["module"] == "model.layers.0.mlp.down_proj"
+    assert v.origin["module"] == v.enters["module"] == "model.layers.1.self_attn.k_proj"
+    v = judge(3, _step("model.layers.0.mlp.down_proj", "model.layers.0", "model.layers.1.input_layernorm",
+                       "model.layers.1.self_attn.v_proj"))  # not absorbed: the origin is layer 0's
+    assert v.origin["module"] == "model.layers.0.mlp.down_proj"
+    assert v.enters["module"] == "model.layers.1.self_attn.v_proj"
+
+
+def test_query_only_difference_reaches_the_logits_not_the_cache():
+    from nondet.probes.bisect.lasting import Tracker, judge
+
+    records = _step("model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.core", "model.layers.1", "lm_head")
+    v = judge(3, records)
+    assert not v.carries and v.reach == "logits" and v.origin["module"] == "model.layers.1.self_attn.q_proj"
+    kept = Tracker()
+    kept.add(v, flip=False)
+    assert kept.lasting is None and [t["reach"] for t in kept.transients] == ["logits"]
+    kept.add(v, flip=True)  # the same difference at the flip: born there, via the logits
+    assert kept.result()["via"] == "logits" and kept.result()["module"] == "model.layers.1.self_attn.q_proj"
+
+
+def test_rotary_is_a_cache_input_and_unknown_attention_is_conservative():
+    from nondet.probes.bisect.lasting import Tracker, judge
+
+    assert judge(3, _step("model.rotary_emb")).carries
+    no_core = _step("mlp.fc", modules=("embed", "mlp.fc", "lm_head"))
+    v = judge(3, no_core)
+    assert v.carries and v.origin["module"] == "mlp.fc"
+    t = Tracker()
+    for step in (v, judge(4, _step()), v):
+        t.add(step, flip=False)
+    assert t.result()["silent_steps"] == 1 and t.transients == []
