@@ -68,7 +68,8 @@ def _details(result: ConditionResult, verdict: Verdict) -> str:
         f"condition: {result.condition_id} ({result.n_runs} run(s), {result.kernels} kernels)",
         f"policy: {verdict.policy.describe()}",
         f"first token divergence: {_step(result.first_token_divergence)}",
-        f"first numeric divergence: {_step(result.first_numeric_divergence)}",
+        f"first numeric divergence (sampled token's logprob bits): {_step(result.first_numeric_divergence)}"
+        + (f" ({verdict.note})" if verdict.note else ""),
         f"why: {result.message}",
     ]
     if verdict.name:
