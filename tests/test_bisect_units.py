@@ -213,7 +213,7 @@ def _record(order: int, module: str, differs: bool, block: bool) -> dict:
 
     op = "rotary" if "rotary" in module else "attention" if module.endswith(".core") else "other" if block else "x"
     return {"step": 3, "order": order, "module": module, "op_class": op, "layer": layer_index(module),
-            "max_abs_diff": 1.0 if differs else 0.0, "max_ulp": int(differs), "first_diff_index": 0 if differs else None,
+            "max_abs_diff": float(differs), "max_ulp": int(differs), "first_diff_index": 0 if differs else None,
             "differs": differs, "block": block}
 
 
@@ -231,8 +231,8 @@ def test_lasting_origin_is_traced_past_an_absorbed_point():
     """Layer 0's difference is absorbed (its output identical); layer 1's key projection starts anew."""
     from nondet.probes.bisect.lasting import judge
 
-    v = judge(3, _step("model.layers.0.mlp.down_proj", "model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.core",
-                       "model.layers.1", "lm_head"))
+    v = judge(3, _step("model.layers.0.mlp.down_proj", "model.layers.1.self_attn.k_proj",
+                       "model.layers.1.self_attn.core", "model.layers.1", "lm_head"))
     assert v.carries and v.reach == "kv cache"
     assert v.first["module"] == "model.layers.0.mlp.down_proj"
     assert v.origin["module"] == v.enters["module"] == "model.layers.1.self_attn.k_proj"

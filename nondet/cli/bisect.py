@@ -43,8 +43,10 @@ def bisect(
 
     Replays the reference (prompt alone) and one divergent condition of a probe in lockstep,
     both fed the reference's tokens, with hooks on every module capturing the target row
-    only. Prints the origin, the first differing modules, and the kernel ablation: the
-    divergent condition rerun with batch-invariant kernels for one op class at a time.
+    only. Prints the first difference and, when it was absorbed (transient), the origin of
+    the lasting divergence (the first one to enter the KV cache, or the one at the flip),
+    their differing modules, and the kernel ablation: the divergent condition rerun with
+    batch-invariant kernels for one op class at a time.
     Writes bisect.json, bisect_modules.csv and ablation.json into the run directory.
 
     Example:  nondet bisect nondet-runs/20261122-031500-probe --condition bs8/ends

@@ -14,26 +14,7 @@ def bisect_blocks(t: RunTables, no_bisect: list) -> list:
         return [Para(no_bisect, kind="hint")]
     parts = [f"Bisect replayed run {b.get('run_id')} (", Code(str(b.get("condition_id"))),
              f") in lockstep with the reference (run {b.get('reference_run_id')})."]
-    origin = b.get("origin")
-    if origin:
-        parts += [" The first bit difference is born at ", Strong(f"step {origin.get('step')}"), " in ",
-                  *_module(origin), "."]
-        parts += _lasting(b, origin)
-    else:
-        parts.append(" No captured point differs.")
-    flip, probe_flip = b.get("flip_step"), b.get("probe_flip_step")
-    if flip is not None:
-        parts.append(f" The token flips at step {flip}, where the reference's top1−top2 margin was "
-                     f"{fmt_margin(b.get('margin_at_flip'))}")
-        ft = b.get("flip_tokens") or {}
-        if "reference_piece" in ft and "divergent_piece" in ft:
-            parts += [": the reference took ", Model(ft["reference_piece"]), ", the divergent run ",
-                      Model(ft["divergent_piece"])]
-        parts.append(".")
-    elif probe_flip is not None:
-        parts.append(f" Bisect replayed {b.get('steps', 'fewer')} steps, short of the probe's token flip at step "
-                     f"{probe_flip} (rerun with --max-steps {probe_flip + 1} to reach it).")
-    blocks = [Para(parts)]
+    blocks = [Para(parts + _origin_parts(b) + _flip_parts(b))]
     agreement = b.get("numeric_agreement")
     if isinstance(agreement, dict) and agreement.get("agree") is False:
         blocks.append(Para(["Probe vs bisect: the probe's first numeric divergence compares the sampled "
@@ -46,6 +27,29 @@ def bisect_blocks(t: RunTables, no_bisect: list) -> list:
                        "."])
     blocks += _first_modules(t)
     return blocks
+
+
+def _origin_parts(b: dict) -> list:
+    origin = b.get("origin")
+    if not origin:
+        return [" No captured point differs."]
+    return [" The first bit difference is born at ", Strong(f"step {origin.get('step')}"), " in ",
+            *_module(origin), ".", *_lasting(b, origin)]
+
+
+def _flip_parts(b: dict) -> list:
+    flip, probe_flip = b.get("flip_step"), b.get("probe_flip_step")
+    if flip is None:
+        return [] if probe_flip is None else [
+            f" Bisect replayed {b.get('steps', 'fewer')} steps, short of the probe's token flip at step "
+            f"{probe_flip} (rerun with --max-steps {probe_flip + 1} to reach it)."]
+    parts = [f" The token flips at step {flip}, where the reference's top1−top2 margin was "
+             f"{fmt_margin(b.get('margin_at_flip'))}"]
+    ft = b.get("flip_tokens") or {}
+    if "reference_piece" in ft and "divergent_piece" in ft:
+        parts += [": the reference took ", Model(ft["reference_piece"]), ", the divergent run ",
+                  Model(ft["divergent_piece"])]
+    return parts + ["."]
 
 
 def _module(point: dict) -> list:
