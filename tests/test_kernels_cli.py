@@ -31,3 +31,9 @@ def test_bench_rejects_unknown_section():
 def test_kernels_help_lists_bench():
     proc = run("--help")
     assert proc.returncode == 0 and "bench" in proc.stdout
+
+
+def test_score_refuses_a_partial_shape_set():
+    proc = run("bench", "--score", "--only", "matmul")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "nondet: error: --score times the whole fixed shape set; drop --only"

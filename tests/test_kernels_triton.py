@@ -144,3 +144,29 @@ else:
         start = torch.tensor([pad, 0], dtype=torch.int32)
         padded = triton_attention.attention(q[:2], kp, vp, mask, kv_start=start, cfg=ATT_CFG)
         assert torch.equal(padded[0], solo[0])
+
+    def test_attention_kv_start_outside_the_cache_is_clamped():
+        # issue 11: an unwritten kv_start buffer handed the decode kernel garbage that addressed
+        # outside K/V. Below 0 it now means 0, at or past S the row sees nothing (zeros).
+        q, k, v = _qkv(3, 4, 2, 1, 70, 16)
+        zero = triton_attention.attention(q, k, v, kv_start=torch.zeros(3, dtype=torch.int32), cfg=ATT_CFG)
+        start = torch.tensor([-2**31, 70, 2**31 - 1], dtype=torch.int32)
+        for split in (False, True):
+            out = triton_attention.attention(q, k, v, kv_start=start, cfg=ATT_CFG, split=split)
+            assert torch.equal(out[0], zero[0]), split
+            assert torch.equal(out[1:], torch.zeros_like(out[1:])), split
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    def test_matmul_m_buckets_give_row_bits_of_the_largest_m(dtype):
+        # the shipped dispatch: each M takes its bucket's tile shape (16x64 .. 128x256 for bf16);
+        # every row must carry the bits it has at the largest M, across every bucket edge
+        from nondet.kernels.config import MATMUL_BUCKETS
+
+        torch.manual_seed(5)
+        edges = [top for top, _ in MATMUL_BUCKETS[dtype] if top is not None]
+        a = torch.randn(max(edges, default=16) + 3, 130, dtype=dtype)  # K=130: a ragged last K step
+        b = torch.randn(24, 130, dtype=dtype).t()
+        full = triton_matmul.mm(a, b)
+        for m in sorted({1, 2, *edges, *(e + 1 for e in edges), a.shape[0]}):
+            assert torch.equal(triton_matmul.mm(a[:m], b).view(torch.int16 if dtype != torch.float32 else torch.int32),
+                               full[:m].view(torch.int16 if dtype != torch.float32 else torch.int32)), m

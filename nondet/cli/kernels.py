@@ -20,25 +20,37 @@ def bench(
     out: Annotated[Path, typer.Option(help="Markdown file the table is written to.")] = Path("docs/benchmarks.md"),
     only: Annotated[list[str] | None, typer.Option(help=f"Run only these sections: {', '.join(SECTIONS)}.")] = None,
     quick: Annotated[bool, typer.Option(help="Fewer shapes and a 4-layer model (a smoke run).")] = False,
+    score: Annotated[bool, typer.Option(help="Time the fixed score shape set and end with `score=X`: the "
+                                             "geometric mean of our/default throughput, 0 if any kernel "
+                                             "was not bitwise batch-invariant in this run.")] = False,
 ) -> None:
     """Time our kernels against cuBLAS / torch / SDPA on this GPU and write a Markdown table.
 
-    Example: nondet kernels bench --out docs/benchmarks.md
+    Every section also checks, in the same run, that our kernels are bitwise batch-invariant.
+
+    Example: nondet kernels bench --score --out docs/benchmarks.md
     """
     sections = tuple(only) if only else SECTIONS
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         raise UsageError(f"unknown section {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    if score and only:
+        raise UsageError("--score times the whole fixed shape set; drop --only")
     import torch
 
     if not torch.cuda.is_available():
         raise UsageError("nondet kernels bench needs a CUDA GPU; none is visible (run it on a GPU machine)")
     from nondet.kernels import bench as kbench
 
-    command = "nondet kernels bench" + (" --quick" if quick else "") + "".join(f" --only {s}" for s in (only or []))
+    command = ("nondet kernels bench" + (" --quick" if quick else "") + (" --score" if score else "")
+               + "".join(f" --only {s}" for s in (only or [])))
     out.parent.mkdir(parents=True, exist_ok=True)
     # the table is rewritten after every section, so a crash keeps what was measured
-    report = kbench.run(command, quick=quick, sections=sections,
+    report = kbench.run(command, quick=quick, sections=sections, score_set=score,
                         progress=lambda partial: out.write_text(kbench.to_markdown(partial)))
+    if score:
+        out.write_text(kbench.to_markdown(report) + f"\n{kbench.score_line(report, quick)}\n")
     typer.echo(kbench.to_markdown(report))
     typer.echo(f"wrote {out}")
+    if score:
+        typer.echo(kbench.score_line(report, quick))

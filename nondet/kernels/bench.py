@@ -6,9 +6,15 @@ end, the GPU time of one decode step and one prefill of a Qwen3-8B-shaped random
 sum of kernel times from the profiler, so Python launch overhead (HF eager is launch-bound)
 does not hide what the kernels cost. `ratio` is throughput relative to the default:
 default time / our time (1.0 = as fast, < 1 slower).
+
+Every section also checks, in the same run, that our kernel is bitwise batch-invariant on the
+shapes it times (a row computed alone has the raw bits it has inside the largest batch). The
+score (`--score`) is the geometric mean over the four groups of each group's geometric-mean
+ratio on the fixed SCORE set below, and 0 if any invariance check of the run failed.
 """
 
 import datetime
+import math
 import platform
 from dataclasses import dataclass, field
 
@@ -18,6 +24,14 @@ RMS_ROWS = (1, 16, 256, 4096, 16384, 65536)
 DECODE_BATCH = (1, 8, 32, 64)
 DECODE_KV = (1024, 4096, 16384, 32768)
 E2E_BATCH = (1, 16, 64)
+
+# The score's fixed shape set (docs/benchmarks.md lists it). Matmul invariance is checked at
+# every M below (bucket edges included) against the rows of the largest M.
+SCORE_MATMUL_M = (1, 16, 64, 128, 512, 2048, 8192)
+INVARIANCE_M = (1, 2, 7, 15, 16, 17, 63, 64, 65, 127, 128, 129, 511, 512, 513, 1023, 1024, 1025,
+                2047, 2048, 4097, 8192)
+SCORE_RMS_ROWS = (1, 256, 16384)
+SCORE_DECODE = ((1, 1024), (1, 8192), (1, 32768), (8, 4096), (32, 4096), (64, 4096))
 
 
 @dataclass
@@ -34,13 +48,52 @@ class Row:
 
 
 @dataclass
+class Check:
+    group: str  # the Row group whose kernel was checked
+    what: str  # which rows were compared with which
+    ok: bool  # raw bits equal everywhere
+    detail: str = ""  # where they differed first, when they did
+
+
+@dataclass
 class Report:
     device: str
     date: str
     command: str
     software: str
     rows: list[Row] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+
+def same_bits(a, b) -> bool:
+    """Raw bits equal (so -0.0 differs from +0.0 and NaN payloads count), not just ==."""
+    import torch
+
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(width), b.view(width))
+
+
+def score(report: Report) -> float:
+    """Geometric mean over groups of each group's geometric-mean ratio; 0 if a check failed."""
+    if not report.checks or not all(c.ok for c in report.checks):
+        return 0.0
+    groups = {r.group for r in report.rows}
+    means = [_geomean([r.ratio for r in report.rows if r.group == g]) for g in sorted(groups)]
+    return _geomean(means) if means else 0.0
+
+
+def score_line(report: Report, quick: bool = False) -> str:
+    """The last line of `nondet kernels bench --score`: `score=X`, and why when X is 0."""
+    failed = [f"{c.group} {c.what.split(':')[0]}" for c in report.checks if not c.ok]
+    line = f"score={score(report):.3f}"
+    if failed:
+        line += " (not bitwise batch-invariant: " + "; ".join(failed) + ")"
+    return line + (" (quick set: not comparable with the full score)" if quick else "")
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def _bench(fn) -> float:
@@ -49,25 +102,43 @@ def _bench(fn) -> float:
     Graph replay removes Python and launch overhead, which would otherwise dominate small
     shapes for both sides (Triton's Python launcher costs more than cuBLAS's).
     """
+    import torch
     import triton.testing
 
+    # do_bench_cudagraph runs fn on a fresh side stream that does not wait for the default
+    # stream. Without this, fn can read inputs whose torch.randn / torch.zeros have not run yet:
+    # in one process, recycled blocks then hand the decode kernel a garbage kv_start, which
+    # addressed outside K/V (the illegal memory access of issue 11).
+    torch.cuda.synchronize()
     return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
 
 
-def bench_matmul(report: Report, ms=MATMUL_M, kns=MATMUL_KN) -> None:
+def bench_matmul(report: Report, ms=MATMUL_M, kns=MATMUL_KN, check_ms=INVARIANCE_M) -> None:
     import torch
 
     from nondet.kernels import triton_matmul
 
     for k, n in kns:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        wt = w.t()
+        x_all = torch.randn(max(*ms, *check_ms), k, device="cuda", dtype=torch.bfloat16)
+        _check_rows(report, "matmul", f"K={k} N={n}", lambda x: triton_matmul.mm(x, wt), x_all,
+                    sorted(set(ms) | set(check_ms)))
         for m in ms:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            wt = w.t()
+            x = x_all[:m]
             ours = _bench(lambda: triton_matmul.mm(x, wt))
             ref = _bench(lambda: torch.mm(x, wt))
             tflops = 2 * m * n * k / ours / 1e6
             report.rows.append(Row("matmul", f"M={m} K={k} N={n}", ours, ref, f"{tflops:.0f} TFLOP/s"))
+
+
+def _check_rows(report: Report, group: str, name: str, fn, x_all, counts) -> None:
+    """fn(x_all[:m]) must be the first m rows of fn(x_all), bitwise, for every m in counts."""
+    full = fn(x_all)
+    bad = [m for m in counts if not same_bits(fn(x_all[:m]), full[:m])]
+    report.checks.append(Check(group, f"{name}: first m rows at m = {', '.join(map(str, counts))} "
+                                      f"vs m = {x_all.shape[0]}", not bad,
+                               f"differs at m = {', '.join(map(str, bad))}" if bad else ""))
 
 
 def measured_bandwidth() -> float:
@@ -89,8 +160,11 @@ def bench_rmsnorm(report: Report, rows=RMS_ROWS, hidden: int = 4096) -> None:
     bw = measured_bandwidth()
     report.notes.append(f"measured copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
     w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    x_all = torch.randn(max(rows), hidden, device="cuda", dtype=torch.bfloat16)
+    _check_rows(report, "rmsnorm", f"rows x {hidden}", lambda x: triton_rows.rms_norm(x, w, 1e-6), x_all,
+                sorted({*rows, 2, 17, 1000}))
     for r in rows:
-        x = torch.randn(r, hidden, device="cuda", dtype=torch.bfloat16)
+        x = x_all[:r]
         ours = _bench(lambda: triton_rows.rms_norm(x, w, 1e-6))
         ref = _bench(lambda: F.rms_norm(x, (hidden,), w, 1e-6))
         moved = 2 * x.numel() * x.element_size() + w.numel() * 2
@@ -99,26 +173,28 @@ def bench_rmsnorm(report: Report, rows=RMS_ROWS, hidden: int = 4096) -> None:
                                f"{rate / 1e12:.2f} TB/s = {100 * rate / bw:.0f}% of copy BW"))
 
 
-def bench_decode(report: Report, batches=DECODE_BATCH, kvs=DECODE_KV, heads=32, kv_heads=8, dim=128) -> None:
+def bench_decode(report: Report, shapes=None, heads=32, kv_heads=8, dim=128) -> None:
     import torch
     import torch.nn.functional as F
 
     from nondet.kernels import triton_attention
 
-    for b in batches:
-        for s in kvs:
-            if b * s > 32 * 32768:  # at most 1M cached tokens: 2 x 2 GiB of K/V per layer
-                continue
-            q = torch.randn(b, heads, 1, dim, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(b, kv_heads, s, dim, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn_like(k)
-            start = torch.zeros(b, dtype=torch.int32, device="cuda")
-            ours = _bench(lambda: triton_attention.attention(q, k, v, None, None, start))
-            ref = _bench(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-            gbs = 2 * k.numel() * 2 / (ours * 1e-6) / 1e9
-            report.rows.append(Row("decode attention", f"B={b} KV={s} H={heads}/{kv_heads} D={dim}",
-                                   ours, ref, f"{gbs:.0f} GB/s"))
-            del k, v
+    shapes = shapes or [(b, s) for b in DECODE_BATCH for s in DECODE_KV if b * s <= 32 * 32768]
+    for b, s in shapes:  # at most 1M cached tokens: 2 x 2 GiB of K/V per layer
+        q = torch.randn(b, heads, 1, dim, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, kv_heads, s, dim, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        start = torch.zeros(b, dtype=torch.int32, device="cuda")
+        full = triton_attention.attention(q, k, v, None, None, start)
+        alone = triton_attention.attention(q[-1:], k[-1:], v[-1:], None, None, start[-1:])
+        report.checks.append(Check("decode attention", f"B={b} KV={s}: last row alone vs in the batch",
+                                   same_bits(alone[0], full[-1])))
+        ours = _bench(lambda: triton_attention.attention(q, k, v, None, None, start))
+        ref = _bench(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        gbs = 2 * k.numel() * 2 / (ours * 1e-6) / 1e9
+        report.rows.append(Row("decode attention", f"B={b} KV={s} H={heads}/{kv_heads} D={dim}",
+                               ours, ref, f"{gbs:.0f} GB/s"))
+        del k, v
 
 
 def _kernel_time_us(fn) -> float:
@@ -161,9 +237,11 @@ def bench_end_to_end(report: Report, batches=E2E_BATCH, prompt: int = 512, layer
     from nondet.kernels import batch_invariant
 
     model = qwen3_8b_like(layers)
+    ids_all = torch.randint(0, 151936, (max(batches), prompt), device="cuda")  # row 0 is every batch's row 0
+    step_all = torch.randint(0, 151936, (max(batches), 1), device="cuda")
+    row0 = {}  # phase -> {batch: row 0's logits under the mode}
     for b in batches:
-        ids = torch.randint(0, 151936, (b, prompt), device="cuda")
-        step = torch.randint(0, 151936, (b, 1), device="cuda")
+        ids, step = ids_all[:b], step_all[:b]
         times = {}
         for mode in (False, True):
             def prefill():
@@ -176,28 +254,41 @@ def bench_end_to_end(report: Report, batches=E2E_BATCH, prompt: int = 512, layer
                 with batch_invariant(model=model):
                     return fn()
 
-            cache = run(prefill).past_key_values
+            first = run(prefill)
+            cache = first.past_key_values
 
             def decode():
                 with torch.no_grad():
                     cache.crop(prompt)
                     return model(step, past_key_values=cache, logits_to_keep=1)
 
+            if mode:
+                row0.setdefault("prefill", {})[b] = first.logits[0].clone()
+                row0.setdefault("decode", {})[b] = run(decode).logits[0].clone()
             times[mode, "prefill"] = run(lambda: _kernel_time_us(prefill))
             times[mode, "decode"] = run(lambda: _kernel_time_us(decode))
-            del cache
+            del cache, first
             torch.cuda.empty_cache()
         for phase in ("prefill", "decode"):
             shape = f"{phase} B={b}" + (f" x {prompt} tokens" if phase == "prefill" else f" at KV {prompt}")
             report.rows.append(Row("end to end", shape, times[True, phase], times[False, phase],
                                    "GPU kernel time, profiler sum"))
+    for phase, by_batch in row0.items():
+        base = by_batch[batches[0]]
+        bad = [b for b, logits in by_batch.items() if not same_bits(logits, base)]
+        report.checks.append(Check("end to end", f"{phase}: row 0's logits under the mode at B = "
+                                   f"{', '.join(map(str, batches))}", not bad,
+                                   f"differs at B = {', '.join(map(str, bad))}" if bad else ""))
     report.notes.append(f"end to end: random Qwen3-8B-shaped model (hidden 4096, {layers} layers, "
                         "32/8 heads, vocab 151936, bf16); default = HF sdpa + cuBLAS")
 
 
 def run(command: str, quick: bool = False, sections=("matmul", "rmsnorm", "decode", "e2e"),
-        progress=None) -> Report:
-    """Run the benchmark sections on the current CUDA device; progress(report) after each one."""
+        progress=None, score_set: bool = False) -> Report:
+    """Run the benchmark sections on the current CUDA device; progress(report) after each one.
+
+    score_set: time the fixed SCORE shape set (what `--score` reports) instead of the full tables.
+    """
     import torch
     import transformers
     import triton
@@ -208,11 +299,17 @@ def run(command: str, quick: bool = False, sections=("matmul", "rmsnorm", "decod
         command=command,
         software=f"torch {torch.__version__}, triton {triton.__version__}, "
                  f"transformers {transformers.__version__}, python {platform.python_version()}")
+    if quick:
+        shapes = dict(ms=(1, 64, 512, 4096), rows=(1, 256, 16384), decode=((1, 1024), (8, 8192)), layers=4)
+    elif score_set:
+        shapes = dict(ms=SCORE_MATMUL_M, rows=SCORE_RMS_ROWS, decode=SCORE_DECODE, layers=36)
+    else:
+        shapes = dict(ms=MATMUL_M, rows=RMS_ROWS, decode=None, layers=36)
     steps = {
-        "matmul": lambda: bench_matmul(report, ms=(1, 64, 512, 4096) if quick else MATMUL_M),
-        "rmsnorm": lambda: bench_rmsnorm(report),
-        "decode": lambda: bench_decode(report, kvs=(1024, 8192) if quick else DECODE_KV),
-        "e2e": lambda: bench_end_to_end(report, layers=4 if quick else 36),
+        "matmul": lambda: bench_matmul(report, ms=shapes["ms"]),
+        "rmsnorm": lambda: bench_rmsnorm(report, rows=shapes["rows"]),
+        "decode": lambda: bench_decode(report, shapes=shapes["decode"]),
+        "e2e": lambda: bench_end_to_end(report, layers=shapes["layers"]),
     }
     for name, step in steps.items():
         if name in sections:
@@ -236,6 +333,12 @@ def to_markdown(report: Report) -> str:
              f"- software: {report.software}",
              "- ratio = default time / our time (throughput relative to the default; 1.0 = as fast)"]
     lines += [f"- {note}" for note in report.notes]
+    if report.checks:
+        passed = sum(c.ok for c in report.checks)
+        lines += ["", "## batch invariance (checked in this run)", "",
+                  f"{passed} of {len(report.checks)} checks bitwise equal.", "",
+                  "| kernel | compared | bitwise equal |", "|---|---|---|"]
+        lines += [f"| {c.group} | {c.what} | {'yes' if c.ok else 'NO: ' + c.detail} |" for c in report.checks]
     for group in dict.fromkeys(r.group for r in report.rows):
         lines += ["", f"## {group}", "", f"Target: {TARGETS.get(group, '')}", "",
                   "| shape | ours (us) | default (us) | ratio | note |", "|---|---:|---:|---:|---|"]

@@ -1,8 +1,12 @@
-"""One fixed kernel configuration per dtype: no autotuning, nothing that depends on M.
+"""Fixed kernel configurations: no autotuning; nothing that changes a row's arithmetic depends on M.
 
 A row's result may depend only on that row's data, never on how many rows share the launch.
-Tile sizes and the K chunk therefore depend on the dtype alone (the K chunk count depends on
-K, which is a property of the weight, never of the batch).
+The reduction order is fixed in ONE place per dtype: for the matmul, `block_k` and `k_chunk`
+(K is summed in chunks from zero, each chunk a chain of `tl.dot` steps of `block_k`, chunk sums
+added in order); for attention, `block_n` and `kv_chunk`. The matmul's tile shape, warps and
+stages may change with M (MATMUL_BUCKETS): every bucket of a dtype shares block_k and k_chunk,
+and the device sweep (scripts/gpu_sweep.py, docs/benchmarks.md) and `nondet kernels bench`
+check bitwise that all buckets give the same bits for every row.
 """
 
 from dataclasses import dataclass
@@ -42,6 +46,23 @@ MATMUL_CONFIGS = {
     torch.float32: MatmulConfig(64, 64, 32, 1024, 8, 4, 3),
 }
 
+# M buckets for fp16/bf16, (largest M, config), chosen on an H200 from the CUDA-graph-timed sweep
+# in docs/benchmarks.md (2026-11-23). Each keeps block_k 64 and k_chunk 1024 (the K order above);
+# the sweep found every one bitwise equal to 128x256 at M = 1..4096 on four (K, N) shapes.
+# 16-row tiles use mma.sync, 64+ rows wgmma: the per-element K chain is the same (k16 steps).
+_HALF_BUCKETS = (
+    (16, MatmulConfig(16, 64, 64, 1024, 8, 4, 4)),  # decode: W read once, N/64 x chunks programs
+    (64, MatmulConfig(64, 64, 64, 1024, 8, 4, 4)),
+    (512, MatmulConfig(64, 128, 64, 1024, 8, 4, 4)),
+    (1024, MatmulConfig(128, 128, 64, 1024, 8, 8, 4)),
+    (None, MATMUL_CONFIGS[torch.bfloat16]),  # large M: 128x256 tiles
+)
+MATMUL_BUCKETS = {
+    torch.bfloat16: _HALF_BUCKETS,
+    torch.float16: _HALF_BUCKETS,
+    torch.float32: ((None, MATMUL_CONFIGS[torch.float32]),),
+}
+
 # block_m 16 keeps decode (a few rows: the heads of one KV group) from wasting the tile;
 # prefill uses the same tile so its per-row arithmetic equals decode's (H200 sweep).
 ATTENTION_CONFIGS = {
@@ -62,3 +83,8 @@ CPU_ROW_BLOCK = 16
 def k_chunk_for(k: int, cfg: MatmulConfig) -> int:
     """The K chunk for a reduction of length k: a function of k (and the dtype's config) only."""
     return cfg.k_chunk if k <= 4 * cfg.k_chunk else 2 * cfg.k_chunk
+
+
+def matmul_config(dtype: torch.dtype, m: int) -> MatmulConfig:
+    """The configuration for an (m x K) @ (K x N) launch: the first bucket that holds m."""
+    return next(cfg for top, cfg in MATMUL_BUCKETS[dtype] if top is None or m <= top)

@@ -110,7 +110,9 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, ws_m, ws_l, ws
     k_base = k_ptr + b * s_kb + kvh * s_kh
     v_base = v_ptr + b * s_vb + kvh * s_vh
     mask_base = mask_ptr + b * s_mb
-    start = tl.load(start_ptr + b)
+    # kv_start comes from device memory, so it is clamped to [0, S] here: a value outside (an
+    # unwritten buffer, a caller's bug) must never address outside K/V (issue 11's illegal access)
+    start = tl.minimum(tl.maximum(tl.load(start_ptr + b), 0), S)
     # last KV position any row of this tile may see
     last = S - 1
     if CAUSAL:
@@ -148,22 +150,24 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, ws_m, ws_l, ws
 @triton.jit(do_not_specialize=["B", "Q", "S"])  # one binary for every batch size
 def _combine_kernel(o_ptr, start_ptr, ws_m, ws_l, ws_acc, B, Q, S, H, D, NC,
                     CAUSAL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
-                    BLOCK_D: tl.constexpr):
-    # rows are (b, h, qi) flattened; chunks 0..n-1 are merged in order, as the fused kernel does
+                    BLOCK_D: tl.constexpr, SLICE_D: tl.constexpr):
+    # rows are (b, h, qi) flattened; chunks 0..n-1 are merged in order, as the fused kernel does.
+    # Program (r, j) owns columns [j * SLICE_D, (j + 1) * SLICE_D) of its rows: the merge is
+    # elementwise in d, so slicing d only adds programs (B = 1 has few rows), never changes bits.
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < B * H * Q
     b = rows // (H * Q)
     h = (rows // Q) % H
     qi = rows % Q
-    start = tl.load(start_ptr + b, mask=row_ok, other=0)
+    start = tl.minimum(tl.maximum(tl.load(start_ptr + b, mask=row_ok, other=0), 0), S)  # as _attn_kernel
     last = S - 1 + qi * 0
     if CAUSAL:
         last = S - Q + qi
     n_c = tl.where(row_ok, tl.maximum(tl.cdiv(last + 1 - start, CHUNK), 0), 0)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.program_id(1) * SLICE_D + tl.arange(0, SLICE_D)
     m = tl.full((BLOCK_R,), _NEG, dtype=tl.float32)
     l = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_R, SLICE_D), dtype=tl.float32)
     for c in range(0, tl.max(n_c, axis=0)):
         ok = c < n_c
         idx = rows.to(tl.int64) * NC + c
@@ -188,7 +192,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
     mask: None (causal, bottom-right aligned: query i sits at position S - Q + i), a bool mask
     (True = attend) or an additive float mask, broadcastable to (B, 1, Q, S). kv_start: (B,)
-    first KV position of each row (left padding); chunks start there.
+    first KV position of each row (left padding); chunks start there. Values outside [0, S] are
+    clamped to it on the device (a row starting at S sees nothing and gets zeros).
     """
     bsz, h, nq, d = q.shape
     kvh, s = k.shape[1], k.shape[2]
@@ -224,10 +229,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         SPLIT=split, CAUSAL=mask_kind == 0, MASK_KIND=mask_kind, PRECISION=precision,
         UPCAST=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split:
-        block_r = 16
-        _combine_kernel[(triton.cdiv(bsz * h * nq, block_r),)](
+        block_r, slice_d = 8, min(block_d, 32)
+        _combine_kernel[(triton.cdiv(bsz * h * nq, block_r), block_d // slice_d)](
             out, kv_start, ws_m, ws_l, ws_acc, bsz, nq, s, h, d, nc,
-            CAUSAL=mask_kind == 0, CHUNK=cfg.kv_chunk, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
+            CAUSAL=mask_kind == 0, CHUNK=cfg.kv_chunk, BLOCK_R=block_r, BLOCK_D=block_d, SLICE_D=slice_d,
+            num_warps=2)
     return out
 
 

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call for the kernel work of issues 11/15. Usage (device machine, repo root):
+#   bash scripts/gpu_run.sh STEP...
+# STEP: race | garbage | synced | sanitize | sweep-attention | sweep-matmul | test | score | bench
+# Logs land under $OUT (or ./device-out), one file per step.
+set -uo pipefail
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+for step in "$@"; do
+  echo "=== $step $(date -u +%H:%M:%S)"
+  case "$step" in
+    side-stream) timeout 60 python3 scripts/gpu_repro_iam.py side-stream old 2>&1 | tail -4 | tee "$OUT/side_stream_old.log"; timeout 60 python3 scripts/gpu_repro_iam.py side-stream 2>&1 | tail -4 | tee "$OUT/side_stream.log" ;;
+    race|synced) timeout 120 python3 scripts/gpu_repro_iam.py $step 2>&1 | tail -8 | tee "$OUT/$step.log" ;;
+    garbage) timeout 180 compute-sanitizer --tool memcheck --print-limit 5 python3 scripts/gpu_repro_iam.py garbage 2>&1 \
+               | grep -v "^=========     " | head -40 | tee "$OUT/garbage.log" ;;
+    sanitize) timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool memcheck --print-limit 10 python3 -m pytest -q -x \
+               -p no:cacheprovider tests/gpu -k "not qwen3 and not one_process" 2>&1 | tail -30 | tee "$OUT/sanitize.log" ;;
+    sweep-attention) timeout 150 python3 scripts/gpu_sweep.py attention 2>&1 | tee "$OUT/sweep_attention.log" ;;
+    sweep-matmul) timeout ${SWEEP_TIMEOUT:-280} python3 scripts/gpu_sweep.py matmul 2>&1 | tee "$OUT/sweep_matmul.log" ;;
+    test) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/gpu -k "not qwen3" -rA 2>&1 | tail -30 | tee "$OUT/pytest.log" ;;
+    score) timeout ${BENCH_TIMEOUT:-420} python3 -m nondet kernels bench --score --out "$OUT/benchmarks.md" 2>&1 | tail -120 | tee "$OUT/score.log" ;;
+  esac
+done
+echo "=== done $(date -u +%H:%M:%S)"

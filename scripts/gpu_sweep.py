@@ -1,0 +1,100 @@
+"""Device sweep for M-bucketed matmul and B=1 decode attention configurations.
+
+Usage on the device machine: python3 scripts/gpu_sweep.py matmul|attention
+For every candidate: bitwise equality (raw bits, so -0.0 != +0.0) with the shipped
+configuration's fused launch at M=4096, for every M timed, and the CUDA-graph median time
+against the default (cuBLAS / SDPA). Only candidates that keep the K (KV) reduction order may
+be mixed across M; the bitwise column is the evidence.
+"""
+
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+from nondet.kernels import triton_attention, triton_matmul
+from nondet.kernels.config import ATTENTION_CONFIGS, MATMUL_CONFIGS, AttentionConfig, MatmulConfig
+
+MM = {
+    "64x32 w4 s6": MatmulConfig(64, 32, 64, 1024, 8, 4, 6),
+    "64x64 w4 s4": MatmulConfig(64, 64, 64, 1024, 8, 4, 4),
+    "64x64 w4 s6": MatmulConfig(64, 64, 64, 1024, 8, 4, 6),
+    "64x128 w4 s4": MatmulConfig(64, 128, 64, 1024, 8, 4, 4),
+    "16x64 w4 s4": MatmulConfig(16, 64, 64, 1024, 8, 4, 4),
+    "128x128 w8 s4": MatmulConfig(128, 128, 64, 1024, 8, 8, 4),
+    "128x128 w4 s4": MatmulConfig(128, 128, 64, 1024, 8, 4, 4),
+    "128x256 w8 s3": MatmulConfig(128, 256, 64, 1024, 8, 8, 3),
+    "256x128 w8 s3": MatmulConfig(256, 128, 64, 1024, 8, 8, 3),
+}
+MS = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def bench(fn) -> float:
+    torch.cuda.synchronize()
+    return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def sweep_matmul() -> None:
+    shipped = MATMUL_CONFIGS[torch.bfloat16]
+    print("shape | cuBLAS us | " + " | ".join(MM))
+    for k, n in ((4096, 4096), (4096, 14336), (14336, 4096), (1000, 1823)):
+        torch.manual_seed(0)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+        x = torch.randn(max(MS), k, device="cuda", dtype=torch.bfloat16)
+        ref = triton_matmul.mm(x, w, cfg=shipped, split=False)
+        for m in MS:
+            xm = x[:m]
+            base = bench(lambda: torch.mm(xm, w))
+            cells = []
+            for cfg in MM.values():
+                try:
+                    ok = all(same_bits(triton_matmul.mm(xm, w, cfg=cfg, split=s), ref[:m]) for s in (False, True))
+                    t = bench(lambda: triton_matmul.mm(xm, w, cfg=cfg))
+                    cells.append(f"{t:.1f} ({base / t:.2f}x){'' if ok else ' BITS'}")
+                except Exception as exc:  # noqa: BLE001 - a sweep reports, never stops
+                    cells.append(f"error {type(exc).__name__}: {str(exc)[:60]}")
+            print(f"M={m} K={k} N={n} | {base:.1f} | " + " | ".join(cells), flush=True)
+
+
+ATT = {
+    "m16 n128 c512 w4 s2 (shipped)": AttentionConfig(16, 128, 512, 4, 2),
+    "m16 n128 c512 w4 s3": AttentionConfig(16, 128, 512, 4, 3),
+    "m16 n128 c512 w4 s4": AttentionConfig(16, 128, 512, 4, 4),
+    "m16 n128 c512 w8 s3": AttentionConfig(16, 128, 512, 8, 3),
+    "m16 n128 c512 w2 s3": AttentionConfig(16, 128, 512, 2, 3),
+    "m16 n64 c512 w4 s4": AttentionConfig(16, 64, 512, 4, 4),
+    "m16 n128 c256 w4 s3": AttentionConfig(16, 128, 256, 4, 3),
+}
+
+
+def sweep_attention() -> None:
+    shipped = ATTENTION_CONFIGS[torch.bfloat16]
+    print("decode | SDPA us | " + " | ".join(ATT))
+    for b, s in ((1, 1024), (1, 4096), (1, 16384), (1, 32768), (8, 1024), (8, 4096), (64, 4096)):
+        torch.manual_seed(0)
+        q = torch.randn(b, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, 8, s, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        start = torch.zeros(b, dtype=torch.int32, device="cuda")
+        ref = triton_attention.attention(q, k, v, None, None, start, cfg=shipped, split=False)
+        base = bench(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        cells = []
+        for cfg in ATT.values():
+            try:
+                ok = all(same_bits(triton_attention.attention(q, k, v, None, None, start, cfg=cfg, split=sp), ref)
+                         for sp in (False, True))
+                t = bench(lambda: triton_attention.attention(q, k, v, None, None, start, cfg=cfg))
+                cells.append(f"{t:.1f} ({base / t:.2f}x){'' if ok else ' BITS'}")
+            except Exception as exc:  # noqa: BLE001
+                cells.append(f"error {type(exc).__name__}: {str(exc)[:60]}")
+        print(f"B={b} KV={s} | {base:.1f} | " + " | ".join(cells), flush=True)
+        del k, v
+
+
+if __name__ == "__main__":
+    {"matmul": sweep_matmul, "attention": sweep_attention}[sys.argv[1]]()
