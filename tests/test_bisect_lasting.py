@@ -205,7 +205,7 @@ def test_report_names_both_and_tables_the_lasting_step(described, tmp_path):
     assert (f"The first bit difference is born at **step {TRANSIENT}** in `{VARIANT}` (op class matmul, layer 0). "
             "It is transient: absorbed before the residual stream, so nothing of it reached later steps. "
             f"The lasting divergence is born at **step {LASTING}** in `{VARIANT}` (op class matmul, layer 0); it "
-            f"enters the KV cache at {b['lasting']['enters_at']}, which every later step reads") in md
+            f"enters the KV cache at `{b['lasting']['enters_at']}`, which every later step reads") in md
     assert f"First differing modules at step {TRANSIENT}, in execution order" in md
     assert f"Differing modules at step {LASTING}, where the lasting divergence is born" in md
     assert b["numeric_agreement"]["note"] in md

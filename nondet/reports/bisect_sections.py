@@ -17,9 +17,7 @@ def bisect_blocks(t: RunTables, no_bisect: list) -> list:
     blocks = [Para(parts + _origin_parts(b) + _flip_parts(b))]
     agreement = b.get("numeric_agreement")
     if isinstance(agreement, dict) and agreement.get("agree") is False:
-        blocks.append(Para(["Probe vs bisect: the probe's first numeric divergence compares the sampled "
-                            "token's logprob bits, bisect every activation; here ", str(agreement.get("note")),
-                            "."], kind="note"))
+        blocks.append(Para([f"Probe vs bisect: {agreement.get('note')}."], kind="note"))
     blocks += figure_or_hint("bisect_heatmap.png", figures.bisect_heatmap(t), "Heatmap of differences by layer and op class",
                       ["Layer × op class; colour = log10 of the largest absolute difference of the target row "
                        "(blank = bit-identical); the origin is boxed."],
@@ -67,7 +65,7 @@ def _lasting(b: dict, origin: dict) -> list:
         return []
     lasting, transients = b.get("lasting"), b.get("transients") or []
     if lasting and (lasting.get("step"), lasting.get("order")) == (origin.get("step"), origin.get("order")):
-        return [f" It is also where the lasting divergence begins: it {_via(lasting)}."]
+        return [" It is also where the lasting divergence begins: it ", *_via(lasting), "."]
     first = transients[0] if transients and transients[0].get("step") == origin.get("step") else None
     out = [" It is transient: " + (REACH.get(first.get("reach"), str(first.get("reach"))) if first else
                                    "absorbed within its step") + ", so nothing of it reached later steps"]
@@ -77,15 +75,15 @@ def _lasting(b: dict, origin: dict) -> list:
         return out + [f" No difference lasted: none reached the KV cache or flipped a token in {b.get('steps')} "
                       "steps."]
     return out + [" The lasting divergence is born at ", Strong(f"step {lasting.get('step')}"), " in ",
-                  *_module(lasting), f"; it {_via(lasting)}."]
+                  *_module(lasting), "; it ", *_via(lasting), "."]
 
 
-def _via(lasting: dict) -> str:
-    if lasting.get("via") == "kv cache":
-        silent = lasting.get("silent_steps") or 0
-        return (f"enters the KV cache at {lasting.get('enters_at')}, which every later step reads"
-                + (f" (its effect rounded away at {silent} later step(s))" if silent else ""))
-    return "reached the logits at the token flip itself"
+def _via(lasting: dict) -> list:
+    if lasting.get("via") != "kv cache":
+        return ["reached the logits at the token flip itself"]
+    silent = lasting.get("silent_steps") or 0
+    return ["enters the KV cache at ", Code(str(lasting.get("enters_at"))), ", which every later step reads",
+            f" (its effect rounded away at {silent} later step(s))" if silent else ""]
 
 
 def _first_modules(t: RunTables) -> list:
