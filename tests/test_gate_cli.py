@@ -70,10 +70,11 @@ def test_github_annotations_and_step_summary(violated):
     text = summary.read_text()
     assert text.startswith("## nondet gate: ❌ policy violated (identical)")
     assert "| default/bs8/ends | 2 |" in text
-    bisect = next(line for line in r.stdout.splitlines() if line.startswith("bisect: "))
-    assert "\nbisect: first differing activation bits at step 0 in model.layers." in text  # as printed
-    assert bisect.startswith("bisect: first differing activation bits")
-    assert "sampled token's logprob bits differ" in text  # both numbers explained
+    printed = next(line for line in r.stdout.splitlines() if line.startswith("bisect: "))
+    step = printed.split(" in ")[0]  # "bisect: first differing activation bits at step N"
+    assert step.startswith("bisect: first differing activation bits at step ")
+    assert f"\n{step} in model.layers." in text  # the summary holds what the gate printed
+    assert "the sampled token's logprob bits differ" in text  # and says which number is which
 
 
 def test_met_policy_with_batch_invariant_kernels_exits_0(tmp_path, default_model_dir):
