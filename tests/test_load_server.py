@@ -101,6 +101,7 @@ def test_transformers_serve_under_load_is_batch_variant(served_model_dir, tmp_pa
     summary = result.summary
     m = summary["modes"]["default"]
     assert summary["load"]["compare_level"] == "tokenizer"  # transformers serve returns no logprobs
+    assert m["numeric_na"] == "server returned no logprobs" and m["first_numeric_divergence"] is None
     assert m["n_runs"] == 17
     assert m["distinct_completions"] > 1, summary["verdict"]
     tree = m["branch_tree"]
