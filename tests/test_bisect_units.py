@@ -136,6 +136,20 @@ def test_choose_earliest_flip_then_condition_and_position():
         choose_target(CONDITIONS, _summary(runs), "RUN", None, 3)
 
 
+def test_choose_several_prompts_takes_the_runs_own_reference():
+    from nondet.probes.bisect.choose import choose_target
+
+    conditions = [{"condition_id": f"default/p{k}/bs2/ends", "kernels": "default", "batch_size": 2,
+                   "positions": [0, 1], "fillers": "copies", "prompt_id": k} for k in (0, 1)]
+    runs = [{**_run(3, "default/p0/bs2/ends", 0, None, 4), "prompt_id": 0},
+            {**_run(8, "default/p1/bs2/ends", 1, 9, 4), "prompt_id": 1}]
+    summary = {"modes": {"default": {"reference_run_id": 0, "runs": runs,
+                                     "prompts": [{"prompt_id": 0, "reference_run_id": 0},
+                                                 {"prompt_id": 1, "reference_run_id": 5}]}}}
+    t = choose_target(conditions, summary, "RUN")
+    assert (t.run_id, t.prompt_id, t.reference_run_id) == (8, 1, 5)
+
+
 def test_choose_nothing_divergent():
     from nondet.probes.bisect.choose import choose_target
 

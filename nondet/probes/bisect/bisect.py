@@ -103,7 +103,8 @@ def _read_probe_config(rd: RunDir) -> dict:
 
 def _batches(tokenizer, probe: dict, target: Target) -> tuple[Batch, Batch]:
     """The reference (prompt alone) and the divergent batch exactly as the probe built it."""
-    ids, fillers = tokenize_inputs(tokenizer, probe["prompt"], probe["fillers"])
+    prompts = probe.get("prompts") or [probe["prompt"]]  # a probe of several prompts lists them all
+    ids, fillers = tokenize_inputs(tokenizer, prompts[target.prompt_id], probe["fillers"])
     pad = tokenizer.pad_token_id
     reference = build_batch(Condition("bisect/ref", target.condition.kernels, 1, (0,), "none"), ids, fillers, pad)
     divergent = build_batch(target.condition, ids, fillers, pad)
@@ -156,7 +157,8 @@ def describe(target: Target, ls: Lockstep, tokenizer, ablation: Ablation | None,
     return {
         "condition_id": target.condition.condition_id, "run_id": target.run_id,
         "reference_run_id": target.reference_run_id, "position": target.position,
-        "batch_size": target.condition.batch_size, "steps": ls.steps, "baseline": list(baseline),
+        "batch_size": target.condition.batch_size, "prompt_id": target.prompt_id, "steps": ls.steps,
+        "baseline": list(baseline),
         "origin": _origin(ls.first_diff),
         "first_numeric_step": ls.first_numeric_step,
         "lasting": ls.lasting,

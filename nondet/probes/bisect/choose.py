@@ -21,6 +21,7 @@ class Target:
     reference_run_id: int  # the reference run of the same kernels mode
     probe_flip_step: int | None  # the probe's first token divergence of that run
     probe_numeric_step: int | None  # the probe's first numeric divergence of that run
+    prompt_id: int = 0  # which of the probe's prompts the run replays (config.json "prompts")
 
 
 def choose_target(conditions: list[dict], summary: dict, where: str, wanted: str | None = None,
@@ -37,9 +38,16 @@ def choose_target(conditions: list[dict], summary: dict, where: str, wanted: str
         raise RunDirError(f"{where}: no condition diverged from its reference (every run is bit-identical); "
                           "nothing to bisect")
     mode, run = min(divergent, key=lambda mr: _rank(mr, by_id))
+    prompt_id = run.get("prompt_id", 0)
     return Target(_condition(by_id[run["condition_id"]]), run["position"], run["run_id"],
-                  summary["modes"][mode]["reference_run_id"], run["first_token_divergence"],
-                  run["first_numeric_divergence"])
+                  _reference_run_id(summary["modes"][mode], prompt_id), run["first_token_divergence"],
+                  run["first_numeric_divergence"], prompt_id)
+
+
+def _reference_run_id(mode: dict, prompt_id: int) -> int:
+    """The reference run of the run's own prompt (a probe of several prompts has one per prompt)."""
+    return next((p["reference_run_id"] for p in mode.get("prompts") or [] if p["prompt_id"] == prompt_id),
+                mode["reference_run_id"])
 
 
 def _diverges(run: dict) -> bool:
