@@ -72,8 +72,9 @@ def gate(
     condition is bisected up to the step where its bits first differ
     (--no-bisect skips it). Writes the run directory and report;
     --junit FILE writes JUnit XML, one test case per condition; under GitHub
-    Actions it prints ::error annotations and appends a Markdown summary to
-    $GITHUB_STEP_SUMMARY.
+    Actions it prints ::error annotations and appends a Markdown summary, with
+    the bisect result, to $GITHUB_STEP_SUMMARY (a summary that cannot be
+    written is a warning, never a failed gate).
 
     Exit codes:
       0  policy met
