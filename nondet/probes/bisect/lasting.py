@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from nondet.probes.bisect.capture import CORE_SUFFIX
 
 POINT_KEYS = ("step", "module", "op_class", "layer", "order", "max_abs_diff", "max_ulp", "first_diff_index")
-_QUERY = ("q_", "q.", "query", "wq")  # leaf names that feed the query only, never the cache
+_QUERY = ("q_", "query", "wq")  # leaf names that feed the query only, never the cache
 
 
 @dataclass
@@ -85,7 +85,7 @@ class Tracker:
     def add(self, v: StepVerdict, flip: bool) -> None:
         if self.lasting is not None:
             self.silent_steps += v.first is None
-        elif v.carries or (flip and v.origin is not None):
+        elif v.carries or (flip and v.reach == "logits"):
             self.lasting = {**_point(v.origin), "via": v.reach, "enters_at": v.enters["module"]}
         elif v.first is not None:
             self.transients.append({**_point(v.first), "reach": v.reach})
