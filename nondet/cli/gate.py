@@ -220,15 +220,23 @@ def _bisect_if_available(run_dir: Path, verdict: "Verdict") -> None:
 
 def _bisect_line(bisect: dict, logprob_step: int | None = None) -> str:
     """Where the bits are born (any activation), and how that relates to the table's number (the logprob)."""
-    origin = bisect.get("origin")
+    origin, lasting = bisect.get("origin"), bisect.get("lasting")
     if not origin:
         return "no captured module differs"
-    where = f"first differing activation bits at step {origin['step']} in {origin['module']} ({origin['op_class']})"
+    where = f"first differing activation bits at {_point(origin)}"
+    if "lasting" in bisect and (lasting is None or _point(lasting) != _point(origin)):
+        where += f", transient; lasting divergence from {_point(lasting)}" if lasting else ", transient"
     if logprob_step is not None and logprob_step != origin["step"]:
+        why = ("where the lasting divergence begins" if lasting and lasting["step"] == logprob_step else
+               "which no earlier activation difference had reached")
         where += (f"; the sampled token's logprob bits first differ at step {logprob_step} (the table's first "
-                  "numeric divergence): the earlier difference did not reach the logprob")
+                  f"numeric divergence), {why}")
     minimal = bisect.get("minimal_set")
     return where + (f"; batch-invariant {' + '.join(minimal)} removes it" if minimal else "")
+
+
+def _point(p: dict) -> str:
+    return f"step {p['step']} in {p['module']} ({p['op_class']})"
 
 
 def _write_report(run_dir: Path) -> None:
