@@ -47,12 +47,11 @@ def unsynced_side_stream(attention) -> None:
     """The race made certain: the default stream is busy when kv_start's zeros are queued behind
     it, and a side stream that does not wait launches the kernel (as do_bench_cudagraph's
     warm-up does). kv_start then holds what the recycled block held: here a negative int."""
-    junk = torch.full((128,), -(1 << 30), dtype=torch.int32, device="cuda")
-    torch.cuda.synchronize()
-    del junk
     q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
+    junk = torch.full((128,), -(1 << 30), dtype=torch.int32, device="cuda")
     torch.cuda.synchronize()
+    del junk  # nothing is allocated between this and kv_start: it gets junk's block
     torch.cuda._sleep(200_000_000)  # ~0.1 s of busy default stream
     start = torch.zeros(1, dtype=torch.int32, device="cuda")  # same block as junk: memset queued
     with torch.cuda.stream(torch.cuda.Stream()):
@@ -60,26 +59,31 @@ def unsynced_side_stream(attention) -> None:
     torch.cuda.synchronize()
 
 
+def _old():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("old_attention", ".old/triton_attention_head.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     mode = sys.argv[1]
     if mode == "side-stream":  # python3 scripts/gpu_repro_iam.py side-stream [old]
         if sys.argv[2:] == ["old"]:
-            import importlib.util
-
-            spec = importlib.util.spec_from_file_location("old_attention", ".old/triton_attention_head.py")
-            old = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(old)
-            unsynced_side_stream(old.attention)
+            unsynced_side_stream(_old().attention)
         else:
             unsynced_side_stream(triton_attention.attention)
         print("side-stream ok")
         return
     dirty_allocator()
-    if mode == "garbage":
+    if mode == "garbage":  # [old]: HEAD's kernel copy in .old/, without the clamp
+        attention = _old().attention if sys.argv[2:] == ["old"] else triton_attention.attention
         q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(1, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
         start = torch.tensor([-(1 << 30)], dtype=torch.int32, device="cuda")
-        out = triton_attention.attention(q, k, k, None, None, start)
+        out = attention(q, k, k, None, None, start)
         torch.cuda.synchronize()
         print("garbage kv_start: finished, output all zero:", bool((out == 0).all()))
     else:

@@ -12,10 +12,15 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 for step in "$@"; do
   echo "=== $step $(date -u +%H:%M:%S)"
   case "$step" in
-    side-stream) timeout 60 python3 scripts/gpu_repro_iam.py side-stream old 2>&1 | tail -4 | tee "$OUT/side_stream_old.log"; timeout 60 python3 scripts/gpu_repro_iam.py side-stream 2>&1 | tail -4 | tee "$OUT/side_stream.log" ;;
+    side-stream) timeout 120 compute-sanitizer --tool memcheck --print-limit 3 python3 scripts/gpu_repro_iam.py side-stream old 2>&1 \
+                   | grep -v "^=========     " | head -30 | tee "$OUT/side_stream_old.log"
+                 timeout 60 python3 scripts/gpu_repro_iam.py side-stream old 2>&1 | tail -3
+                 timeout 120 compute-sanitizer --tool memcheck python3 scripts/gpu_repro_iam.py side-stream 2>&1 | tail -4 | tee "$OUT/side_stream.log" ;;
     race|synced) timeout 120 python3 scripts/gpu_repro_iam.py $step 2>&1 | tail -8 | tee "$OUT/$step.log" ;;
-    garbage) timeout 180 compute-sanitizer --tool memcheck --print-limit 5 python3 scripts/gpu_repro_iam.py garbage 2>&1 \
-               | grep -v "^=========     " | head -40 | tee "$OUT/garbage.log" ;;
+    garbage) timeout 180 compute-sanitizer --tool memcheck --print-limit 3 python3 scripts/gpu_repro_iam.py garbage old 2>&1 \
+               | grep -v "^=========     " | head -24 | tee "$OUT/garbage_old.log"
+             timeout 180 compute-sanitizer --tool memcheck --print-limit 3 python3 scripts/gpu_repro_iam.py garbage 2>&1 \
+               | grep -v "^=========     " | head -24 | tee "$OUT/garbage.log" ;;
     sanitize) timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool memcheck --print-limit 10 python3 -m pytest -q -x \
                -p no:cacheprovider tests/gpu -k "not qwen3 and not one_process" 2>&1 | tail -30 | tee "$OUT/sanitize.log" ;;
     sweep-attention) timeout 150 python3 scripts/gpu_sweep.py attention 2>&1 | tee "$OUT/sweep_attention.log" ;;
