@@ -54,8 +54,8 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001 - the boundary: never a traceback by default
         handled = _handle_click_exception(exc)
         if handled is None and is_out_of_memory(exc):
-            _fail(f"out of memory ({type(exc).__name__}: {_first_line(exc)}); results already written stay "
-                  "in the run directory", 3)
+            detail = ": ".join(filter(None, (type(exc).__name__, _first_line(exc))))
+            _fail(f"out of memory ({detail}); results already written stay in the run directory", 3)
         if handled is None:
             _fail(f"internal error: {type(exc).__name__}: {exc} (NONDET_DEBUG=1 shows the traceback)", 70)
         sys.exit(handled)
