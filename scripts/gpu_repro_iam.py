@@ -1,15 +1,18 @@
 """Reproduce the illegal memory access of `nondet kernels bench` (issue 11, section 4).
 
-Usage on the device machine: python3 scripts/gpu_repro_iam.py race|garbage|synced
+Usage on the device machine: python3 scripts/gpu_repro_iam.py race|garbage|synced|side-stream [old]
 
 - race:    the decode section as the bench ran it, after other work left non-zero bytes in the
            caching allocator: inputs are made on the default stream and timed at once by
            do_bench_cudagraph, whose warm-up runs on a fresh side stream that does not wait.
-- garbage: the decode kernel given a kv_start far outside [0, S] on purpose (what the race
-           hands it when torch.zeros has not run yet).
+- garbage [old]: the decode kernel given a negative kv_start on purpose (what the race hands
+           it when torch.zeros has not run yet); run it under compute-sanitizer.
 - synced:  the race case with the stream synchronized before timing (the fix in bench._bench).
 - side-stream [old]: the race made certain (a busy default stream, a recycled block holding a
-           negative int), against this tree's kernel or HEAD~'s copy in .old/ (no clamp).
+           negative int), against this tree's kernel or the pre-fix copy in .old/ (no clamp).
+
+`old` needs the pre-fix kernel: `mkdir -p .old && git show cf9d845~1:nondet/kernels/triton_attention.py
+> .old/triton_attention_head.py` (.old/ is ignored: name it in the device call's carry).
 """
 
 import sys
