@@ -1,6 +1,6 @@
 """Device sweep for M-bucketed matmul and B=1 decode attention configurations.
 
-Usage on the device machine: python3 scripts/gpu_sweep.py matmul|attention
+Usage on the device machine: python3 scripts/gpu_sweep.py matmul|matmul2|attention|attention-cpp
 For every candidate: bitwise equality (raw bits, so -0.0 != +0.0) with the shipped
 configuration's fused launch at M=4096, for every M timed, and the CUDA-graph median time
 against the default (cuBLAS / SDPA). Only candidates that keep the K (KV) reduction order may
@@ -29,6 +29,20 @@ MM = {
 }
 MS = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096)
 
+# second round (after the first sweep chose the buckets): more tiles for M <= 1024
+MM2 = {
+    "32x64 w4 s4": MatmulConfig(32, 64, 64, 1024, 8, 4, 4),
+    "32x128 w4 s4": MatmulConfig(32, 128, 64, 1024, 8, 4, 4),
+    "16x128 w4 s4": MatmulConfig(16, 128, 64, 1024, 8, 4, 4),
+    "64x64 w4 s3": MatmulConfig(64, 64, 64, 1024, 8, 4, 3),
+    "64x128 w4 s3": MatmulConfig(64, 128, 64, 1024, 8, 4, 3),
+    "64x256 w4 s3": MatmulConfig(64, 256, 64, 1024, 8, 4, 3),
+    "128x64 w4 s4": MatmulConfig(128, 64, 64, 1024, 8, 4, 4),
+    "128x128 w8 s3": MatmulConfig(128, 128, 64, 1024, 8, 8, 3),
+    "128x256 w8 s4": MatmulConfig(128, 256, 64, 1024, 8, 8, 4),
+}
+MS2 = (1, 16, 64, 128, 256, 512, 1024)
+
 
 def bench(fn) -> float:
     torch.cuda.synchronize()
@@ -39,19 +53,20 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
-def sweep_matmul() -> None:
+def sweep_matmul(cands=MM, ms=MS) -> None:
     shipped = MATMUL_CONFIGS[torch.bfloat16]
-    print("shape | cuBLAS us | " + " | ".join(MM))
+    print("shape | cuBLAS us | bucketed (shipped) | " + " | ".join(cands))
     for k, n in ((4096, 4096), (4096, 14336), (14336, 4096), (1000, 1823)):
         torch.manual_seed(0)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
         x = torch.randn(max(MS), k, device="cuda", dtype=torch.bfloat16)
         ref = triton_matmul.mm(x, w, cfg=shipped, split=False)
-        for m in MS:
+        for m in ms:
             xm = x[:m]
             base = bench(lambda: torch.mm(xm, w))
-            cells = []
-            for cfg in MM.values():
+            t = bench(lambda: triton_matmul.mm(xm, w))
+            cells = [f"{t:.1f} ({base / t:.2f}x){'' if same_bits(triton_matmul.mm(xm, w), ref[:m]) else ' BITS'}"]
+            for cfg in cands.values():
                 try:
                     ok = all(same_bits(triton_matmul.mm(xm, w, cfg=cfg, split=s), ref[:m]) for s in (False, True))
                     t = bench(lambda: triton_matmul.mm(xm, w, cfg=cfg))
@@ -59,6 +74,45 @@ def sweep_matmul() -> None:
                 except Exception as exc:  # noqa: BLE001 - a sweep reports, never stops
                     cells.append(f"error {type(exc).__name__}: {str(exc)[:60]}")
             print(f"M={m} K={k} N={n} | {base:.1f} | " + " | ".join(cells), flush=True)
+
+
+ATT2 = {  # (config, chunks per program) with the flat split loop; split forced
+    "shipped cpp1": (AttentionConfig(16, 128, 512, 4, 2), 1),
+    "shipped cpp2": (AttentionConfig(16, 128, 512, 4, 2), 2),
+    "shipped cpp4": (AttentionConfig(16, 128, 512, 4, 2), 4),
+    "shipped cpp8": (AttentionConfig(16, 128, 512, 4, 2), 8),
+    "s3 cpp2": (AttentionConfig(16, 128, 512, 4, 3), 2),
+    "s3 cpp4": (AttentionConfig(16, 128, 512, 4, 3), 4),
+    "s1 cpp1": (AttentionConfig(16, 128, 512, 4, 1), 1),
+    "s1 cpp4": (AttentionConfig(16, 128, 512, 4, 1), 4),
+}
+
+
+def sweep_attention_cpp() -> None:
+    shipped = ATTENTION_CONFIGS[torch.bfloat16]
+    print("decode | SDPA us | default launch | " + " | ".join(ATT2))
+    for b, s in ((1, 1024), (1, 4096), (1, 8192), (1, 16384), (1, 32768), (8, 1024), (8, 4096), (8, 16384)):
+        torch.manual_seed(0)
+        q = torch.randn(b, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, 8, s, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        start = torch.zeros(b, dtype=torch.int32, device="cuda")
+        ref = triton_attention.attention(q, k, v, None, None, start, cfg=shipped, split=False)
+        base = bench(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        t = bench(lambda: triton_attention.attention(q, k, v, None, None, start))
+        ok = same_bits(triton_attention.attention(q, k, v, None, None, start), ref)
+        cells = [f"{t:.1f} ({base / t:.2f}x){'' if ok else ' BITS'}"]
+        for cfg, cpp in ATT2.values():
+            try:
+                fn = lambda: triton_attention.attention(q, k, v, None, None, start, cfg=cfg, split=True,  # noqa: E731
+                                                        chunks_per_program=cpp)
+                ok = same_bits(fn(), ref)
+                t = bench(fn)
+                cells.append(f"{t:.1f} ({base / t:.2f}x){'' if ok else ' BITS'}")
+            except Exception as exc:  # noqa: BLE001
+                cells.append(f"error {type(exc).__name__}: {str(exc)[:60]}")
+        print(f"B={b} KV={s} | {base:.1f} | " + " | ".join(cells), flush=True)
+        del k, v
 
 
 ATT = {
@@ -97,4 +151,5 @@ def sweep_attention() -> None:
 
 
 if __name__ == "__main__":
-    {"matmul": sweep_matmul, "attention": sweep_attention}[sys.argv[1]]()
+    {"matmul": sweep_matmul, "attention": sweep_attention, "attention-cpp": sweep_attention_cpp,
+     "matmul2": lambda: sweep_matmul(MM2, MS2)}[sys.argv[1]]()
