@@ -1,6 +1,6 @@
 """Device sweep for M-bucketed matmul and B=1 decode attention configurations.
 
-Usage on the device machine: python3 scripts/gpu_sweep.py matmul|matmul2|attention|attention-cpp
+Usage on the device machine: python3 scripts/gpu_sweep.py matmul|matmul2|attention
 For every candidate: bitwise equality (raw bits, so -0.0 != +0.0) with the shipped
 configuration's fused launch at M=4096, for every M timed, and the CUDA-graph median time
 against the default (cuBLAS / SDPA). Only candidates that keep the K (KV) reduction order may
@@ -76,45 +76,6 @@ def sweep_matmul(cands=MM, ms=MS) -> None:
             print(f"M={m} K={k} N={n} | {base:.1f} | " + " | ".join(cells), flush=True)
 
 
-ATT2 = {  # (config, chunks per program) with the flat split loop; split forced
-    "shipped cpp1": (AttentionConfig(16, 128, 512, 4, 2), 1),
-    "shipped cpp2": (AttentionConfig(16, 128, 512, 4, 2), 2),
-    "shipped cpp4": (AttentionConfig(16, 128, 512, 4, 2), 4),
-    "shipped cpp8": (AttentionConfig(16, 128, 512, 4, 2), 8),
-    "s3 cpp2": (AttentionConfig(16, 128, 512, 4, 3), 2),
-    "s3 cpp4": (AttentionConfig(16, 128, 512, 4, 3), 4),
-    "s1 cpp1": (AttentionConfig(16, 128, 512, 4, 1), 1),
-    "s1 cpp4": (AttentionConfig(16, 128, 512, 4, 1), 4),
-}
-
-
-def sweep_attention_cpp() -> None:
-    shipped = ATTENTION_CONFIGS[torch.bfloat16]
-    print("decode | SDPA us | default launch | " + " | ".join(ATT2))
-    for b, s in ((1, 1024), (1, 4096), (1, 8192), (1, 16384), (1, 32768), (8, 1024), (8, 4096), (8, 16384)):
-        torch.manual_seed(0)
-        q = torch.randn(b, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, 8, s, 128, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        start = torch.zeros(b, dtype=torch.int32, device="cuda")
-        ref = triton_attention.attention(q, k, v, None, None, start, cfg=shipped, split=False)
-        base = bench(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-        t = bench(lambda: triton_attention.attention(q, k, v, None, None, start))
-        ok = same_bits(triton_attention.attention(q, k, v, None, None, start), ref)
-        cells = [f"{t:.1f} ({base / t:.2f}x){'' if ok else ' BITS'}"]
-        for cfg, cpp in ATT2.values():
-            try:
-                fn = lambda: triton_attention.attention(q, k, v, None, None, start, cfg=cfg, split=True,  # noqa: E731
-                                                        chunks_per_program=cpp)
-                ok = same_bits(fn(), ref)
-                t = bench(fn)
-                cells.append(f"{t:.1f} ({base / t:.2f}x){'' if ok else ' BITS'}")
-            except Exception as exc:  # noqa: BLE001
-                cells.append(f"error {type(exc).__name__}: {str(exc)[:60]}")
-        print(f"B={b} KV={s} | {base:.1f} | " + " | ".join(cells), flush=True)
-        del k, v
-
-
 ATT = {
     "m16 n128 c512 w4 s2 (shipped)": AttentionConfig(16, 128, 512, 4, 2),
     "m16 n128 c512 w4 s3": AttentionConfig(16, 128, 512, 4, 3),
@@ -151,5 +112,5 @@ def sweep_attention() -> None:
 
 
 if __name__ == "__main__":
-    {"matmul": sweep_matmul, "attention": sweep_attention, "attention-cpp": sweep_attention_cpp,
+    {"matmul": sweep_matmul, "attention": sweep_attention,
      "matmul2": lambda: sweep_matmul(MM2, MS2)}[sys.argv[1]]()

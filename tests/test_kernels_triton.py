@@ -170,14 +170,3 @@ else:
         for m in sorted({1, 2, *edges, *(e + 1 for e in edges), a.shape[0]}):
             assert torch.equal(triton_matmul.mm(a[:m], b).view(torch.int16 if dtype != torch.float32 else torch.int32),
                                full[:m].view(torch.int16 if dtype != torch.float32 else torch.int32)), m
-
-    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-    def test_attention_split_walks_any_number_of_chunks_per_program_with_the_same_bits(dtype):
-        # KV 75 in chunks of 32: two full chunks and a short one (masked steps past its end)
-        q, k, v = _qkv(2, 4, 2, 1, 75, 16, dtype)
-        start = torch.tensor([0, 9], dtype=torch.int32)  # row 1: left padding shifts its chunks
-        fused = triton_attention.attention(q, k, v, kv_start=start, cfg=ATT_CFG, split=False)
-        for cpp in (1, 2, 3, 5):
-            split = triton_attention.attention(q, k, v, kv_start=start, cfg=ATT_CFG, split=True,
-                                               chunks_per_program=cpp)
-            assert torch.equal(split, fused), cpp

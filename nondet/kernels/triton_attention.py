@@ -40,47 +40,6 @@ def _merge(m, l, acc, m_c, l_c, acc_c):
 
 
 @triton.jit
-def _step(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
-          qi, qpos, row_ok, offs_d, n0, hi, qk_scale, m, l, acc,
-          D, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
-          PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """One online-softmax step over KV positions [n0, min(n0 + BLOCK_N, hi)) -> (max, sum, acc).
-
-    The only place a step's arithmetic is written: the chunked loops below all call it."""
-    d_ok = offs_d < D
-    cols = n0 + tl.arange(0, BLOCK_N)
-    col_ok = cols < hi
-    kt = tl.load(k_base + cols[None, :] * s_ks + offs_d[:, None] * s_kd,
-                 mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-    v = tl.load(v_base + cols[:, None] * s_vs + offs_d[None, :] * s_vd,
-                mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-    if UPCAST:  # the CPU interpreter's tl.dot misreads bf16/fp16
-        kt = kt.to(tl.float32)
-        v = v.to(tl.float32)
-    s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-    ok = row_ok[:, None] & col_ok[None, :]
-    if CAUSAL:
-        ok = ok & (cols[None, :] <= qpos[:, None])
-    if MASK_KIND == 1:
-        mk = tl.load(mask_base + qi[:, None] * s_mq + cols[None, :] * s_ms, mask=ok, other=0)
-        ok = ok & (mk != 0)
-    if MASK_KIND == 2:
-        mk = tl.load(mask_base + qi[:, None] * s_mq + cols[None, :] * s_ms, mask=ok, other=0.0)
-        s = s + mk.to(tl.float32) * 1.4426950408889634
-    s = tl.where(ok, s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l = tl.fma(l, alpha, tl.sum(p, axis=1))
-    acc = acc * alpha[:, None]
-    p = p.to(v_base.dtype.element_ty)
-    if UPCAST:
-        p = p.to(tl.float32)
-    acc = tl.dot(p, v, acc, input_precision=PRECISION)
-    return m_new, l, acc
-
-
-@triton.jit
 def _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
            qi, qpos, row_ok, offs_d, lo, hi, qk_scale,
            D, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -90,46 +49,39 @@ def _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
     m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
     l = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    d_ok = offs_d < D
     for n0 in range(lo, hi, BLOCK_N):
-        m, l, acc = _step(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
-                          qi, qpos, row_ok, offs_d, n0, hi, qk_scale, m, l, acc,
-                          D, BLOCK_N, CAUSAL, MASK_KIND, PRECISION, UPCAST)
+        cols = n0 + tl.arange(0, BLOCK_N)
+        col_ok = cols < hi
+        kt = tl.load(k_base + cols[None, :] * s_ks + offs_d[:, None] * s_kd,
+                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(v_base + cols[:, None] * s_vs + offs_d[None, :] * s_vd,
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST:  # the CPU interpreter's tl.dot misreads bf16/fp16
+            kt = kt.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+        ok = row_ok[:, None] & col_ok[None, :]
+        if CAUSAL:
+            ok = ok & (cols[None, :] <= qpos[:, None])
+        if MASK_KIND == 1:
+            mk = tl.load(mask_base + qi[:, None] * s_mq + cols[None, :] * s_ms, mask=ok, other=0)
+            ok = ok & (mk != 0)
+        if MASK_KIND == 2:
+            mk = tl.load(mask_base + qi[:, None] * s_mq + cols[None, :] * s_ms, mask=ok, other=0.0)
+            s = s + mk.to(tl.float32) * 1.4426950408889634
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = tl.fma(l, alpha, tl.sum(p, axis=1))
+        acc = acc * alpha[:, None]
+        p = p.to(v_base.dtype.element_ty)
+        if UPCAST:
+            p = p.to(tl.float32)
+        acc = tl.dot(p, v, acc, input_precision=PRECISION)
+        m = m_new
     return m, l, acc
-
-
-@triton.jit
-def _split_chunks(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
-                  qi, qpos, row_ok, offs_d, start, last, c0, c1, qk_scale, ws_m, ws_l, ws_acc, row_base,
-                  D, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                  CHUNK: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
-                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Chunks [c0, c1) of the split strategy, each from a fresh state, each stored on its own.
-
-    One flat loop over all their steps (instead of a loop per chunk) keeps the loads of the next
-    chunk in flight while one chunk ends: what B = 1 decode, with few programs, needs. Every
-    chunk runs CHUNK / BLOCK_N steps; steps past a short last chunk see only masked positions,
-    which add exact zeros (as in the fused path's masked steps), so the bits are _chunk's."""
-    STEPS: tl.constexpr = CHUNK // BLOCK_N
-    m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
-    l = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    for j in range(c0 * STEPS, c1 * STEPS):
-        c = j // STEPS
-        t = j % STEPS
-        fresh = t == 0  # a new chunk starts from the state _chunk starts from
-        m = tl.where(fresh, _NEG, m)
-        l = tl.where(fresh, 0.0, l)
-        acc = tl.where(fresh, 0.0, acc)
-        lo = start + c * CHUNK
-        hi = tl.minimum(lo + CHUNK, last + 1)
-        m, l, acc = _step(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
-                          qi, qpos, row_ok, offs_d, lo + t * BLOCK_N, hi, qk_scale, m, l, acc,
-                          D, BLOCK_N, CAUSAL, MASK_KIND, PRECISION, UPCAST)
-        done = row_ok & (qi * 0 + t == STEPS - 1)  # a tensor compare: the interpreter's t is an int
-        idx = row_base + c
-        tl.store(ws_m + idx, m, mask=done)
-        tl.store(ws_l + idx, l, mask=done)
-        tl.store(ws_acc + idx[:, None] * BLOCK_D + offs_d[None, :], acc, mask=done[:, None])
 
 
 @triton.jit(do_not_specialize=["Q", "S"])  # one binary for every batch size
@@ -140,7 +92,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, ws_m, ws_l, ws
                  G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr,
                  CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr, CPP: tl.constexpr):
+                 UPCAST: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // KVH).to(tl.int64)
@@ -165,24 +117,31 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, ws_m, ws_l, ws
     last = S - 1
     if CAUSAL:
         last = tl.minimum(S - Q + (pid_r * BLOCK_M + BLOCK_M - 1) // G, S - 1)
-    row_base = ((b * H + head) * Q + qi) * NC  # (B, H, Q, NC) layout of the workspace
-    if SPLIT:  # chunks [c0, c1) of this program, CPP chunks per program, each stored on its own
-        c0 = tl.program_id(2) * CPP
-        c1 = tl.minimum(c0 + CPP, tl.cdiv(last + 1 - start, CHUNK))
-        _split_chunks(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
-                      qi, qpos, row_ok, offs_d, start, last, c0, c1, qk_scale, ws_m, ws_l, ws_acc, row_base,
-                      D, BLOCK_M, BLOCK_N, BLOCK_D, CHUNK, CAUSAL, MASK_KIND, PRECISION, UPCAST)
+    if SPLIT:
+        c_lo = tl.program_id(2)
+        c_hi = c_lo + 1
     else:
-        m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
-        l = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-        for c in range(0, tl.cdiv(last + 1 - start, CHUNK)):
-            lo = start + c * CHUNK
-            hi = tl.minimum(lo + CHUNK, last + 1)
-            m_c, l_c, acc_c = _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
-                                     qi, qpos, row_ok, offs_d, lo, hi, qk_scale, D,
-                                     BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, MASK_KIND, PRECISION, UPCAST)
+        c_lo = 0
+        c_hi = tl.cdiv(last + 1 - start, CHUNK)
+    m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
+    l = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for c in range(c_lo, c_hi):
+        lo = start + c * CHUNK
+        hi = tl.minimum(lo + CHUNK, last + 1)
+        m_c, l_c, acc_c = _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
+                                 qi, qpos, row_ok, offs_d, lo, hi, qk_scale, D,
+                                 BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, MASK_KIND, PRECISION, UPCAST)
+        if SPLIT:
+            m, l, acc = m_c, l_c, acc_c
+        else:
             m, l, acc = _merge(m, l, acc, m_c, l_c, acc_c)
+    row_idx = ((b * H + head) * Q + qi) * NC + c_lo  # (B, H, Q, NC) layout of the workspace
+    if SPLIT:
+        tl.store(ws_m + row_idx, m, mask=row_ok)
+        tl.store(ws_l + row_idx, l, mask=row_ok)
+        tl.store(ws_acc + row_idx[:, None] * BLOCK_D + offs_d[None, :], acc, mask=row_ok[:, None])
+    else:
         out = tl.where(l[:, None] > 0, acc / tl.where(l > 0, l, 1.0)[:, None], 0.0)
         o = o_ptr + ((b * Q + qi[:, None]) * H + head[:, None]) * D + offs_d[None, :]
         tl.store(o, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
@@ -226,22 +185,15 @@ def use_split(programs: int, chunks: int, device: torch.device) -> bool:
     return chunks > 1 and programs < 2 * _sm_count(device)
 
 
-def chunks_per_program_for(programs: int, chunks: int, device: torch.device) -> int:
-    """Chunks one split program walks: enough programs to fill the GPU, then longer loops. Speed only."""
-    return max(1, min(chunks, (programs * chunks) // (2 * _sm_count(device))))
-
-
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
               scale: float | None = None, kv_start: torch.Tensor | None = None,
-              split: bool | None = None, cfg: AttentionConfig | None = None,
-              chunks_per_program: int | None = None) -> torch.Tensor:
+              split: bool | None = None, cfg: AttentionConfig | None = None) -> torch.Tensor:
     """Attention for q (B, H, Q, D) over k, v (B, KVH, S, D) -> (B, Q, H, D).
 
     mask: None (causal, bottom-right aligned: query i sits at position S - Q + i), a bool mask
     (True = attend) or an additive float mask, broadcastable to (B, 1, Q, S). kv_start: (B,)
     first KV position of each row (left padding); chunks start there. Values outside [0, S] are
     clamped to it on the device (a row starting at S sees nothing and gets zeros).
-    split, cfg and chunks_per_program force a launch (tests, benchmarks); all give the same bits.
     """
     bsz, h, nq, d = q.shape
     kvh, s = k.shape[1], k.shape[2]
@@ -269,14 +221,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         ws_m = ws_l = ws_acc = out
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    cpp = chunks_per_program or (chunks_per_program_for(row_tiles * bsz * kvh, chunks, q.device) if split else 1)
-    _attn_kernel[(row_tiles, bsz * kvh, triton.cdiv(nc, cpp))](
+    _attn_kernel[(row_tiles, bsz * kvh, nc)](
         q, k, v, out, mask_t, kv_start, ws_m, ws_l, ws_acc,
         nq, s, h, kvh, d, nc, float(scale) * _LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *mstrides,
         G=g, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, CHUNK=cfg.kv_chunk,
         SPLIT=split, CAUSAL=mask_kind == 0, MASK_KIND=mask_kind, PRECISION=precision,
-        UPCAST=interpreting(), CPP=cpp, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        UPCAST=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split:
         block_r, slice_d = 8, min(block_d, 32)
         _combine_kernel[(triton.cdiv(bsz * h * nq, block_r), block_d // slice_d)](
