@@ -65,9 +65,11 @@ def test_help_imports_no_torch():
 
 
 def test_bisect_runs_probe_first(tmp_path, default_model_dir):
-    """No RUN_DIR: probe the embedded default first, then bisect it; tables on stdout."""
+    """No RUN_DIR: probe the embedded default first, then bisect it; tables on stdout. One norm is
+    batch-variant on purpose, so the probe finds a divergence within 3 tokens on every host."""
     out = tmp_path / "run"
-    r = nondet("bisect", "--batch-sizes", "1,8", "--max-new-tokens", "3", "--no-ablation", "--out", str(out))
+    r = nondet("bisect", "--batch-sizes", "1,8", "--max-new-tokens", "3", "--no-ablation", "--out", str(out),
+               "--inject-variance")
     assert r.returncode == 0, r.stderr
     data = json.loads((out / "bisect.json").read_text())
     origin, lasting = data["origin"], data["lasting"]

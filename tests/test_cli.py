@@ -70,4 +70,7 @@ def test_probe_json_summary(tmp_path):
     import json
 
     data = json.loads(r.stdout)
-    assert data["modes"]["default"]["n_runs"] == 3 and data["run_dir"] == str(tmp_path / "r")
+    # No --prompt: the 8 built-in prompts, each alone and as 2 copies at batch size 2.
+    m = data["modes"]["default"]
+    assert (m["n_prompts"], m["n_runs"]) == (8, 24) and data["run_dir"] == str(tmp_path / "r")
+    assert [p["prompt"] for p in m["prompts"]][:1] == ["Tell me about Richard Feynman"]

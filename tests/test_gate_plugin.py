@@ -14,10 +14,12 @@ USER_TESTS = textwrap.dedent('''
 
     @pytest.fixture(scope="module")
     def loaded():
-        return load_model(ModelSpec())  # the embedded demo model, in memory
+        # the embedded demo model, in memory, with one norm made batch-variant on purpose: the
+        # positive control fires on every host, whatever its BLAS does
+        return load_model(ModelSpec(inject_variance=True))
 
     def test_default_kernels(loaded, assert_batch_invariant):
-        assert_batch_invariant(loaded.model, loaded.tokenizer, batch_sizes=(1, 8), max_new_tokens=100)
+        assert_batch_invariant(loaded.model, loaded.tokenizer, batch_sizes=(1, 8), max_new_tokens=24)
 
     def test_batch_invariant_kernels(loaded, assert_batch_invariant):
         assert_batch_invariant(loaded.model, loaded.tokenizer, batch_sizes=(1, 8), max_new_tokens=24,
@@ -53,7 +55,8 @@ def test_fails_on_default_kernels_and_passes_with_the_mode(tmp_path, default_mod
     assert failure is not None, r.stdout
     assert failure.get("message").startswith(
         "AssertionError: batch-variant under policy identical:\n"
-        "  prompt 'Tell me about Richard Feynman', default/bs8/ends: first token divergence at step ")
+        "  prompt 'Tell me about Richard Feynman', default/bs8/ends: ")
+    assert "differ" in failure.get("message")  # tokens or logprob bits, whichever came first
     assert "AssertionError: batch-variant under policy identical:" in r.stdout  # the test report shows it
     assert list(cases["test_batch_invariant_kernels"]) == [], r.stdout  # no failure, no error
     assert r.returncode == 1  # exactly the default-kernels test failed

@@ -35,6 +35,7 @@ def bisect(
     device: o.DeviceOpt = "cpu",
     attn_implementation: o.AttnOpt = None,
     trust_remote_code: o.TrustOpt = False,
+    inject_variance: o.InjectOpt = False,
     threads: o.ThreadsOpt = None,
     out: o.OutOpt = None,
     json_output: o.JsonOpt = False,
@@ -61,7 +62,7 @@ def bisect(
                          "(bisect reloads the probe's model and prompt from RUN_DIR/config.json)")
     if run_dir is None:
         run_dir = _probe_first(model, prompt, prompt_file, batch_sizes, max_new_tokens, dtype, device,
-                               attn_implementation, trust_remote_code, threads, out, json_output)
+                               (attn_implementation, trust_remote_code, inject_variance), threads, out, json_output)
     config = BisectConfig(str(run_dir), condition, position, max_steps, ablation)
     result = _run_with_status(config, quiet=json_output)
     from nondet.cli.probe import write_report_if_available
@@ -80,7 +81,7 @@ def bisect(
     console.print(f"wall time: {result.seconds:.1f} s")
 
 
-def _probe_first(model, prompt, prompt_file, batch_sizes, max_new_tokens, dtype, device, attn, trust, threads,
+def _probe_first(model, prompt, prompt_file, batch_sizes, max_new_tokens, dtype, device, loading, threads,
                  out, quiet) -> Path:
     """No RUN_DIR: run the probe (same options as `nondet probe`) to find a divergent condition."""
     from nondet.cli.options import read_prompt
@@ -91,7 +92,7 @@ def _probe_first(model, prompt, prompt_file, batch_sizes, max_new_tokens, dtype,
 
     config = ProbeConfig(
         prompt=read_prompt(prompt, prompt_file, DEFAULT_PROMPT),
-        model=ModelSpec(model, dtype, device, attn, trust),
+        model=ModelSpec(model, dtype, device, *loading),  # loading: attn, trust_remote_code, inject_variance
         batch_sizes=parse_batch_sizes(batch_sizes), max_new_tokens=max_new_tokens, threads=threads,
         out=str(out) if out else default_run_dir("bisect"), argv=tuple(["nondet"] + sys.argv[1:]),
     )

@@ -58,6 +58,8 @@ def gate(
         help="Probe a live OpenAI-compatible server at this base URL; MODEL names the served model.")] = None,
     rate: Annotated[Optional[float], typer.Option(help="Filler arrival rate under load (see nondet probe).")] = None,
     concurrency: Annotated[Optional[int], typer.Option(help="Fillers in the engine / copies in flight.")] = None,
+    inject_variance: Annotated[Optional[bool], typer.Option(
+        "--inject-variance", help="Self-test: make one RMSNorm batch-variant on purpose; the gate must then fail.")] = None,
     junit: Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit XML here (one test case per condition).")] = None,
     bisect: Annotated[bool, typer.Option("--bisect/--no-bisect", help="Bisect the first failing condition.")] = True,
     out: o.OutOpt = None,
@@ -94,7 +96,8 @@ def gate(
              "runs": runs, "max-new-tokens": max_new_tokens, "kernels": kernels, "require": require,
              "max-distinct": max_distinct, "min-divergence-step": min_divergence_step,
              "max-logprob-diff": max_logprob_diff, "dtype": dtype, "device": device, "threads": threads,
-             "load": load, "endpoint": endpoint, "rate": rate, "concurrency": concurrency}
+             "load": load, "endpoint": endpoint, "rate": rate, "concurrency": concurrency,
+             "inject-variance": inject_variance}
     source = config if config is not None else find_config(Path.cwd())
     settings = resolve(flags, load_config(source) if source else {}, source)
     outputs = GateOutputs(str(out) if out else None, str(junit) if junit else None, bisect,
@@ -193,7 +196,7 @@ def _probe_config(settings, prompt: str | None, run_dir: str, argv: tuple[str, .
                       concurrency=settings.concurrency, endpoint=settings.endpoint)
     return ProbeConfig(
         prompt=prompt or DEFAULT_PROMPT,
-        model=ModelSpec(settings.model, settings.dtype, settings.device),
+        model=ModelSpec(settings.model, settings.dtype, settings.device, inject_variance=settings.inject_variance),
         batch_sizes=settings.batch_sizes, placement=settings.positions, runs=settings.runs,
         max_new_tokens=settings.max_new_tokens, kernels=(settings.kernels,),
         threads=settings.threads, out=run_dir, argv=argv, load=load,

@@ -13,10 +13,14 @@ AttnOpt = Annotated[Optional[str], typer.Option(
     "--attn-implementation", help="transformers attention implementation (sdpa, eager, ...). Default: the model's.")]
 TrustOpt = Annotated[bool, typer.Option(
     "--trust-remote-code", help="Allow the model repository's own Python code to run (off by default).")]
+InjectOpt = Annotated[bool, typer.Option(
+    "--inject-variance", help="Positive control: make one RMSNorm of the model batch-variant on purpose "
+                              "(nondet's batch-invariant norm fixes it), to check that a divergence is caught.")]
 PromptOpt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="The target prompt text.")]
 PromptFileOpt = Annotated[Optional[Path], typer.Option("--prompt-file", help="Read the target prompt from a file.")]
-BatchSizesOpt = Annotated[str, typer.Option(
-    "--batch-sizes", "-b", help="Batch sizes to sweep: '1,2,4,8' or ranges '1-32'. 1 (the reference) is always run.")]
+BatchSizesOpt = Annotated[Optional[str], typer.Option(
+    "--batch-sizes", "-b", help="Batch sizes to sweep: '1,2,4,8' or ranges '1-32'. 1 (the reference) is always run. "
+                                "Default 1,2,4,8,16 (1,2,8 for the several built-in prompts).")]
 MaxNewTokensOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens generated per request.")]
 KernelsOpt = Annotated[str, typer.Option(help="default | batch-invariant (nondet's invariant kernels).")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", "-o", help="Run directory to write (default nondet-runs/<time>-<command>).")]
@@ -40,6 +44,23 @@ def read_prompt(prompt: str | None, prompt_file: Path | None, default: str) -> s
     if not prompt.strip():
         raise UsageError("the prompt is empty; pass --prompt TEXT or --prompt-file FILE")
     return prompt
+
+
+def read_targets(prompt: str | None, prompt_file: Path | None, prompts_file: Path | None,
+                 several_by_default: bool) -> tuple[str, ...]:
+    """The target prompts: --prompts FILE, else --prompt / --prompt-file, else the built-in ones
+    (the demo's several prompts where the load can take them, else the one default prompt)."""
+    from nondet.errors import UsageError
+    from nondet.probes.corpus import DEMO_PROMPTS
+    from nondet.probes.probe import DEFAULT_PROMPT
+
+    if prompts_file is not None:
+        if prompt is not None or prompt_file is not None:
+            raise UsageError("give either --prompts or --prompt / --prompt-file, not both")
+        return read_lines_file(prompts_file, "prompts")
+    if prompt is None and prompt_file is None:
+        return DEMO_PROMPTS if several_by_default else (DEFAULT_PROMPT,)
+    return (read_prompt(prompt, prompt_file, DEFAULT_PROMPT),)
 
 
 def read_lines_file(path: Path, what: str) -> tuple[str, ...]:

@@ -19,7 +19,10 @@ def probe(
     model: o.ModelOpt = None,
     prompt: o.PromptOpt = None,
     prompt_file: o.PromptFileOpt = None,
-    batch_sizes: o.BatchSizesOpt = "1,2,4,8,16",
+    prompts: Annotated[Optional[Path], typer.Option(
+        "--prompts", help="File of target prompts, one per line; each is swept and diffed against itself alone. "
+                          "Default without --prompt: 8 built-in prompts (static load).")] = None,
+    batch_sizes: o.BatchSizesOpt = None,
     positions: Annotated[str, typer.Option(
         help="Target rows in each batch: ends (first and last) | first | last | all (every row a copy).")] = "ends",
     runs: Annotated[Optional[int], typer.Option(
@@ -39,6 +42,7 @@ def probe(
     device: o.DeviceOpt = "cpu",
     attn_implementation: o.AttnOpt = None,
     trust_remote_code: o.TrustOpt = False,
+    inject_variance: o.InjectOpt = False,
     threads: o.ThreadsOpt = None,
     out: o.OutOpt = None,
     json_output: o.JsonOpt = False,
@@ -79,7 +83,7 @@ def probe(
     """
     import sys
 
-    from nondet.cli.options import read_lines_file, read_prompt
+    from nondet.cli.options import read_lines_file, read_targets
     from nondet.probes.conditions import parse_batch_sizes
     from nondet.probes.corpus import FILLERS
     from nondet.probes.load.config import LoadConfig
@@ -91,10 +95,11 @@ def probe(
                              endpoint=endpoint, chat=chat, tokenizer=tokenizer, api_key_env=api_key_env,
                              timeout=timeout, resume=str(resume) if resume else None)
 
+    targets = read_targets(prompt, prompt_file, prompts, several_by_default=mode == "static")
     config = ProbeConfig(
-        prompt=read_prompt(prompt, prompt_file, DEFAULT_PROMPT),
-        model=ModelSpec(model, dtype, device, attn_implementation, trust_remote_code),
-        batch_sizes=parse_batch_sizes(batch_sizes),
+        prompt=targets[0], prompts=targets if len(targets) > 1 else (),
+        model=ModelSpec(model, dtype, device, attn_implementation, trust_remote_code, inject_variance),
+        batch_sizes=parse_batch_sizes(batch_sizes or default_batch_sizes(targets)),
         placement=positions, runs=runs,
         fillers=read_lines_file(fillers, "fillers") if fillers else FILLERS,
         ragged=ragged, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
@@ -126,6 +131,12 @@ def run_keeping_streams(config, quiet: bool):
         return run_with_progress(config, quiet)
     except OutOfMemoryError as exc:
         raise OutOfMemoryError(f"{exc}; streams already written stay in {config.load.resume or config.out}") from exc
+
+
+def default_batch_sizes(targets: tuple[str, ...]) -> str:
+    """One prompt: the full sweep. Several: fewer sizes each, so the demo's 8 prompts take
+    about the time of one prompt's full sweep (docs: README "What it shows")."""
+    return "1,2,4,8,16" if len(targets) == 1 else "1,2,8"
 
 
 def run_with_progress(config, quiet: bool):

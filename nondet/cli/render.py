@@ -9,10 +9,11 @@ from rich.text import Text
 
 def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
     for mode, m in summary["modes"].items():
-        console.print(_conditions_table(mode, m))
+        console.print(_prompts_table(mode, m) if m.get("prompts") else _conditions_table(mode, m))
         tree = m.get("branch_tree")
         if tree:
-            console.print(branch_line(tree))
+            prompt = f"prompt {m['branch_prompt_id']}: " if m.get("prompts") else ""
+            console.print(Text(prompt) + branch_line(tree))
     if len(summary["modes"]) > 1:
         console.print(_side_by_side(summary["modes"]))
     console.print(Text(summary["verdict"], style="bold"))
@@ -29,6 +30,20 @@ def _conditions_table(mode: str, m: dict) -> Table:
                       _step(c["first_token_divergence"]), numeric_step(c["first_numeric_divergence"], m))
     table.caption = (f"{m['distinct_completions']} distinct completion(s) over {m['n_runs']} runs; "
                      f"most common x{m['most_common_count']}\n{NUMERIC_NOTE}")
+    return table
+
+
+def _prompts_table(mode: str, m: dict) -> Table:
+    """Several prompts: one row per prompt (its conditions are in the report)."""
+    table = Table(title=f"kernels: {mode}  (each prompt's runs are compared with that prompt sent alone)")
+    for col in ("prompt", "text", "runs", "distinct", "first token divergence", "first numeric divergence"):
+        table.add_column(col, justify="left" if col in ("prompt", "text") else "right")
+    for p in m["prompts"]:
+        table.add_row(f"p{p['prompt_id']}", Text(visible(p.get("prompt", ""))[:32]), str(p["n_runs"]),
+                      str(p["distinct_completions"]), _step(p["first_token_divergence"]),
+                      numeric_step(p["first_numeric_divergence"], m))
+    table.caption = (f"tokens differ on {m['prompts_diverged']} of {m['n_prompts']} prompts; "
+                     f"{m['n_runs']} runs in all\n{NUMERIC_NOTE}")
     return table
 
 

@@ -20,6 +20,8 @@ class Condition:
     positions: tuple[int, ...]  # rows holding the target, ascending
     fillers: str  # "none" | "same-length" | "ragged" | "copies"
     load: str = "static"
+    prompt_id: int = 0  # which target prompt (index into the probe's prompts)
+    several_prompts: bool = False  # label the prompt (the run has more than one)
 
     @property
     def is_reference(self) -> bool:
@@ -29,13 +31,14 @@ class Condition:
     def label(self) -> str:
         pos = ",".join(map(str, self.positions))
         extra = "" if self.fillers in ("none", "same-length") else f" {self.fillers}"
-        return f"bs={self.batch_size} pos={pos}{extra}"
+        prompt = f"p{self.prompt_id} " if self.several_prompts else ""
+        return f"{prompt}bs={self.batch_size} pos={pos}{extra}"
 
     def to_json(self) -> dict:
         return {
             "condition_id": self.condition_id, "kernels": self.kernels, "load": self.load,
             "batch_size": self.batch_size, "positions": list(self.positions),
-            "fillers": self.fillers, "label": self.label,
+            "fillers": self.fillers, "label": self.label, "prompt_id": self.prompt_id,
         }
 
 
@@ -54,19 +57,27 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
 
 
 def plan_conditions(batch_sizes, placement: str, runs: int | None, ragged: bool,
-                    kernels: str) -> list[Condition]:
+                    kernels: str, prompt_id: int = 0, several_prompts: bool = False) -> list[Condition]:
+    """One prompt's sweep under one kernels mode: its reference first, then the batches.
+
+    With several prompts each condition id names its prompt ("default/p3/bs8/ends"), so ids
+    stay unique in the run directory; a single prompt keeps the short form ("default/bs8/ends").
+    """
     if placement not in PLACEMENTS:
         raise UsageError(f"--positions must be one of {', '.join(PLACEMENTS)}, not {placement!r}")
     sizes = [b for b in batch_sizes if b > 1]
     rows = _rows_per_size(sizes, placement, runs)
-    reference = Condition(f"{kernels}/bs1/ref", kernels, 1, (0,), "none")
-    conditions = [reference]
+    prefix = f"{kernels}/p{prompt_id}" if several_prompts else kernels
+
+    def make(name: str, b: int, positions: tuple[int, ...], fill: str) -> Condition:
+        return Condition(f"{prefix}/{name}", kernels, b, positions, fill, prompt_id=prompt_id,
+                         several_prompts=several_prompts)
+
+    conditions = [make("bs1/ref", 1, (0,), "none")]
     for b in (b for b in sizes if b in rows):
-        fill = "copies" if len(rows[b]) == b else "same-length"
-        conditions.append(Condition(f"{kernels}/bs{b}/{placement}", kernels, b, rows[b], fill))
+        conditions.append(make(f"bs{b}/{placement}", b, rows[b], "copies" if len(rows[b]) == b else "same-length"))
     if ragged:
-        for b in sizes:
-            conditions.append(Condition(f"{kernels}/bs{b}/ragged", kernels, b, (b - 1,), "ragged"))
+        conditions.extend(make(f"bs{b}/ragged", b, (b - 1,), "ragged") for b in sizes)
     return conditions
 
 

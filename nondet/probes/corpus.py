@@ -23,6 +23,21 @@ FILLERS: tuple[str, ...] = (
     "Tell me about Richard Feynman and his work on quantum electrodynamics.",
 )
 
+# The targets `nondet probe` replays when no prompt is given. Several prompts, because whether
+# a batch-variant logprob turns into a different token depends on the host's kernels and on
+# the trajectory: on one CPU a prompt flips at step 93, on another the same prompt needs 266
+# steps, while other prompts flip within 200. Each prompt is diffed against itself alone.
+DEMO_PROMPTS: tuple[str, ...] = (
+    "Tell me about Richard Feynman",
+    "The history of the printing press",
+    "La photosynthèse permet aux plantes",
+    "Der schnelle braune Fuchs springt",
+    "El río Amazonas atraviesa",
+    "東京は日本の首都であり",
+    "Москва — столица России",
+    "def fibonacci(n):",
+)
+
 # Extra text the embedded tokenizer is trained on, so common English words become tokens.
 TRAINING_TEXT: tuple[str, ...] = (
     "Tell me about Richard Feynman. Richard Feynman was an American theoretical physicist, "

@@ -47,8 +47,8 @@ def summarize(streams: list[dict], decode: Decode | None = None) -> dict:
         "n_conditions": len({s["condition_id"] for s in streams}),
         "distinct_completions": len(counts),
         "most_common_count": max(counts.values()),
-        "first_token_divergence": _earliest(r["first_token_divergence"] for r in runs),
-        "first_numeric_divergence": _earliest(r["first_numeric_divergence"] for r in runs),
+        "first_token_divergence": earliest(r["first_token_divergence"] for r in runs),
+        "first_numeric_divergence": earliest(r["first_numeric_divergence"] for r in runs),
         "runs": runs,
         "conditions": _condition_rows(runs),
         "completions": _completions(streams, completion_ids, counts, ref, decode),
@@ -120,8 +120,8 @@ def _condition_rows(runs: list[dict]) -> list[dict]:
         "condition_id": cid,
         "n_runs": len(rows),
         "distinct_completions": len({r["completion_id"] for r in rows}),
-        "first_token_divergence": _earliest(r["first_token_divergence"] for r in rows),
-        "first_numeric_divergence": _earliest(r["first_numeric_divergence"] for r in rows),
+        "first_token_divergence": earliest(r["first_token_divergence"] for r in rows),
+        "first_numeric_divergence": earliest(r["first_numeric_divergence"] for r in rows),
     } for cid, rows in by_condition.items()]
 
 
@@ -134,7 +134,7 @@ def _completions(streams, completion_ids, counts, ref, decode) -> list[dict]:
     return out
 
 
-def _earliest(values) -> int | None:
+def earliest(values) -> int | None:
     present = [v for v in values if v is not None]
     return min(present) if present else None
 
@@ -148,7 +148,9 @@ def verdict(modes: dict[str, dict]) -> str:
     """One sentence: what the probe found, per kernels mode."""
     parts = []
     for name, m in modes.items():
-        if m["distinct_completions"] > 1:
+        if m.get("n_prompts", 1) > 1:
+            parts.append(_prompts_verdict(name, m))
+        elif m["distinct_completions"] > 1:
             parts.append(f"{name} kernels: batch-variant, {m['distinct_completions']} distinct completions "
                          f"over {m['n_runs']} runs; first token divergence at step {m['first_token_divergence']}")
         elif m["first_numeric_divergence"] is not None:
@@ -158,3 +160,16 @@ def verdict(modes: dict[str, dict]) -> str:
             parts.append(f"{name} kernels: batch-invariant, 1 distinct completion over {m['n_runs']} runs, "
                          "bit-identical logprobs")
     return "; ".join(parts)
+
+
+def _prompts_verdict(name: str, m: dict) -> str:
+    """The verdict over several prompts: how many changed tokens, how many only bits."""
+    n, flipped, bits = m["n_prompts"], m["prompts_diverged"], m["prompts_bits_differ"]
+    if flipped:
+        return (f"{name} kernels: batch-variant, tokens differ on {flipped} of {n} prompts (up to "
+                f"{m['distinct_completions']} distinct completions per prompt over {m['n_runs']} runs); "
+                f"first token divergence at step {m['first_token_divergence']}")
+    if bits:
+        return (f"{name} kernels: same tokens on all {n} prompts over {m['n_runs']} runs, but logprob bits "
+                f"differ on {bits} of {n} prompts from step {m['first_numeric_divergence']}")
+    return f"{name} kernels: batch-invariant, 1 distinct completion per prompt over {m['n_runs']} runs ({n} prompts), bit-identical logprobs"

@@ -19,6 +19,7 @@ class ModelSpec:
     device: str = "cpu"
     attn_implementation: str | None = None  # None = transformers' default (sdpa)
     trust_remote_code: bool = False  # off unless the user asks: model code is untrusted
+    inject_variance: bool = False  # positive control: one RMSNorm made batch-variant on purpose
 
 
 @dataclass
@@ -35,7 +36,20 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     source = _resolve_source(spec.name)
     model, tokenizer = _from_pretrained(source, spec)
     _ensure_pad_token(tokenizer)
-    return LoadedModel(model, tokenizer, _describe(model, spec))
+    description = _describe(model, spec)
+    if spec.inject_variance:
+        description["injected_variance"] = _inject(model)
+    return LoadedModel(model, tokenizer, description)
+
+
+def _inject(model) -> str:
+    """The positive control (kernels/variant.py); the module's name goes into the fingerprint."""
+    from nondet.kernels.variant import inject_batch_variance
+
+    try:
+        return inject_batch_variance(model)
+    except ValueError as exc:
+        raise UsageError(f"--inject-variance: {exc}") from None
 
 
 def check_device(device: str) -> None:

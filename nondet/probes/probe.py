@@ -16,6 +16,7 @@ from nondet.probes import conditions as cond
 from nondet.probes.batch import build_batch, tokenize_inputs
 from nondet.probes.corpus import FILLERS
 from nondet.probes.diff import summarize, verdict
+from nondet.probes.diff_prompts import merge_prompts
 from nondet.probes.load.config import LoadConfig
 from nondet.probes.load.config import validate as validate_load
 from nondet.probes.loading import ModelSpec, load_model
@@ -31,6 +32,7 @@ DEFAULT_PROMPT = "Tell me about Richard Feynman"
 @dataclass(frozen=True)
 class ProbeConfig:
     prompt: str = DEFAULT_PROMPT  # the target request
+    prompts: tuple[str, ...] = ()  # several targets, each swept and diffed on its own (overrides prompt)
     model: ModelSpec = field(default_factory=ModelSpec)
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)  # batch sizes swept; 1 = the reference
     placement: str = "ends"  # target rows: ends | first | last | all (every row a copy)
@@ -45,6 +47,12 @@ class ProbeConfig:
     out: str | None = None  # run directory (None = nondet-runs/<time>-probe)
     argv: tuple[str, ...] = ()  # the command line, for "reproduce" in reports
     load: LoadConfig = field(default_factory=LoadConfig)  # static batches, continuous batching, or a server
+
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The target prompts, in order; prompt_id indexes this."""
+        return self.prompts or (self.prompt,)
 
 
 @dataclass
@@ -65,14 +73,19 @@ def run_probe(config: ProbeConfig, on_condition: OnCondition | None = None) -> P
     run_dir = RunDir(config.out or default_run_dir("probe"))
     loaded = load_model(config.model)
     with numerics_scope(config.threads):
-        target, fillers = tokenize_inputs(loaded.tokenizer, config.prompt, config.fillers)
-        plans = [c for mode in config.kernels for c in cond.plan_conditions(
-            config.batch_sizes, config.placement, config.runs, config.ragged, mode)]
+        inputs = [tokenize_inputs(loaded.tokenizer, p, config.fillers) for p in config.targets]
         _write_header(run_dir, config, loaded.description)
-        streams = _replay_all(loaded, plans, target, fillers, config, run_dir, on_condition)
-    summary = summarize_modes(streams, loaded.tokenizer)
+        streams = _replay_all(loaded, plan_all(config), inputs, config, run_dir, on_condition)
+    summary = summarize_modes(streams, loaded.tokenizer, config.targets)
     run_dir.write_json("summary.json", summary)
     return ProbeResult(run_dir.path, summary, time.perf_counter() - started)
+
+
+def plan_all(config: ProbeConfig) -> list[cond.Condition]:
+    """Every condition of the run: per kernels mode, per prompt, the reference then the batches."""
+    several = len(config.targets) > 1
+    return [c for mode in config.kernels for k in range(len(config.targets)) for c in cond.plan_conditions(
+        config.batch_sizes, config.placement, config.runs, config.ragged, mode, k, several)]
 
 
 def _run_under_load(config: ProbeConfig, on_condition: OnCondition | None) -> ProbeResult:
@@ -85,11 +98,15 @@ def _run_under_load(config: ProbeConfig, on_condition: OnCondition | None) -> Pr
     return run_server_probe(config)
 
 
-def summarize_modes(streams: list[dict], tokenizer=None) -> dict:
+def summarize_modes(streams: list[dict], tokenizer=None, prompts: tuple[str, ...] = ()) -> dict:
+    """The diff per kernels mode; with several prompts, per prompt first, then merged."""
     decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
     modes = {}
     for mode in dict.fromkeys(s["kernels"] for s in streams):
-        modes[mode] = summarize([s for s in streams if s["kernels"] == mode], decode)
+        of_mode = [s for s in streams if s["kernels"] == mode]
+        prompt_ids = list(dict.fromkeys(s.get("prompt_id", 0) for s in of_mode))
+        per_prompt = [summarize([s for s in of_mode if s.get("prompt_id", 0) == k], decode) for k in prompt_ids]
+        modes[mode] = per_prompt[0] if len(per_prompt) == 1 else merge_prompts(per_prompt, prompt_ids, prompts)
     return {"modes": modes, "verdict": verdict(modes)}
 
 
@@ -98,8 +115,10 @@ def default_run_dir(command: str) -> str:
 
 
 def _validate(config: ProbeConfig) -> None:
-    if not config.prompt.strip():
-        raise UsageError("the prompt is empty; pass --prompt TEXT or --prompt-file FILE")
+    if not all(p.strip() for p in config.targets):
+        raise UsageError("a prompt is empty; pass --prompt TEXT or --prompt-file FILE")
+    if len(config.targets) > 1 and config.load.mode != "static":
+        raise UsageError(f"--load {config.load.mode} probes one prompt; pass --prompt TEXT")
     if config.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be >= 1")
     if config.temperature < 0:
@@ -121,13 +140,15 @@ def _write_header(run_dir: RunDir, config: ProbeConfig, description: dict) -> No
     run_dir.write_json("fingerprint.json", fingerprint(description, ",".join(config.kernels)))
 
 
-def _replay_all(loaded, plans, target, fillers, config, run_dir, on_condition) -> list[dict]:
+def _replay_all(loaded, plans, inputs, config, run_dir, on_condition) -> list[dict]:
+    """inputs[k]: (target ids, filler ids) of prompt k."""
     settings = DecodeSettings(config.max_new_tokens, config.temperature, config.seed)
     streams: list[dict] = []
     for index, condition in enumerate(plans):
         if on_condition:
             on_condition(condition, index, len(plans))
         run_dir.append_jsonl("conditions.jsonl", condition.to_json())
+        target, fillers = inputs[condition.prompt_id]
         for stream in replay_condition(loaded.model, loaded.tokenizer, condition, target, fillers, settings,
                                        first_run_id=len(streams)):
             run_dir.append_jsonl("streams.jsonl", stream)
@@ -162,6 +183,7 @@ def _stream_record(run_id, condition, row, steps, prompt_tokens, tokenizer) -> d
     return {
         "run_id": run_id, "condition_id": condition.condition_id, "kernels": condition.kernels,
         "position": row, "is_reference": condition.is_reference, "prompt_tokens": prompt_tokens,
+        "prompt_id": condition.prompt_id,
         "finish": "length" if len(steps) else "empty", "text": tokenizer.decode(tokens),
         "steps": steps,
     }

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from nondet.errors import RunDirError
+from nondet.reports import shapes
 from nondet.rundir import RunDir, hex_to_float
 
 STREAM_COLUMNS = ["run_id", "condition_id", "kernels", "position", "is_reference", "step", "token", "piece",
@@ -24,12 +25,13 @@ COMPLETION_COLUMNS = ["kernels", "completion_id", "count", "is_reference", "n_to
 MODULE_COLUMNS = ["step", "order", "layer", "module", "op_class", "max_abs_diff", "max_rel_diff", "max_ulp",
                   "first_diff_index", "differs"]
 ABLATION_COLUMNS = ["ops", "tokens_match", "activations_match", "first_token_divergence", "first_numeric_step",
-                    "first_diff", "origin_removed"]  # first_diff: first differing point under this ablation
+                    "first_diff", "origin_removed", "lasting"]  # first_diff: first differing point under this ablation
 #                   ({"step", "module", "op_class", "layer"} or None); origin_removed: the origin point is
-#                   bit-identical under this ablation
+#                   bit-identical under this ablation; lasting: where the lasting divergence is born under it
 AMPLIFICATION_COLUMNS = ["step", "layer", "max_abs_diff"]
 _NULLABLE_INT = ["first_token_divergence", "first_numeric_divergence", "first_numeric_step", "completion_id",
                  "layer", "first_diff_index", "batch_size", "n_runs", "distinct_completions", "prompt_tokens"]
+_MODEL_TEXT = ["piece", "text"]  # model text: may hold raw bytes as lone surrogates
 
 
 @dataclass
@@ -69,11 +71,14 @@ def load_run(path) -> RunTables:
     for name in ("conditions.jsonl", "streams.jsonl", "summary.json"):
         if not rd.exists(name):
             raise RunDirError(f"{rd.file(name)}: missing; not a finished probe run (run `nondet probe` first)")
-    summary = rd.read_json("summary.json")
-    if not isinstance(summary, dict) or not summary.get("modes"):
+    summary = shapes.check_document(str(rd.file("summary.json")), rd.read_json("summary.json"))
+    if not isinstance(summary.get("modes"), dict) or not summary["modes"]:
         raise RunDirError(f"{rd.file('summary.json')}: has no 'modes'; rerun `nondet probe`")
     raw_streams = rd.read_jsonl("streams.jsonl")
+    shapes.check_streams(str(rd.file("streams.jsonl")), raw_streams)
     raw_conditions = rd.read_jsonl("conditions.jsonl")
+    shapes.check_records(str(rd.file("conditions.jsonl")), raw_conditions,
+                         shapes.CONDITION_FIELDS, shapes.CONDITION_OPTIONAL)
     try:
         tables = RunTables(
             path=rd.path, config=_optional(rd, "config.json"), fingerprint=_optional(rd, "fingerprint.json"),
@@ -81,21 +86,29 @@ def load_run(path) -> RunTables:
             conditions=_conditions(raw_conditions, summary), completions=_completions(summary))
         _add_bisect(rd, tables)
         _add_gate(rd, tables)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise RunDirError(f"{rd.path}: malformed run directory ({type(exc).__name__}: {exc})") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise RunDirError(f"{rd.path}: malformed run directory ({type(exc).__name__}: {exc})") from exc
     return tables
 
 
-def _optional(rd: RunDir, name: str) -> dict:
-    return rd.read_json(name) if rd.exists(name) else {}
+def _optional(rd: RunDir, name: str, lists: tuple[str, ...] = ()) -> dict:
+    """A JSON document that may be absent ({}); present, it must be an object."""
+    return shapes.check_document(str(rd.file(name)), rd.read_json(name), lists) if rd.exists(name) else {}
 
 
 def _frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
-    df = pd.DataFrame(rows, columns=columns)
-    for col in columns:
-        if col in _NULLABLE_INT:
-            df[col] = pd.array([None if pd.isna(v) else int(v) for v in df[col]], dtype="Int64")
-    return df
+    return pd.DataFrame({col: _column(col, [r.get(col) for r in rows]) for col in columns}, columns=columns)
+
+
+def _column(name: str, values: list) -> pd.Series | pd.api.extensions.ExtensionArray:
+    """One column with its dtype: nullable ints, model text kept as Python str, the rest inferred."""
+    if name in _NULLABLE_INT:
+        return pd.array([None if v is None or pd.isna(v) else int(v) for v in values], dtype="Int64")
+    if name in _MODEL_TEXT:
+        # object, not pandas' str dtype: with pyarrow installed pandas 3 backs str columns with
+        # Arrow, which rejects the lone surrogates that hold a partial UTF-8 token's raw bytes.
+        return pd.Series(values, dtype=object)
+    return pd.Series(values, dtype=None if values else object)
 
 
 def _streams(raw: list[dict]) -> pd.DataFrame:
@@ -149,16 +162,16 @@ def _completions(summary: dict) -> pd.DataFrame:
 
 def _add_gate(rd: RunDir, t: RunTables) -> None:
     if rd.exists("gate.json"):
-        t.gate = rd.read_json("gate.json")
+        t.gate = _optional(rd, "gate.json")
 
 
 def _add_bisect(rd: RunDir, t: RunTables) -> None:
     if rd.exists("bisect.json"):
-        t.bisect = rd.read_json("bisect.json")
+        t.bisect = _optional(rd, "bisect.json", lists=("amplification", "ablation"))
         t.amplification = _frame(t.bisect.get("amplification") or [], AMPLIFICATION_COLUMNS)
     if rd.exists("bisect_modules.csv"):
         t.bisect_modules = _modules(rd.read_csv("bisect_modules.csv"))
-    ablation = rd.read_json("ablation.json") if rd.exists("ablation.json") else (t.bisect or {})
+    ablation = _optional(rd, "ablation.json", lists=("ablation",)) if rd.exists("ablation.json") else (t.bisect or {})
     t.ablation = _frame(ablation.get("ablation") or [], ABLATION_COLUMNS)
     t.minimal_set = ablation.get("minimal_set")
 

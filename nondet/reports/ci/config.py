@@ -19,6 +19,7 @@ directory. Keys (TOML, kebab-case):
     endpoint = "http://127.0.0.1:8000"   # probe a live OpenAI-compatible server instead
     rate = 0.5                        # filler arrivals (per engine step / per second on a server)
     concurrency = 8                   # fillers in the engine at once / copies in flight
+    inject-variance = false           # self-test: one norm made batch-variant; the gate must fail
     require = "identical"             # or ONE of: max-distinct = 2, min-divergence-step = 50,
                                       #            max-logprob-diff = 1e-3
 
@@ -36,7 +37,7 @@ from nondet.reports.ci.policy import Policy
 THRESHOLDS = ("max-distinct", "min-divergence-step", "max-logprob-diff")
 CONFIG_NAMES = ("nondet.toml", "pyproject.toml")
 KEYS = ("model", "prompt", "prompts", "batch-sizes", "positions", "runs", "max-new-tokens", "kernels",
-        "dtype", "device", "threads", "load", "endpoint", "rate", "concurrency", "require", *THRESHOLDS)
+        "dtype", "device", "threads", "load", "endpoint", "rate", "concurrency", "inject-variance", "require", *THRESHOLDS)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class GateSettings:
     endpoint: str | None = None  # a live OpenAI-compatible server to probe (the "server" load)
     rate: float | None = None  # filler arrival rate under load (None = the probe's default)
     concurrency: int | None = None  # fillers in the engine / copies in flight (None = default)
+    inject_variance: bool = False  # self-test: one norm made batch-variant on purpose; the gate must fail
     policy: Policy = field(default_factory=Policy)
     source: str = ""  # the config file the settings came from ("" = flags and defaults only)
 
@@ -104,6 +106,7 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
         endpoint=_typed(values, "endpoint", str, label),
         rate=_typed(values, "rate", float, label),
         concurrency=_typed(values, "concurrency", int, label),
+        inject_variance=_flag(values, "inject-variance", label),
         policy=_policy(given, file_values, label.where),
         source=str(source) if source else "",
     )
@@ -156,6 +159,13 @@ def _typed(values: dict[str, Any], key: str, kind: type, label: _Labels):
         value = float(value)
     if not isinstance(value, kind) or isinstance(value, bool):
         raise UsageError(f"{label(key)} must be {_TYPE_NAMES[kind]}, not {value!r}")
+    return value
+
+
+def _flag(values: dict[str, Any], key: str, label: _Labels) -> bool:
+    value = values.get(key, False)
+    if not isinstance(value, bool):
+        raise UsageError(f"{label(key)} must be true or false, not {value!r}")
     return value
 
 

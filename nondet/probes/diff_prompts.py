@@ -1,0 +1,56 @@
+"""Several target prompts in one run: each is diffed against itself alone, then merged.
+
+The merged summary has the shape of one prompt's (diff.summarize), so the report, the
+gate and bisect read it the same way:
+- runs, conditions and completions are concatenated; completion ids are renumbered to stay
+  unique, and each completion carries its prompt_id;
+- distinct_completions is the worst prompt's count, so "1" still means every prompt gave
+  one completion under every condition (the sum would count the prompts themselves);
+- first divergences are the earliest over prompts; the branch tree is that of the prompt
+  whose tokens split first;
+- `prompts` keeps each prompt's own figures and branch tree.
+"""
+
+from nondet.probes.diff import earliest
+
+PER_PROMPT_KEYS = ("n_runs", "distinct_completions", "first_token_divergence", "first_numeric_divergence",
+                   "reference_run_id", "branch_tree")
+
+
+def merge_prompts(summaries: list[dict], prompt_ids: list[int], texts: tuple[str, ...] = ()) -> dict:
+    """One mode's summary over several prompts; summaries[i] is prompt prompt_ids[i] alone,
+    texts[prompt_id] its text (shown in tables; empty when unknown)."""
+    runs, completions = [], []
+    for prompt_id, s in zip(prompt_ids, summaries):
+        offset = len(completions)
+        runs += [{**r, "prompt_id": prompt_id, "completion_id": r["completion_id"] + offset} for r in s["runs"]]
+        completions += [{**c, "prompt_id": prompt_id, "completion_id": c["completion_id"] + offset}
+                        for c in s["completions"]]
+    first_split = _first_split(summaries)
+    return {
+        "kernels": summaries[0]["kernels"],
+        "reference_run_id": summaries[0]["reference_run_id"],
+        "n_prompts": len(summaries),
+        "prompts_diverged": sum(s["distinct_completions"] > 1 for s in summaries),
+        "prompts_bits_differ": sum(s["first_numeric_divergence"] is not None for s in summaries),
+        "n_runs": sum(s["n_runs"] for s in summaries),
+        "n_conditions": sum(s["n_conditions"] for s in summaries),
+        "distinct_completions": max(s["distinct_completions"] for s in summaries),
+        "most_common_count": max(s["most_common_count"] for s in summaries),
+        "first_token_divergence": earliest(s["first_token_divergence"] for s in summaries),
+        "first_numeric_divergence": earliest(s["first_numeric_divergence"] for s in summaries),
+        "runs": runs,
+        "conditions": [c for s in summaries for c in s["conditions"]],
+        "completions": completions,
+        "branch_tree": first_split["branch_tree"] if first_split else None,
+        "branch_prompt_id": prompt_ids[summaries.index(first_split)] if first_split else None,
+        "prompts": [{"prompt_id": k, "prompt": texts[k] if k < len(texts) else "",
+                     **{key: s[key] for key in PER_PROMPT_KEYS}}
+                    for k, s in zip(prompt_ids, summaries)],
+    }
+
+
+def _first_split(summaries: list[dict]) -> dict | None:
+    """The summary of the prompt whose tokens diverge earliest (None if none diverges)."""
+    split = [s for s in summaries if s["first_token_divergence"] is not None]
+    return min(split, key=lambda s: s["first_token_divergence"]) if split else None
