@@ -23,10 +23,23 @@ if not INNER:
         assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
 
 else:
+    import numpy as np
     import torch
+    import triton.runtime.interpreter as interpreter
 
     from nondet.kernels import reference, triton_attention, triton_matmul, triton_rows
     from nondet.kernels.config import AttentionConfig, MatmulConfig
+
+    def _dot_row_by_row(self, a, b, d, input_precision, max_num_imprecise_acc):
+        """tl.dot one row at a time. The interpreter's np.matmul goes to the host's BLAS, whose
+        sgemm can round a row differently depending on the tile's OTHER rows (seen with numpy
+        2.4.6 on an AMD EPYC: a decode row of attention differed by 1 ULP from the same row in a
+        prefill tile). A GPU's MMA computes each row from that row alone; so must the emulation,
+        or the bitwise tests below would test the host's BLAS instead of our kernels."""
+        rows = [np.matmul(a.data[i:i + 1], b.data, dtype=d.data.dtype) for i in range(a.data.shape[0])]
+        return interpreter.TensorHandle(np.concatenate(rows) + d.data, d.dtype.scalar)
+
+    interpreter.InterpreterBuilder.create_dot = _dot_row_by_row
 
     # Small tiles and a small K chunk keep the interpreter fast and make K=29..200 span chunks,
     # so the split and fused strategies are both exercised.
