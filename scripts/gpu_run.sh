@@ -24,6 +24,7 @@ for step in "$@"; do
     sanitize) timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool memcheck --print-limit 10 python3 -m pytest -q -x \
                -p no:cacheprovider tests/gpu -k "not qwen3 and not one_process" 2>&1 | tail -30 | tee "$OUT/sanitize.log" ;;
     sweep-attention) timeout 150 python3 scripts/gpu_sweep.py attention 2>&1 | tee "$OUT/sweep_attention.log" ;;
+    sweep-matmul3) timeout 280 python3 scripts/gpu_sweep.py matmul3 2>&1 | tee "$OUT/sweep_matmul3.log" ;;
     sweep-matmul2) timeout 250 python3 scripts/gpu_sweep.py matmul2 2>&1 | tee "$OUT/sweep_matmul2.log" ;;
     sweep-matmul) timeout ${SWEEP_TIMEOUT:-280} python3 scripts/gpu_sweep.py matmul 2>&1 | tee "$OUT/sweep_matmul.log" ;;
     test) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/gpu -k "not qwen3" -rA 2>&1 | tail -30 | tee "$OUT/pytest.log" ;;

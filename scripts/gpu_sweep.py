@@ -1,6 +1,6 @@
 """Device sweep for M-bucketed matmul and B=1 decode attention configurations.
 
-Usage on the device machine: python3 scripts/gpu_sweep.py matmul|matmul2|attention
+Usage on the device machine: python3 scripts/gpu_sweep.py matmul|matmul2|matmul3|attention
 For every candidate: bitwise equality (raw bits, so -0.0 != +0.0) with the shipped
 configuration's fused launch at M=4096, for every M timed, and the CUDA-graph median time
 against the default (cuBLAS / SDPA). Only candidates that keep the K (KV) reduction order may
@@ -43,6 +43,18 @@ MM2 = {
 }
 MS2 = (1, 16, 64, 128, 256, 512, 1024)
 
+# third round: the persistent TMA kernel for fused launches (split is forced off)
+MM3 = {
+    "128x256 w8 s3": MatmulConfig(128, 256, 64, 1024, 8, 8, 3),
+    "128x256 w8 s3 tma": MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True),
+    "128x256 w8 s4 tma": MatmulConfig(128, 256, 64, 1024, 8, 8, 4, tma=True),
+    "128x128 w8 s4 tma": MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True),
+    "128x128 w4 s4 tma": MatmulConfig(128, 128, 64, 1024, 8, 4, 4, tma=True),
+    "64x128 w4 s4 tma": MatmulConfig(64, 128, 64, 1024, 8, 4, 4, tma=True),
+    "256x128 w8 s3 tma": MatmulConfig(256, 128, 64, 1024, 8, 8, 3, tma=True),
+}
+MS3 = (256, 512, 1024, 2048, 4096, 8192)
+
 
 def bench(fn) -> float:
     torch.cuda.synchronize()
@@ -53,10 +65,10 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
-def sweep_matmul(cands=MM, ms=MS) -> None:
+def sweep_matmul(cands=MM, ms=MS, split=None) -> None:
     shipped = MATMUL_CONFIGS[torch.bfloat16]
     print("shape | cuBLAS us | bucketed (shipped) | " + " | ".join(cands))
-    for k, n in ((4096, 4096), (4096, 14336), (14336, 4096), (1000, 1823)):
+    for k, n in ((4096, 4096), (4096, 14336), (14336, 4096), (1000, 1824)):
         torch.manual_seed(0)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
         x = torch.randn(max(MS), k, device="cuda", dtype=torch.bfloat16)
@@ -68,8 +80,9 @@ def sweep_matmul(cands=MM, ms=MS) -> None:
             cells = [f"{t:.1f} ({base / t:.2f}x){'' if same_bits(triton_matmul.mm(xm, w), ref[:m]) else ' BITS'}"]
             for cfg in cands.values():
                 try:
-                    ok = all(same_bits(triton_matmul.mm(xm, w, cfg=cfg, split=s), ref[:m]) for s in (False, True))
-                    t = bench(lambda: triton_matmul.mm(xm, w, cfg=cfg))
+                    ok = all(same_bits(triton_matmul.mm(xm, w, cfg=cfg, split=s), ref[:m])
+                             for s in ((False, True) if split is None else (split,)))
+                    t = bench(lambda: triton_matmul.mm(xm, w, cfg=cfg, split=split))
                     cells.append(f"{t:.1f} ({base / t:.2f}x){'' if ok else ' BITS'}")
                 except Exception as exc:  # noqa: BLE001 - a sweep reports, never stops
                     cells.append(f"error {type(exc).__name__}: {str(exc)[:60]}")
@@ -113,4 +126,4 @@ def sweep_attention() -> None:
 
 if __name__ == "__main__":
     {"matmul": sweep_matmul, "attention": sweep_attention,
-     "matmul2": lambda: sweep_matmul(MM2, MS2)}[sys.argv[1]]()
+     "matmul2": lambda: sweep_matmul(MM2, MS2), "matmul3": lambda: sweep_matmul(MM3, MS3, split=False)}[sys.argv[1]]()

@@ -36,7 +36,8 @@ else:
         2.4.6 on an AMD EPYC: a decode row of attention differed by 1 ULP from the same row in a
         prefill tile). A GPU's MMA computes each row from that row alone; so must the emulation,
         or the bitwise tests below would test the host's BLAS instead of our kernels."""
-        rows = [np.matmul(a.data[i:i + 1], b.data, dtype=d.data.dtype) for i in range(a.data.shape[0])]
+        b_data = np.ascontiguousarray(b.data)  # a transposed operand (b.T) must not change the order either
+        rows = [np.matmul(a.data[i:i + 1], b_data, dtype=d.data.dtype) for i in range(a.data.shape[0])]
         return interpreter.TensorHandle(np.concatenate(rows) + d.data, d.dtype.scalar)
 
     interpreter.InterpreterBuilder.create_dot = _dot_row_by_row
@@ -183,3 +184,21 @@ else:
         for m in sorted({1, 2, *edges, *(e + 1 for e in edges), a.shape[0]}):
             assert torch.equal(triton_matmul.mm(a[:m], b).view(torch.int16 if dtype != torch.float32 else torch.int32),
                                full[:m].view(torch.int16 if dtype != torch.float32 else torch.int32)), m
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+    def test_matmul_tma_persistent_kernel_gives_the_pointer_kernels_bits(dtype, monkeypatch):
+        # the large-M bucket's persistent TMA kernel: same chunks, same dot chain, same bits
+        tma_cfg = MatmulConfig(16, 16, 16, 32, 2, 4, 1, tma=True)
+        launched = []
+        real = triton_matmul._mm_tma
+        monkeypatch.setattr(triton_matmul, "_mm_tma", lambda *args: launched.append(1) or real(*args))
+        torch.manual_seed(6)
+        a = torch.randn(37, 72, dtype=dtype)  # K=72: chunks of 32, 32 and 8 (a ragged last step)
+        w = torch.randn(29, 72, dtype=dtype)  # a weight as nn.Linear stores it
+        bias = torch.randn(29, dtype=dtype)
+        for b in (None, bias):
+            ref = triton_matmul.mm(a, w.t(), b, cfg=MM_CFG, split=False)
+            out = triton_matmul.mm(a, w.t(), b, cfg=tma_cfg)
+            assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+            assert rel(out, reference.mm(a, w.t(), b)) < 1e-2
+        assert len(launched) == 2  # the TMA path ran, not the pointer fallback

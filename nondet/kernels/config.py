@@ -26,6 +26,7 @@ class MatmulConfig:
     group_m: int  # L2-friendly program order; changes scheduling only, never numerics
     num_warps: int
     num_stages: int
+    tma: bool = False  # fused launches: persistent kernel fed by TMA descriptors (Hopper+); same K order
 
 
 @dataclass(frozen=True)

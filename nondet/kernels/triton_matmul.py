@@ -110,6 +110,41 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr,
         tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=out_mask)
 
 
+@triton.jit(do_not_specialize=["M", "NUM_PROGRAMS"])  # one binary for every batch size
+def _mm_tma_kernel(a_desc, b_desc, c_ptr, bias_ptr, M, N, K, s_cm, s_cn, s_biasm, s_biasn, alpha, beta,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   K_CHUNK: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS,
+                   HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr, UPCAST: tl.constexpr):
+    """The fused strategy as a persistent kernel whose tiles arrive by TMA: A is (M, K) and B is
+    the weight as stored, (N, K). Per element the same chunks, the same chain of block_k dots
+    from zero, the same in-order chunk sums as _mm_kernel (rows past M and K past its end load
+    as zeros instead of wrapped rows / masked zeros: neither reaches a valid element)."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
+        group = tile // (GROUP_M * num_n)
+        first_m = group * GROUP_M
+        size_m = min(num_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % (GROUP_M * num_n)) % size_m
+        pid_n = (tile % (GROUP_M * num_n)) // size_m
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for c in range(0, tl.cdiv(K, K_CHUNK)):
+            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k in range(c * K_CHUNK, tl.minimum((c + 1) * K_CHUNK, K), BLOCK_K):
+                a = a_desc.load([pid_m * BLOCK_M, k])
+                b = b_desc.load([pid_n * BLOCK_N, k])
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                part = tl.dot(a, b.T, part)
+            acc = acc + part
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _epilogue(acc, bias_ptr, offs_m, offs_n, s_biasm, s_biasn, alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
+        c = c_ptr + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
+        tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
 @triton.jit(do_not_specialize=["M"])  # one binary for every batch size
 def _chunk_sum_kernel(ws_ptr, c_ptr, bias_ptr, M, N, K,
                       s_cb, s_cm, s_cn, s_biasb, s_biasm, s_biasn, alpha, beta,
@@ -179,6 +214,9 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     k_chunk = k_chunk_for(k, cfg)
     chunks = triton.cdiv(k, k_chunk)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    if not split and cfg.tma and _tma_ok(a, b):
+        _mm_tma(a[0], b[0], c[0], None if not has_bias else bias_t[0], alpha, beta, unit, k_chunk, cfg)
+        return c
     ws = torch.empty((chunks, nb, m, n), dtype=torch.float32, device=a.device) if split else c
     _mm_kernel[(tiles, nb, chunks if split else 1)](
         a, b, c, bias_t, ws, m, n, k,
@@ -196,6 +234,34 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
             bias_t.stride(0), bias_t.stride(1), bias_t.stride(2), float(alpha), float(beta),
             BLOCK_M=32, BLOCK_N=128, K_CHUNK=k_chunk, num_warps=4, **common)
     return c
+
+
+def _tma_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """One (M, K) row-major A and a weight stored (N, K), 16-byte aligned, on Hopper or newer."""
+    if a.shape[0] != 1 or a.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device)[0] < 9:
+        return False
+    a2, b2 = a[0], b[0]
+    aligned = all(t.data_ptr() % 16 == 0 for t in (a2, b2)) and (a2.shape[1] * a2.element_size()) % 16 == 0
+    return aligned and a2.stride(1) == 1 and a2.stride(0) == a2.shape[1] and b2.stride(0) == 1 \
+        and b2.stride(1) == b2.shape[0]
+
+
+def _mm_tma(a, b, c, bias, alpha, beta, unit, k_chunk, cfg):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, n = c.shape
+    a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
+    b_desc = TensorDescriptor.from_tensor(b.t(), [cfg.block_n, cfg.block_k])  # the weight as stored, (N, K)
+    programs = min(_sm_count(a.device), triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
+    bias_t = bias if bias is not None else c
+    _mm_tma_kernel[(programs,)](
+        a_desc, b_desc, c, bias_t, m, n, a.shape[1], c.stride(0), c.stride(1),
+        bias_t.stride(0), bias_t.stride(1), float(alpha), float(beta),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk, GROUP_M=cfg.group_m,
+        NUM_PROGRAMS=programs, HAS_BIAS=bias is not None, UNIT_SCALE=unit, UPCAST=interpreting(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _bias_only(bias, c, beta):
