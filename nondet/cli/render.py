@@ -37,9 +37,10 @@ def _prompts_table(mode: str, m: dict) -> Table:
     """Several prompts: one row per prompt (its conditions are in the report)."""
     table = Table(title=f"kernels: {mode}  (each prompt's runs are compared with that prompt sent alone)")
     for col in ("prompt", "text", "runs", "distinct", "first token divergence", "first numeric divergence"):
-        table.add_column(col, justify="left" if col in ("prompt", "text") else "right")
+        table.add_column(col, justify="left" if col in ("prompt", "text") else "right", no_wrap=col == "text")
     for p in m["prompts"]:
-        table.add_row(f"p{p['prompt_id']}", Text(visible(p.get("prompt", ""))[:32]), str(p["n_runs"]),
+        text = visible(p.get("prompt", ""))
+        table.add_row(f"p{p['prompt_id']}", Text(text if len(text) <= 30 else text[:29] + "…"), str(p["n_runs"]),
                       str(p["distinct_completions"]), _step(p["first_token_divergence"]),
                       numeric_step(p["first_numeric_divergence"], m))
     table.caption = (f"tokens differ on {m['prompts_diverged']} of {m['n_prompts']} prompts; "
