@@ -47,18 +47,19 @@ MATMUL_CONFIGS = {
     torch.float32: MatmulConfig(64, 64, 32, 1024, 8, 4, 3),
 }
 
-# M buckets for fp16/bf16, (largest M, config), chosen on an H200 from the two CUDA-graph-timed
-# sweeps in docs/benchmarks.md (2026-11-23; geometric mean over the three issue shapes per M). Each keeps block_k 64 and k_chunk 1024 (the K order above);
-# the sweep found every one bitwise equal to 128x256 at M = 1..4096 on four (K, N) shapes.
-# 16-row tiles use mma.sync, 64+ rows wgmma: the per-element K chain is the same (k16 steps).
+# M buckets for fp16/bf16, (largest M, config), chosen on an H200 from three CUDA-graph-timed
+# sweeps (docs/benchmarks.md, 2026-11-23; geometric mean over the issue's three (K, N) per M).
+# Every bucket keeps block_k 64 and k_chunk 1024 (the K order above); the sweeps found each
+# candidate bitwise equal to the 128x256 pointer kernel at every M on four (K, N) shapes.
+# 16-row tiles use mma.sync, 64+ rows wgmma: the per-element chain of k16 steps is the same.
+# tma=True: the persistent TMA-fed kernel where A and W allow it (else the pointer kernel with
+# the same tiles: same bits); 0.80-0.97x cuBLAS at M >= 512 in the third sweep.
 _HALF_BUCKETS = (
     (16, MatmulConfig(16, 128, 64, 1024, 8, 4, 4)),  # decode: W read once, N/128 x chunks programs
     (64, MatmulConfig(64, 64, 64, 1024, 8, 4, 4)),
     (128, MatmulConfig(64, 128, 64, 1024, 8, 4, 4)),
-    (256, MatmulConfig(128, 128, 64, 1024, 8, 8, 3)),
-    (512, MatmulConfig(64, 128, 64, 1024, 8, 4, 4)),
-    (1024, MatmulConfig(128, 128, 64, 1024, 8, 8, 4)),
-    (None, MATMUL_CONFIGS[torch.bfloat16]),  # large M: 128x256 tiles
+    (512, MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True)),
+    (None, MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True)),  # large M: 128x256 tiles
 )
 MATMUL_BUCKETS = {
     torch.bfloat16: _HALF_BUCKETS,

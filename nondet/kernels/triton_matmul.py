@@ -204,8 +204,9 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
         return c
     if k == 0:
         return c.copy_(_bias_only(bias, c, beta))
-    if split is None:
-        split = use_split(nb, m, n, k, cfg, a.device)
+    tma = cfg.tma and _tma_ok(a, b)
+    if split is None:  # the persistent TMA kernel fills the GPU itself: it never splits
+        split = not tma and use_split(nb, m, n, k, cfg, a.device)
     has_bias = bias is not None
     bias_t = bias.expand(nb, m, n) if has_bias else c
     unit = alpha == 1.0 and (beta == 1.0 or not has_bias)
@@ -214,7 +215,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     k_chunk = k_chunk_for(k, cfg)
     chunks = triton.cdiv(k, k_chunk)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    if not split and cfg.tma and _tma_ok(a, b):
+    if not split and tma:
         _mm_tma(a[0], b[0], c[0], None if not has_bias else bias_t[0], alpha, beta, unit, k_chunk, cfg)
         return c
     ws = torch.empty((chunks, nb, m, n), dtype=torch.float32, device=a.device) if split else c
