@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from nondet.errors import RunDirError
-from nondet.reports import shapes
+from nondet.rundir import shapes
 from nondet.rundir import RunDir, hex_to_float
 
 STREAM_COLUMNS = ["run_id", "condition_id", "kernels", "position", "is_reference", "step", "token", "piece",

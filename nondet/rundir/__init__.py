@@ -1,0 +1,14 @@
+"""The run directory: the contract between stages (docs/run-directory.md).
+
+files.py    RunDir: atomic JSON, fsynced JSONL, CSV; the only code that touches the files
+records.py  typed records (Header, ConditionRecord, StreamRecord, StepRecord, Summary)
+shapes.py   shape checks behind the records: valid JSON of the wrong shape is exit 4
+writer.py   RunWriter: the one writer of config.json, fingerprint.json, conditions.jsonl,
+            streams.jsonl and summary.json
+reader.py   validated reading of those files into records
+Imports no torch.
+"""
+
+from nondet.rundir.files import RunDir, float_to_hex, hex_to_float
+
+__all__ = ["RunDir", "float_to_hex", "hex_to_float"]
