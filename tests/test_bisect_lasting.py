@@ -192,7 +192,7 @@ def test_report_names_both_and_tables_the_lasting_step(described, tmp_path):
 
     from nondet.probes.bisect.bisect import MODULE_FIELDS
     from nondet.reports.bisect_sections import bisect_blocks
-    from nondet.reports.load import load_run
+    from nondet.reports.tables import read_tables
     from nondet.reports.blocks import Report, Section
     from nondet.reports.markdown import render_markdown
     from nondet.rundir import RunDir
@@ -201,7 +201,7 @@ def test_report_names_both_and_tables_the_lasting_step(described, tmp_path):
     rd = RunDir(write_run(tmp_path / "run", bisect=True))
     rd.write_json("bisect.json", b)
     rd.write_csv("bisect_modules.csv", rows, MODULE_FIELDS)
-    md = render_markdown(Report("r", [Section("bisect", "b", bisect_blocks(load_run(rd.path), []))]))
+    md = render_markdown(Report("r", [Section("bisect", "b", bisect_blocks(read_tables(rd.path), []))]))
     assert (f"The first bit difference is born at **step {TRANSIENT}** in `{VARIANT}` (op class matmul, layer 0). "
             "It is transient: absorbed before the residual stream, so nothing of it reached later steps. "
             f"The lasting divergence is born at **step {LASTING}** in `{VARIANT}` (op class matmul, layer 0); it "

@@ -115,11 +115,11 @@ def test_tables_round_trip_with_and_without_arrow_strings(probed, storage):
     pd = pytest.importorskip("pandas")
     if storage == "pyarrow":
         pytest.importorskip("pyarrow")
-    from nondet.reports import load_run, write_report
+    from nondet.reports import read_tables, write_report
 
     run, _, _ = probed
     with pd.option_context("mode.string_storage", storage):
-        tables = load_run(run)
+        tables = read_tables(run)
         assert list(tables.streams.piece) == _pieces(run)  # exact, raw bytes included
         assert tables.runs.text.map(type).eq(str).all()
         write_report(run)

@@ -3,19 +3,19 @@
 Imports no torch: a report can be rendered on any machine from the run directory alone.
 The names below load on first use, so `nondet.reports.ci` stays light (no pandas).
 
-    from nondet.reports import load_run, write_report
-    tables = load_run("RUN_DIR")          # DataFrames: streams, runs, conditions, ...
+    from nondet.reports import read_tables, write_report
+    tables = read_tables("RUN_DIR")       # DataFrames: streams, runs, conditions, ...
     md_path, html_path = write_report("RUN_DIR")
 """
 
-__all__ = ["RunTables", "load_run", "write_report"]
+__all__ = ["RunTables", "read_tables", "write_report"]
 
 
 def __getattr__(name: str):
-    if name in ("RunTables", "load_run"):
-        from nondet.reports import load
+    if name in ("RunTables", "read_tables"):
+        from nondet.reports import tables
 
-        return getattr(load, name)
+        return getattr(tables, name)
     if name == "write_report":
         from nondet.reports.write import write_report
 

@@ -5,7 +5,7 @@ import pandas as pd
 from nondet.reports import figures
 from nondet.reports.blocks import Code, Model, Para, Strong, Table, figure_or_hint
 from nondet.reports.fmt import fmt_float, fmt_margin, fmt_step, run_dir_arg
-from nondet.reports.load import RunTables
+from nondet.reports.tables import RunTables
 
 
 def bisect_blocks(t: RunTables, no_bisect: list) -> list:

@@ -14,7 +14,7 @@ from nondet.reports.blocks import (Branch, BranchPoint, Code, CodeBlock, Model, 
                                    Table, TokenDiff, figure_or_hint)
 from nondet.reports.bisect_sections import ablation_blocks, bisect_blocks
 from nondet.reports.fmt import fmt_hex, fmt_margin, fmt_step, run_dir_arg
-from nondet.reports.load import RunTables
+from nondet.reports.tables import RunTables
 
 CONTEXT_BEFORE, CONTEXT_AFTER = 12, 16  # tokens shown around a split in the token diff
 MAX_DIFFS = 6                            # divergent completions shown in the token diff
@@ -223,7 +223,7 @@ def _token_diffs(t: RunTables) -> list:
             out.append(_one_diff(c, run, ref, steps[run["run_id"]], sum(x["count"] for x in m["completions"])))
     if len(divergent) > MAX_DIFFS:
         out.append(Para([f"{len(divergent) - MAX_DIFFS} more divergent completions not shown "
-                         "(all are in summary.json and `nondet.reports.load_run`)."], kind="note"))
+                         "(all are in summary.json and `nondet.reports.read_tables`)."], kind="note"))
     return out
 
 

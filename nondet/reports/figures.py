@@ -8,7 +8,7 @@ import io
 import numpy as np
 import pandas as pd
 
-from nondet.reports.load import RunTables
+from nondet.reports.tables import RunTables
 
 OP_ORDER = ["embedding", "norm", "matmul", "attention", "softmax", "rotary", "activation", "other"]
 MODE_COLOURS = {"default": "#c0392b", "batch-invariant": "#2471a3"}

@@ -6,14 +6,14 @@ from nondet.errors import RunDirError
 from nondet.reports.blocks import Figure
 from nondet.reports.content import build_report
 from nondet.reports.html import render_html
-from nondet.reports.load import load_run
+from nondet.reports.tables import read_tables
 from nondet.reports.markdown import render_markdown
 from nondet.rundir import RunDir
 
 
 def write_report(run_dir) -> tuple[Path, Path]:
     """Render the run directory's report; returns (report.md path, report.html path)."""
-    tables = load_run(run_dir)
+    tables = read_tables(run_dir)
     try:
         report = build_report(tables)
     except (KeyError, TypeError, ValueError) as exc:  # a summary.json or bisect.json field is off

@@ -1,7 +1,7 @@
 """Run directory -> pandas DataFrames, for the report and for notebook users.
 
-    from nondet.reports import load_run
-    t = load_run("runs/2026-11-22T0300")
+    from nondet.reports import read_tables
+    t = read_tables("runs/2026-11-22T0300")
     t.streams.groupby("condition_id").logprob.std()
 """
 
@@ -64,7 +64,7 @@ class RunTables:
         return "default" if "default" in self.modes else next(iter(self.modes))
 
 
-def load_run(path) -> RunTables:
+def read_tables(path) -> RunTables:
     """Read a run directory into DataFrames; RunDirError if it is missing or malformed."""
     rd = RunDir(path)
     rd.require()

@@ -1,17 +1,17 @@
-"""nondet.reports.load_run: DataFrames with the documented columns and the run's numbers."""
+"""nondet.reports.read_tables: DataFrames with the documented columns and the run's numbers."""
 
 import pandas as pd
 import pytest
 from report_fixtures import BAD_BYTE, SCRIPT, write_run
 
 from nondet.errors import RunDirError
-from nondet.reports import load_run
-from nondet.reports.load import (ABLATION_COLUMNS, CONDITION_COLUMNS, MODULE_COLUMNS, RUN_COLUMNS,
-                                 STREAM_COLUMNS)
+from nondet.reports import read_tables
+from nondet.reports.tables import (ABLATION_COLUMNS, CONDITION_COLUMNS, MODULE_COLUMNS, RUN_COLUMNS,
+                                   STREAM_COLUMNS)
 
 
 def test_tables_have_documented_columns(tmp_path):
-    t = load_run(write_run(tmp_path / "run", bisect=True))
+    t = read_tables(write_run(tmp_path / "run", bisect=True))
     assert list(t.streams.columns) == STREAM_COLUMNS
     assert list(t.runs.columns) == RUN_COLUMNS
     assert list(t.conditions.columns) == CONDITION_COLUMNS
@@ -21,7 +21,7 @@ def test_tables_have_documented_columns(tmp_path):
 
 
 def test_streams_one_row_per_run_and_step(tmp_path):
-    t = load_run(write_run(tmp_path / "run"))
+    t = read_tables(write_run(tmp_path / "run"))
     assert len(t.runs) == 8 and len(t.streams) == 8 * 14
     run6 = t.streams[t.streams.run_id == 6].set_index("step")
     assert run6.loc[8, "piece"] == SCRIPT and run6.loc[9, "piece"] == BAD_BYTE
@@ -31,7 +31,7 @@ def test_streams_one_row_per_run_and_step(tmp_path):
 
 
 def test_conditions_and_runs_carry_the_diff(tmp_path):
-    t = load_run(write_run(tmp_path / "run"))
+    t = read_tables(write_run(tmp_path / "run"))
     c = t.conditions.set_index("condition_id")
     assert c.loc["default/bs4/ends", "distinct_completions"] == 2
     assert c.loc["default/bs4/ends", "first_token_divergence"] == 5
@@ -44,14 +44,14 @@ def test_conditions_and_runs_carry_the_diff(tmp_path):
 
 
 def test_bisect_tables_empty_before_bisect(tmp_path):
-    t = load_run(write_run(tmp_path / "run"))
+    t = read_tables(write_run(tmp_path / "run"))
     assert t.bisect is None and t.minimal_set is None
     assert t.bisect_modules.empty and list(t.bisect_modules.columns) == MODULE_COLUMNS
     assert t.ablation.empty and t.amplification.empty
 
 
 def test_bisect_tables(tmp_path):
-    t = load_run(write_run(tmp_path / "run", bisect=True))
+    t = read_tables(write_run(tmp_path / "run", bisect=True))
     m = t.bisect_modules
     assert set(m.step) == {1, 5}
     assert pd.isna(m.layer.iloc[0]) and m.module.iloc[0] == "model.embed_tokens" and not m.differs.iloc[0]
@@ -69,17 +69,17 @@ def test_ablation_inside_bisect_json_is_read_too(tmp_path):
     b.update(rd.read_json("ablation.json"))
     rd.write_json("bisect.json", b)
     (run / "ablation.json").unlink()
-    t = load_run(run)
+    t = read_tables(run)
     assert t.minimal_set == ["matmul"] and len(t.ablation) == 4
 
 
 def test_missing_and_malformed_run_dirs(tmp_path):
     with pytest.raises(RunDirError, match="run directory not found"):
-        load_run(tmp_path / "nope")
+        read_tables(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(RunDirError, match=r"conditions\.jsonl: missing; not a finished probe run"):
-        load_run(tmp_path / "empty")
+        read_tables(tmp_path / "empty")
     run = write_run(tmp_path / "run")
     (run / "summary.json").write_text('{"modes": {"default": {"runs": [{"oops": 1}]}}}')
     with pytest.raises(RunDirError, match="malformed run directory"):
-        load_run(run)
+        read_tables(run)
