@@ -13,8 +13,8 @@ import sys
 
 from nondet.probes.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
-from nondet.reports.ci import Policy, evaluate
-from nondet.reports.ci.junit import write_junit
+from nondet.gate import Policy, evaluate
+from nondet.gate.junit import write_junit
 from nondet.rundir import RunDir
 
 

@@ -28,14 +28,16 @@ def assert_batch_invariant(model, tokenizer, prompts: Sequence[str] = DEFAULT_PR
     require: "identical" or one of "max-distinct = N", "min-divergence-step = S",
     "max-logprob-diff = X" (see nondet gate). Returns the verdicts when the policy is met.
     """
-    from nondet.probes.inmemory import InMemoryProbe, probe_model
-    from nondet.reports.ci.policy import Policy, evaluate
+    from nondet.probes.inmemory import probe_model
+    from nondet.probes.probe import ProbeConfig
+    from nondet.gate.policy import Policy, evaluate
 
     policy = Policy.parse(require)
     verdicts = []
     for prompt in prompts:
-        probe = InMemoryProbe(prompt, tuple(sorted({1, *batch_sizes})), max_new_tokens, (kernels,))
-        result = probe_model(model, tokenizer, probe)
+        config = ProbeConfig(prompt=prompt, batch_sizes=tuple(sorted({1, *batch_sizes})),
+                             max_new_tokens=max_new_tokens, kernels=(kernels,))
+        result = probe_model(model, tokenizer, config)
         verdicts.append(evaluate(result.summary, result.streams, policy, name=f"prompt {prompt[:60]!r}"))
     failed = [v for v in verdicts if not v.passed]
     if failed:

@@ -173,18 +173,18 @@ def test_unwritable_step_summary_is_a_warning_not_a_failed_gate(tmp_path, tiny_m
 
 
 def test_gate_bisect_line_explains_both_numbers():
-    from nondet.cli.gate import _bisect_line
+    from nondet.gate.diagnose import bisect_line
 
     first = {"step": 1, "module": "model.layers.0.mlp.down_proj", "op_class": "matmul"}
     lasting = {"step": 4, "module": "model.layers.1.mlp.down_proj", "op_class": "matmul"}
-    assert _bisect_line({"origin": first, "lasting": lasting, "minimal_set": ["matmul"]}, logprob_step=4) == (
+    assert bisect_line({"origin": first, "lasting": lasting, "minimal_set": ["matmul"]}, logprob_step=4) == (
         "first differing activation bits at step 1 in model.layers.0.mlp.down_proj (matmul), transient; lasting "
         "divergence from step 4 in model.layers.1.mlp.down_proj (matmul); the sampled token's logprob bits first "
         "differ at step 4 (the table's first numeric divergence), where the lasting divergence begins; "
         "batch-invariant matmul removes it")
-    assert _bisect_line({"origin": first}, logprob_step=35) == (
+    assert bisect_line({"origin": first}, logprob_step=35) == (
         "first differing activation bits at step 1 in model.layers.0.mlp.down_proj (matmul); the sampled token's "
         "logprob bits first differ at step 35 (the table's first numeric divergence), which no earlier activation "
         "difference had reached")
-    assert _bisect_line({"origin": first, "lasting": first}, logprob_step=1) == (
+    assert bisect_line({"origin": first, "lasting": first}, logprob_step=1) == (
         "first differing activation bits at step 1 in model.layers.0.mlp.down_proj (matmul)")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from nondet.errors import UsageError
-from nondet.reports.ci.config import GateSettings, find_config, load_config, resolve
-from nondet.reports.ci.policy import Policy
+from nondet.gate.config import GateSettings, find_config, load_config, resolve
+from nondet.gate.policy import Policy
 
 NO_FLAGS: dict = {}
 
@@ -68,7 +68,7 @@ def test_nondet_toml_wins_and_flags_win_over_it(tmp_path):
     ("max-new-tokens = 0\n", "{path}: max-new-tokens must be >= 1, not 0"),
     ("batch_sizes = [1, 2]\n", "{path}: unknown key 'batch_sizes'; known keys: model, prompt, prompts, batch-sizes, "
                                "positions, runs, max-new-tokens, kernels, dtype, device, threads, load, endpoint, rate, "
-                               "concurrency, require, "
+                               "concurrency, inject-variance, require, "
                                "max-distinct, min-divergence-step, max-logprob-diff"),
     ("batch-sizes = [1]\n", "{path}: batch-sizes needs a size > 1 (1 alone is only the reference)"),
     ("max-distinct = 2\nrequire = 'identical'\n", "{path}: give one requirement, not require and max-distinct"),

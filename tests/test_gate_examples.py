@@ -61,8 +61,8 @@ def test_workflow_gate_command_fails_without_them(model_repo):
 
 
 def test_pyproject_snippet_is_a_valid_gate_config(tmp_path):
-    from nondet.reports.ci.config import load_config, resolve
-    from nondet.reports.ci.policy import Policy
+    from nondet.gate.config import load_config, resolve
+    from nondet.gate.policy import Policy
 
     shutil.copy(EXAMPLES / "pyproject-snippet.toml", tmp_path / "pyproject.toml")
     s = resolve({}, load_config(tmp_path / "pyproject.toml"), tmp_path / "pyproject.toml")

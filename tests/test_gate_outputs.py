@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from gate_fixtures import A, B, C, summary_of, sweep
-from nondet.reports.ci import Policy, evaluate, github
-from nondet.reports.ci.junit import junit_xml, write_junit, xml_safe
+from nondet.gate import Policy, evaluate, github
+from nondet.gate.junit import junit_xml, write_junit, xml_safe
 
 
 def violated(name=""):

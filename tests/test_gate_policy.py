@@ -4,7 +4,7 @@ import pytest
 
 from gate_fixtures import LP, A, B, C, summary_of, sweep
 from nondet.errors import UsageError
-from nondet.reports.ci import Policy, evaluate
+from nondet.gate import Policy, evaluate
 
 
 def judge(streams, policy=Policy(), with_streams=True):
@@ -122,7 +122,8 @@ def test_ci_modules_import_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys\nimport nondet.reports.ci.policy, nondet.reports.ci.config, nondet.reports.ci.junit, "
-            "nondet.reports.ci.github\nprint([m for m in ('torch', 'transformers') if m in sys.modules])")
+    code = ("import sys\nimport nondet.gate, nondet.gate.policy, nondet.gate.config, nondet.gate.junit, "
+            "nondet.gate.github, nondet.gate.run, nondet.gate.diagnose\n"
+            "print([m for m in ('torch', 'transformers') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr

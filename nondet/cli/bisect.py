@@ -1,7 +1,6 @@
 """`nondet bisect [RUN_DIR]`: where inside the model a divergence is born, and which kernel causes it."""
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -61,8 +60,10 @@ def bisect(
         raise UsageError("--model, --prompt, --prompt-file and --out apply only without RUN_DIR "
                          "(bisect reloads the probe's model and prompt from RUN_DIR/config.json)")
     if run_dir is None:
-        run_dir = _probe_first(model, prompt, prompt_file, batch_sizes, max_new_tokens, dtype, device,
-                               (attn_implementation, trust_remote_code, inject_variance), threads, out, json_output)
+        run_dir = _probe_first(prompt, prompt_file, json_output, model=model, dtype=dtype, device=device,
+                               attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
+                               inject_variance=inject_variance, batch_sizes=batch_sizes,
+                               max_new_tokens=max_new_tokens, threads=threads, out=out)
     config = BisectConfig(str(run_dir), condition, position, max_steps, ablation)
     result = _run_with_status(config, quiet=json_output)
     from nondet.cli.probe import write_report_if_available
@@ -81,21 +82,14 @@ def bisect(
     console.print(f"wall time: {result.seconds:.1f} s")
 
 
-def _probe_first(model, prompt, prompt_file, batch_sizes, max_new_tokens, dtype, device, loading, threads,
-                 out, quiet) -> Path:
+def _probe_first(prompt, prompt_file, quiet: bool, **options) -> Path:
     """No RUN_DIR: run the probe (same options as `nondet probe`) to find a divergent condition."""
     from nondet.cli.options import read_prompt
     from nondet.cli.probe import run_with_progress
-    from nondet.probes.conditions import parse_batch_sizes
-    from nondet.probes.loading import ModelSpec
-    from nondet.probes.probe import DEFAULT_PROMPT, ProbeConfig, default_run_dir
+    from nondet.cli.probe_config import build_probe_config
+    from nondet.probes.probe import DEFAULT_PROMPT
 
-    config = ProbeConfig(
-        prompt=read_prompt(prompt, prompt_file, DEFAULT_PROMPT),
-        model=ModelSpec(model, dtype, device, *loading),  # loading: attn, trust_remote_code, inject_variance
-        batch_sizes=parse_batch_sizes(batch_sizes), max_new_tokens=max_new_tokens, threads=threads,
-        out=str(out) if out else default_run_dir("bisect"), argv=tuple(["nondet"] + sys.argv[1:]),
-    )
+    config = build_probe_config("bisect", (read_prompt(prompt, prompt_file, DEFAULT_PROMPT),), **options)
     result = run_with_progress(config, quiet=quiet)
     if not quiet:
         from rich.console import Console

@@ -81,31 +81,21 @@ def probe(
     Under load:  nondet probe --load continuous --runs 8 --rate 0.5 --concurrency 8
     A server:  nondet probe --endpoint http://127.0.0.1:8000 --runs 16 --tokenizer DIR
     """
-    import sys
-
     from nondet.cli.options import read_lines_file, read_targets
-    from nondet.probes.conditions import parse_batch_sizes
+    from nondet.cli.probe_config import build_load_config, build_probe_config
     from nondet.probes.corpus import FILLERS
-    from nondet.probes.load.config import LoadConfig
-    from nondet.probes.loading import ModelSpec
-    from nondet.probes.probe import DEFAULT_PROMPT, ProbeConfig, default_run_dir
 
-    mode = "server" if endpoint or resume else load
-    load_config = LoadConfig(mode=mode, rate=rate, concurrency=concurrency, filler_requests=filler_requests,
-                             endpoint=endpoint, chat=chat, tokenizer=tokenizer, api_key_env=api_key_env,
-                             timeout=timeout, resume=str(resume) if resume else None)
-
-    targets = read_targets(prompt, prompt_file, prompts, several_by_default=mode == "static")
-    config = ProbeConfig(
-        prompt=targets[0], prompts=targets if len(targets) > 1 else (),
-        model=ModelSpec(model, dtype, device, attn_implementation, trust_remote_code, inject_variance),
-        batch_sizes=parse_batch_sizes(batch_sizes or default_batch_sizes(targets)),
-        placement=positions, runs=runs,
+    load_config = build_load_config(load, endpoint, resume, rate=rate, concurrency=concurrency,
+                                    filler_requests=filler_requests, chat=chat, tokenizer=tokenizer,
+                                    api_key_env=api_key_env, timeout=timeout)
+    targets = read_targets(prompt, prompt_file, prompts, several_by_default=load_config.mode == "static")
+    config = build_probe_config(
+        "probe", targets, model=model, dtype=dtype, device=device, attn_implementation=attn_implementation,
+        trust_remote_code=trust_remote_code, inject_variance=inject_variance, batch_sizes=batch_sizes, out=out,
+        load=load_config, placement=positions, runs=runs,
         fillers=read_lines_file(fillers, "fillers") if fillers else FILLERS,
         ragged=ragged, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-        kernels=("default", "batch-invariant") if confirm else (kernels,),
-        threads=threads, out=str(out or default_run_dir("probe")), argv=tuple(["nondet"] + sys.argv[1:]),
-        load=load_config,
+        kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads,
     )
     result = run_keeping_streams(config, quiet=json_output)
     write_report_if_available(result.run_dir)
@@ -131,12 +121,6 @@ def run_keeping_streams(config, quiet: bool):
         return run_with_progress(config, quiet)
     except OutOfMemoryError as exc:
         raise OutOfMemoryError(f"{exc}; streams already written stay in {config.load.resume or config.out}") from exc
-
-
-def default_batch_sizes(targets: tuple[str, ...]) -> str:
-    """One prompt: the full sweep. Several: fewer sizes each, so the demo's 8 prompts take
-    about the time of one prompt's full sweep (docs: README "What it shows")."""
-    return "1,2,4,8,16" if len(targets) == 1 else "1,2,8"
 
 
 def run_with_progress(config, quiet: bool):

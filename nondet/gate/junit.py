@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Sequence
 
-from nondet.reports.ci.policy import ConditionResult, Verdict
+from nondet.gate.policy import ConditionResult, Verdict
 
 # Everything outside XML 1.0's Char production.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from nondet.errors import UsageError
-from nondet.reports.ci.policy import Policy
+from nondet.gate.policy import Policy
 
 THRESHOLDS = ("max-distinct", "min-divergence-step", "max-logprob-diff")
 CONFIG_NAMES = ("nondet.toml", "pyproject.toml")

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence, TextIO
 
-from nondet.reports.ci.policy import Verdict
+from nondet.gate.policy import Verdict
 
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~])")  # emphasis, code, links, table cells
 

@@ -1,0 +1,63 @@
+"""The one place the CLI builds a ProbeConfig: `nondet probe`, `nondet bisect` (no RUN_DIR) and
+`nondet gate` (one per prompt) share it, so a flag means the same in all three."""
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from nondet.probes.load.config import LoadConfig
+    from nondet.probes.probe import ProbeConfig
+
+
+def build_probe_config(command: str, prompts: Sequence[str] = (), *, model: str | None = None,
+                       dtype: str = "bfloat16", device: str = "cpu", attn_implementation: str | None = None,
+                       trust_remote_code: bool = False, inject_variance: bool = False,
+                       batch_sizes: str | Sequence[int] | None = None, out: str | Path | None = None,
+                       load: "LoadConfig | None" = None, **fields) -> "ProbeConfig":
+    """A ProbeConfig from the common options.
+
+    command: names the default run directory (nondet-runs/<time>-<command>) when out is None.
+    prompts: the target prompts; () = the default prompt; several are each diffed on their own.
+    batch_sizes: '1,2,8' / '1-16' as typed, sizes already parsed, or None for the default,
+      which depends on the number of prompts (default_batch_sizes).
+    fields: the other ProbeConfig fields as they are (placement, runs, fillers, ragged,
+      max_new_tokens, temperature, seed, kernels, threads).
+    """
+    from nondet.probes.loading import ModelSpec
+    from nondet.probes.probe import ProbeConfig, default_run_dir
+
+    prompts = tuple(prompts)
+    if prompts:
+        fields.update(prompt=prompts[0], prompts=prompts if len(prompts) > 1 else ())
+    if load is not None:
+        fields["load"] = load
+    return ProbeConfig(
+        model=ModelSpec(model, dtype, device, attn_implementation, trust_remote_code, inject_variance),
+        batch_sizes=_batch_sizes(batch_sizes, prompts), out=str(out) if out else default_run_dir(command),
+        argv=tuple(["nondet"] + sys.argv[1:]), **fields,
+    )
+
+
+def build_load_config(load: str = "static", endpoint: str | None = None, resume: str | Path | None = None,
+                      **fields) -> "LoadConfig":
+    """The traffic around the target: --endpoint (or --resume) means a live server, else --load.
+    fields: rate, concurrency, filler_requests, chat, tokenizer, api_key_env, timeout."""
+    from nondet.probes.load.config import LoadConfig
+
+    mode = "server" if endpoint or resume else load
+    return LoadConfig(mode=mode, endpoint=endpoint, resume=str(resume) if resume else None, **fields)
+
+
+def default_batch_sizes(prompts: Sequence[str]) -> str:
+    """One prompt: the full sweep. Several: fewer sizes each, so the demo's 8 prompts take
+    about the time of one prompt's full sweep (docs: README "What it shows")."""
+    return "1,2,4,8,16" if len(prompts) <= 1 else "1,2,8"
+
+
+def _batch_sizes(value: str | Sequence[int] | None, prompts: tuple[str, ...]) -> tuple[int, ...]:
+    from nondet.probes.conditions import parse_batch_sizes
+
+    if value is None or isinstance(value, str):
+        return parse_batch_sizes(value or default_batch_sizes(prompts))
+    return tuple(value)

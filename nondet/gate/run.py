@@ -1,0 +1,157 @@
+"""The gate as a library: probe each target, judge it under a policy, write the CI outputs, diagnose.
+
+    from nondet.gate import GateOutputs, Policy, run_gate
+    result = run_gate([ProbeConfig(...)], Policy.parse("max-distinct = 2"), GateOutputs(junit="junit.xml"))
+    result.passed, result.verdicts[0].failures
+
+The caller builds the probe configs (the CLI: nondet/cli/probe_config.py) and says how it
+shows the run through GateHooks: a probe runner (the CLI's has a progress bar) and callbacks
+for the verdicts, the bisect line, warnings and the report. Nothing here prints; the one
+exception is the `::error` annotations under GitHub Actions, a CI output like the JUnit file.
+"""
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from nondet.gate import github
+from nondet.gate.diagnose import bisect_first_failure
+from nondet.gate.junit import write_junit
+from nondet.gate.policy import Policy, Verdict, evaluate
+
+if TYPE_CHECKING:
+    from nondet.probes.probe import ProbeConfig, ProbeResult
+
+
+@dataclass(frozen=True)
+class GateOutputs:
+    junit: str | None = None  # JUnit XML path, or None
+    bisect: bool = True  # bisect the first failing condition (when nondet bisect is installed)
+
+
+@dataclass
+class Gated:
+    run_dir: Path
+    summary: dict  # summary.json of the probe
+    verdict: Verdict
+    bisect: str | None = None  # the bisect's one-line result, or its warning; None when not bisected
+
+
+def _nothing(*_args) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class GateHooks:
+    """How the caller sees a gate run. Every hook is optional: a library caller can read GateResult."""
+
+    probe: "Callable[[ProbeConfig], ProbeResult] | None" = None  # runs one probe; None = run_probe, no display
+    on_judged: Callable[[list[Gated]], None] = _nothing  # all prompts judged, JUnit written: show the verdicts
+    on_bisect: Callable[[Path, str], None] = _nothing  # (run_dir, line) after a violation was bisected
+    on_warning: Callable[[str], None] = _nothing  # a diagnostic failed; the verdict and exit code stand
+    report: Callable[[Path], None] | None = None  # writes a run directory's report (gate never imports reports)
+
+
+@dataclass
+class GateResult:
+    gated: list[Gated]  # one per probe config, in order
+    warnings: list[str] = field(default_factory=list)  # diagnostics that failed (never change the verdict)
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        return [g.verdict for g in self.gated]
+
+    @property
+    def passed(self) -> bool:
+        return all(v.passed for v in self.verdicts)
+
+
+def run_gate(configs: "Sequence[ProbeConfig]", policy: Policy, outputs: GateOutputs = GateOutputs(),
+             hooks: GateHooks = GateHooks()) -> GateResult:
+    """Probe every config, judge, write the CI outputs, bisect, report; result.passed when the policy is met."""
+    started = time.perf_counter()
+    probe = hooks.probe or _run_probe
+    several = len(configs) > 1
+    result = GateResult([_gate_one(c, policy, probe, several) for c in configs])
+    if outputs.junit:
+        write_junit(outputs.junit, result.verdicts, time.perf_counter() - started)
+    github.annotate(result.verdicts)
+    hooks.on_judged(result.gated)
+    for g in result.gated:  # diagnostics: they never change the verdict or the exit code
+        if outputs.bisect and not g.verdict.passed:
+            g.bisect = _diagnose("bisect", result, hooks, _bisect, g, hooks)
+        if hooks.report is not None:
+            _diagnose("report", result, hooks, hooks.report, g.run_dir)
+    _step_summary(result, hooks)
+    return result
+
+
+def prompt_dirs(prompts: Sequence[str], out: str | None) -> list[tuple[str | None, str]]:
+    """(prompt, run directory) pairs: the run directory itself, or prompt-N below it.
+    No prompts: one pair (None, run directory), None meaning the probe's default prompt."""
+    from nondet.probes.probe import default_run_dir
+
+    base = out or default_run_dir("gate")
+    if len(prompts) <= 1:
+        return [(prompts[0] if prompts else None, base)]
+    return [(p, str(Path(base) / f"prompt-{i}")) for i, p in enumerate(prompts, start=1)]
+
+
+def verdict_json(verdict: Verdict) -> dict:
+    """gate.json: the policy, pass/fail and each condition's result (docs/run-directory.md)."""
+    return dataclasses.asdict(verdict)
+
+
+def _run_probe(config: "ProbeConfig") -> "ProbeResult":
+    from nondet.probes.probe import run_probe
+
+    return run_probe(config)
+
+
+def _gate_one(config: "ProbeConfig", policy: Policy, probe, several: bool) -> Gated:
+    from nondet.rundir import RunDir
+
+    result = probe(config)
+    streams = RunDir(result.run_dir).read_jsonl("streams.jsonl")  # exact logprobs, for the policy
+    name = f"prompt {config.prompt[:60]!r}" if several else ""
+    verdict = evaluate(result.summary, streams, policy, name=name, run_dir=str(result.run_dir))
+    RunDir(result.run_dir).write_json("gate.json", verdict_json(verdict))  # the report shows it
+    return Gated(result.run_dir, result.summary, verdict)
+
+
+def _bisect(g: Gated, hooks: GateHooks) -> str | None:
+    line = bisect_first_failure(g.run_dir, g.verdict)
+    if line is not None:
+        hooks.on_bisect(g.run_dir, line)
+    return line
+
+
+def _diagnose(what: str, result: GateResult, hooks: GateHooks, step, *args) -> str | None:
+    """Run a diagnostic step; its one-line error is a warning, so a violation keeps meaning 'violated'.
+    Returns the step's one-line result, or the warning."""
+    from nondet.errors import NondetError
+
+    try:
+        return step(*args)
+    except NondetError as exc:
+        return _warn(f"{what} failed: {exc}", result, hooks)
+
+
+def _step_summary(result: GateResult, hooks: GateHooks) -> None:
+    """The GitHub step summary, last (it holds the bisect result). A summary that cannot be written
+    is a warning: the verdict, the JUnit file and the annotations stand."""
+    try:
+        github.append_step_summary(result.verdicts, bisects=[g.bisect for g in result.gated])
+    except OSError as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        _warn(f"cannot write the GitHub step summary to {os.environ.get('GITHUB_STEP_SUMMARY')}: {reason}; "
+              "the gate's verdict stands", result, hooks)
+
+
+def _warn(text: str, result: GateResult, hooks: GateHooks) -> str:
+    result.warnings.append(text)
+    hooks.on_warning(text)
+    return text
