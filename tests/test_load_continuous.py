@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from nondet.probes.load.config import LoadConfig
+from nondet.probes.sources.config import LoadConfig
 from nondet.probes.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from nondet.errors import RunDirError, ServerResponseError, ServerUnreachableError
-from nondet.probes.load.config import LoadConfig
-from nondet.probes.load.server_probe import run_server_probe
+from nondet.probes.sources.config import LoadConfig
+from nondet.probes.sources.server import run_server_probe
 from nondet.probes.probe import DEFAULT_PROMPT, ProbeConfig
 
 sys.path.insert(0, str(Path(__file__).parent))

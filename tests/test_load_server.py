@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from nondet.probes.load.config import LoadConfig
-from nondet.probes.load.server_probe import run_server_probe
+from nondet.probes.sources.config import LoadConfig
+from nondet.probes.sources.server import run_server_probe
 from nondet.probes.probe import ProbeConfig
 
 HEALTH_WAIT_S = 180  # model load and warm-up on a busy 2-core CI machine

@@ -3,10 +3,10 @@
 import pytest
 
 from nondet.errors import ServerResponseError, UsageError
-from nondet.probes.load import arrivals, compare
-from nondet.probes.load.client import Client, ClientSettings, public_headers
-from nondet.probes.load.config import LoadConfig, validate
-from nondet.probes.load.responses import parse_completion
+from nondet.probes.traffic import arrivals, compare
+from nondet.probes.traffic.client import Client, ClientSettings, public_headers
+from nondet.probes.sources.config import LoadConfig, validate
+from nondet.probes.traffic.responses import parse_completion
 
 
 def test_schedules_are_seeded_and_bounded():

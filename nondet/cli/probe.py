@@ -160,7 +160,7 @@ def run_server_with_progress(config):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from nondet.probes.load.server_probe import run_server_probe
+    from nondet.probes.sources.server import run_server_probe
     from nondet.probes.probe import _validate
 
     _validate(config)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from nondet.probes.load.config import LoadConfig
+    from nondet.probes.sources.config import LoadConfig
     from nondet.probes.probe import ProbeConfig
 
 
@@ -43,7 +43,7 @@ def build_load_config(load: str = "static", endpoint: str | None = None, resume:
                       **fields) -> "LoadConfig":
     """The traffic around the target: --endpoint (or --resume) means a live server, else --load.
     fields: rate, concurrency, filler_requests, chat, tokenizer, api_key_env, timeout."""
-    from nondet.probes.load.config import LoadConfig
+    from nondet.probes.sources.config import LoadConfig
 
     mode = "server" if endpoint or resume else load
     return LoadConfig(mode=mode, endpoint=endpoint, resume=str(resume) if resume else None, **fields)

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from nondet.errors import ModelLoadError
-from nondet.probes.load.arrivals import Arrival
+from nondet.probes.traffic.arrivals import Arrival
 from nondet.probes.recorder import step_record
 
 TARGET_ID = "target"

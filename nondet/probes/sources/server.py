@@ -1,76 +1,117 @@
-"""`nondet probe --endpoint URL`: one prompt, many concurrent greedy copies, against a live server.
+"""The server source: one prompt, many concurrent greedy copies, against a live server.
 
 Order: identify the server (/v1/models, response headers) -> the reference: one copy sent
 ALONE, nothing else in flight -> the burst: `runs` copies, at most `concurrency` in flight,
 while filler requests arrive as a seeded Poisson process (`rate` per second). Every answer is
-appended to streams.jsonl the moment it arrives, keyed by its request index (0 = reference,
-1..runs = copies), so `--resume RUN_DIR` sends only the indices not on disk: nothing
-completed is redone or duplicated. The summary compares all runs at one level (compare.py).
+emitted (and so appended to streams.jsonl) the moment it arrives, keyed by its request index
+(0 = reference, 1..runs = copies), so `--resume RUN_DIR` sends only the indices not on disk:
+nothing completed is redone or duplicated. The summary compares all runs at one level
+(traffic compare.py).
 """
 
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from nondet.errors import ModelLoadError, NondetError, RunDirError, ServerResponseError, UsageError
-from nondet.probes.load import arrivals, compare
-from nondet.probes.load.client import Client, ClientSettings, public_headers
-from nondet.probes.load.config import LoadConfig
-from nondet.probes.load.responses import parse_completion
-from nondet.probes.load.tally import Tally
-from nondet.probes.load.traffic import FillerTraffic
+from nondet.probes.traffic import arrivals, compare
+from nondet.probes.traffic.client import Client, ClientSettings, public_headers
+from nondet.probes.sources.config import LoadConfig
+from nondet.probes.traffic.responses import parse_completion
+from nondet.probes.traffic.tally import Tally
+from nondet.probes.traffic.traffic import FillerTraffic
+from nondet.probes.sources.base import Emit, Opened, Planned
+from nondet.probes.sources.static import step_record
 from nondet.rundir import RunDir
+from nondet.rundir.records import ConditionRecord, StreamRecord, Summary
 
 DEFAULT_RUNS = 16  # concurrent copies besides the reference
+REF, BURST = "default/server/ref", "default/server/burst"
 
 
 def run_server_probe(config, on_progress=None):
-    from nondet.probes.probe import ProbeResult, default_run_dir
+    """run_probe on a server, with on_progress(Tally counts) as requests are sent and answered."""
+    from nondet.probes.probe import run_probe
 
-    started = time.perf_counter()
-    config = _resumed(config) if config.load.resume else config
-    _check(config)
-    run_dir = RunDir(config.load.resume or config.out or default_run_dir("probe"))
-    done = _done_indices(run_dir) if config.load.resume else set()
-    tally = Tally(_runs(config) + 1, len(done), on_progress)
-    client = Client(_client_settings(config.load), tally.failed_attempt)
-    tokenizer = _local_tokenizer(config.load.tokenizer)
-    model = _stored_model(run_dir) if config.load.resume else _start(run_dir, config, client)
-    probe = _Probe(config, client, run_dir, tally, model or None, tokenizer)
-    try:
-        probe.send_missing(done)
-    except NondetError as exc:
-        n = len(_done_indices(run_dir))
-        raise type(exc)(f"{exc}; {n} completed answers are kept in {run_dir.path}: "
-                        f"finish with `nondet probe --resume {run_dir.path}`") from exc
-    finally:
-        if config.load.resume:
-            _record_resume(run_dir, config, len(_done_indices(run_dir)) - len(done))
-    summary = summarize_server(_streams(run_dir), config, tokenizer)
-    run_dir.write_json("summary.json", summary)
-    return ProbeResult(run_dir.path, summary, time.perf_counter() - started)
+    return run_probe(config, on_progress=on_progress)
 
 
-class _Probe:
-    def __init__(self, config, client: Client, run_dir: RunDir, tally: Tally, model: str | None, tokenizer):
-        self.config, self.client, self.run_dir, self.tally = config, client, run_dir, tally
-        self.model, self.tokenizer = model, tokenizer
+class ServerSource:
+    kind = "server"
+
+    def __init__(self, config, on_progress=None) -> None:
+        self.config = _resumed(config) if config.load.resume else config
+        _check(self.config)
+        self.on_progress = on_progress
+        self.writer = self.client = self.tally = self.model = self.tokenizer = None
+        self.done: set[int] = set()  # request indices already answered on disk (a resume)
         self.lock = threading.Lock()
 
-    def send_missing(self, done: set[int]) -> None:
-        if 0 not in done:
-            self._target(0)  # the reference: alone, nothing else in flight
-        todo = [i for i in range(1, _runs(self.config) + 1) if i not in done]
-        if todo:
-            self._burst(todo)
+    def open(self) -> Opened:
+        resume, config = self.config.load.resume, self.config
+        if resume:
+            self.done = _done_indices(RunDir(resume))
+        elif config.out and RunDir(config.out).exists("streams.jsonl"):
+            raise UsageError(f"{config.out} already holds a probe; finish it with --resume {config.out} "
+                             "or pass a new --out")
+        self.tally = Tally(_runs(config) + 1, len(self.done), self.on_progress)
+        self.client = Client(_client_settings(config.load), self.tally.failed_attempt)
+        self.tokenizer = _local_tokenizer(config.load.tokenizer)
+        if resume:
+            self.model = _stored_model(RunDir(resume))
+            return Opened(None, run_dir=resume)
+        identity = _identify(self.client)
+        self.model = config.model.name or (identity["models"][0] if identity["models"] else None)
+        return Opened(_fingerprint(config, identity, self.model))
 
-    def _burst(self, todo: list[int]) -> None:
+    def attach(self, writer) -> None:
+        self.writer = writer
+
+    def plan(self) -> list[Planned]:
+        config, runs = self.config, _runs(self.config)
+        burst = [i for i in range(1, runs + 1) if i not in self.done]
+        label = f"{runs} copies, {_concurrency(config)} at once, fillers {config.load.resolved_rate():g}/s"
+        return [Planned(REF, "alone (reference)", "default", [0] if 0 not in self.done else []),
+                Planned(BURST, label, "default", burst)]
+
+    def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
+        try:
+            if planned.condition_id == REF and planned.plan:
+                self._target(0, emit)  # the reference: alone, nothing else in flight
+            elif planned.plan:
+                self._burst(planned.plan, emit)
+        except NondetError as exc:
+            n = len(_done_indices(self.writer.run_dir))
+            raise type(exc)(f"{exc}; {n} completed answers are kept in {self.writer.run_dir.path}: "
+                            f"finish with `nondet probe --resume {self.writer.run_dir.path}`") from exc
+        return self._condition(planned)
+
+    def summarize(self, streams: list[dict]) -> Summary:
+        doc = summarize_server(_first_per_index(streams), self.config, self.tokenizer)
+        return Summary(doc["modes"], doc["verdict"], extra={"load": doc["load"]})
+
+    def close(self) -> None:
+        """A resume is recorded even when it fails part-way: which runs came after the interruption."""
+        if self.config.load.resume and self.writer is not None:
+            added = len(_done_indices(self.writer.run_dir)) - len(self.done)
+            resumes = self.writer.run_dir.read_json("config.json").get("resumes", [])
+            self.writer.update_header(resumes=resumes + [{
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs_added": added,
+                "endpoint": self.config.load.endpoint}])
+
+    def _condition(self, planned: Planned) -> ConditionRecord:
+        if planned.condition_id == REF:
+            return ConditionRecord(REF, "default", 1, [0], "none", planned.label, load="server")
+        return ConditionRecord(BURST, "default", _concurrency(self.config), [], "poisson", planned.label,
+                               load="server")
+
+    def _burst(self, todo: list[int], emit: Emit) -> None:
         traffic = FillerTraffic(self._send, _filler_schedule(self.config), self.config.fillers,
                                 _concurrency(self.config), self.tally).start()
         pool = ThreadPoolExecutor(max_workers=_concurrency(self.config), thread_name_prefix="nondet-copy")
         try:
-            futures = [pool.submit(self._target, i) for i in todo]
+            futures = [pool.submit(self._target, i, emit) for i in todo]
             finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
             errors = [f.exception() for f in finished if f.exception() is not None]
             if errors:
@@ -79,7 +120,7 @@ class _Probe:
             pool.shutdown(wait=True, cancel_futures=True)  # in-flight copies finish and are kept
             traffic.stop()
 
-    def _target(self, index: int) -> None:
+    def _target(self, index: int, emit: Emit) -> None:
         self.tally.sent()
         try:
             reply = self._send(self.config.prompt, self.config.max_new_tokens)
@@ -88,30 +129,30 @@ class _Probe:
             self.tally.gave_up()
             raise
         with self.lock:
-            self.run_dir.append_jsonl("streams.jsonl", self._stream(index, reply, completion))
+            emit(self._stream(index, reply, completion))
             if index == 0:
-                _record_reference_identity(self.run_dir, reply)
+                self.writer.update_fingerprint(lambda fp: _add_reference_identity(fp, reply))
         self.tally.answered(target=True)
 
     def _send(self, prompt: str, max_tokens: int):
         return self.client.post(_path(self.config.load), _payload(self.config, self.model, prompt, max_tokens))
 
-    def _stream(self, index: int, reply, completion) -> dict:
+    def _stream(self, index: int, reply, completion) -> StreamRecord:
         level = compare.level_of(completion.tokens, self.tokenizer)
-        return {
-            "run_id": index, "request_index": index, "condition_id": _condition_id(index),
-            "kernels": "default", "position": index, "is_reference": index == 0,
-            "prompt_tokens": completion.prompt_tokens, "finish": completion.finish, "text": completion.text,
-            "steps": compare.steps_at(level, completion.text, completion.tokens, self.tokenizer),
-            "load": "server", "compare_level": level, "server_tokens": completion.tokens,
-            "request_id": reply.headers.get("x-request-id") or reply.body.get("id"),
-            "seconds": round(reply.seconds, 3), "attempts": reply.attempts,
-        }
+        steps = compare.steps_at(level, completion.text, completion.tokens, self.tokenizer)
+        return StreamRecord(
+            run_id=index, condition_id=REF if index == 0 else BURST, kernels="default", position=index,
+            is_reference=index == 0, prompt_tokens=completion.prompt_tokens, finish=completion.finish,
+            text=completion.text, steps=[step_record(s, s.get("piece", "")) for s in steps],
+            extra={"request_index": index, "load": "server", "compare_level": level,
+                   "server_tokens": completion.tokens,
+                   "request_id": reply.headers.get("x-request-id") or reply.body.get("id"),
+                   "seconds": round(reply.seconds, 3), "attempts": reply.attempts})
 
 
 def summarize_server(streams: list[dict], config, tokenizer) -> dict:
     """The diff of all answers at the lowest level any of them allows."""
-    from nondet.probes.probe import summarize_modes
+    from nondet.probes.summarize import summarize_modes
 
     level = compare.lowest(s["compare_level"] for s in streams)
     for s in streams:
@@ -155,23 +196,6 @@ def _level_notes(level: str) -> list[str]:
     return ["the server returned no logprobs and no --tokenizer was given: compared the texts word by word"]
 
 
-def _start(run_dir: RunDir, config, client: Client) -> str | None:
-    """Identify the server, then write config.json, fingerprint.json and conditions.jsonl."""
-    from nondet import __version__
-
-    if run_dir.exists("streams.jsonl"):
-        raise UsageError(f"{run_dir.path} already holds a probe; finish it with --resume {run_dir.path} or pass a new --out")
-    identity = _identify(client)
-    model = config.model.name or (identity["models"][0] if identity["models"] else None)
-    run_dir.path.mkdir(parents=True, exist_ok=True)
-    run_dir.write_json("config.json", {"command": "probe", "argv": list(config.argv), "config": asdict(config),
-                                       "nondet_version": __version__})
-    run_dir.write_json("fingerprint.json", _fingerprint(config, identity, model))
-    for condition in _conditions(config):
-        run_dir.append_jsonl("conditions.jsonl", condition)
-    return model
-
-
 def _identify(client: Client) -> dict:
     """/v1/models where it answers; its response headers. Unreachable = error; a failing /v1/models is recorded."""
     try:
@@ -181,26 +205,6 @@ def _identify(client: Client) -> dict:
     data = reply.body.get("data")
     ids = [m.get("id") for m in data if isinstance(m, dict) and m.get("id")] if isinstance(data, list) else []
     return {"models": ids, "headers": public_headers(reply.headers)}
-
-
-def _record_resume(run_dir: RunDir, config, runs_added: int) -> None:
-    """config.json "resumes": one entry per --resume (UTC time, runs it added, endpoint), so the
-    report can say which runs ran after the interruption (possibly on a restarted server)."""
-    stored = run_dir.read_json("config.json")
-    stored.setdefault("resumes", []).append({
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs_added": runs_added,
-        "endpoint": config.load.endpoint})
-    run_dir.write_json("config.json", stored)
-
-
-def _record_reference_identity(run_dir: RunDir, reply) -> None:
-    """The reference answer's headers and model name join the server identity (some servers
-    fail /v1/models, or list nothing for a model they were started with)."""
-    fp = run_dir.read_json("fingerprint.json")
-    fp["load"]["server"]["completion_headers"] = public_headers(reply.headers)
-    if not fp["model"]["name"] and isinstance(reply.body.get("model"), str):
-        fp["model"]["name"] = reply.body["model"]
-    run_dir.write_json("fingerprint.json", fp)
 
 
 def _fingerprint(config, identity: dict, model: str | None) -> dict:
@@ -214,15 +218,6 @@ def _fingerprint(config, identity: dict, model: str | None) -> dict:
             "model": {"name": model, "embedded_default": False},
             "load": {"mode": "server", "endpoint": config.load.endpoint, "chat": config.load.chat,
                      "tokenizer": config.load.tokenizer, "server": identity}}
-
-
-def _conditions(config) -> list[dict]:
-    load, runs = config.load, _runs(config)
-    return [{"condition_id": _condition_id(0), "kernels": "default", "load": "server", "batch_size": 1,
-             "positions": [0], "fillers": "none", "label": "alone (reference)"},
-            {"condition_id": _condition_id(1), "kernels": "default", "load": "server",
-             "batch_size": _concurrency(config), "positions": [], "fillers": "poisson",
-             "label": f"{runs} copies, {_concurrency(config)} at once, fillers {load.resolved_rate():g}/s"}]
 
 
 def _condition_id(index: int) -> str:
@@ -250,22 +245,6 @@ def _filler_schedule(config) -> list:
     rng = arrivals.run_rng(config.seed, 0)
     return arrivals.per_second(rng, config.load.resolved_rate(), _filler_count(config), len(config.fillers),
                                config.max_new_tokens)
-
-
-def _streams(run_dir: RunDir) -> list[dict]:
-    """Stored answers, one per request index (the first kept), in index order."""
-    by_index: dict[int, dict] = {}
-    for s in run_dir.read_jsonl("streams.jsonl"):
-        by_index.setdefault(s["request_index"], s)
-    return [by_index[i] for i in sorted(by_index)]
-
-
-def _stored_model(run_dir: RunDir) -> str | None:
-    return ((run_dir.read_json("fingerprint.json").get("model")) or {}).get("name")
-
-
-def _done_indices(run_dir: RunDir) -> set[int]:
-    return {s["request_index"] for s in run_dir.read_jsonl("streams.jsonl")} if run_dir.exists("streams.jsonl") else set()
 
 
 def _resumed(given):
@@ -316,3 +295,27 @@ def _concurrency(config) -> int:
 
 def _filler_count(config) -> int:
     return config.load.filler_requests if config.load.filler_requests is not None else 2 * _runs(config)
+
+
+def _add_reference_identity(fp: dict, reply) -> None:
+    """The reference answer's headers and model name join the server identity (some servers
+    fail /v1/models, or list nothing for a model they were started with)."""
+    fp["load"]["server"]["completion_headers"] = public_headers(reply.headers)
+    if not fp["model"]["name"] and isinstance(reply.body.get("model"), str):
+        fp["model"]["name"] = reply.body["model"]
+
+
+def _first_per_index(streams: list[dict]) -> list[dict]:
+    """Stored answers, one per request index (the first kept), in index order."""
+    by_index: dict[int, dict] = {}
+    for s in streams:
+        by_index.setdefault(s["request_index"], s)
+    return [by_index[i] for i in sorted(by_index)]
+
+
+def _stored_model(run_dir: RunDir) -> str | None:
+    return ((run_dir.read_json("fingerprint.json").get("model")) or {}).get("name")
+
+
+def _done_indices(run_dir: RunDir) -> set[int]:
+    return {s["request_index"] for s in run_dir.read_jsonl("streams.jsonl")} if run_dir.exists("streams.jsonl") else set()

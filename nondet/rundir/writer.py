@@ -1,0 +1,67 @@
+"""RunWriter: the one writer of a probe's files (config.json, fingerprint.json, conditions.jsonl,
+streams.jsonl, summary.json). Sources never write files; the probe loop hands their records here.
+
+Records are appended as they arrive (one fsynced line each), so a crash loses nothing already
+computed; appends are serialised with a lock because a server source answers from threads.
+"""
+
+import threading
+
+from nondet.rundir.files import RunDir
+from nondet.rundir.records import FORMAT_VERSION, ConditionRecord, Header, StreamRecord, Summary, to_json
+
+
+class RunWriter:
+    def __init__(self, run_dir: RunDir) -> None:
+        self.run_dir = run_dir
+        self._lock = threading.Lock()
+        self._conditions = {c.get("condition_id") for c in self._existing("conditions.jsonl")}
+
+    def write_header(self, header: Header, fingerprint: dict) -> None:
+        self.run_dir.path.mkdir(parents=True, exist_ok=True)
+        self.run_dir.write_json("config.json", to_json(header))
+        self.run_dir.write_json("fingerprint.json", fingerprint)
+
+    def update_header(self, **extra) -> None:
+        """Merge fields into config.json (e.g. a resume's record), keeping the rest."""
+        with self._lock:
+            stored = self.run_dir.read_json("config.json")
+            for key, value in extra.items():
+                stored[key] = value
+            self.run_dir.write_json("config.json", stored)
+
+    def update_fingerprint(self, update) -> None:
+        """Apply update(fingerprint dict) and store it (e.g. a server's identity, learnt late)."""
+        with self._lock:
+            fp = self.run_dir.read_json("fingerprint.json")
+            update(fp)
+            self.run_dir.write_json("fingerprint.json", fp)
+
+    def append_condition(self, record: ConditionRecord) -> None:
+        """Once per condition id: a resumed run does not repeat the conditions already on disk."""
+        with self._lock:
+            if record.condition_id in self._conditions:
+                return
+            self._conditions.add(record.condition_id)
+            self.run_dir.append_jsonl("conditions.jsonl", to_json(record))
+
+    def append_stream(self, record: StreamRecord) -> dict:
+        line = to_json(record)
+        with self._lock:
+            self.run_dir.append_jsonl("streams.jsonl", line)
+        return line
+
+    def write_summary(self, summary: Summary) -> dict:
+        doc = to_json(summary)
+        self.run_dir.write_json("summary.json", doc)
+        return doc
+
+    def _existing(self, name: str) -> list:
+        return self.run_dir.read_jsonl(name) if self.run_dir.exists(name) else []
+
+
+def new_header(command: str, config: dict, argv) -> Header:
+    from nondet import __version__
+
+    return Header(command=command, config=config, argv=list(argv), nondet_version=__version__,
+                  format_version=FORMAT_VERSION)
