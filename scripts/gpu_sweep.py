@@ -1,6 +1,6 @@
 """Device sweep for M-bucketed matmul and B=1 decode attention configurations.
 
-Usage on the device machine: python3 scripts/gpu_sweep.py matmul|matmul2|matmul3|attention
+Usage on the device machine: python3 scripts/gpu_sweep.py matmul|matmul2|matmul3|matmul4|attention
 For every candidate: bitwise equality (raw bits, so -0.0 != +0.0) with the shipped
 configuration's fused launch at M=4096, for every M timed, and the CUDA-graph median time
 against the default (cuBLAS / SDPA). Only candidates that keep the K (KV) reduction order may
@@ -55,6 +55,17 @@ MM3 = {
 }
 MS3 = (256, 512, 1024, 2048, 4096, 8192)
 
+# fourth round: the TMA kernel at small M (split forced off)
+MM4 = {
+    "64x64 w4 s4 tma": MatmulConfig(64, 64, 64, 1024, 8, 4, 4, tma=True),
+    "64x128 w4 s4 tma": MatmulConfig(64, 128, 64, 1024, 8, 4, 4, tma=True),
+    "64x128 w4 s3 tma": MatmulConfig(64, 128, 64, 1024, 8, 4, 3, tma=True),
+    "64x256 w4 s3 tma": MatmulConfig(64, 256, 64, 1024, 8, 4, 3, tma=True),
+    "128x64 w4 s4 tma": MatmulConfig(128, 64, 64, 1024, 8, 4, 4, tma=True),
+    "128x128 w8 s4 tma": MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True),
+}
+MS4 = (64, 128, 256)
+
 
 def bench(fn) -> float:
     torch.cuda.synchronize()
@@ -71,7 +82,7 @@ def sweep_matmul(cands=MM, ms=MS, split=None) -> None:
     for k, n in ((4096, 4096), (4096, 14336), (14336, 4096), (1000, 1823)):
         torch.manual_seed(0)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
-        x = torch.randn(max(MS), k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(8192, k, device="cuda", dtype=torch.bfloat16)
         ref = triton_matmul.mm(x, w, cfg=shipped, split=False)
         for m in ms:
             xm = x[:m]
@@ -126,4 +137,5 @@ def sweep_attention() -> None:
 
 if __name__ == "__main__":
     {"matmul": sweep_matmul, "attention": sweep_attention,
-     "matmul2": lambda: sweep_matmul(MM2, MS2), "matmul3": lambda: sweep_matmul(MM3, MS3, split=False)}[sys.argv[1]]()
+     "matmul2": lambda: sweep_matmul(MM2, MS2), "matmul3": lambda: sweep_matmul(MM3, MS3, split=False),
+     "matmul4": lambda: sweep_matmul(MM4, MS4, split=False)}[sys.argv[1]]()
