@@ -89,7 +89,6 @@ def toy(tiny_model_dir):
 def _lockstep(loaded, plan: dict[int, str], row: int = 1):
     from nondet.kernels import batch_invariant
     from nondet.probes.bisect.lockstep import run_lockstep
-    from nondet.probes.replay import eos_ids
 
     variant = loaded.model.get_submodule(VARIANT)
     variant.plan, variant.decode_calls = plan, 0
@@ -100,8 +99,8 @@ def _lockstep(loaded, plan: dict[int, str], row: int = 1):
     ref = build_batch(Condition("t/bs1/ref", "default", 1, (0,), "none"), target, fillers, tok.pad_token_id)
     condition = Condition("t/bs2/ends", "default", 2, (0, 1), "same-length")
     div = dataclasses.replace(build_batch(condition, target, fillers, tok.pad_token_id), target_rows=(row,))
-    ls = run_lockstep(loaded.model, ref, div, DecodeSettings(STEPS, 0.0, 0), eos_ids(loaded.model, tok),
-                      tok.pad_token_id, lambda: batch_invariant(model=loaded.model))
+    ls = run_lockstep(loaded.model, tok, ref, div, DecodeSettings(STEPS, 0.0, 0),
+                      lambda: batch_invariant(model=loaded.model))
     return ls, {step: moved[row] for step, moved in variant.log}
 
 

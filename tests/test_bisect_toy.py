@@ -82,7 +82,6 @@ def _lockstep(loaded, condition: Condition, row: int, temperature: float = 0.0):
     import dataclasses
 
     from nondet.probes.bisect.lockstep import run_lockstep
-    from nondet.probes.replay import eos_ids
 
     tok = loaded.tokenizer
     target = tok("Tell me about Richard Feynman", add_special_tokens=False)["input_ids"]
@@ -90,8 +89,7 @@ def _lockstep(loaded, condition: Condition, row: int, temperature: float = 0.0):
     ref = build_batch(Condition("t/bs1/ref", "default", 1, (0,), "none"), target, fillers, tok.pad_token_id)
     div = dataclasses.replace(build_batch(condition, target, fillers, tok.pad_token_id), target_rows=(row,))
     settings = DecodeSettings(STEPS, temperature, 0)
-    return run_lockstep(loaded.model, ref, div, settings, eos_ids(loaded.model, tok), tok.pad_token_id,
-                        _invariant(loaded.model))
+    return run_lockstep(loaded.model, tok, ref, div, settings, _invariant(loaded.model))
 
 
 def _attribution(ls) -> tuple:

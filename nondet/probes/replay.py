@@ -1,6 +1,12 @@
-"""One condition = one batched `model.generate` call; returns the target rows' streams."""
+"""One condition = one batched `model.generate` call; returns the target rows' streams.
+
+`generate` is the only place nondet calls `model.generate` on a batch: the probe calls it
+through `generate_condition`, bisect's lockstep replay calls it with its hooks and forced
+tokens passed in, so the replay runs exactly as the probe did.
+"""
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from nondet.errors import OutOfMemoryError, is_out_of_memory
 from nondet.probes.batch import Batch
@@ -16,17 +22,33 @@ class DecodeSettings:
 
 def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings) -> dict[int, list[dict]]:
     """Run generate on the batch; {target row: [step record, ...]} truncated after EOS."""
+    recorder = new_recorder(batch, settings)
+    generate(model, tokenizer, batch, settings, recorder)
+    eos = eos_ids(model, tokenizer)
+    return {row: truncate_at_eos(steps, eos) for row, steps in recorder.steps.items()}
+
+
+def new_recorder(batch: Batch, settings: DecodeSettings) -> StepRecorder:
+    """The recorder of the batch's target rows (each target samples with the same seed)."""
+    return StepRecorder(batch.target_rows, len(batch.input_ids), settings.temperature, settings.seed)
+
+
+def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder: StepRecorder,
+             after: Sequence = (), stopping: Sequence = ()) -> None:
+    """The one `model.generate` call of a condition: the probe's, and bisect's lockstep replay.
+
+    `after`: logits processors run after the recorder (bisect forces the reference's tokens);
+    `stopping`: extra stopping criteria. Neither changes the numerics of what the recorder saw.
+    """
     import torch
-    from transformers import GenerationConfig, LogitsProcessorList
+    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
     device = model.device
-    recorder = StepRecorder(batch.target_rows, len(batch.input_ids), settings.temperature, settings.seed)
-    eos = eos_ids(model, tokenizer)
     config = GenerationConfig(
         do_sample=False,  # sampling, when asked, is done by the recorder per request
         max_new_tokens=settings.max_new_tokens,
         pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=eos or None,
+        eos_token_id=eos_ids(model, tokenizer) or None,
     )
     try:
         with torch.inference_mode():
@@ -34,14 +56,14 @@ def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings)
                 input_ids=torch.tensor(batch.input_ids, device=device),
                 attention_mask=torch.tensor(batch.attention_mask, device=device),
                 generation_config=config,
-                logits_processor=LogitsProcessorList([recorder]),
+                logits_processor=LogitsProcessorList([recorder, *after]),
+                stopping_criteria=StoppingCriteriaList(stopping),
             )
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError; on CPU a plain one
         if not is_out_of_memory(exc):
             raise
         raise OutOfMemoryError(f"out of memory at batch size {len(batch.input_ids)} on {device}; "
                                "lower --batch-sizes or --max-new-tokens") from exc
-    return {row: truncate_at_eos(steps, eos) for row, steps in recorder.steps.items()}
 
 
 def eos_ids(model, tokenizer) -> list[int]:

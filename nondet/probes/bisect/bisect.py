@@ -22,7 +22,7 @@ from nondet.probes.conditions import Condition
 from nondet.probes.loading import ModelSpec, load_model
 from nondet.probes.numerics import numerics_scope
 from nondet.probes.pieces import token_piece
-from nondet.probes.replay import DecodeSettings, eos_ids
+from nondet.probes.replay import DecodeSettings
 from nondet.rundir import RunDir
 
 PROBE_KEYS = ("prompt", "model", "fillers", "max_new_tokens", "temperature", "seed")  # config.json keys read
@@ -64,7 +64,8 @@ def run_bisect(config: BisectConfig, on_stage: OnStage | None = None) -> BisectR
     settings = DecodeSettings(_horizon(config, probe, target), probe["temperature"], probe["seed"])
     with numerics_scope(probe.get("threads")):
         ref, div = _batches(loaded.tokenizer, probe, target)
-        replay = _replayer(loaded, ref, div, settings, target.condition.kernels, config.baseline)
+        replay = _replayer(loaded, ref, div, target.position, settings, target.condition.kernels,
+                           config.baseline)
         stage(f"lockstep replay of {target.condition.condition_id} row {target.position}")
         main = replay(None)
         ablation = _ablate(config, target, main, replay, stage)
@@ -102,24 +103,24 @@ def _read_probe_config(rd: RunDir) -> dict:
 
 
 def _batches(tokenizer, probe: dict, target: Target) -> tuple[Batch, Batch]:
-    """The reference (prompt alone) and the divergent batch exactly as the probe built it."""
+    """The reference (prompt alone) and the divergent batch exactly as the probe built it
+    (all its target rows too: when sampling, each target samples with the probe's seed)."""
     prompts = probe.get("prompts") or [probe["prompt"]]  # a probe of several prompts lists them all
     ids, fillers = tokenize_inputs(tokenizer, prompts[target.prompt_id], probe["fillers"])
     pad = tokenizer.pad_token_id
     reference = build_batch(Condition("bisect/ref", target.condition.kernels, 1, (0,), "none"), ids, fillers, pad)
-    divergent = build_batch(target.condition, ids, fillers, pad)
-    return reference, dataclasses.replace(divergent, target_rows=(target.position,))
+    return reference, build_batch(target.condition, ids, fillers, pad)
 
 
-def _replayer(loaded, ref: Batch, div: Batch, settings: DecodeSettings, mode: str, baseline: tuple[str, ...]):
+def _replayer(loaded, ref: Batch, div: Batch, row: int, settings: DecodeSettings, mode: str,
+              baseline: tuple[str, ...]):
     """(op classes made invariant on top of the baseline or None, steps, stop at flip) -> Lockstep."""
     model, tokenizer = loaded.model, loaded.tokenizer
-    eos = eos_ids(model, tokenizer)
 
     def replay(ops: tuple[str, ...] | None, steps: int | None = None, stop_at_flip: bool = False) -> Lockstep:
         scope = _scope(mode, baseline + (ops or ()), model)
         horizon = dataclasses.replace(settings, max_new_tokens=steps or settings.max_new_tokens)
-        return run_lockstep(model, ref, div, horizon, eos, tokenizer.pad_token_id, scope, stop_at_flip)
+        return run_lockstep(model, tokenizer, ref, div, horizon, scope, stop_at_flip, row=row)
 
     return replay
 

@@ -1,7 +1,8 @@
 """Teacher-forced lockstep replay: the reference and one divergent condition, step-aligned.
 
-Both runs go through `model.generate` exactly as the probe's do (same GenerationConfig,
-same prefill + one-token decode steps, same KV cache), so their numerics are the probe's
+Both runs go through the probe's own generate call (replay.generate: same GenerationConfig,
+same recorder, same prefill + one-token decode steps, same KV cache), with the hooks, the
+forced tokens and the stop passed in, so their numerics are the probe's by construction
 and the flip lands where the probe saw it. The reference (the prompt alone, batch size 1)
 runs first and keeps its target row at every point and step. The divergent condition runs
 second: its target row is FORCED to the reference's token at every step (fillers pick
@@ -20,7 +21,7 @@ that, the one at the flip) is the lasting divergence, and its step's table is ke
 import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from nondet.errors import OutOfMemoryError
 from nondet.probes.batch import Batch
@@ -28,7 +29,7 @@ from nondet.probes.bisect.capture import Point, Tap
 from nondet.probes.bisect.compare import compare, quick_compare
 from nondet.probes.bisect.lasting import Tracker, judge
 from nondet.probes.recorder import StepRecorder
-from nondet.probes.replay import DecodeSettings, truncate_at_eos
+from nondet.probes.replay import DecodeSettings, eos_ids, generate, new_recorder, truncate_at_eos
 
 KernelScope = Callable[[], contextlib.AbstractContextManager]  # a fresh kernels mode per run
 
@@ -67,48 +68,37 @@ class Lockstep:
         return len(self.divergent)
 
 
-def run_lockstep(model, reference: Batch, divergent: Batch, settings: DecodeSettings, eos: list[int],
-                 pad_id: int, kernels: KernelScope = contextlib.nullcontext,
-                 stop_at_flip: bool = False) -> Lockstep:
-    """Replay reference then divergent (target row divergent.target_rows[0]) and compare."""
+def run_lockstep(model, tokenizer, reference: Batch, divergent: Batch, settings: DecodeSettings,
+                 kernels: KernelScope = contextlib.nullcontext, stop_at_flip: bool = False,
+                 row: int | None = None) -> Lockstep:
+    """Replay reference then divergent (target row `row`, default divergent.target_rows[0]) and compare."""
+    eos = eos_ids(model, tokenizer)
     ref_sink = _Record()
-    ref_recorder = _recorder(reference, settings)
+    ref_recorder = new_recorder(reference, settings)
     with kernels():
-        _replay(model, reference, settings, eos, pad_id, Tap(model, 0, 1, ref_sink), [ref_recorder], None)
-    ref_steps = truncate_at_eos(ref_recorder.steps[0], eos)
+        _replay(model, tokenizer, reference, settings, Tap(model, reference.target_rows[0], 1, ref_sink),
+                ref_recorder)
+    ref_steps = truncate_at_eos(ref_recorder.steps[reference.target_rows[0]], eos)
     tokens = [s["token"] for s in ref_steps]
-    row = divergent.target_rows[0]
-    recorder = _recorder(divergent, settings)
+    row = divergent.target_rows[0] if row is None else row
+    recorder = new_recorder(divergent, settings)
     force = _Force(recorder, row, tokens)
     sink = _Compare(ref_sink, lambda step: step in force.flips)
-    stop = _Stop(force, stop_at_flip)
     with kernels():
-        _replay(model, divergent, settings, eos, pad_id, Tap(model, row, len(divergent.input_ids), sink),
-                [recorder, force], stop)
+        _replay(model, tokenizer, divergent, settings, Tap(model, row, len(divergent.input_ids), sink),
+                recorder, [force], [_Stop(force, stop_at_flip)])
     sink.flush()
     return Lockstep(ref_steps, recorder.steps[row][: len(tokens)], sink.rows, sink.amplification, sink.first,
                     sink.tracker.result(), sink.tracker.transients)
 
 
-def _recorder(batch: Batch, settings: DecodeSettings) -> StepRecorder:
-    # Records the first target row's own choice (greedy, or sampled with the request's seed).
-    return StepRecorder(batch.target_rows[:1], len(batch.input_ids), settings.temperature, settings.seed)
-
-
-def _replay(model, batch: Batch, settings: DecodeSettings, eos, pad_id, tap: Tap, processors: list, stop) -> None:
-    """One generate call of the batch under `tap`, exactly as the probe makes it."""
-    import torch
-    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-
-    config = GenerationConfig(do_sample=False, max_new_tokens=settings.max_new_tokens, pad_token_id=pad_id,
-                              eos_token_id=eos or None)
+def _replay(model, tokenizer, batch: Batch, settings: DecodeSettings, tap: Tap, recorder: StepRecorder,
+            after: Sequence = (), stopping: Sequence = ()) -> None:
+    """The probe's own generate call (replay.generate) of the batch under `tap`."""
     try:
-        with tap, torch.inference_mode():
-            model.generate(input_ids=torch.tensor(batch.input_ids, device=model.device),
-                           attention_mask=torch.tensor(batch.attention_mask, device=model.device),
-                           generation_config=config, logits_processor=LogitsProcessorList(processors),
-                           stopping_criteria=StoppingCriteriaList([stop] if stop else []))
-    except torch.OutOfMemoryError as exc:
+        with tap:
+            generate(model, tokenizer, batch, settings, recorder, after, stopping)
+    except OutOfMemoryError as exc:
         raise OutOfMemoryError(f"out of memory replaying batch size {len(batch.input_ids)} for bisect") from exc
 
 
