@@ -127,7 +127,7 @@ def _replayer(loaded, ref: Batch, div: Batch, row: int, settings: DecodeSettings
 
 def _scope(mode: str, ops: tuple[str, ...], model):
     """The kernels of one replay: the condition's mode, or exactly `ops` made batch-invariant."""
-    from nondet.probes.probe import kernels_mode
+    from nondet.probes.sources.static import kernels_mode
 
     if not ops or mode != "default":
         return lambda: kernels_mode(mode, model)
