@@ -203,7 +203,7 @@ def test_odd_characters_become_visible_escapes():
 
 
 def test_short_hex_keeps_the_value():
-    from nondet.reports.fmt import short_hex
+    from nondet.fmt import short_hex
 
     for h in ("0x1.0000000000000p-7", "-0x1.6900080000000p+2", "0x0.0p+0", "inf"):
         assert float.fromhex(short_hex(h)) == float.fromhex(h)

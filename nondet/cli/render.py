@@ -1,10 +1,13 @@
 """Rich rendering of probe summaries (tables, branch tokens), shared by probe and gate."""
 
-import re
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from nondet.fmt import fmt_hex_value, fmt_step
+from nondet.text import quoted, shorten
+
+visible = quoted  # model text on the terminal (cli/bisect.py imports it by this name)
 
 
 def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
@@ -39,8 +42,7 @@ def _prompts_table(mode: str, m: dict) -> Table:
     for col in ("prompt", "text", "runs", "distinct", "first token divergence", "first numeric divergence"):
         table.add_column(col, justify="left" if col in ("prompt", "text") else "right", no_wrap=col == "text")
     for p in m["prompts"]:
-        text = visible(p.get("prompt", ""))
-        table.add_row(f"p{p['prompt_id']}", Text(text if len(text) <= 30 else text[:29] + "…"), str(p["n_runs"]),
+        table.add_row(f"p{p['prompt_id']}", Text(shorten(quoted(p.get("prompt", "")), 30)), str(p["n_runs"]),
                       str(p["distinct_completions"]), _step(p["first_token_divergence"]),
                       numeric_step(p["first_numeric_divergence"], m))
     table.caption = (f"tokens differ on {m['prompts_diverged']} of {m['n_prompts']} prompts; "
@@ -61,19 +63,13 @@ def numeric_step(value, mode: dict) -> str:
 def branch_line(tree: dict) -> Text:
     """'step 93: ' Queens' x7 (margin 0.012) / ' New' x2 (margin 0.004)' for the first branch."""
     line = Text(f"branch at step {tree['step']}: ", style="bold")
-    line.append(f"…{visible(tree['prefix_text'][-40:])} -> ")
+    line.append(f"…{quoted(tree['prefix_text'][-40:])} -> ")
     parts = []
     for alt in tree["alternatives"]:
         ref = " (reference)" if alt["is_reference"] else ""
-        parts.append(f"{visible(alt['piece'])} x{alt['count']}{ref} margin {_margin(alt['margin'])}")
+        parts.append(f"{quoted(alt['piece'])} x{alt['count']}{ref} margin {fmt_hex_value(alt['margin'])}")
     line.append(" / ".join(parts))
     return line
-
-
-def visible(text: str) -> str:
-    """Quoted model text for a terminal: raw bytes (stored as surrogate escapes) as \\xNN."""
-    quoted = repr(text)
-    return re.sub(r"\\udc([89a-f][0-9a-f])", r"\\x\1", quoted)
 
 
 def _side_by_side(modes: dict) -> Table:
@@ -90,8 +86,4 @@ def _side_by_side(modes: dict) -> Table:
 
 
 def _step(value) -> str:
-    return "-" if value is None else str(value)
-
-
-def _margin(hex_value) -> str:
-    return "?" if hex_value is None else f"{float.fromhex(hex_value):.4g}"
+    return fmt_step(value, missing="-")

@@ -8,6 +8,8 @@ A stream is a dict with "run_id", "condition_id", "position", "is_reference" and
 from collections import Counter
 from typing import Callable
 
+from nondet.verdict import verdict  # noqa: F401 (the summary's sentence; worded in nondet/verdict.py)
+
 Decode = Callable[[list[int]], str]
 PREFIX_CHARS = 80  # characters of shared prefix shown before a branch point
 
@@ -142,34 +144,3 @@ def earliest(values) -> int | None:
 def _join_pieces(streams: list[dict]) -> Decode:
     pieces = {st["token"]: st.get("piece", "") for s in streams for st in s["steps"]}
     return lambda tokens: "".join(pieces.get(t, "") for t in tokens)
-
-
-def verdict(modes: dict[str, dict]) -> str:
-    """One sentence: what the probe found, per kernels mode."""
-    parts = []
-    for name, m in modes.items():
-        if m.get("n_prompts", 1) > 1:
-            parts.append(_prompts_verdict(name, m))
-        elif m["distinct_completions"] > 1:
-            parts.append(f"{name} kernels: batch-variant, {m['distinct_completions']} distinct completions "
-                         f"over {m['n_runs']} runs; first token divergence at step {m['first_token_divergence']}")
-        elif m["first_numeric_divergence"] is not None:
-            parts.append(f"{name} kernels: same tokens over {m['n_runs']} runs, but logprob bits differ "
-                         f"from step {m['first_numeric_divergence']}")
-        else:
-            parts.append(f"{name} kernels: batch-invariant, 1 distinct completion over {m['n_runs']} runs, "
-                         "bit-identical logprobs")
-    return "; ".join(parts)
-
-
-def _prompts_verdict(name: str, m: dict) -> str:
-    """The verdict over several prompts: how many changed tokens, how many only bits."""
-    n, flipped, bits = m["n_prompts"], m["prompts_diverged"], m["prompts_bits_differ"]
-    if flipped:
-        return (f"{name} kernels: batch-variant, tokens differ on {flipped} of {n} prompts (up to "
-                f"{m['distinct_completions']} distinct completions per prompt over {m['n_runs']} runs); "
-                f"first token divergence at step {m['first_token_divergence']}")
-    if bits:
-        return (f"{name} kernels: same tokens on all {n} prompts over {m['n_runs']} runs, but logprob bits "
-                f"differ on {bits} of {n} prompts from step {m['first_numeric_divergence']}")
-    return f"{name} kernels: batch-invariant, 1 distinct completion per prompt over {m['n_runs']} runs ({n} prompts), bit-identical logprobs"

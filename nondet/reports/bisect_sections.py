@@ -1,10 +1,8 @@
 """The bisect and ablation parts of the report: where the difference is born, and the causal test."""
 
-import pandas as pd
-
+from nondet.fmt import DASH, fmt_float, fmt_margin, fmt_step, is_missing, run_dir_arg
 from nondet.reports import figures
 from nondet.reports.blocks import Code, Model, Para, Strong, Table, figure_or_hint
-from nondet.reports.fmt import fmt_float, fmt_margin, fmt_step, run_dir_arg
 from nondet.reports.tables import RunTables
 
 
@@ -114,7 +112,7 @@ def _modules_table(mods, step: int, title: str, limit: int = 8) -> list:
 def _point(first_diff) -> str:
     """'step 0: model.layers.0.mlp.up_proj (matmul)' for an ablation's first differing point."""
     if not isinstance(first_diff, dict):
-        return "—"
+        return DASH
     return f"step {first_diff.get('step')}: {first_diff.get('module')} ({first_diff.get('op_class')})"
 
 
@@ -139,4 +137,4 @@ def ablation_blocks(t: RunTables) -> list:
 
 
 def _yes(v) -> str:
-    return "—" if v is None or v is pd.NA or (isinstance(v, float) and pd.isna(v)) else "yes" if v else "no"
+    return DASH if is_missing(v) else "yes" if v else "no"

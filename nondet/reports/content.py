@@ -9,12 +9,13 @@ import shlex
 
 import pandas as pd
 
+from nondet.fmt import DASH, fmt_hex, fmt_margin, fmt_step, run_dir_arg
 from nondet.reports import figures
 from nondet.reports.blocks import (Branch, BranchPoint, Code, CodeBlock, Model, Para, Report, Section, Strong,
                                    Table, TokenDiff, figure_or_hint)
 from nondet.reports.bisect_sections import ablation_blocks, bisect_blocks
-from nondet.reports.fmt import fmt_hex, fmt_margin, fmt_step, run_dir_arg
 from nondet.reports.tables import RunTables
+from nondet.verdict import report_verdict
 
 CONTEXT_BEFORE, CONTEXT_AFTER = 12, 16  # tokens shown around a split in the token diff
 MAX_DIFFS = 6                            # divergent completions shown in the token diff
@@ -39,37 +40,8 @@ def build_report(t: RunTables) -> Report:
 # -- verdict ----------------------------------------------------------------------------
 
 
-def verdict_text(t: RunTables) -> str:
-    """One sentence: variance found or not, where, and what fixes it."""
-    mode = t.primary_mode
-    m = t.modes[mode]
-    n_cond, d = m.get("n_conditions", 0), m.get("distinct_completions", 1)
-    ftd, fnd = m.get("first_token_divergence"), m.get("first_numeric_divergence")
-    where = "" if mode == "default" else f" with {mode} kernels"
-    if d > 1:
-        s = (f"Batch-variant{where}: {d} distinct completions over {n_cond} conditions ({m.get('n_runs')} runs); "
-             f"first token divergence at step {fmt_step(ftd)}")
-    elif m.get("numeric_na"):
-        s = f"No token divergence{where}: 1 completion over {n_cond} conditions; logprob bits n/a ({m['numeric_na']})"
-    elif fnd is not None:
-        s = (f"Numerically batch-variant{where}: 1 completion over {n_cond} conditions, "
-             f"but logprob bits differ from step {fnd}")
-    else:
-        s = f"Batch-invariant{where}: 1 completion over {n_cond} conditions, bit-identical logprobs"
-    if t.minimal_set and (d > 1 or fnd is not None):
-        s += f"; fixed by batch-invariant {' + '.join(t.minimal_set)}"
-    if mode == "default" and "batch-invariant" in t.modes:
-        inv = t.modes["batch-invariant"]
-        if inv.get("distinct_completions") == 1 and inv.get("first_numeric_divergence") is None:
-            s += "; with batch-invariant kernels: 1 completion, bit-identical logprobs"
-        else:
-            s += (f"; with batch-invariant kernels: {inv.get('distinct_completions')} distinct completions, "
-                  f"first numeric divergence at step {fmt_step(inv.get('first_numeric_divergence'))}")
-    return s + "."
-
-
 def _verdict(t: RunTables) -> Para:
-    return Para([verdict_text(t)], kind="verdict")
+    return Para([report_verdict(t.modes, t.primary_mode, t.minimal_set)], kind="verdict")
 
 
 def _gate_note(t: RunTables) -> list[Para]:
@@ -98,7 +70,7 @@ def _model_note(t: RunTables) -> list[Para]:
 
 
 def _positions(p) -> str:
-    return ", ".join(map(str, p)) if isinstance(p, list) else "—"
+    return ", ".join(map(str, p)) if isinstance(p, list) else DASH
 
 
 def _conditions(t: RunTables) -> list:

@@ -10,7 +10,8 @@ from html import escape
 
 from nondet.reports.blocks import (BranchPoint, Code, CodeBlock, Figure, Model, Para, Report, Strong, Table,
                                    TokenDiff)
-from nondet.reports.text import html_text, shorten
+from nondet.reports.text import html_text
+from nondet.text import shorten
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 

@@ -8,7 +8,8 @@ import re
 
 from nondet.reports.blocks import (BranchPoint, Code, CodeBlock, Figure, Model, Para, Report, Strong, Table,
                                    TokenDiff)
-from nondet.reports.text import md_code, md_plain, shorten
+from nondet.reports.text import md_code, md_plain
+from nondet.text import shorten
 
 
 def render_markdown(report: Report, figure_dir: str = "figures") -> str:

@@ -1,0 +1,57 @@
+"""How numbers, steps and stored float.hex values look: the report's and the terminal's one set.
+
+No pandas, no torch: probes, reports and the CLI all use it. A missing value is `—` in the
+report; the terminal passes its own (`-`, `?`) as `missing`.
+"""
+
+import re
+import shlex
+
+from nondet.rundir import hex_to_float
+
+DASH = "—"  # a value that is not there (None, NaN, pandas' NA)
+
+
+def is_missing(v) -> bool:
+    """None, NaN or pandas' NA: a table cell with no value."""
+    if v is None:
+        return True
+    try:
+        return bool(v != v)  # NaN is the one value unequal to itself
+    except TypeError:  # pandas.NA: its comparisons are NA, whose truth is undefined
+        return True
+
+
+def fmt_step(v, missing: str = DASH) -> str:
+    """A step, index or count."""
+    return missing if is_missing(v) else str(int(v))
+
+
+def fmt_float(v, digits: int = 3, missing: str = DASH) -> str:
+    """A float to `digits` significant digits."""
+    return missing if is_missing(v) else f"{v:.{digits}g}"
+
+
+def fmt_hex(h: str | None, missing: str = DASH) -> str:
+    """A stored float.hex value as a short decimal, with the exact value beside it."""
+    return missing if h is None else f"{hex_to_float(h):.3g} ({short_hex(h)})"
+
+
+def fmt_margin(h: str | None) -> str:
+    """A top1-top2 logit margin; zero is an exact tie, broken by token order alone."""
+    return "0 (exact tie)" if h is not None and hex_to_float(h) == 0 else fmt_hex(h)
+
+
+def fmt_hex_value(h: str | None, digits: int = 4, missing: str = "?") -> str:
+    """A stored float.hex value as a decimal alone (the terminal's margins)."""
+    return fmt_float(hex_to_float(h), digits, missing)
+
+
+def short_hex(h: str) -> str:
+    """float.hex without the mantissa's trailing zeros: 0x1.8000000000000p-3 -> 0x1.8p-3 (same value)."""
+    return re.sub(r"(\.[0-9a-f]*?)0+p", r"\1p", h).replace(".p", "p")
+
+
+def run_dir_arg(t) -> str:
+    """The run directory of `t` (anything with .path) as one shell argument."""
+    return shlex.quote(str(t.path))

@@ -1,0 +1,99 @@
+"""The verdict: what a probe found, in one sentence. The one place that words it.
+
+`verdict(modes, level)` is summary.json's sentence (the terminal prints it): one clause per
+kernels mode, over one prompt or several; a server compared without logprobs says what its
+texts show. `report_verdict(modes, mode, minimal_set)` is the report's headline about one
+mode, with the ablation's fix and the batch-invariant confirmation. `modes` is summary.json's
+"modes": {kernels mode: the diff of its runs (probes/diff.py)}. No torch, no pandas.
+"""
+
+from typing import Sequence
+
+from nondet.fmt import fmt_step
+
+TOKENS, BITS, BITS_NA, SAME = "tokens differ", "bits differ", "bits n/a", "identical"  # what a mode shows
+
+
+def finding(m: dict) -> str:
+    """What one mode's runs show, the most serious first."""
+    if m.get("distinct_completions", 1) > 1:
+        return TOKENS
+    if m.get("numeric_na"):
+        return BITS_NA
+    return BITS if m.get("first_numeric_divergence") is not None else SAME
+
+
+def verdict(modes: dict[str, dict], level: str = "logprobs") -> str:
+    """summary.json's sentence. `level`: what the runs were compared on ("logprobs"; a server
+    that sent none: "tokenizer" = texts tokenized locally, else "words")."""
+    if level != "logprobs":
+        return _text_verdict(modes["default"], "token" if level == "tokenizer" else "word")
+    return "; ".join(_prompts_clause(name, m) if m.get("n_prompts", 1) > 1 else _mode_clause(name, m)
+                     for name, m in modes.items())
+
+
+def _mode_clause(name: str, m: dict) -> str:
+    found = finding(m)
+    if found == TOKENS:
+        return (f"{name} kernels: batch-variant, {m['distinct_completions']} distinct completions "
+                f"over {m['n_runs']} runs; first token divergence at step {m['first_token_divergence']}")
+    if found == BITS:
+        return (f"{name} kernels: same tokens over {m['n_runs']} runs, but logprob bits differ "
+                f"from step {m['first_numeric_divergence']}")
+    return (f"{name} kernels: batch-invariant, 1 distinct completion over {m['n_runs']} runs, "
+            "bit-identical logprobs")
+
+
+def _prompts_clause(name: str, m: dict) -> str:
+    """Several prompts: how many changed tokens, how many only bits."""
+    n, flipped, bits = m["n_prompts"], m["prompts_diverged"], m["prompts_bits_differ"]
+    if flipped:
+        return (f"{name} kernels: batch-variant, tokens differ on {flipped} of {n} prompts (up to "
+                f"{m['distinct_completions']} distinct completions per prompt over {m['n_runs']} runs); "
+                f"first token divergence at step {m['first_token_divergence']}")
+    if bits:
+        return (f"{name} kernels: same tokens on all {n} prompts over {m['n_runs']} runs, but logprob bits "
+                f"differ on {bits} of {n} prompts from step {m['first_numeric_divergence']}")
+    return (f"{name} kernels: batch-invariant, 1 distinct completion per prompt over {m['n_runs']} runs "
+            f"({n} prompts), bit-identical logprobs")
+
+
+def _text_verdict(m: dict, unit: str) -> str:
+    """A server without logprobs: only its texts, compared `unit` by `unit`."""
+    if m["distinct_completions"] == 1:
+        return f"server: 1 distinct completion over {m['n_runs']} runs (texts compared {unit} by {unit})"
+    return (f"server: batch-variant, {m['distinct_completions']} distinct completions over {m['n_runs']} runs; "
+            f"first divergence at {unit} {m['first_token_divergence']}")
+
+
+def report_verdict(modes: dict[str, dict], mode: str, minimal_set: Sequence[str] = ()) -> str:
+    """The report's headline about `mode`: variance found or not, where, and what fixes it."""
+    m = modes[mode]
+    found = finding(m)
+    s = _report_clause(m, found, "" if mode == "default" else f" with {mode} kernels")
+    if minimal_set and (found == TOKENS or m.get("first_numeric_divergence") is not None):
+        s += f"; fixed by batch-invariant {' + '.join(minimal_set)}"
+    if mode == "default" and "batch-invariant" in modes:
+        s += _confirmed(modes["batch-invariant"])
+    return s + "."
+
+
+def _report_clause(m: dict, found: str, where: str) -> str:
+    n_cond = m.get("n_conditions", 0)
+    if found == TOKENS:
+        return (f"Batch-variant{where}: {m['distinct_completions']} distinct completions over {n_cond} conditions "
+                f"({m.get('n_runs')} runs); first token divergence at step {fmt_step(m.get('first_token_divergence'))}")
+    if found == BITS_NA:
+        return f"No token divergence{where}: 1 completion over {n_cond} conditions; logprob bits n/a ({m['numeric_na']})"
+    if found == BITS:
+        return (f"Numerically batch-variant{where}: 1 completion over {n_cond} conditions, "
+                f"but logprob bits differ from step {m['first_numeric_divergence']}")
+    return f"Batch-invariant{where}: 1 completion over {n_cond} conditions, bit-identical logprobs"
+
+
+def _confirmed(inv: dict) -> str:
+    """The batch-invariant mode beside the default one."""
+    if inv.get("distinct_completions") == 1 and inv.get("first_numeric_divergence") is None:
+        return "; with batch-invariant kernels: 1 completion, bit-identical logprobs"
+    return (f"; with batch-invariant kernels: {inv.get('distinct_completions')} distinct completions, "
+            f"first numeric divergence at step {fmt_step(inv.get('first_numeric_divergence'))}")
