@@ -34,13 +34,6 @@ class Condition:
         prompt = f"p{self.prompt_id} " if self.several_prompts else ""
         return f"{prompt}bs={self.batch_size} pos={pos}{extra}"
 
-    def to_json(self) -> dict:
-        return {
-            "condition_id": self.condition_id, "kernels": self.kernels, "load": self.load,
-            "batch_size": self.batch_size, "positions": list(self.positions),
-            "fillers": self.fillers, "label": self.label, "prompt_id": self.prompt_id,
-        }
-
 
 def parse_batch_sizes(text: str) -> tuple[int, ...]:
     """'1,2,4' or '1-8' or '1-32,64' -> sorted unique sizes; 1 is always included."""

@@ -22,12 +22,11 @@ class RunWriter:
         self.run_dir.write_json("config.json", to_json(header))
         self.run_dir.write_json("fingerprint.json", fingerprint)
 
-    def update_header(self, **extra) -> None:
-        """Merge fields into config.json (e.g. a resume's record), keeping the rest."""
+    def append_to_header(self, key: str, entry: dict) -> None:
+        """Add an entry to a list field of config.json (e.g. "resumes"), keeping the rest."""
         with self._lock:
             stored = self.run_dir.read_json("config.json")
-            for key, value in extra.items():
-                stored[key] = value
+            stored[key] = list(stored.get(key) or []) + [entry]
             self.run_dir.write_json("config.json", stored)
 
     def update_fingerprint(self, update) -> None:

@@ -95,10 +95,9 @@ class ServerSource:
         """A resume is recorded even when it fails part-way: which runs came after the interruption."""
         if self.config.load.resume and self.writer is not None:
             added = len(_done_indices(self.writer.run_dir)) - len(self.done)
-            resumes = self.writer.run_dir.read_json("config.json").get("resumes", [])
-            self.writer.update_header(resumes=resumes + [{
+            self.writer.append_to_header("resumes", {
                 "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs_added": added,
-                "endpoint": self.config.load.endpoint}])
+                "endpoint": self.config.load.endpoint})
 
     def _condition(self, planned: Planned) -> ConditionRecord:
         if planned.condition_id == REF:
@@ -220,10 +219,6 @@ def _fingerprint(config, identity: dict, model: str | None) -> dict:
                      "tokenizer": config.load.tokenizer, "server": identity}}
 
 
-def _condition_id(index: int) -> str:
-    return "default/server/ref" if index == 0 else "default/server/burst"
-
-
 def _payload(config, model: str | None, prompt: str, max_tokens: int) -> dict:
     body = {"max_tokens": max_tokens, "temperature": config.temperature}
     if model:
@@ -256,7 +251,7 @@ def _resumed(given):
     stored = run_dir.read_json("config.json").get("config") or {}
     if (stored.get("load") or {}).get("mode") != "server":
         raise RunDirError(f"{run_dir.path} is not a server probe; --resume finishes interrupted --endpoint probes")
-    tuples = {k: tuple(stored[k]) for k in ("batch_sizes", "fillers", "kernels", "argv") if k in stored}
+    tuples = {k: tuple(stored[k]) for k in ("prompts", "batch_sizes", "fillers", "kernels", "argv") if k in stored}
     load = LoadConfig(**stored["load"])
     load = replace(load, resume=given.load.resume, endpoint=given.load.endpoint or load.endpoint,
                    timeout=given.load.timeout, retries=given.load.retries, api_key_env=given.load.api_key_env)
