@@ -9,21 +9,21 @@ batch-invariant run meets the policy. On the demo model the default kernels fail
 flips near step 93 at batch size 8) and the batch-invariant ones pass.
 """
 
+import dataclasses
 import sys
 
-from nondet.probes.loading import ModelSpec
-from nondet.probes.probe import ProbeConfig, run_probe
-from nondet.gate import Policy, evaluate
+from nondet.gate import GateOutputs, Policy, Verdict, run_gate
 from nondet.gate.junit import write_junit
-from nondet.rundir import RunDir
+from nondet.probes.loading import ModelSpec
+from nondet.probes.probe import ProbeConfig
 
 
-def gate(model: str | None, kernels: str, policy: Policy):
+def gate(model: str | None, kernels: str, policy: Policy) -> Verdict:
+    """The gate library on one probe config: probe, judge, gate.json (no bisect); named by its kernels."""
     config = ProbeConfig(model=ModelSpec(model), batch_sizes=(1, 8), max_new_tokens=100,
                          kernels=(kernels,), out=f"nondet-runs/gate-api-{kernels}")
-    result = run_probe(config)
-    streams = RunDir(result.run_dir).read_jsonl("streams.jsonl")  # exact logprobs, for the policy
-    return evaluate(result.summary, streams, policy, name=f"{kernels} kernels", run_dir=str(result.run_dir))
+    result = run_gate([config], policy, GateOutputs(bisect=False))
+    return dataclasses.replace(result.verdicts[0], name=f"{kernels} kernels")
 
 
 def main(argv: list[str]) -> int:

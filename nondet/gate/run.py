@@ -113,9 +113,11 @@ def _run_probe(config: "ProbeConfig") -> "ProbeResult":
 
 def _gate_one(config: "ProbeConfig", policy: Policy, probe, several: bool) -> Gated:
     from nondet.rundir import RunDir
+    from nondet.rundir.reader import read_streams
+    from nondet.rundir.records import to_json
 
     result = probe(config)
-    streams = RunDir(result.run_dir).read_jsonl("streams.jsonl")  # exact logprobs, for the policy
+    streams = [to_json(s) for s in read_streams(RunDir(result.run_dir))]  # exact logprobs, for the policy
     name = f"prompt {config.prompt[:60]!r}" if several else ""
     verdict = evaluate(result.summary, streams, policy, name=name, run_dir=str(result.run_dir))
     RunDir(result.run_dir).write_json("gate.json", verdict_json(verdict))  # the report shows it
