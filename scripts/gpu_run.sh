@@ -2,7 +2,7 @@
 # One device call for the kernel work of issues 11/15. Usage (device machine, repo root):
 #   bash scripts/gpu_run.sh STEP...
 # STEP: race | garbage | side-stream | synced | sanitize | test | e2etest | score |
-#       sweep-attention | sweep-matmul | sweep-matmul2 | sweep-matmul3 | sweep-matmul4 | sweep-matmul5
+#       sweep-attention | sweep-matmul | sweep-matmul2 | sweep-matmul3 | sweep-matmul4
 # Logs land under $OUT (or ./device-out), one file per step.
 set -uo pipefail
 OUT=${OUT:-device-out}
@@ -26,7 +26,6 @@ for step in "$@"; do
                -p no:cacheprovider tests/gpu -k "not qwen3 and not one_process" 2>&1 | tail -30 | tee "$OUT/sanitize.log" ;;
     sweep-attention) timeout 150 python3 scripts/gpu_sweep.py attention 2>&1 | tee "$OUT/sweep_attention.log" ;;
     sweep-matmul3) timeout 280 python3 scripts/gpu_sweep.py matmul3 2>&1 | tee "$OUT/sweep_matmul3.log" ;;
-    sweep-matmul5) timeout 200 python3 scripts/gpu_sweep.py matmul5 2>&1 | tee "$OUT/sweep_matmul5.log" ;;
     sweep-matmul4) timeout 200 python3 scripts/gpu_sweep.py matmul4 2>&1 | tee "$OUT/sweep_matmul4.log" ;;
     e2etest) timeout ${E2E_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider tests/gpu -k qwen3 -rA --durations=0 2>&1 | tail -20 | tee "$OUT/pytest_e2e.log" ;;
     sweep-matmul2) timeout 250 python3 scripts/gpu_sweep.py matmul2 2>&1 | tee "$OUT/sweep_matmul2.log" ;;

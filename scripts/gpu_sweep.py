@@ -1,6 +1,6 @@
 """Device sweep for M-bucketed matmul and B=1 decode attention configurations.
 
-Usage on the device machine: python3 scripts/gpu_sweep.py matmul|matmul2|matmul3|matmul4|matmul5|attention
+Usage on the device machine: python3 scripts/gpu_sweep.py matmul|matmul2|matmul3|matmul4|attention
 For every candidate: bitwise equality (raw bits, so -0.0 != +0.0) with the shipped
 configuration's fused launch at M=4096, for every M timed, and the CUDA-graph median time
 against the default (cuBLAS / SDPA). Only candidates that keep the K (KV) reduction order may
@@ -65,37 +65,6 @@ MM4 = {
     "128x128 w8 s4 tma": MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True),
 }
 MS4 = (64, 128, 256)
-
-# fifth round: the TMA kernel's split strategy (per (tile, chunk) work items) vs fused, by M
-_T128 = MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True)
-_T256 = MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True)
-_T64 = MatmulConfig(64, 128, 64, 1024, 8, 4, 4, tma=True)
-_T6464 = MatmulConfig(64, 64, 64, 1024, 8, 4, 4, tma=True)
-MM5 = {"64x64 tma split": (_T6464, True), "64x128 tma split": (_T64, True),
-       "128x128 tma split": (_T128, True), "128x128 tma fused": (_T128, False),
-       "128x256 tma split": (_T256, True), "128x256 tma fused": (_T256, False)}
-MS5 = (16, 64, 128, 256, 512, 1024)
-
-
-def sweep_matmul5() -> None:
-    shipped = MATMUL_CONFIGS[torch.bfloat16]
-    print("shape | cuBLAS us | bucketed (shipped) | " + " | ".join(MM5))
-    for k, n in ((4096, 4096), (4096, 14336), (14336, 4096)):
-        torch.manual_seed(0)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
-        x = torch.randn(8192, k, device="cuda", dtype=torch.bfloat16)
-        ref = triton_matmul.mm(x, w, cfg=shipped, split=False)
-        for m in MS5:
-            xm = x[:m]
-            base = bench(lambda: torch.mm(xm, w))
-            t = bench(lambda: triton_matmul.mm(xm, w))
-            cells = [f"{t:.1f} ({base / t:.2f}x){'' if same_bits(triton_matmul.mm(xm, w), ref[:m]) else ' BITS'}"]
-            for cfg, split in MM5.values():
-                fn = lambda: triton_matmul.mm(xm, w, cfg=cfg, split=split)  # noqa: E731
-                ok = same_bits(fn(), ref[:m])
-                t = bench(fn)
-                cells.append(f"{t:.1f} ({base / t:.2f}x){'' if ok else ' BITS'}")
-            print(f"M={m} K={k} N={n} | {base:.1f} | " + " | ".join(cells), flush=True)
 
 
 def bench(fn) -> float:
@@ -169,4 +138,4 @@ def sweep_attention() -> None:
 if __name__ == "__main__":
     {"matmul": sweep_matmul, "attention": sweep_attention,
      "matmul2": lambda: sweep_matmul(MM2, MS2), "matmul3": lambda: sweep_matmul(MM3, MS3, split=False),
-     "matmul4": lambda: sweep_matmul(MM4, MS4, split=False), "matmul5": sweep_matmul5}[sys.argv[1]]()
+     "matmul4": lambda: sweep_matmul(MM4, MS4, split=False)}[sys.argv[1]]()

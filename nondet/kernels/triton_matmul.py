@@ -111,31 +111,24 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr,
 
 
 @triton.jit(do_not_specialize=["M", "NUM_PROGRAMS"])  # one binary for every batch size
-def _mm_tma_kernel(a_desc, b_desc, c_ptr, bias_ptr, ws_ptr, M, N, K, s_cm, s_cn, s_biasm, s_biasn, alpha, beta,
+def _mm_tma_kernel(a_desc, b_desc, c_ptr, bias_ptr, M, N, K, s_cm, s_cn, s_biasm, s_biasn, alpha, beta,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   K_CHUNK: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS, SPLIT: tl.constexpr,
+                   K_CHUNK: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS,
                    HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr, UPCAST: tl.constexpr):
-    """_mm_kernel's two strategies as a persistent kernel whose tiles arrive by TMA: A is (M, K)
-    and B is the weight as stored, (N, K). Per element the same chunks, the same chain of block_k
-    dots from zero, the same in-order chunk sums (rows past M and K past its end load as zeros
-    instead of wrapped rows / masked zeros: neither reaches a valid element). Fused: one work
-    item per output tile, all chunks. SPLIT: one per (tile, chunk), written to the fp32
-    workspace for _chunk_sum_kernel, exactly as _mm_kernel's split programs write it."""
+    """The fused strategy as a persistent kernel whose tiles arrive by TMA: A is (M, K) and B is
+    the weight as stored, (N, K). Per element the same chunks, the same chain of block_k dots
+    from zero, the same in-order chunk sums as _mm_kernel (rows past M and K past its end load
+    as zeros instead of wrapped rows / masked zeros: neither reaches a valid element)."""
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
-    n_chunks = tl.cdiv(K, K_CHUNK)
-    items = num_m * num_n * n_chunks if SPLIT else num_m * num_n
-    for item in tl.range(tl.program_id(0), items, NUM_PROGRAMS):
-        tile = item % (num_m * num_n) if SPLIT else item
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
         group = tile // (GROUP_M * num_n)
         first_m = group * GROUP_M
         size_m = min(num_m - first_m, GROUP_M)
         pid_m = first_m + (tile % (GROUP_M * num_n)) % size_m
         pid_n = (tile % (GROUP_M * num_n)) // size_m
-        c_lo = item // (num_m * num_n) if SPLIT else 0
-        c_hi = c_lo + 1 if SPLIT else n_chunks
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for c in range(c_lo, c_hi):
+        for c in range(0, tl.cdiv(K, K_CHUNK)):
             part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for k in range(c * K_CHUNK, tl.minimum((c + 1) * K_CHUNK, K), BLOCK_K):
                 a = a_desc.load([pid_m * BLOCK_M, k])
@@ -147,15 +140,9 @@ def _mm_tma_kernel(a_desc, b_desc, c_ptr, bias_ptr, ws_ptr, M, N, K, s_cm, s_cn,
             acc = acc + part
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        if SPLIT:  # workspace (chunks, 1, M, N), as _mm_kernel writes it
-            ws = ws_ptr + (c_lo.to(tl.int64) * M + offs_m[:, None]) * N + offs_n[None, :]
-            tl.store(ws, acc, mask=out_mask)
-        else:
-            acc = _epilogue(acc, bias_ptr, offs_m, offs_n, s_biasm, s_biasn, alpha, beta, M, N,
-                            HAS_BIAS, UNIT_SCALE)
-            tl.store(c_ptr + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn, acc.to(c_ptr.dtype.element_ty),
-                     mask=out_mask)
+        acc = _epilogue(acc, bias_ptr, offs_m, offs_n, s_biasm, s_biasn, alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
+        c = c_ptr + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
+        tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for every batch size
@@ -218,8 +205,8 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     if k == 0:
         return c.copy_(_bias_only(bias, c, beta))
     tma = cfg.tma and _tma_ok(a, b)
-    if split is None:
-        split = use_split(nb, m, n, k, cfg, a.device)
+    if split is None:  # the persistent TMA kernel fills the GPU itself: it never splits
+        split = not tma and use_split(nb, m, n, k, cfg, a.device)
     has_bias = bias is not None
     bias_t = bias.expand(nb, m, n) if has_bias else c
     unit = alpha == 1.0 and (beta == 1.0 or not has_bias)
@@ -228,19 +215,19 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     k_chunk = k_chunk_for(k, cfg)
     chunks = triton.cdiv(k, k_chunk)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    if not split and tma:
+        _mm_tma(a[0], b[0], c[0], None if not has_bias else bias_t[0], alpha, beta, unit, k_chunk, cfg)
+        return c
     ws = torch.empty((chunks, nb, m, n), dtype=torch.float32, device=a.device) if split else c
-    if tma:
-        _mm_tma(a[0], b[0], c[0], None if not has_bias else bias_t[0], ws, split, alpha, beta, unit, k_chunk, cfg)
-    else:
-        _mm_kernel[(tiles, nb, chunks if split else 1)](
-            a, b, c, bias_t, ws, m, n, k,
-            a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
-            c.stride(0), c.stride(1), c.stride(2),
-            bias_t.stride(0), bias_t.stride(1), bias_t.stride(2), float(alpha), float(beta),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk,
-            GROUP_M=cfg.group_m, EVEN_K=(k % cfg.block_k == 0), SPLIT=split, PRECISION=precision,
-            UPCAST=interpreting(),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+    _mm_kernel[(tiles, nb, chunks if split else 1)](
+        a, b, c, bias_t, ws, m, n, k,
+        a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
+        c.stride(0), c.stride(1), c.stride(2),
+        bias_t.stride(0), bias_t.stride(1), bias_t.stride(2), float(alpha), float(beta),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk,
+        GROUP_M=cfg.group_m, EVEN_K=(k % cfg.block_k == 0), SPLIT=split, PRECISION=precision,
+        UPCAST=interpreting(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
     if split:
         grid = (triton.cdiv(m, 32), triton.cdiv(n, 128), nb)
         _chunk_sum_kernel[grid](
@@ -262,21 +249,19 @@ def _tma_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
         and b2.stride(1) == b2.shape[0]
 
 
-def _mm_tma(a, b, c, bias, ws, split, alpha, beta, unit, k_chunk, cfg):
+def _mm_tma(a, b, c, bias, alpha, beta, unit, k_chunk, cfg):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     m, n = c.shape
     a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
     b_desc = TensorDescriptor.from_tensor(b.t(), [cfg.block_n, cfg.block_k])  # the weight as stored, (N, K)
-    items = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    items *= triton.cdiv(a.shape[1], k_chunk) if split else 1
-    programs = min(_sm_count(a.device), items)
+    programs = min(_sm_count(a.device), triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
     bias_t = bias if bias is not None else c
     _mm_tma_kernel[(programs,)](
-        a_desc, b_desc, c, bias_t, ws, m, n, a.shape[1], c.stride(0), c.stride(1),
+        a_desc, b_desc, c, bias_t, m, n, a.shape[1], c.stride(0), c.stride(1),
         bias_t.stride(0), bias_t.stride(1), float(alpha), float(beta),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk, GROUP_M=cfg.group_m,
-        NUM_PROGRAMS=programs, SPLIT=split, HAS_BIAS=bias is not None, UNIT_SCALE=unit, UPCAST=interpreting(),
+        NUM_PROGRAMS=programs, HAS_BIAS=bias is not None, UNIT_SCALE=unit, UPCAST=interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
