@@ -7,9 +7,11 @@ exactly that arithmetic:
 
 - fused: one program per output tile walks all chunks (large M: enough tiles to fill the GPU);
 - split: one program per (tile, chunk) writes its chunk sum to an fp32 workspace and a second
-  kernel adds the chunk sums in order (small M: the chunks give the parallelism the rows lack).
+  kernel adds the chunk sums in order (small M: the chunks give the parallelism the rows lack);
+- fused, persistent and TMA-fed (`_mm_tma_kernel`, buckets with `tma=True`, Hopper): one program
+  per SM walks output tiles; A and the weight arrive through TMA descriptors.
 
-The chunk size and block_k are the same in both, so the choice between them changes speed,
+The chunk size and block_k are the same in all three, so the choice between them changes speed,
 never bits. The tile shape follows M's bucket (config.MATMUL_BUCKETS); it changes which
 program computes an element, not the chain of k16 MMA steps that sums it, so every bucket gives
 the same bits (asserted on the device for M = 1..8192 and under the CPU interpreter).
