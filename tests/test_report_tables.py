@@ -81,5 +81,5 @@ def test_missing_and_malformed_run_dirs(tmp_path):
         read_tables(tmp_path / "empty")
     run = write_run(tmp_path / "run")
     (run / "summary.json").write_text('{"modes": {"default": {"runs": [{"oops": 1}]}}}')
-    with pytest.raises(RunDirError, match="malformed run directory"):
+    with pytest.raises(RunDirError, match=r"summary\.json, mode 'default': missing field 'n_runs'"):
         read_tables(run)

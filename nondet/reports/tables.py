@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from nondet.errors import RunDirError
-from nondet.rundir import shapes
-from nondet.rundir import RunDir, hex_to_float
+from nondet.rundir import RunDir, hex_to_float, reader
+from nondet.rundir.records import to_json
 
 STREAM_COLUMNS = ["run_id", "condition_id", "kernels", "position", "is_reference", "step", "token", "piece",
                   "logprob", "logprob_hex", "margin", "margin_hex", "top_ids", "top_logprobs"]
@@ -71,14 +71,11 @@ def read_tables(path) -> RunTables:
     for name in ("conditions.jsonl", "streams.jsonl", "summary.json"):
         if not rd.exists(name):
             raise RunDirError(f"{rd.file(name)}: missing; not a finished probe run (run `nondet probe` first)")
-    summary = shapes.check_document(str(rd.file("summary.json")), rd.read_json("summary.json"))
-    if not isinstance(summary.get("modes"), dict) or not summary["modes"]:
+    summary = to_json(reader.read_summary(rd))  # each record validated: a wrong shape is exit 4
+    if not summary["modes"]:
         raise RunDirError(f"{rd.file('summary.json')}: has no 'modes'; rerun `nondet probe`")
-    raw_streams = rd.read_jsonl("streams.jsonl")
-    shapes.check_streams(str(rd.file("streams.jsonl")), raw_streams)
-    raw_conditions = rd.read_jsonl("conditions.jsonl")
-    shapes.check_records(str(rd.file("conditions.jsonl")), raw_conditions,
-                         shapes.CONDITION_FIELDS, shapes.CONDITION_OPTIONAL)
+    raw_streams = [to_json(s) for s in reader.read_streams(rd)]
+    raw_conditions = [to_json(c) for c in reader.read_conditions(rd)]
     try:
         tables = RunTables(
             path=rd.path, config=_optional(rd, "config.json"), fingerprint=_optional(rd, "fingerprint.json"),
@@ -93,7 +90,7 @@ def read_tables(path) -> RunTables:
 
 def _optional(rd: RunDir, name: str, lists: tuple[str, ...] = ()) -> dict:
     """A JSON document that may be absent ({}); present, it must be an object."""
-    return shapes.check_document(str(rd.file(name)), rd.read_json(name), lists) if rd.exists(name) else {}
+    return reader.read_document(rd, name, {}, lists)
 
 
 def _frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:

@@ -36,6 +36,7 @@ def read_summary(rd: RunDir) -> Summary:
     return from_json(Summary, rd.read_json("summary.json"), str(rd.file("summary.json")))
 
 
-def read_document(rd: RunDir, name: str, default=None):
-    """An optional JSON object (fingerprint.json, bisect.json, gate.json); default when absent."""
-    return document(rd.read_json(name), str(rd.file(name))) if rd.exists(name) else default
+def read_document(rd: RunDir, name: str, default=None, lists: tuple[str, ...] = ()):
+    """An optional JSON object (fingerprint.json, bisect.json, gate.json); default when absent.
+    lists: fields that, when present, must be lists of objects."""
+    return document(rd.read_json(name), str(rd.file(name)), lists) if rd.exists(name) else default

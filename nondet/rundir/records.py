@@ -116,9 +116,9 @@ def from_json(cls, data, where: str):
     return cls(**values, extra=extra)
 
 
-def document(data, where: str) -> dict:
+def document(data, where: str, lists: tuple[str, ...] = ()) -> dict:
     """A JSON document that must be an object (bisect.json, gate.json, fingerprint.json)."""
-    return check_document(where, data)
+    return check_document(where, data, lists)
 
 
 __all__ = ["FORMAT_VERSION", "StepRecord", "StreamRecord", "ConditionRecord", "Header", "Summary", "to_json",

@@ -1,4 +1,5 @@
-"""Shape checks for run-directory records before they reach pandas or a renderer.
+"""Shape checks behind the typed records (records.py): before any value reaches the diff,
+pandas or a renderer.
 
 Valid JSON of the wrong shape (a list where a document belongs, a number where a kernels
 name belongs) is a bad run directory: RunDirError naming the file, the record and the
@@ -9,30 +10,7 @@ from nondet.errors import RunDirError
 
 STR, INT, BOOL, LIST, DICT = (str,), (int,), (bool,), (list,), (dict,)
 OPT_STR, OPT_INT, OPT_LIST = (str, type(None)), (int, type(None)), (list, type(None))
-
-# field -> allowed types; a field missing from a record is an error only when required
-CONDITION_FIELDS = {"condition_id": STR, "kernels": STR, "batch_size": OPT_INT, "positions": OPT_LIST,
-                    "fillers": STR}
-CONDITION_OPTIONAL = {"label": STR, "load": STR}
-STREAM_FIELDS = {"run_id": INT, "condition_id": STR, "kernels": STR, "position": OPT_INT,
-                 "is_reference": BOOL, "steps": LIST}
-STREAM_OPTIONAL = {"text": STR, "finish": OPT_STR, "prompt_tokens": OPT_INT}
-STEP_FIELDS = {"token": INT}
-STEP_OPTIONAL = {"piece": STR, "logprob": OPT_STR, "margin": OPT_STR, "top": (list, type(None))}
-
-
-def check_records(file: str, records: list, required: dict, optional: dict | None = None) -> None:
-    """Every record is an object whose fields have the allowed types."""
-    for i, record in enumerate(records, start=1):
-        where = f"{file}: record {i}"
-        check_fields(where, record, required, optional or {})
-
-
-def check_streams(file: str, records: list) -> None:
-    check_records(file, records, STREAM_FIELDS, STREAM_OPTIONAL)
-    for i, record in enumerate(records, start=1):
-        for k, step in enumerate(record["steps"]):
-            check_fields(f"{file}: record {i}, step {k}", step, STEP_FIELDS, STEP_OPTIONAL)
+# a record type's fields -> allowed types live beside it (records.py: TYPES / OPTIONAL)
 
 
 def check_document(file: str, doc, lists: tuple[str, ...] = ()) -> dict:

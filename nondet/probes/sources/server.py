@@ -24,6 +24,7 @@ from nondet.probes.traffic.traffic import FillerTraffic
 from nondet.probes.sources.base import Emit, Opened, Planned
 from nondet.probes.sources.static import step_record
 from nondet.rundir import RunDir
+from nondet.verdict import verdict
 from nondet.rundir.records import ConditionRecord, StreamRecord, Summary
 
 DEFAULT_RUNS = 16  # concurrent copies besides the reference
@@ -160,7 +161,7 @@ def summarize_server(streams: list[dict], config, tokenizer) -> dict:
     summary = summarize_modes(streams, tokenizer if level == "tokenizer" else None)
     if level != "logprobs":  # no logprobs: say nothing about bits
         _no_numeric(summary["modes"]["default"])
-        summary["verdict"] = _text_verdict(summary["modes"]["default"], level)
+        summary["verdict"] = verdict(summary["modes"], level=level)
     summary["load"] = {"mode": "server", "compare_level": level, "endpoint": config.load.endpoint,
                        "chat": config.load.chat, "runs": _runs(config), "concurrency": _concurrency(config),
                        "rate": config.load.resolved_rate(), "rate_unit": "filler requests per second (Poisson)",
@@ -177,14 +178,6 @@ def _no_numeric(m: dict) -> None:
     for row in [m, *m["runs"], *m["conditions"]]:
         row["first_numeric_divergence"] = None
     m["numeric_na"] = NO_LOGPROBS
-
-
-def _text_verdict(m: dict, level: str) -> str:
-    unit = "token" if level == "tokenizer" else "word"
-    if m["distinct_completions"] == 1:
-        return f"server: 1 distinct completion over {m['n_runs']} runs (texts compared {unit} by {unit})"
-    return (f"server: batch-variant, {m['distinct_completions']} distinct completions over {m['n_runs']} runs; "
-            f"first divergence at {unit} {m['first_token_divergence']}")
 
 
 def _level_notes(level: str) -> list[str]:
