@@ -16,6 +16,7 @@ from nondet.cli.app import app
 if TYPE_CHECKING:
     from nondet.gate.config import GateSettings
     from nondet.gate.run import Gated, GateHooks
+    from nondet.probes.probe import ProbeConfig
 
 
 @app.command("gate")
@@ -94,7 +95,7 @@ def gate(
     sys.exit(0 if result.passed else 1)  # sys.exit, not typer.Exit: standalone_mode=False would swallow it
 
 
-def probe_configs(settings: "GateSettings", out: str | None) -> list:
+def probe_configs(settings: "GateSettings", out: str | None) -> "list[ProbeConfig]":
     """One ProbeConfig per prompt: its run directory is OUT, or OUT/prompt-N with several prompts."""
     from nondet.cli.probe_config import build_load_config, build_probe_config
     from nondet.gate.run import prompt_dirs
