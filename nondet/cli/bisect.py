@@ -142,6 +142,7 @@ def _origin_line(b: dict):
     from rich.text import Text
 
     from nondet.cli.render import visible
+    from nondet.fmt import fmt_hex_value
 
     origin, lasting = b["origin"], b.get("lasting")
     where = f"{b['condition_id']} row {b['position']} (run {b['run_id']}) vs reference (run {b['reference_run_id']})"
@@ -161,7 +162,7 @@ def _origin_line(b: dict):
     if b["flip_step"] is not None:
         t = b["flip_tokens"]
         line.append(f"\ntoken flip: step {b['flip_step']}: reference {visible(t['reference_piece'])} vs "
-                    f"{visible(t['divergent_piece'])}, reference top1-top2 margin {_hex(b['margin_at_flip'])}")
+                    f"{visible(t['divergent_piece'])}, reference top1-top2 margin {fmt_hex_value(b['margin_at_flip'])}")
     else:
         line.append(f"\nno token flip over {b['steps']} steps")
     agreement = b.get("numeric_agreement")
@@ -262,5 +263,3 @@ def _dash(value) -> str:
     return "-" if value is None else str(value)
 
 
-def _hex(value) -> str:
-    return "?" if value is None else f"{float.fromhex(value):.4g}"

@@ -1,7 +1,7 @@
 """Reports: run directory -> tables (pandas), figures (matplotlib), report.md and report.html.
 
 Imports no torch: a report can be rendered on any machine from the run directory alone.
-The names below load on first use, so `nondet.reports.ci` stays light (no pandas).
+The names below load on first use, so importing `nondet.reports` stays light (no pandas).
 
     from nondet.reports import read_tables, write_report
     tables = read_tables("RUN_DIR")       # DataFrames: streams, runs, conditions, ...
