@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the kernel work of issues 11/15. Usage (device machine, repo root):
 #   bash scripts/gpu_run.sh STEP...
-# STEP: race | garbage | side-stream | synced | sanitize | test | e2etest | score |
+# STEP: race | garbage | side-stream | synced | sanitize | test | e2etest | score | tune |
 #       sweep-attention | sweep-matmul | sweep-matmul2 | sweep-matmul3 | sweep-matmul4
 # Logs land under $OUT (or ./device-out), one file per step.
 set -uo pipefail
@@ -31,6 +31,9 @@ for step in "$@"; do
     sweep-matmul2) timeout 250 python3 scripts/gpu_sweep.py matmul2 2>&1 | tee "$OUT/sweep_matmul2.log" ;;
     sweep-matmul) timeout ${SWEEP_TIMEOUT:-280} python3 scripts/gpu_sweep.py matmul 2>&1 | tee "$OUT/sweep_matmul.log" ;;
     test) timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/gpu -k "not qwen3" -rA 2>&1 | tail -30 | tee "$OUT/pytest.log" ;;
+    tune) timeout 300 python3 -m nondet kernels tune --out "$OUT/kernel-tuning.json" 2>&1 | tail -20 | tee "$OUT/tune.log"
+          NONDET_KERNEL_TUNING="$OUT/kernel-tuning.json" timeout ${BENCH_TIMEOUT:-420} python3 -m nondet kernels bench \
+            --score --out "$OUT/benchmarks_tuned.md" 2>&1 | grep -A12 "^## matmul" | tail -10; tail -1 "$OUT/benchmarks_tuned.md" ;;
     score) timeout ${BENCH_TIMEOUT:-420} python3 -m nondet kernels bench --score --out "$OUT/benchmarks.md" 2>&1 | tail -120 | tee "$OUT/score.log" ;;
   esac
 done

@@ -37,3 +37,14 @@ def test_score_refuses_a_partial_shape_set():
     proc = run("bench", "--score", "--only", "matmul")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "nondet: error: --score times the whole fixed shape set; drop --only"
+
+
+def test_tune_without_cuda_is_a_usage_error():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is visible here: tune runs for real (scripts/gpu_run.sh tune)")
+    proc = run("tune", "--out", "unused.json")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("nondet: error: nondet kernels tune needs a CUDA GPU; none is visible "
+                                   "(run it on a GPU machine)")

@@ -8,7 +8,7 @@ import typer
 from nondet.cli.app import app
 from nondet.errors import UsageError
 
-kernels_app = typer.Typer(help="Batch-invariant kernels: benchmark them against the defaults.",
+kernels_app = typer.Typer(help="Batch-invariant kernels: benchmark them against the defaults, tune them.",
                           no_args_is_help=True)
 app.add_typer(kernels_app, name="kernels")
 
@@ -54,3 +54,30 @@ def bench(
     typer.echo(f"wrote {out}")
     if score:
         typer.echo(kbench.score_line(report, quick))
+
+
+@kernels_app.command("tune")
+def tune(
+    out: Annotated[Path | None, typer.Option(help="Where the tuned table goes (default: $NONDET_KERNEL_TUNING, "
+                                                  "else ~/.cache/nondet/kernel-tuning.json, which the mode "
+                                                  "loads on this device and library versions).")] = None,
+) -> None:
+    """Pick, per (K, N) and M bucket, the fastest matmul configuration that keeps the shipped bits.
+
+    Only tiles, warps, stages and TMA move; the K reduction order never does, and a candidate is
+    kept only if its rows equal the shipped dispatch's in raw bits. Runs in about a minute.
+
+    Example: nondet kernels tune && nondet kernels bench --score
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("nondet kernels tune needs a CUDA GPU; none is visible (run it on a GPU machine)")
+    from nondet.kernels import config
+    from nondet.kernels import tune as ktune
+
+    results = ktune.tune(progress=lambda r: typer.echo(ktune.summary([r])[0]))
+    path = out or config.tuning_path()
+    ktune.write(results, path)
+    typer.echo(ktune.summary(results)[-1])
+    typer.echo(f"wrote {path}")

@@ -9,7 +9,11 @@ and the device sweep (scripts/gpu_sweep.py, docs/benchmarks.md) and `nondet kern
 check bitwise that all buckets give the same bits for every row.
 """
 
+import functools
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -89,6 +93,76 @@ def k_chunk_for(k: int, cfg: MatmulConfig) -> int:
     return cfg.k_chunk if k <= 4 * cfg.k_chunk else 2 * cfg.k_chunk
 
 
-def matmul_config(dtype: torch.dtype, m: int) -> MatmulConfig:
-    """The configuration for an (m x K) @ (K x N) launch: the first bucket that holds m."""
-    return next(cfg for top, cfg in MATMUL_BUCKETS[dtype] if top is None or m <= top)
+def matmul_config(dtype: torch.dtype, m: int, k: int | None = None, n: int | None = None,
+                  device: torch.device | None = None) -> MatmulConfig:
+    """The configuration for an (m x K) @ (K x N) launch: the first bucket that holds m, from the
+    tuned table for (dtype, K, N) on this device when one is loaded (tune.py), else the shipped one."""
+    tuned = tuning(device).get((dtype, k, n)) if device is not None and device.type == "cuda" else None
+    return next(cfg for top, cfg in (tuned or MATMUL_BUCKETS[dtype]) if top is None or m <= top)
+
+
+# A tuned table (`nondet kernels tune`) replaces the bucket configurations for the (dtype, K, N) it
+# lists. It can only move tiles, warps, stages and the TMA flag: block_k and k_chunk (the K
+# order) are checked equal to the shipped ones on load, and tune kept only configurations whose
+# bits it found equal to the shipped dispatch. It is used only on the device name and library
+# versions it was tuned on.
+TUNING_ENV = "NONDET_KERNEL_TUNING"  # path of the tuned table; default below
+
+
+def tuning_path() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nondet" / "kernel-tuning.json"
+    return Path(os.environ.get(TUNING_ENV, default))
+
+
+def clear_tuning_cache() -> None:
+    """Forget loaded tables (after `nondet kernels tune` wrote one, or in tests)."""
+    _load_tuning.cache_clear()
+    _tuning_for.cache_clear()
+
+
+def tuning_key(device: torch.device) -> dict:
+    """What a tuned table must match to be used: device name and library versions."""
+    import triton
+
+    return {"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "triton": triton.__version__}
+
+
+@functools.lru_cache(maxsize=None)
+def _load_tuning(path: str, key: tuple) -> dict:
+    if not os.path.exists(path):
+        return {}
+    data = json.loads(Path(path).read_text())
+    if tuple(sorted(data.get("key", {}).items())) != key:
+        return {}
+    table = {}
+    for dtype_name, shapes in data["matmul"].items():
+        dtype = getattr(torch, dtype_name)
+        shipped = MATMUL_BUCKETS[dtype][-1][1]
+        for kn, buckets in shapes.items():
+            k, n = map(int, kn.split("x"))
+            cfgs = tuple((top, MatmulConfig(**cfg)) for top, cfg in buckets)
+            if any((c.block_k, c.k_chunk) != (shipped.block_k, shipped.k_chunk) for _, c in cfgs):
+                raise ValueError(f"{path}: a configuration for {dtype_name} {kn} changes the K order "
+                                 "(block_k / k_chunk); delete the file or run nondet kernels tune again")
+            table[dtype, k, n] = cfgs
+    return table
+
+
+def tuning(device: torch.device) -> dict:
+    """{(dtype, K, N): buckets} of the tuned table for this device, {} when none applies."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _tuning_for(index, os.environ.get(TUNING_ENV))  # cached: this runs on every matmul
+
+
+@functools.lru_cache(maxsize=None)
+def _tuning_for(index: int, env_path: str | None) -> dict:
+    key = tuple(sorted(tuning_key(torch.device("cuda", index)).items()))
+    return _load_tuning(str(tuning_path()), key)
+
+
+def tuning_fingerprint(device: torch.device) -> dict | None:
+    """For a run's fingerprint: the tuned table in use on this device (path and shapes), or None."""
+    table = tuning(device)
+    if not table:
+        return None
+    return {"path": str(tuning_path()), "shapes": sorted(f"{d}".split(".")[-1] + f" {k}x{n}" for d, k, n in table)}

@@ -200,7 +200,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     assert a.dtype == b.dtype and a.dtype in SUPPORTED_DTYPES, a.dtype
     nb, m, k = a.shape
     n = b.shape[2]
-    cfg = cfg or matmul_config(a.dtype, m)  # tiles by M bucket; the K order is the dtype's
+    cfg = cfg or matmul_config(a.dtype, m, k, n, a.device)  # tiles by M bucket; the K order is the dtype's
     c = torch.empty((nb, m, n), dtype=out_dtype or a.dtype, device=a.device)
     if m == 0 or n == 0 or nb == 0:
         return c

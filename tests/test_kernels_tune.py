@@ -1,0 +1,58 @@
+"""`nondet kernels tune`'s table: loaded only for its device and versions, never a different K
+order; the summary says whether tuning beat the shipped configuration (pure functions, no GPU)."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from nondet.kernels import config  # noqa: E402
+from nondet.kernels.config import MatmulConfig, _load_tuning, matmul_config  # noqa: E402
+from nondet.kernels.tune import BucketResult, summary  # noqa: E402
+
+KEY = {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0"}
+FAST = MatmulConfig(64, 64, 64, 1024, 8, 4, 4, tma=True)
+
+
+def table(tmp_path, cfg=FAST):
+    path = tmp_path / "kernel-tuning.json"
+    buckets = [[16, cfg.__dict__], [None, cfg.__dict__]]
+    path.write_text(json.dumps({"key": KEY, "matmul": {"bfloat16": {"4096x4096": buckets}}}))
+    return str(path)
+
+
+def test_a_table_is_used_only_for_its_device_and_versions(tmp_path):
+    path = table(tmp_path)
+    loaded = _load_tuning(path, tuple(sorted(KEY.items())))
+    assert loaded[torch.bfloat16, 4096, 4096] == ((16, FAST), (None, FAST))
+    other = {**KEY, "device": "NVIDIA H100 80GB HBM3"}
+    assert _load_tuning(path, tuple(sorted(other.items()))) == {}
+    assert _load_tuning(str(tmp_path / "absent.json"), tuple(sorted(KEY.items()))) == {}
+
+
+def test_a_table_that_changes_the_k_order_is_refused(tmp_path):
+    path = table(tmp_path, MatmulConfig(64, 64, 32, 1024, 8, 4, 4))
+    with pytest.raises(ValueError, match="changes the K order"):
+        _load_tuning(path, tuple(sorted(KEY.items())))
+
+
+def test_cpu_launches_never_consult_a_table():
+    assert matmul_config(torch.bfloat16, 1, 4096, 4096, torch.device("cpu")) == config.MATMUL_BUCKETS[torch.bfloat16][0][1]
+
+
+def result(shipped_us, chosen_us):
+    shipped = config.MATMUL_BUCKETS[torch.bfloat16][0][1]
+    chosen = shipped if chosen_us == shipped_us else FAST
+    return BucketResult(4096, 4096, 16, 16, 10.0, shipped_us, chosen, chosen_us)
+
+
+def test_summary_reports_the_gain():
+    assert summary([result(20.0, 10.0)])[-1] == ("matmul ratio over the tuned buckets (geometric mean): "
+                                                  "shipped 0.500 -> tuned 1.000")
+
+
+def test_summary_says_why_nothing_changed():
+    assert summary([result(20.0, 20.0)])[-1] == ("no candidate beat the shipped configuration by 3% in any "
+                                                  "bucket (geometric mean 0.500): the tuned table repeats "
+                                                  "the shipped one")
