@@ -9,8 +9,10 @@ override, so there is no recursion. Every row meets the same shape, the same cod
 same thread split wherever it sits in the batch. tests/test_kernels_cpu.py checks, with
 torch.equal, every row against the same row computed alone, M = 1..64, fp32 and bf16.
 
-Attention on the CPU runs one batch row at a time, sliced to its real tokens, so each row sees
-exactly the shapes it would see alone.
+Attention on the CPU runs one batch row and one query at a time, each query sliced to the KV
+positions it may see, so every query meets exactly the shapes of a one-token decode at its
+position: invariant in the batch, in the padding and in the number of query rows (a speculative
+k+1 verification chunk equals k+1 one-token decodes, bit for bit).
 """
 
 import torch
@@ -119,10 +121,14 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               scale: float, kv_start: list[int]) -> torch.Tensor:
-    """q (B, H, Q, D), k/v (B, KVH, S, D) -> (B, Q, H, D), one batch row at a time.
+    """q (B, H, Q, D), k/v (B, KVH, S, D) -> (B, Q, H, D), one batch row and one query at a time.
 
-    Row b is sliced to KV positions [kv_start[b], S) and to the queries that sit there, so it
-    is computed with exactly the shapes of the same request run alone. fp32 inside.
+    Each query is computed alone over the KV positions it may see, [kv_start[b], its last visible
+    position], with the shapes of a one-token decode at that position: so a row gets the same bits
+    whether it is decoded alone (q_len 1), verified inside a speculative k+1 chunk, or part of a
+    prefill, and whatever padding its batch has. A query's scores over a longer, masked KV range
+    (a k+1 chunk) or a bmm with M = q_len differ from the decode's in the last bits on MKL.
+    Cost: O(Q) small bmm calls per row, and a copy of the visible KV per query. fp32 inside.
     """
     bsz, h, nq, d = q.shape
     s = k.shape[2]
@@ -130,24 +136,41 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     out = torch.zeros((bsz, nq, h, d), dtype=q.dtype, device=q.device)
     for b in range(bsz):
         start = kv_start[b]
-        q0 = max(0, start - (s - nq))  # queries before the first real token are padding
-        qb = q[b:b + 1, :, q0:].float().contiguous()
-        kb = k[b:b + 1, :, start:].repeat_interleave(g, dim=1).float().contiguous()
-        vb = v[b:b + 1, :, start:].repeat_interleave(g, dim=1).float().contiguous()
-        sb, qn = kb.shape[2], qb.shape[2]
-        if mask is None:
-            keep = torch.ones((qn, sb), dtype=torch.bool, device=q.device).tril(sb - qn)
-        else:
-            keep = mask[b if mask.shape[0] > 1 else 0, 0, q0:, start:]
-        # aten .out kernels directly: the shapes already equal the solo run's, and the mode's
-        # row-blocked bmm would only add time
-        scores = aten.bmm.out(qb[0], kb[0].transpose(-1, -2), out=torch.empty(0, device=q.device)) * scale
-        if keep.dtype == torch.bool:
-            scores = scores.masked_fill(~keep, float("-inf"))
-        else:
-            scores = scores + keep.float()
-        probs = aten._softmax.out(scores, -1, False, out=torch.empty(0, device=q.device))
-        probs = torch.nan_to_num(probs, nan=0.0)  # rows with nothing to attend (padding queries)
-        ob = aten.bmm.out(probs, vb[0], out=torch.empty(0, device=q.device))  # (H, qn, D)
-        out[b, q0:] = ob.transpose(0, 1).to(q.dtype)
+        ends = _visible_ends(mask, b, nq, s)
+        for i in range(max(0, start - (s - nq)), nq):  # queries before the first real token are padding
+            end = ends[i]
+            if end <= start:
+                continue  # nothing to attend
+            keep = None if mask is None else mask[b if mask.shape[0] > 1 else 0, 0, i, start:end]
+            out[b, i] = _one_query(q[b, :, i:i + 1], k[b, :, start:end], v[b, :, start:end], keep, scale, g)
     return out
+
+
+def _visible_ends(mask: torch.Tensor | None, b: int, nq: int, s: int) -> list[int]:
+    """Per query, one past the last KV position it may see (causal without a mask: S - Q + i)."""
+    if mask is None:
+        return [s - nq + i + 1 for i in range(nq)]
+    rows = mask[b if mask.shape[0] > 1 else 0, 0]  # (Q, S)
+    keep = rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
+    last = s - torch.flip(keep, dims=[-1]).to(torch.int32).argmax(-1)  # (Q,)
+    return [int(e) if keep[i].any() else 0 for i, e in enumerate(last.tolist())]
+
+
+def _one_query(qi: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, keep: torch.Tensor | None,
+               scale: float, groups: int) -> torch.Tensor:
+    """qi (H, 1, D), kb/vb (KVH, S_i, D) -> (H, D): one query over its visible KV, fp32 inside.
+
+    Fresh contiguous copies, so the library calls see one layout for a given S_i; aten .out
+    kernels directly (the shapes already equal the one-token decode's; the mode's row-blocked
+    bmm would only add time)."""
+    qf = qi.float().contiguous()
+    kf = kb.repeat_interleave(groups, dim=0).float().contiguous()
+    vf = vb.repeat_interleave(groups, dim=0).float().contiguous()
+    scores = aten.bmm.out(qf, kf.transpose(-1, -2), out=torch.empty(0, device=qi.device)) * scale  # (H, 1, S_i)
+    if keep is not None and keep.dtype == torch.bool:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    elif keep is not None:
+        scores = scores + keep.float()
+    probs = aten._softmax.out(scores, -1, False, out=torch.empty(0, device=qi.device))
+    probs = torch.nan_to_num(probs, nan=0.0)
+    return aten.bmm.out(probs, vf, out=torch.empty(0, device=qi.device))[:, 0].to(qi.dtype)  # (H, D)
