@@ -1,0 +1,121 @@
+"""The RL sampler side (issue 14): sampled completions of a prompt set, batched, left-padded.
+
+Per kernels mode the prompts run in batches of `sampler_batch` through the probe's one
+generate call (probes/replay.py). A logits processor samples every request from the
+processed distribution (temperature, top-k, top-p) with its own generator, seeded
+seed + prompt index, so a prompt draws the same way in any batch and mode; it records each
+sampled token's logprob over that distribution, bits kept (float.hex), as vLLM's processed
+logprobs are. One StreamRecord per prompt; its prompt_id indexes the prompt set.
+"""
+
+from dataclasses import dataclass
+
+from nondet.probes.batch import Batch
+from nondet.probes.numerics import fingerprint
+from nondet.probes.pieces import token_piece
+from nondet.probes.replay import DecodeSettings, eos_ids, generate, truncate_at_eos
+from nondet.probes.sources.base import Emit, Opened, Planned
+from nondet.probes.sources.rl_processed import Processing, processed_logprobs
+from nondet.probes.sources.static import kernels_mode
+from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord, Summary
+
+
+@dataclass(frozen=True)
+class SamplerBatch:
+    kernels: str
+    index: int  # which batch of the prompt set
+    prompt_ids: tuple[int, ...]  # indices into the prompt set, one per row
+
+
+class SampleRecorder:
+    """A logits processor: each row samples its own token; the step's logprob is recorded."""
+
+    def __init__(self, seeds: list[int], processing: Processing) -> None:
+        import torch
+
+        self.processing = processing
+        self.generators = [torch.Generator().manual_seed(s) for s in seeds]
+        self.steps: dict[int, list[dict]] = {r: [] for r in range(len(seeds))}
+
+    def __call__(self, input_ids, scores):  # scores: [rows, vocab] fp32 logits of this step
+        import torch
+
+        logprobs = processed_logprobs(scores, self.processing)
+        chosen = [int(torch.multinomial(logprobs[r].exp().cpu(), 1, generator=g)) for r, g in
+                  enumerate(self.generators)]
+        for row, token in enumerate(chosen):
+            self.steps[row].append({"token": token, "logprob": float(logprobs[row, token]).hex()})
+        forced = torch.full_like(scores, float("-inf"))
+        forced[torch.arange(scores.shape[0]), chosen] = 0.0  # generate's argmax takes the sampled token
+        return forced
+
+
+class RLSamplerSource:
+    kind = "rl-sampler"
+
+    def __init__(self, config, loaded, run_ids) -> None:
+        self.config = config  # RLConfig
+        self.loaded = loaded  # LoadedModel, shared with the trainer side
+        self.run_ids = run_ids  # itertools.count shared by both sides: run ids unique in the run directory
+        self.prompt_ids: list[list[int]] = []
+
+    def open(self) -> Opened:
+        tok = self.loaded.tokenizer
+        self.prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in self.config.prompts]
+        return Opened(fingerprint(self.loaded.description, ",".join(self.config.kernels)))
+
+    def attach(self, writer) -> None:
+        pass
+
+    def plan(self) -> list[Planned]:
+        size, n = self.config.sampler_batch, len(self.prompt_ids)
+        batches = [tuple(range(s, min(s + size, n))) for s in range(0, n, size)]
+        return [Planned(f"{mode}/sampler/bs{size}/b{i}", f"sampler bs={size} batch {i}", mode,
+                        SamplerBatch(mode, i, rows)) for mode in self.config.kernels for i, rows in enumerate(batches)]
+
+    def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
+        plan: SamplerBatch = planned.plan
+        steps = self._sample(plan)
+        for row, prompt_id in enumerate(plan.prompt_ids):
+            emit(self._stream(plan, row, prompt_id, steps[row]))
+        return ConditionRecord(condition_id=planned.condition_id, kernels=plan.kernels,
+                               batch_size=len(plan.prompt_ids), positions=list(range(len(plan.prompt_ids))),
+                               fillers="none", label=planned.label, load=self.kind, extra={"side": "sampler"})
+
+    def summarize(self, streams: list[dict]) -> Summary:
+        return Summary(modes={})  # nondet rl's summary pairs both sides: nondet.rl.summary
+
+    def close(self) -> None:
+        pass
+
+    def _sample(self, plan: SamplerBatch) -> dict[int, list[dict]]:
+        c, model, tok = self.config, self.loaded.model, self.loaded.tokenizer
+        batch = left_padded([self.prompt_ids[i] for i in plan.prompt_ids], pad_id(tok))
+        recorder = SampleRecorder([c.seed + i for i in plan.prompt_ids], Processing(c.temperature, c.top_k, c.top_p))
+        with kernels_mode(plan.kernels, model):
+            generate(model, tok, batch, DecodeSettings(c.max_new_tokens, c.temperature, c.seed), recorder)
+        eos = eos_ids(model, tok)
+        return {row: truncate_at_eos(steps, eos) for row, steps in recorder.steps.items()}
+
+    def _stream(self, plan: SamplerBatch, row: int, prompt_id: int, steps: list[dict]) -> StreamRecord:
+        tok = self.loaded.tokenizer
+        return StreamRecord(
+            run_id=next(self.run_ids), condition_id=f"{plan.kernels}/sampler/bs{self.config.sampler_batch}/b{plan.index}",
+            kernels=plan.kernels, position=row, is_reference=True, prompt_id=prompt_id,
+            prompt_tokens=len(self.prompt_ids[prompt_id]), finish="length" if steps else "empty",
+            text=tok.decode([s["token"] for s in steps]),
+            steps=[StepRecord(token=s["token"], piece=token_piece(tok, s["token"]), logprob=s["logprob"])
+                   for s in steps],
+            extra={"side": "sampler", "prompt_ids": self.prompt_ids[prompt_id]})
+
+
+def left_padded(rows: list[list[int]], pad: int) -> Batch:
+    """Prompts of unequal length, left-padded as generate needs; every row is a target."""
+    width = max(map(len, rows))
+    return Batch([[pad] * (width - len(r)) + r for r in rows], [[0] * (width - len(r)) + [1] * len(r) for r in rows],
+                 tuple(range(len(rows))))
+
+
+def pad_id(tokenizer) -> int:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return pad or 0

@@ -1,0 +1,174 @@
+"""The RL trainer side (issue 14): teacher-forced forwards over prompt + completion, as trainers run them.
+
+Per kernels mode and micro-batch size, one condition: the sequences the sampler produced (or
+the rollouts) in micro-batches, padded right or left (position ids from the mask, as
+trainers pass them), `model.train()` with every dropout set to 0 and autograd on. The
+logits that predicted each sampled token go through the sampler's processed distribution
+(the same temperature and truncation, probes/sources/rl_processed.py) and the sampled
+token's logprob is kept as float.hex. Then loss = -mean(logprob) and `loss.backward()`
+runs under the same kernels; the condition record says whether every gradient was finite.
+"""
+
+import contextlib
+from dataclasses import dataclass
+
+from nondet.probes.sources.base import Emit, Opened, Planned
+from nondet.probes.sources.rl_processed import Processing, processed_logprobs
+from nondet.probes.sources.static import kernels_mode
+from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord, Summary
+
+
+@dataclass(frozen=True)
+class Sequence:
+    prompt_id: int  # the sampler stream's prompt_id (or the rollout's index)
+    prompt: tuple[int, ...]
+    completion: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TrainerPlan:
+    kernels: str
+    micro_batch: int
+    padding: str  # right | left
+
+
+class RLTrainerSource:
+    kind = "rl-trainer"
+
+    def __init__(self, config, loaded, run_ids, sequences: dict[str, list[Sequence]]) -> None:
+        self.config = config  # RLConfig
+        self.loaded = loaded
+        self.run_ids = run_ids
+        self.sequences = sequences  # kernels mode -> the sequences to teacher-force under it
+
+    def open(self) -> Opened:
+        from nondet.probes.numerics import fingerprint
+
+        return Opened(fingerprint(self.loaded.description, ",".join(self.config.kernels)))
+
+    def attach(self, writer) -> None:
+        pass
+
+    def plan(self) -> list[Planned]:
+        c = self.config
+        return [Planned(condition_id(mode, mb, c.padding), f"trainer mb={mb} {c.padding}-padded", mode,
+                        TrainerPlan(mode, mb, c.padding)) for mode in c.kernels for mb in c.micro_batches]
+
+    def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
+        plan: TrainerPlan = planned.plan
+        seqs = self.sequences[plan.kernels]
+        grads = []
+        with training(self.loaded.model), kernels_mode(plan.kernels, self.loaded.model):
+            for start in range(0, len(seqs), plan.micro_batch):
+                chunk = seqs[start:start + plan.micro_batch]
+                logprobs, grad = self._micro_batch(chunk, plan.padding)
+                grads.append(grad)
+                for row, (seq, lps) in enumerate(zip(chunk, logprobs)):
+                    emit(self._stream(planned.condition_id, plan, row, seq, lps))
+        return ConditionRecord(condition_id=planned.condition_id, kernels=plan.kernels, batch_size=plan.micro_batch,
+                               positions=None, fillers="none", label=planned.label, load=self.kind,
+                               extra={"side": "trainer", "micro_batch": plan.micro_batch, "padding": plan.padding,
+                                      **grad_summary(grads)})
+
+    def summarize(self, streams: list[dict]) -> Summary:
+        return Summary(modes={})  # nondet rl's summary pairs both sides: nondet.rl.summary
+
+    def close(self) -> None:
+        pass
+
+    def _micro_batch(self, chunk: list[Sequence], padding: str) -> tuple[list[list[float]], dict | None]:
+        """Forward (and backward) of one micro-batch -> per sequence its tokens' logprobs, gradient facts."""
+        import torch
+
+        model = self.loaded.model
+        ids, mask, offsets = padded([s.prompt + s.completion for s in chunk], padding, pad_token(self.loaded.tokenizer))
+        ids, mask = torch.tensor(ids, device=model.device), torch.tensor(mask, device=model.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [mb, width]: real tokens count from 0 on either side
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        rows, cols, tokens = target_index(chunk, offsets)  # the logits row that predicted each sampled token
+        c = self.config
+        lp_all = processed_logprobs(logits[rows, cols], Processing(c.temperature, c.top_k, c.top_p))
+        lp = lp_all.gather(-1, torch.tensor(tokens, device=model.device)[:, None])[:, 0]  # [n_tokens] fp32
+        grad = backward(model, lp) if c.backward else None
+        values = lp.detach().cpu().tolist()
+        out, at = [], 0
+        for s in chunk:
+            out.append(values[at:at + len(s.completion)])
+            at += len(s.completion)
+        return out, grad
+
+    def _stream(self, cid: str, plan: TrainerPlan, row: int, seq: Sequence, lps: list[float]) -> StreamRecord:
+        return StreamRecord(
+            run_id=next(self.run_ids), condition_id=cid, kernels=plan.kernels, position=row, is_reference=False,
+            prompt_id=seq.prompt_id, prompt_tokens=len(seq.prompt), finish="length",
+            steps=[StepRecord(token=t, logprob=float(lp).hex()) for t, lp in zip(seq.completion, lps)],
+            extra={"side": "trainer", "micro_batch": plan.micro_batch, "padding": plan.padding})
+
+
+def condition_id(kernels: str, micro_batch: int, padding: str) -> str:
+    return f"{kernels}/trainer/mb{micro_batch}/{padding}"
+
+
+def padded(rows: list[tuple[int, ...]], padding: str, pad: int) -> tuple[list, list, list[int]]:
+    """(ids, mask, offset of each row's first real token) of a right- or left-padded micro-batch."""
+    width = max(map(len, rows))
+    offsets = [width - len(r) if padding == "left" else 0 for r in rows]
+    ids = [[pad] * o + list(r) + [pad] * (width - len(r) - o) for r, o in zip(rows, offsets)]
+    mask = [[0] * o + [1] * len(r) + [0] * (width - len(r) - o) for r, o in zip(rows, offsets)]
+    return ids, mask, offsets
+
+
+def target_index(chunk: list[Sequence], offsets: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """Completion token j of row b sits at offset + P + j and is predicted by the logits one before."""
+    rows, cols, tokens = [], [], []
+    for b, (s, o) in enumerate(zip(chunk, offsets)):
+        for j, t in enumerate(s.completion):
+            rows.append(b)
+            cols.append(o + len(s.prompt) + j - 1)
+            tokens.append(t)
+    return rows, cols, tokens
+
+
+def backward(model, logprobs) -> dict:
+    """loss = -mean(logprob); backward; whether every gradient is finite, and their global norm."""
+    import torch
+
+    (-logprobs.mean()).backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads]))) if grads else 0.0
+    finite = all(bool(torch.isfinite(g).all()) for g in grads)
+    model.zero_grad(set_to_none=True)
+    return {"finite": finite and bool(grads), "norm": norm}
+
+
+def grad_summary(grads: list[dict | None]) -> dict:
+    done = [g for g in grads if g is not None]
+    if not done:
+        return {"backward": False}
+    return {"backward": True, "grad_finite": all(g["finite"] for g in done),
+            "grad_norm_max": max(g["norm"] for g in done)}
+
+
+@contextlib.contextmanager
+def training(model):
+    """model.train() with every dropout probability 0 (what RL logprob recomputation wants); restored after."""
+    saved = []
+    was_training = model.training
+    for module in model.modules():
+        for name in ("p", "attention_dropout", "dropout"):
+            value = getattr(module, name, None)
+            if isinstance(value, float) and value:
+                saved.append((module, name, value))
+                setattr(module, name, 0.0)
+    model.train()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+def pad_token(tokenizer) -> int:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return pad or 0

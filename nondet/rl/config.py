@@ -1,0 +1,49 @@
+"""RLConfig: what `nondet rl` runs, frozen and written to config.json (issue 14)."""
+
+from dataclasses import dataclass, field
+
+from nondet.errors import UsageError
+from nondet.probes.loading import ModelSpec
+
+PADDINGS = ("right", "left")  # how the trainer pads a micro-batch of unequal sequences
+KERNEL_MODES = ("default", "batch-invariant")
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    model: ModelSpec = field(default_factory=ModelSpec)
+    prompts: tuple[str, ...] = ()  # sampler prompts (empty = the built-in demo prompts)
+    rollouts: str | None = None  # JSONL of exported rollouts: the trainer side only
+    max_new_tokens: int = 32  # sampled tokens per prompt (fewer where EOS comes first)
+    temperature: float = 1.0  # RL samples at 1; 0 (greedy) has no sampling distribution to compare
+    top_k: int = 0  # 0 = off; else keep the k largest logits (ties kept)
+    top_p: float = 1.0  # 1 = off; else the smallest set with probability >= top_p
+    seed: int = 0  # request i samples with its own generator seeded seed + i
+    sampler_batch: int = 8  # prompts per batched generate call (left-padded, as servers batch)
+    micro_batches: tuple[int, ...] = (1, 4, 8)  # the trainer's micro-batch sizes, one condition each
+    padding: str = "right"  # the trainer's padding of unequal sequences: right | left
+    kernels: tuple[str, ...] = ("default",)  # modes, each on BOTH sides ("--confirm" = both modes)
+    backward: bool = True  # run loss.backward() on every trainer micro-batch (autograd on)
+    threads: int | None = None  # torch CPU threads (None = torch's default); fingerprinted
+    out: str | None = None  # run directory (None = nondet-runs/<time>-rl)
+    argv: tuple[str, ...] = ()  # the command line, for "reproduce" in reports
+
+
+def validate(config: RLConfig) -> None:
+    """One-line UsageErrors (exit 2) for settings that cannot give the metrics."""
+    if config.temperature <= 0:
+        raise UsageError("--temperature 0 is greedy: there is no sampling distribution whose logprobs "
+                         "sampler and trainer could compare; pass --temperature > 0 (RL samples at 1)")
+    if config.top_k < 0 or not 0 < config.top_p <= 1:
+        raise UsageError("--top-k must be >= 0 and --top-p in (0, 1]")
+    if config.max_new_tokens < 1 or config.sampler_batch < 1:
+        raise UsageError("--max-new-tokens and --sampler-batch must be >= 1")
+    if not config.micro_batches or min(config.micro_batches) < 1:
+        raise UsageError("--micro-batch needs sizes >= 1, e.g. 1,4,8")
+    if config.padding not in PADDINGS:
+        raise UsageError(f"--padding must be one of {', '.join(PADDINGS)}, not {config.padding!r}")
+    for mode in config.kernels:
+        if mode not in KERNEL_MODES:
+            raise UsageError(f"--kernels must be one of {', '.join(KERNEL_MODES)}, not {mode!r}")
+    if not config.rollouts and not all(p.strip() for p in config.prompts):
+        raise UsageError("a prompt is empty; every line of --prompts needs text")
