@@ -1,0 +1,132 @@
+"""`nondet rl`: sampler vs trainer logprobs of the same sampled tokens (true on-policy RL, issue 14)."""
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from nondet.cli import options as o
+from nondet.cli.app import app
+
+
+@app.command("rl")
+def rl(
+    model_arg: Annotated[Optional[str], typer.Argument(
+        metavar="[MODEL]", help="Causal LM: local directory or hub id. Default: the embedded demo model.")] = None,
+    model: o.ModelOpt = None,
+    prompts: Annotated[Optional[Path], typer.Option(
+        "--prompts", help="JSONL of sampler prompts: a JSON string or {\"prompt\": ...} a line (default: 8 built-in).")] = None,
+    rollouts: Annotated[Optional[Path], typer.Option(
+        "--rollouts", help="JSONL of exported rollouts {prompt_ids, completion_ids, logprobs}: trainer side only.")] = None,
+    max_new_tokens: o.MaxNewTokensOpt = 32,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (> 0), replayed by the trainer.")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Keep the k largest logits; 0 = off.")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus truncation; 1 = off.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Request i samples with its own generator seeded SEED + i.")] = 0,
+    sampler_batch: Annotated[int, typer.Option(
+        "--sampler-batch", help="Prompts per batched generate call of the sampler (left-padded).")] = 8,
+    micro_batch: Annotated[str, typer.Option(
+        "--micro-batch", help="Trainer micro-batch sizes, e.g. 1,4,8: one teacher-forced condition each.")] = "1,4,8",
+    padding: Annotated[str, typer.Option(help="Trainer padding of unequal sequences: right | left.")] = "right",
+    no_backward: Annotated[bool, typer.Option(
+        "--no-backward", help="Skip loss.backward() on the trainer's micro-batches (forward only).")] = False,
+    kernels: o.KernelsOpt = "default",
+    confirm: Annotated[bool, typer.Option(
+        "--confirm", help="Run default kernels, then batch-invariant ones on both sides, and compare.")] = False,
+    dtype: o.DtypeOpt = "bfloat16",
+    device: o.DeviceOpt = "cpu",
+    attn_implementation: o.AttnOpt = None,
+    trust_remote_code: o.TrustOpt = False,
+    inject_variance: o.InjectOpt = False,
+    threads: o.ThreadsOpt = None,
+    out: o.OutOpt = None,
+    json_output: o.JsonOpt = False,
+) -> None:
+    """Sample completions, recompute their logprobs the way a trainer does, and measure the mismatch.
+
+    The sampler draws completions of each prompt (batched, per-request seeds) and records
+    each sampled token's logprob over the processed distribution (temperature, top-k, top-p).
+    The trainer teacher-forces prompt + completion in micro-batches (train mode, dropout 0,
+    autograd on, backward), replaying the same processing. Per micro-batch size: fraction of
+    bit-identical logprobs, |dlogp|, importance ratios outside 1 +- eps, KL estimators k1/k2/k3.
+    With --kernels batch-invariant on both sides, every logprob should be bit-identical.
+
+    Example:  nondet rl --micro-batch 1,4,8 --confirm
+    Rollouts:  nondet rl MODEL_DIR --rollouts rollouts.jsonl --temperature 1
+    """
+    from nondet.errors import UsageError
+    from nondet.probes.loading import ModelSpec
+    from nondet.rl.config import RLConfig
+    from nondet.rl.rollouts import read_prompts
+
+    if model_arg and model:
+        raise UsageError("give the model either as MODEL or as --model, not both")
+    if prompts and rollouts:
+        raise UsageError("give either --prompts (sample here) or --rollouts (trainer side only), not both")
+    config = RLConfig(
+        model=ModelSpec(name=model_arg or model, dtype=dtype, device=device, attn_implementation=attn_implementation,
+                        trust_remote_code=trust_remote_code, inject_variance=inject_variance),
+        prompts=read_prompts(str(prompts)) if prompts else (), rollouts=str(rollouts) if rollouts else None,
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        sampler_batch=sampler_batch, micro_batches=parse_sizes(micro_batch), padding=padding,
+        kernels=("default", "batch-invariant") if confirm else (kernels,), backward=not no_backward,
+        threads=threads, out=str(out) if out else None, argv=tuple(__import__("sys").argv[1:]))
+    from nondet.rl.run import run_rl
+
+    result = run_rl(config)
+    _write_report(result.run_dir)
+    if json_output:
+        print(json.dumps({"run_dir": str(result.run_dir), "seconds": round(result.seconds, 2), **result.summary},
+                         indent=1))
+        return
+    from rich.console import Console
+
+    console = Console()
+    console.print(metrics_table(result.summary["rl"]["pairs"]))
+    console.print(result.summary["verdict"], style="bold", markup=False, highlight=False)
+    console.print(f"run directory: {result.run_dir}")
+    console.print(f"wall time: {result.seconds:.1f} s")
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    from nondet.errors import UsageError
+
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--micro-batch takes sizes like 1,4,8, not {text!r}") from None
+    return sizes
+
+
+def metrics_table(pairs: list[dict]):
+    """One row per (kernels, micro-batch): the metrics RL people read."""
+    from rich.table import Table
+
+    from nondet.fmt import fmt_float
+
+    table = Table(title="sampler vs trainer logprobs of the sampled tokens")
+    cols = ("kernels", "micro-batch", "tokens", "bit-identical", "max |dlogp|", "mean |dlogp|", "p95 |dlogp|",
+            "ratio out 0.1", "ratio out 0.2", "k1", "k2", "k3", "backward")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "kernels" else "right")
+    for p in pairs:
+        if not p.get("n_tokens"):
+            continue
+        grads = "finite" if p.get("grad_finite") else ("not run" if not p.get("backward") else "NOT finite")
+        table.add_row(p["kernels"], f"{p['micro_batch']} {p['padding']}", str(p["n_tokens"]),
+                      f"{p['frac_identical']:.1%}", *(fmt_float(p[k]) for k in (
+                          "dlogp_max", "dlogp_mean", "dlogp_p95")),
+                      f"{p['ratio_outside_0.1']:.1%}", f"{p['ratio_outside_0.2']:.1%}",
+                      *(fmt_float(p[k]) for k in ("kl_k1", "kl_k2", "kl_k3")), grads)
+    table.caption = "ratio = exp(trainer - sampler logprob); k1/k2/k3: Schulman's KL(sampler || trainer) estimators"
+    return table
+
+
+def _write_report(run_dir) -> None:
+    try:
+        from nondet.reports import rl_sections  # noqa: F401 - the report knows rl runs
+        from nondet.reports import write_report
+    except ImportError:
+        return
+    write_report(run_dir)
