@@ -46,6 +46,9 @@ class ProbeConfig:
     out: str | None = None  # run directory (None = nondet-runs/<time>-probe)
     argv: tuple[str, ...] = ()  # the command line, for "reproduce" in reports
     load: LoadConfig = field(default_factory=LoadConfig)  # static batches, continuous batching, or a server
+    # speculative forms ("ngram:4", "self:4", "draft[:MODEL][:K]"): plain greedy vs each, at batch size 1
+    # (transformers' assisted decoding takes one sequence; batch_sizes is then unused); () = none
+    speculative: tuple[str, ...] = ()
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -98,7 +101,12 @@ def run_streams(source: Source, writer: RunWriter | None, on_condition: OnCondit
 
 
 def make_source(config: ProbeConfig, on_progress=None) -> Source:
-    """The source for the config's load: static batches, continuous batching or a live server."""
+    """The source for the config's load: static batches, continuous batching, a live server, or
+    speculative decoding (`speculative` forms given)."""
+    if config.speculative:
+        from nondet.probes.sources.speculative import SpeculativeSource
+
+        return SpeculativeSource(config)
     if config.load.mode == "continuous":
         from nondet.probes.sources.continuous import ContinuousSource
 
@@ -141,5 +149,17 @@ def _validate(config: ProbeConfig) -> None:
     if not config.fillers:
         raise UsageError("no filler prompts: the fillers file is empty")
     validate_load(config.load, config.temperature)
+    if config.speculative:
+        _validate_speculative(config)
+
+
+def _validate_speculative(config: ProbeConfig) -> None:
+    from nondet.probes.sources.speculation import parse_speculative
+
+    parse_speculative(",".join(config.speculative))
+    if config.load.mode != "static":
+        raise UsageError(f"--speculative runs the model in process; drop --load {config.load.mode} / --endpoint")
+    if config.temperature > 0:
+        raise UsageError("--speculative compares greedy decoding; drop --temperature")
 
 

@@ -2,7 +2,8 @@
 
 `generate` is the only place nondet calls `model.generate` on a batch: the probe calls it
 through `generate_condition`, bisect's lockstep replay calls it with its hooks and forced
-tokens passed in, so the replay runs exactly as the probe did.
+tokens passed in, so the replay runs exactly as the probe did; the speculative source calls
+it with an `Assist` (plain greedy and assisted decoding through the same call).
 """
 
 from dataclasses import dataclass
@@ -33,31 +34,58 @@ def new_recorder(batch: Batch, settings: DecodeSettings) -> StepRecorder:
     return StepRecorder(batch.target_rows, len(batch.input_ids), settings.temperature, settings.seed)
 
 
-def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder: StepRecorder,
-             after: Sequence = (), stopping: Sequence = ()) -> None:
-    """The one `model.generate` call of a condition: the probe's, and bisect's lockstep replay.
+@dataclass(frozen=True)
+class Assist:
+    """Speculative decoding inside the generate call (transformers' assisted generation).
+
+    With an Assist the call returns the target's raw logits of every generated token
+    (`output_logits`): for an accepted token, its row of the verification pass. A recorder
+    would not do there: transformers calls logits processors on rejected positions too.
+    """
+
+    prompt_lookup: int | None = None  # prompt_lookup_num_tokens: K tokens drafted from n-gram matches
+    assistant: object = None  # the draft model (the target itself for self:K); K is set on its generation_config
+
+    def kwargs(self) -> tuple[dict, dict]:
+        """(GenerationConfig fields, generate() arguments)."""
+        if self.assistant is not None:
+            return {}, {"assistant_model": self.assistant}
+        return {"prompt_lookup_num_tokens": self.prompt_lookup}, {}
+
+
+def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder: StepRecorder | None,
+             after: Sequence = (), stopping: Sequence = (), assist: Assist | None = None):
+    """The one `model.generate` call of a condition: the probe's, bisect's lockstep replay, and
+    the speculative source's (plain and assisted, `assist`).
 
     `after`: logits processors run after the recorder (bisect forces the reference's tokens);
     `stopping`: extra stopping criteria. Neither changes the numerics of what the recorder saw.
+    `assist`: speculative decoding; the call then returns generate's output with `logits`
+    (also for a plain run given `Assist()`, so both are measured the same way).
     """
     import torch
     from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
     device = model.device
+    fields, arguments = assist.kwargs() if assist and (assist.prompt_lookup or assist.assistant) else ({}, {})
     config = GenerationConfig(
         do_sample=False,  # sampling, when asked, is done by the recorder per request
         max_new_tokens=settings.max_new_tokens,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=eos_ids(model, tokenizer) or None,
+        return_dict_in_generate=assist is not None,
+        output_logits=assist is not None,
+        **fields,
     )
     try:
         with torch.inference_mode():
-            model.generate(
+            return model.generate(
                 input_ids=torch.tensor(batch.input_ids, device=device),
                 attention_mask=torch.tensor(batch.attention_mask, device=device),
                 generation_config=config,
-                logits_processor=LogitsProcessorList([recorder, *after]),
+                logits_processor=LogitsProcessorList([p for p in (recorder, *after) if p is not None]),
                 stopping_criteria=StoppingCriteriaList(stopping),
+                **arguments,
             )
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError; on CPU a plain one
         if not is_out_of_memory(exc):

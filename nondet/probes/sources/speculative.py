@@ -1,0 +1,230 @@
+"""The speculative source: plain greedy decoding vs speculative decoding of the same prompt.
+
+Per kernels mode and target prompt: the reference is plain greedy decoding of the prompt
+alone (`<kernels>/[p<k>/]bs1/ref`); then one condition per `--speculative` form
+(`<kernels>/[p<k>/]spec/ngram4`): the same prompt decoded greedily with transformers'
+assisted generation, whose verification pass runs the target on k+1 query rows where plain
+decoding runs one. Both go through the one generate call (replay.generate) with an Assist,
+which returns the target's raw logits of every generated token: for a speculative run the
+row of the verification pass that produced the accepted token. So each step's logprob bits,
+top-5 and margin are measured the same way in both (a logits processor would also see the
+rejected positions, and a draft model's own steps).
+
+Each stream adds its verification rounds (`drafted` and `accepted` tokens per round, each
+step's `round`), `acceptance_rate` (accepted / drafted), `seconds` and `tokens_per_s`.
+transformers runs assisted decoding at batch size 1 only, so every condition is batch size 1.
+"""
+
+import contextlib
+import time
+
+from nondet.errors import ModelLoadError, UsageError
+from nondet.probes.batch import Batch, tokenize_inputs
+from nondet.probes.loading import ModelSpec, load_model
+from nondet.probes.numerics import fingerprint
+from nondet.probes.pieces import token_piece
+from nondet.probes.recorder import step_record
+from nondet.probes.replay import Assist, DecodeSettings, eos_ids, generate, truncate_at_eos
+from nondet.probes.sources.base import Emit, Opened, Planned
+from nondet.probes.sources.speculation import Speculation, parse_speculative
+from nondet.probes.sources.static import kernels_mode
+from nondet.probes.sources.static import step_record as to_step_record
+from nondet.probes.speculative_summary import speculative_section
+from nondet.probes.summarize import as_summary, summarize_modes
+from nondet.rundir.records import ConditionRecord, StreamRecord
+
+
+class SpeculativeSource:
+    kind = "speculative"
+
+    def __init__(self, config, loaded=None) -> None:
+        self.config = config  # ProbeConfig with speculative forms
+        self.loaded = loaded  # the target, when already in memory
+        self.forms: tuple[Speculation, ...] = parse_speculative(",".join(config.speculative))
+        self.drafts: dict[str, object] = {}  # form name -> loaded draft model (draft forms only)
+        self.inputs: list[list[int]] = []  # per prompt: the target's token ids
+        self.run_ids = 0
+
+    def open(self) -> Opened:
+        self.loaded = self.loaded or load_model(self.config.model)
+        self.drafts = {f.name: self._load_draft(f) for f in self.forms if f.kind == "draft"}
+        self.inputs = [tokenize_inputs(self.loaded.tokenizer, p, ())[0] for p in self.config.targets]
+        found = fingerprint(self.loaded.description, ",".join(self.config.kernels))
+        found["speculative"] = {"forms": [f.name for f in self.forms],
+                                "drafts": {n: d.description for n, d in self.drafts.items()}}
+        return Opened(found)
+
+    def attach(self, writer) -> None:
+        pass
+
+    def plan(self) -> list[Planned]:
+        several = len(self.config.targets) > 1
+        out = []
+        for mode in self.config.kernels:
+            for k in range(len(self.config.targets)):
+                prefix = f"{mode}/p{k}" if several else mode
+                label = f"p{k} " if several else ""
+                out.append(Planned(f"{prefix}/bs1/ref", f"{label}plain greedy", mode, (k, None)))
+                out += [Planned(f"{prefix}/spec/{f.slug}", f"{label}{f.name}", mode, (k, f)) for f in self.forms]
+        return out
+
+    def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
+        prompt_id, form = planned.plan
+        ids = self.inputs[prompt_id]
+        with kernels_mode(planned.kernels, self.loaded.model):
+            steps, rounds, seconds = self._decode(ids, form)
+        emit(self._stream(planned, prompt_id, form, ids, steps, rounds, seconds))
+        return ConditionRecord(condition_id=planned.condition_id, kernels=planned.kernels, batch_size=1,
+                               positions=[0], fillers="none", label=planned.label, load=self.kind,
+                               prompt_id=prompt_id, extra={"speculative": form.name if form else None})
+
+    def summarize(self, streams: list[dict]):
+        doc = summarize_modes(streams, self.loaded.tokenizer, self.config.targets)
+        doc["speculative"] = speculative_section(streams, [f.name for f in self.forms])
+        return as_summary(doc)
+
+    def close(self) -> None:
+        self.drafts = {}
+
+    def _decode(self, ids: list[int], form: Speculation | None):
+        """One greedy generate of the prompt alone -> (step dicts, RoundLog, seconds)."""
+        model, tokenizer = self.loaded.model, self.loaded.tokenizer
+        batch = Batch(input_ids=[ids], attention_mask=[[1] * len(ids)], target_rows=(0,))
+        settings = DecodeSettings(self.config.max_new_tokens, 0.0, self.config.seed)
+        rounds = RoundLog(len(ids))
+        with self._assist(form) as assist, rounds.watching(model):
+            started = time.perf_counter()
+            out = generate(model, tokenizer, batch, settings, None, stopping=[rounds], assist=assist)
+            seconds = time.perf_counter() - started
+            tokens = out.sequences[0, len(ids):].tolist()
+            steps = [step_record(row[:1].float(), t) for row, t in zip(out.logits, tokens)]
+        return truncate_at_eos(steps, eos_ids(model, tokenizer)), rounds, seconds
+
+    @contextlib.contextmanager
+    def _assist(self, form: Speculation | None):
+        """The Assist of a form; an assistant's K set on its generation_config for the call."""
+        if form is None:
+            yield Assist()
+            return
+        if form.kind == "ngram":
+            yield Assist(prompt_lookup=form.k)
+            return
+        assistant = self.loaded.model if form.kind == "self" else self.drafts[form.name].model
+        with drafting(assistant, form.k):
+            yield Assist(assistant=assistant)
+
+    def _load_draft(self, form: Speculation):
+        """The draft model of a draft form; one line (exit 3 / 2) if it cannot load or does not fit."""
+        spec = self.config.model
+        name = form.model
+        if name is None:
+            if spec.name is not None:
+                raise UsageError(f"--speculative {form.name}: the embedded draft fits only the embedded default "
+                                 "model; name a draft of this model's tokenizer: draft:MODEL[:K]")
+            from nondet.probes.default_draft import default_draft_dir
+
+            name = str(default_draft_dir())
+        try:
+            draft = load_model(ModelSpec(name, spec.dtype, spec.device, spec.attn_implementation,
+                                         spec.trust_remote_code))
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"--speculative {form.name}: draft model: {exc}") from None
+        check_vocabulary(form, self.loaded, draft)
+        if form.model is None:
+            draft.description["name"] = "nondet-default-draft"
+        return draft
+
+    def _stream(self, planned: Planned, prompt_id: int, form: Speculation | None, ids: list[int],
+                steps: list[dict], rounds: "RoundLog", seconds: float) -> StreamRecord:
+        tok = self.loaded.tokenizer
+        self.run_ids += 1
+        round_of = rounds.round_of_steps()
+        records = [to_step_record({**s, "round": round_of[i]} if form else s, token_piece(tok, s["token"]))
+                   for i, s in enumerate(steps)]
+        extra = {"load": self.kind, "speculative": form.name if form else None, "seconds": round(seconds, 4),
+                 "tokens_per_s": round(len(steps) / seconds, 2) if seconds > 0 else None}
+        if form:
+            extra.update(drafted=rounds.drafted, accepted=rounds.accepted(), acceptance_rate=rounds.rate())
+        return StreamRecord(run_id=self.run_ids - 1, condition_id=planned.condition_id, kernels=planned.kernels,
+                            position=0, is_reference=form is None, prompt_id=prompt_id, prompt_tokens=len(ids),
+                            finish="length" if steps else "empty", text=tok.decode([s["token"] for s in steps]),
+                            steps=records, extra=extra)
+
+
+def check_vocabulary(form: Speculation, target, draft) -> None:
+    """A draft must share the target's tokenizer (assisted decoding compares token ids)."""
+    a, b = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    sizes = (target.description.get("vocab"), draft.description.get("vocab"))
+    if a != b or sizes[0] != sizes[1]:
+        raise UsageError(f"--speculative {form.name}: the draft's vocabulary differs from the target's "
+                         f"({len(b)} vs {len(a)} tokens, model vocab {sizes[1]} vs {sizes[0]}); "
+                         "a draft must use the target's tokenizer")
+
+
+@contextlib.contextmanager
+def drafting(assistant, k: int):
+    """K drafted tokens every round: constant schedule, no confidence cut-off (transformers reads
+    these from the assistant's own generation_config); restored after the call."""
+    config = assistant.generation_config
+    names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+    saved = {n: getattr(config, n, None) for n in names}
+    config.num_assistant_tokens, config.num_assistant_tokens_schedule = k, "constant"
+    config.assistant_confidence_threshold = 0.0
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+
+
+class RoundLog:
+    """Drafted and produced tokens per verification round, from generate's own calls.
+
+    A forward pre-hook on the target notes how far each forward reaches (its last position + 1:
+    the verification pass covers context + drafted tokens); the last forward before the stopping
+    criterion (called once per round, after the accepted tokens are appended) is the round's
+    verification, also when the target is its own draft. A plain run has one token per round.
+    """
+
+    def __init__(self, prompt_tokens: int) -> None:
+        self.length = prompt_tokens  # context length before the current round
+        self.seen: int | None = None  # attention-mask length of the latest target forward
+        self.drafted: list[int] = []  # per round: tokens the draft proposed
+        self.produced: list[int] = []  # per round: tokens appended (accepted drafts + the target's own)
+
+    @contextlib.contextmanager
+    def watching(self, model):
+        handle = model.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+        try:
+            yield self
+        finally:
+            handle.remove()
+
+    def _pre_hook(self, module, args, kwargs):
+        positions = kwargs.get("position_ids")  # [1, q_len]: this forward's positions (one unpadded row)
+        if positions is not None:
+            self.seen = int(positions[0, -1]) + 1
+            return
+        ids, cache = kwargs.get("input_ids"), kwargs.get("past_key_values")
+        if ids is not None:
+            self.seen = int(ids.shape[-1]) + (cache.get_seq_length() if cache is not None else 0)
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        new = int(input_ids.shape[-1])
+        self.drafted.append(max(0, (self.seen or self.length) - self.length))
+        self.produced.append(new - self.length)
+        self.length = new
+        return torch.zeros((input_ids.shape[0],), dtype=torch.bool, device=input_ids.device)
+
+    def accepted(self) -> list[int]:
+        """Per round: drafted tokens the target kept (the round's last token is the target's own)."""
+        return [min(d, max(0, p - 1)) for d, p in zip(self.drafted, self.produced)]
+
+    def rate(self) -> float | None:
+        drafted = sum(self.drafted)
+        return round(sum(self.accepted()) / drafted, 4) if drafted else None
+
+    def round_of_steps(self) -> list[int]:
+        return [r for r, n in enumerate(self.produced) for _ in range(n)]

@@ -1,0 +1,60 @@
+"""summary.json's "speculative" section: each speculative condition against plain greedy.
+
+Pure Python over the on-disk stream dicts (no torch). Per condition (one form, one prompt,
+one kernels mode) and per form (over prompts): distinct completions vs plain greedy, first
+token and first numeric divergence, acceptance rate, tokens/s with and without speculation.
+"""
+
+from nondet.probes.diff import earliest, first_numeric_divergence, first_token_divergence, tokens_of
+
+
+def speculative_section(streams: list[dict], forms: list[str]) -> dict:
+    references = {(s["kernels"], s.get("prompt_id", 0)): s for s in streams if s["is_reference"]}
+    rows = [_condition(references[(s["kernels"], s.get("prompt_id", 0))], s)
+            for s in streams if not s["is_reference"] and s.get("speculative")]
+    keys = list(dict.fromkeys((r["kernels"], r["speculative"]) for r in rows))
+    return {"forms": forms, "batch_size": 1, "conditions": rows,
+            "by_form": [_form([r for r in rows if (r["kernels"], r["speculative"]) == key]) for key in keys]}
+
+
+def _condition(ref: dict, run: dict) -> dict:
+    return {
+        "condition_id": run["condition_id"], "kernels": run["kernels"], "prompt_id": run.get("prompt_id", 0),
+        "speculative": run["speculative"], "run_id": run["run_id"], "reference_run_id": ref["run_id"],
+        "distinct_completions": 1 if tokens_of(ref) == tokens_of(run) else 2,
+        "first_token_divergence": first_token_divergence(ref, run),
+        "first_numeric_divergence": first_numeric_divergence(ref, run),
+        "acceptance_rate": run.get("acceptance_rate"),
+        "drafted": sum(run.get("drafted") or []), "accepted": sum(run.get("accepted") or []),
+        "rounds": len(run.get("drafted") or []), "tokens": len(run["steps"]),
+        "seconds": run.get("seconds"), "tokens_per_s": run.get("tokens_per_s"),
+        "reference_tokens": len(ref["steps"]), "reference_seconds": ref.get("seconds"),
+        "reference_tokens_per_s": ref.get("tokens_per_s"),
+        "speedup": _ratio(run.get("tokens_per_s"), ref.get("tokens_per_s")),
+    }
+
+
+def _form(rows: list[dict]) -> dict:
+    """One form under one kernels mode, over its prompts: the worst prompt and the totals."""
+    drafted = sum(r["drafted"] for r in rows)
+    tps = _rate(rows, "tokens", "seconds")
+    ref_tps = _rate(rows, "reference_tokens", "reference_seconds")
+    return {
+        "kernels": rows[0]["kernels"], "speculative": rows[0]["speculative"], "n_prompts": len(rows),
+        "distinct_completions": max(r["distinct_completions"] for r in rows),
+        "prompts_diverged": sum(r["first_token_divergence"] is not None for r in rows),
+        "prompts_bits_differ": sum(r["first_numeric_divergence"] is not None for r in rows),
+        "first_token_divergence": earliest(r["first_token_divergence"] for r in rows),
+        "first_numeric_divergence": earliest(r["first_numeric_divergence"] for r in rows),
+        "acceptance_rate": round(sum(r["accepted"] for r in rows) / drafted, 4) if drafted else None,
+        "tokens_per_s": tps, "reference_tokens_per_s": ref_tps, "speedup": _ratio(tps, ref_tps),
+    }
+
+
+def _rate(rows: list[dict], tokens: str, seconds: str) -> float | None:
+    total = sum(r[seconds] or 0 for r in rows)
+    return round(sum(r[tokens] for r in rows) / total, 2) if total > 0 else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
