@@ -1,0 +1,145 @@
+"""nondet rl on tiny models (CPU): positive and negative controls, gradients under the mode, bad input."""
+
+import contextlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from nondet.probes.loading import ModelSpec, load_model
+from nondet.rl.config import RLConfig
+from nondet.rl.run import run_rl
+from nondet.rundir import RunDir
+from nondet.rundir.reader import read_conditions, read_streams
+
+PROMPTS = ("Tell me about Richard Feynman", "The history of the printing press", "Hello there",
+           "A much longer prompt about the weather in Paris today")
+
+
+def config(model_dir, out, **kw) -> RLConfig:
+    base = dict(model=ModelSpec(name=str(model_dir), inject_variance=True), prompts=PROMPTS, max_new_tokens=6,
+                sampler_batch=1, micro_batches=(1, 4), kernels=("default", "batch-invariant"), out=str(out))
+    return RLConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def controls(tiny_model_dir, tmp_path_factory):
+    """The positive control (one-row decode vs teacher-forced prefill through the batch-variant norm,
+    default kernels) and the negative control (the mode on both sides) in one run directory."""
+    return run_rl(config(tiny_model_dir, tmp_path_factory.mktemp("rl") / "run", padding="right"))
+
+
+def pairs(result, kernels):
+    return [p for p in result.summary["rl"]["pairs"] if p["kernels"] == kernels]
+
+
+def test_positive_control_default_kernels_mismatch(controls):
+    for p in pairs(controls, "default"):
+        assert p["n_tokens"] == 24 and p["n_identical"] < p["n_tokens"]
+        assert p["dlogp_max"] > 0 and p["kl_k3"] > 0 and p["seqs_differ"] > 0
+    assert "default kernels: off-policy" in controls.summary["verdict"]
+
+
+def test_negative_control_mode_on_both_sides_is_bit_identical(controls):
+    for p in pairs(controls, "batch-invariant"):
+        assert p["n_tokens"] == 24 and p["frac_identical"] == 1.0
+        assert p["kl_k1"] == p["kl_k2"] == p["kl_k3"] == 0.0 and p["dlogp_max"] == 0.0
+        assert p["first_diff"] == [None] * 4
+        assert p["backward"] is True and p["grad_finite"] is True  # loss.backward() ran under the mode
+    assert "batch-invariant kernels: true on-policy" in controls.summary["verdict"]
+
+
+def test_run_directory_holds_both_sides(controls):
+    rd = RunDir(controls.run_dir)
+    ids = [c.condition_id for c in read_conditions(rd)]
+    assert "default/sampler/bs1/b0" in ids and "batch-invariant/trainer/mb4/right" in ids
+    streams = read_streams(rd)
+    assert len({s.run_id for s in streams}) == len(streams)
+    trainer = [s for s in streams if s.extra.get("side") == "trainer"]
+    assert trainer and all(st.logprob.startswith(("-0x", "0x")) for s in trainer for st in s.steps)
+    assert json.loads((controls.run_dir / "config.json").read_text())["command"] == "rl"
+
+
+def test_left_padding_and_batched_ragged_sampler_are_bit_identical_under_the_mode(tiny_model_dir, tmp_path):
+    result = run_rl(config(tiny_model_dir, tmp_path / "run", padding="left", sampler_batch=4, micro_batches=(4,),
+                           kernels=("batch-invariant",), top_k=50, top_p=0.9))
+    (p,) = pairs(result, "batch-invariant")
+    assert p["n_tokens"] > 0 and p["frac_identical"] == 1.0 and p["kl_k3"] == 0.0
+
+
+def test_rollouts_run_the_trainer_side_only(tiny_model_dir, controls, tmp_path):
+    sampled = [s for s in read_streams(RunDir(controls.run_dir))
+               if s.extra.get("side") == "sampler" and s.kernels == "batch-invariant"]
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text("".join(json.dumps({"prompt_ids": s.extra["prompt_ids"], "completion_ids": [st.token for st in s.steps],
+                                        "logprobs": [st.logprob for st in s.steps]}) + "\n" for s in sampled))
+    result = run_rl(config(tiny_model_dir, tmp_path / "run", prompts=(), rollouts=str(path), micro_batches=(4,),
+                           kernels=("batch-invariant",)))
+    (p,) = pairs(result, "batch-invariant")
+    assert p["sampler"] == "external" and p["n_tokens"] == 24 and p["frac_identical"] == 1.0
+
+
+GRAD_RTOL = 2e-2  # bf16 weights: the mode's forward rounds differently from default kernels; backward is plain fp32
+
+
+def test_backward_under_the_mode_gives_finite_gradients_close_to_default(tiny_model_dir):
+    import torch
+
+    from nondet.kernels import batch_invariant
+    from nondet.probes.sources.rl_trainer import Sequence, padded, target_index, training
+
+    loaded = load_model(ModelSpec(name=str(tiny_model_dir), dtype="float32"))
+    model = loaded.model
+    chunk = [Sequence(0, (5, 9, 13, 21), (40, 41, 42)), Sequence(1, (7, 8), (50, 51, 52, 53))]
+    ids, mask, offsets = padded([s.prompt + s.completion for s in chunk], "right", 0)
+    rows, cols, tokens = target_index(chunk, offsets)
+
+    def grads(mode):
+        model.zero_grad(set_to_none=True)
+        with training(model), mode:
+            mask_t = torch.tensor(mask)
+            logits = model(input_ids=torch.tensor(ids), attention_mask=mask_t,
+                           position_ids=(mask_t.cumsum(-1) - 1).clamp(min=0), use_cache=False).logits
+            lp = torch.log_softmax(logits[rows, cols].float(), -1).gather(-1, torch.tensor(tokens)[:, None])
+            (-lp.mean()).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    ref = grads(contextlib.nullcontext())
+    got = grads(batch_invariant(model=model))
+    assert torch.isfinite(got).all() and got.numel() == ref.numel()
+    assert torch.linalg.vector_norm(got - ref) <= GRAD_RTOL * torch.linalg.vector_norm(ref)
+
+
+# -- bad input: one line, exit 2 (usage), nothing run ------------------------------------------------
+
+
+def nondet(*args):
+    proc = subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stderr.strip()
+
+
+def test_temperature_zero_is_a_usage_error():
+    code, err = nondet("rl", "--temperature", "0")
+    assert code == 2
+    assert err == ("nondet: error: --temperature 0 is greedy: there is no sampling distribution whose logprobs "
+                   "sampler and trainer could compare; pass --temperature > 0 (RL samples at 1)")
+
+
+def test_rollouts_with_mismatched_lengths(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"prompt_ids": [1, 2], "completion_ids": [3, 4, 5], "logprobs": [-0.1, -0.2]}) + "\n")
+    code, err = nondet("rl", "--rollouts", str(path), "--out", str(tmp_path / "run"))
+    assert code == 2
+    assert err == f"nondet: error: rollouts {path} line 1: 3 completion ids but 2 logprobs"
+    assert not (tmp_path / "run").exists()
+
+
+def test_rollouts_with_tokens_out_of_vocabulary(tiny_model_dir, tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"prompt_ids": [1, 2], "completion_ids": [3, 99999], "logprobs": [-0.1, -0.2]}) + "\n")
+    code, err = nondet("rl", str(tiny_model_dir), "--rollouts", str(path), "--out", str(tmp_path / "run"))
+    assert code == 2
+    assert err.startswith(f"nondet: error: rollouts {path} rollout 1: completion token 99999 is out of the "
+                          "model's vocabulary (")
+    assert "\n" not in err and not (tmp_path / "run").exists()
