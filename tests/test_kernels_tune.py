@@ -44,7 +44,7 @@ def test_cpu_launches_never_consult_a_table():
 def result(shipped_us, chosen_us):
     shipped = config.MATMUL_BUCKETS[torch.bfloat16][0][1]
     chosen = shipped if chosen_us == shipped_us else FAST
-    return BucketResult(4096, 4096, 16, 16, 10.0, shipped_us, chosen, chosen_us)
+    return BucketResult(4096, 4096, 16, (1, 16), 10.0, shipped_us, chosen, chosen_us)
 
 
 def test_summary_reports_the_gain():

@@ -3,7 +3,7 @@ that give the shipped dispatch's bits.
 
 Only tiles, warps, stages and the TMA flag move: every candidate keeps block_k and k_chunk, the K
 order (config.py). A candidate is kept for a bucket only if, at the bucket's smallest and largest
-M, every row equals in raw bits the row the shipped dispatch gives at M = 8192 (so mixing tuned and
+M (where it is also timed), every row equals in raw bits the row the shipped dispatch gives at M = 8192 (so mixing tuned and
 shipped buckets, or tuned and untuned runs, cannot change a row), and its error against torch
 in fp32 is that of a bf16 matmul. The bucket edges stay the shipped ones; no choice depends on
 anything but (dtype, K, N) and the bucket. A candidate must beat the shipped one by MARGIN.
@@ -36,8 +36,8 @@ class BucketResult:
     k: int
     n: int
     top: int | None  # the bucket's largest M (None: no limit)
-    timed_m: int
-    cublas_us: float
+    timed_m: tuple[int, ...]  # the bucket's first and last M (TIMED_M_FOR_LAST for the open one)
+    cublas_us: float  # times are sums over timed_m: a bucket's choice must suit both its ends
     shipped_us: float
     chosen: MatmulConfig
     chosen_us: float
@@ -61,10 +61,9 @@ def _tune_shape(k, n, dtype, progress) -> list[BucketResult]:
     ref = triton_matmul.mm(x, w, cfg=MATMUL_BUCKETS[dtype][-1][1])  # the shipped bits of every row
     out, lo = [], 1
     for top, shipped in MATMUL_BUCKETS[dtype]:
-        timed = top or TIMED_M_FOR_LAST
-        edges = sorted({lo, timed})
-        res = BucketResult(k, n, top, timed, bench._bench(lambda: torch.mm(x[:timed], w)),
-                           _time(x[:timed], w, shipped), shipped, 0.0)
+        edges = tuple(sorted({lo, top or TIMED_M_FOR_LAST}))
+        cublas = sum(bench._bench(lambda m=m: torch.mm(x[:m], w)) for m in edges)
+        res = BucketResult(k, n, top, edges, cublas, _time(x, w, shipped, edges), shipped, 0.0)
         res.chosen_us = res.shipped_us
         for cand in CANDIDATES:
             if cand == shipped:
@@ -72,7 +71,7 @@ def _tune_shape(k, n, dtype, progress) -> list[BucketResult]:
             if not _keeps_bits_and_is_correct(cand, x, w, ref, edges):
                 res.rejected.append(_name(cand))
                 continue
-            t = _time(x[:timed], w, cand)
+            t = _time(x, w, cand, edges)
             if t < MARGIN * res.chosen_us:
                 res.chosen, res.chosen_us = cand, t
         out.append(res)
@@ -82,10 +81,10 @@ def _tune_shape(k, n, dtype, progress) -> list[BucketResult]:
     return out
 
 
-def _time(x, w, cfg) -> float:
+def _time(x, w, cfg, ms) -> float:
     from nondet.kernels import bench, triton_matmul
 
-    return bench._bench(lambda: triton_matmul.mm(x, w, cfg=cfg))
+    return sum(bench._bench(lambda m=m: triton_matmul.mm(x[:m], w, cfg=cfg)) for m in ms)
 
 
 def _keeps_bits_and_is_correct(cfg, x, w, ref, ms) -> bool:
@@ -121,7 +120,8 @@ def write(results: list[BucketResult], path: Path, dtype=torch.bfloat16) -> dict
 
 def summary(results: list[BucketResult]) -> list[str]:
     """One line per bucket, then the matmul score part before and after (geometric means)."""
-    lines = [f"K={r.k} N={r.n} M<={r.top or 'inf'} (timed at {r.timed_m}): shipped {r.shipped_us:.1f} us, "
+    lines = [f"K={r.k} N={r.n} M<={r.top or 'inf'} (timed at M={', '.join(map(str, r.timed_m))}): "
+             f"shipped {r.shipped_us:.1f} us, "
              f"chosen {_name(r.chosen)} {r.chosen_us:.1f} us, cuBLAS {r.cublas_us:.1f} us"
              + (f"; bits differed: {', '.join(r.rejected)}" if r.rejected else "") for r in results]
     before = _geomean([r.cublas_us / r.shipped_us for r in results])
