@@ -70,6 +70,11 @@ def probe(
         help="Seconds a server request may take; past it the probe stops (not resent: the server may still be busy).")] = 600.0,
     resume: Annotated[Optional[Path], typer.Option(
         help="Finish an interrupted --endpoint probe in this run directory; completed requests are not resent.")] = None,
+    speculative: Annotated[Optional[str], typer.Option(
+        "--speculative", help="Compare plain greedy decoding with speculative decoding, comma-separated: ngram:K "
+                              "(prompt lookup), self:K (the model drafts for itself), draft[:K] (the embedded draft) "
+                              "or draft:MODEL[:K]. Batch size 1 only (transformers' assisted decoding takes one "
+                              "sequence), so it does not combine with --batch-sizes.")] = None,
 ) -> None:
     """Replay one prompt under varying batch sizes and positions; find where outputs diverge.
 
@@ -80,6 +85,7 @@ def probe(
     Example:  nondet probe --batch-sizes 1,2,4,8,16 --max-new-tokens 200
     Under load:  nondet probe --load continuous --runs 8 --rate 0.5 --concurrency 8
     A server:  nondet probe --endpoint http://127.0.0.1:8000 --runs 16 --tokenizer DIR
+    Speculative decoding:  nondet probe --speculative ngram:4,self:4 --confirm
     """
     from nondet.cli.options import read_lines_file, read_targets
     from nondet.cli.probe_config import build_load_config, build_probe_config
@@ -95,7 +101,7 @@ def probe(
         load=load_config, placement=positions, runs=runs,
         fillers=read_lines_file(fillers, "fillers") if fillers else FILLERS,
         ragged=ragged, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-        kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads,
+        kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads, speculative=speculative,
     )
     result = run_keeping_streams(config, quiet=json_output)
     write_report_if_available(result.run_dir)
@@ -106,10 +112,12 @@ def probe(
     from rich.console import Console
 
     from nondet.cli.render import print_probe_summary
+    from nondet.cli.render_speculative import print_speculative
 
     console = Console()
     print_probe_summary(result.summary, result.run_dir, console)
     print_load_notes(result.summary, console)
+    print_speculative(result.summary, console)
     console.print(f"wall time: {result.seconds:.1f} s")
 
 

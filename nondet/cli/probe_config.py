@@ -14,13 +14,16 @@ def build_probe_config(command: str, prompts: Sequence[str] = (), *, model: str 
                        dtype: str = "bfloat16", device: str = "cpu", attn_implementation: str | None = None,
                        trust_remote_code: bool = False, inject_variance: bool = False,
                        batch_sizes: str | Sequence[int] | None = None, out: str | Path | None = None,
-                       load: "LoadConfig | None" = None, **fields) -> "ProbeConfig":
+                       load: "LoadConfig | None" = None, speculative: str | None = None,
+                       **fields) -> "ProbeConfig":
     """A ProbeConfig from the common options.
 
     command: names the default run directory (nondet-runs/<time>-<command>) when out is None.
     prompts: the target prompts; () = the default prompt; several are each diffed on their own.
     batch_sizes: '1,2,8' / '1-16' as typed, sizes already parsed, or None for the default,
       which depends on the number of prompts (default_batch_sizes).
+    speculative: '--speculative' as typed ('ngram:4,self:4'); checked here, before any model
+      loads; it runs at batch size 1 only, so batch sizes above 1 are a usage error.
     fields: the other ProbeConfig fields as they are (placement, runs, fillers, ragged,
       max_new_tokens, temperature, seed, kernels, threads).
     """
@@ -32,6 +35,8 @@ def build_probe_config(command: str, prompts: Sequence[str] = (), *, model: str 
         fields.update(prompt=prompts[0], prompts=prompts if len(prompts) > 1 else ())
     if load is not None:
         fields["load"] = load
+    if speculative is not None:
+        fields["speculative"], batch_sizes = _speculative(speculative, batch_sizes, prompts)
     return ProbeConfig(
         model=ModelSpec(model, dtype, device, attn_implementation, trust_remote_code, inject_variance),
         batch_sizes=_batch_sizes(batch_sizes, prompts), out=str(out) if out else default_run_dir(command),
@@ -47,6 +52,20 @@ def build_load_config(load: str = "static", endpoint: str | None = None, resume:
 
     mode = "server" if endpoint or resume else load
     return LoadConfig(mode=mode, endpoint=endpoint, resume=str(resume) if resume else None, **fields)
+
+
+def _speculative(text: str, batch_sizes, prompts: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The parsed forms and batch size 1; a usage error for a bad form or a batch size > 1."""
+    from nondet.errors import UsageError
+    from nondet.probes.sources.speculation import parse_speculative
+
+    forms = parse_speculative(text)
+    if not forms:
+        raise UsageError("--speculative needs at least one form, e.g. ngram:4,self:4")
+    if batch_sizes is not None and max(_batch_sizes(batch_sizes, prompts)) > 1:
+        raise UsageError("--speculative runs at batch size 1 (transformers' assisted decoding takes one sequence); "
+                         "drop --batch-sizes")
+    return tuple(f.name for f in forms), (1,)
 
 
 def default_batch_sizes(prompts: Sequence[str]) -> str:

@@ -1,0 +1,43 @@
+"""The terminal table of a speculative probe: each form against plain greedy, per kernels mode."""
+
+from rich.console import Console
+from rich.table import Table
+
+from nondet.fmt import DASH, fmt_step
+
+COLUMNS = ("form", "texts", "flips", "token", "bits", "accept", "tok/s", "plain", "gain")
+CAPTION = ("texts: distinct completions of plain greedy and the form, worst prompt (1 = same tokens); flips: "
+           "prompts whose tokens differ; token / bits: first step whose token / logprob bits differ; "
+           "accept: drafted tokens kept; tok/s: with speculation, plain: without; gain: tok/s / plain")
+
+
+def print_speculative(summary: dict, console: Console) -> None:
+    section = summary.get("speculative")
+    if not section:
+        return
+    for mode in dict.fromkeys(f["kernels"] for f in section["by_form"]):
+        console.print(speculative_table(mode, [f for f in section["by_form"] if f["kernels"] == mode]))
+
+
+def speculative_table(mode: str, forms: list[dict]) -> Table:
+    table = Table(title=f"speculative decoding vs plain greedy, kernels: {mode}  (batch size 1)", caption=CAPTION)
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col == "form" else "right")
+    for f in forms:
+        table.add_row(f["speculative"], str(f["distinct_completions"]), f"{f['prompts_diverged']}/{f['n_prompts']}",
+                      fmt_step(f["first_token_divergence"]), fmt_step(f["first_numeric_divergence"]),
+                      _percent(f["acceptance_rate"]), _rate(f["tokens_per_s"]), _rate(f["reference_tokens_per_s"]),
+                      _times(f["speedup"]))
+    return table
+
+
+def _percent(v) -> str:
+    return DASH if v is None else f"{100 * v:.1f}%"
+
+
+def _rate(v) -> str:
+    return DASH if v is None else f"{v:.1f}"
+
+
+def _times(v) -> str:
+    return DASH if v is None else f"{v:.2f}x"
