@@ -80,7 +80,7 @@ def test_rollouts_run_the_trainer_side_only(tiny_model_dir, controls, tmp_path):
     assert p["sampler"] == "external" and p["n_tokens"] == 24 and p["frac_identical"] == 1.0
 
 
-GRAD_RTOL = 2e-2  # bf16 weights: the mode's forward rounds differently from default kernels; backward is plain fp32
+GRAD_RTOL = 1e-4  # fp32 model: relative L2 distance of all gradients, mode vs default (measured 2.6e-7 on CPU)
 
 
 def test_backward_under_the_mode_gives_finite_gradients_close_to_default(tiny_model_dir):
@@ -143,3 +143,22 @@ def test_rollouts_with_tokens_out_of_vocabulary(tiny_model_dir, tmp_path):
     assert err.startswith(f"nondet: error: rollouts {path} rollout 1: completion token 99999 is out of the "
                           "model's vocabulary (")
     assert "\n" not in err and not (tmp_path / "run").exists()
+
+
+def test_report_has_the_rl_section_and_histogram(controls):
+    from nondet.reports import write_report
+
+    md, html = write_report(controls.run_dir)
+    text = md.read_text()
+    assert "## Sampler vs trainer" in text and "| `batch-invariant` | 4 (right) | 24 | 100.0% |" in text
+    assert (controls.run_dir / "figures" / "rl_dlogp.png").exists() and "data:image/png" in html.read_text()
+
+
+def test_cli_prints_the_table(tiny_model_dir, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "nondet", "rl", str(tiny_model_dir), "--inject-variance",
+                           "--max-new-tokens", "3", "--sampler-batch", "1", "--micro-batch", "2", "--kernels",
+                           "batch-invariant", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "sampler vs trainer logprobs" in proc.stdout and "true on-policy" in proc.stdout
+    assert (tmp_path / "run" / "report.md").exists()

@@ -8,14 +8,14 @@ from nondet.reports.content import build_report
 from nondet.reports.html import render_html
 from nondet.reports.tables import read_tables
 from nondet.reports.markdown import render_markdown
+from nondet.reports.rl_sections import is_rl_run, rl_report
 from nondet.rundir import RunDir
 
 
 def write_report(run_dir) -> tuple[Path, Path]:
     """Render the run directory's report; returns (report.md path, report.html path)."""
-    tables = read_tables(run_dir)
     try:
-        report = build_report(tables)
+        report = rl_report(run_dir) if is_rl_run(run_dir) else build_report(read_tables(run_dir))
     except (KeyError, TypeError, ValueError) as exc:  # a summary.json or bisect.json field is off
         raise RunDirError(f"{run_dir}: malformed run directory ({type(exc).__name__}: {exc})") from exc
     rd = RunDir(run_dir)

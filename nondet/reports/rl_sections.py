@@ -1,0 +1,101 @@
+"""The report of a `nondet rl` run: sampler vs trainer logprob metrics, a |dlogp| histogram (issue 14).
+
+Reads the run directory through nondet.rundir only (no probes, no torch): summary.json's
+"rl" pairs for the table, streams.jsonl for the per-token differences behind the figure.
+"""
+
+import shlex
+
+import numpy as np
+
+from nondet.fmt import fmt_float
+from nondet.reports.blocks import Code, CodeBlock, Figure, Para, Report, Section, Table
+from nondet.rundir import RunDir
+from nondet.rundir.reader import read_header, read_streams, read_summary
+from nondet.rundir.records import to_json
+
+
+def is_rl_run(run_dir) -> bool:
+    rd = RunDir(run_dir)
+    return rd.exists("config.json") and read_header(rd).command == "rl"
+
+
+def rl_report(run_dir) -> Report:
+    rd = RunDir(run_dir)
+    header, summary = read_header(rd), to_json(read_summary(rd))
+    pairs = [p for p in summary.get("rl", {}).get("pairs", []) if p.get("n_tokens")]
+    streams = [to_json(s) for s in read_streams(rd)]
+    sections = [
+        Section("Verdict", "verdict", [Para([summary.get("verdict", "")], kind="verdict")]),
+        Section("Sampler vs trainer", "rl", [metrics_table(pairs), Para([NOTE], kind="note")]),
+        Section("Logprob differences", "rl-histogram", _figure(pairs, streams)),
+        Section("Reproduce", "reproduce", [CodeBlock([_command(header.argv)])]),
+    ]
+    return Report(f"nondet rl report: {rd.path.resolve().name}", sections)
+
+
+def _command(argv: list) -> str:
+    """The command line that made the run (argv as the CLI recorded it: "rl" first)."""
+    return shlex.join(["nondet", *(argv if argv[:1] == ["rl"] else ["rl", *argv])])
+
+
+NOTE = ("ratio = exp(trainer logprob - sampler logprob) of each sampled token; k1, k2, k3: J. Schulman's "
+        "estimators of KL(sampler || trainer) (http://joschu.net/blog/kl-approx.html). All are exactly 0 "
+        "when every logprob is bit-identical (true on-policy).")
+
+
+def metrics_table(pairs: list[dict]) -> Table:
+    header = ["kernels", "micro-batch", "tokens", "bit-identical", "max |dlogp|", "mean |dlogp|", "p95 |dlogp|",
+              "ratio outside 0.9-1.1", "ratio outside 0.8-1.2", "k1", "k2", "k3", "backward"]
+    rows = [[Code(p["kernels"]), f"{p['micro_batch']} ({p['padding']})", str(p["n_tokens"]),
+             f"{p['frac_identical']:.1%}", *(fmt_float(p[k]) for k in ("dlogp_max", "dlogp_mean", "dlogp_p95")),
+             f"{p['ratio_outside_0.1']:.1%}", f"{p['ratio_outside_0.2']:.1%}",
+             *(fmt_float(p[k]) for k in ("kl_k1", "kl_k2", "kl_k3")), _grads(p)] for p in pairs]
+    return Table(header, rows, [False, False] + [True] * 10 + [False])
+
+
+def _grads(p: dict) -> str:
+    if not p.get("backward"):
+        return "not run"
+    return "finite gradients" if p.get("grad_finite") else "NON-FINITE gradients"
+
+
+def token_differences(pair: dict, streams: list[dict]) -> np.ndarray:
+    """|trainer - sampler| logprob of every token of one pair (0 where bit-identical)."""
+    sampler = {s["prompt_id"]: s for s in streams if s.get("side") == "sampler" and s["kernels"] == pair["sampler"]}
+    out = []
+    for s in streams:
+        if s["condition_id"] == pair["trainer_condition"]:
+            ref = sampler[s["prompt_id"]]["steps"]
+            out += [abs(float.fromhex(a["logprob"]) - float.fromhex(b["logprob"])) for a, b in zip(s["steps"], ref)]
+    return np.asarray(out)
+
+
+def _figure(pairs: list[dict], streams: list[dict]) -> list:
+    if not pairs:
+        return [Para(["No trainer tokens to compare."], kind="hint")]
+    png = dlogp_histogram([(f"{p['kernels']} mb={p['micro_batch']}", token_differences(p, streams)) for p in pairs])
+    return [Figure("rl_dlogp.png", png, "histogram of |dlogp| per kernels mode and micro-batch",
+                   ["|trainer - sampler| logprob per sampled token; the bar at 0 counts bit-identical tokens."])]
+
+
+def dlogp_histogram(series: list[tuple[str, np.ndarray]]) -> bytes:
+    """One step histogram per pair over log10 |dlogp|, with identical tokens in a bin left of the axis."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure as MplFigure
+
+    fig = MplFigure(figsize=(7.0, 3.2), dpi=120, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    edges = np.linspace(-9, 1, 41)
+    for label, d in series:
+        logs = np.where(d > 0, np.log10(np.where(d > 0, d, 1)), -9.5)  # identical tokens: the bin at -9.5
+        ax.hist(np.clip(logs, -9.99, 0.99), bins=np.concatenate([[-10], edges]), histtype="step", label=label)
+    ax.set_xlabel("log10 |dlogp|  (leftmost bin: bit-identical)")
+    ax.set_ylabel("tokens")
+    ax.legend(fontsize=7)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, facecolor="white")
+    return buf.getvalue()
