@@ -174,3 +174,12 @@ def test_streams_record_rounds_acceptance_and_speed(confirmed_run):
     conditions = [json.loads(line) for line in
                   (Path(summary["run_dir"]) / "conditions.jsonl").read_text().splitlines()]
     assert {c["load"] for c in conditions} == {"speculative"} and {c["batch_size"] for c in conditions} == {1}
+
+
+def test_report_has_the_speculative_section(confirmed_run):
+    summary, _ = confirmed_run
+    run_dir = Path(summary["run_dir"])
+    md = (run_dir / "report.md").read_text()
+    assert "## Speculative decoding" in md
+    assert "| batch-invariant | self:4 | 1 | 1 | 0 of 1 | — | — | 100.0% |" in md
+    assert "Speculative decoding" in (run_dir / "report.html").read_text()

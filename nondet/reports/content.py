@@ -14,6 +14,7 @@ from nondet.reports import figures
 from nondet.reports.blocks import (Branch, BranchPoint, Code, CodeBlock, Model, Para, Report, Section, Strong,
                                    Table, TokenDiff, figure_or_hint)
 from nondet.reports.bisect_sections import ablation_blocks, bisect_blocks
+from nondet.reports.speculative import speculative_sections
 from nondet.reports.tables import RunTables
 from nondet.verdict import report_verdict
 
@@ -26,6 +27,7 @@ def build_report(t: RunTables) -> Report:
     sections = [
         Section("Verdict", "verdict", [_verdict(t), *_gate_note(t), *_model_note(t)]),
         Section("Conditions", "conditions", _conditions(t)),
+        *speculative_sections(t),
         Section("Branch tree", "branch-tree", _tree(t)),
         Section("Token diff", "token-diff", _token_diffs(t)),
         Section("Figures", "figures", []),
