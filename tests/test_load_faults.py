@@ -12,8 +12,7 @@ import pytest
 
 from nondet.errors import RunDirError, ServerResponseError, ServerUnreachableError
 from nondet.probes.sources.config import LoadConfig
-from nondet.probes.sources.server import run_server_probe
-from nondet.probes.probe import DEFAULT_PROMPT, ProbeConfig
+from nondet.probes.probe import DEFAULT_PROMPT, ProbeConfig, run_probe
 
 sys.path.insert(0, str(Path(__file__).parent))
 from stub_server import StubServer  # noqa: E402
@@ -40,7 +39,7 @@ def nondet(*args, env=None):
 def test_stub_probe_records_identity_levels_and_never_the_key(tmp_path, monkeypatch):
     monkeypatch.setenv("NONDET_TEST_KEY", "sk-very-secret-123")
     with StubServer() as stub:
-        result = run_server_probe(server_config(stub.url, tmp_path / "r", api_key_env="NONDET_TEST_KEY"))
+        result = run_probe(server_config(stub.url, tmp_path / "r", api_key_env="NONDET_TEST_KEY"))
     m = result.summary["modes"]["default"]
     assert m["n_runs"] == 5 and m["distinct_completions"] == 1
     assert result.summary["load"]["compare_level"] == "logprobs"
@@ -56,7 +55,7 @@ def test_stub_probe_records_identity_levels_and_never_the_key(tmp_path, monkeypa
 def test_5xx_is_retried_then_succeeds(tmp_path):
     failed = []
     with StubServer(fail_first=2) as stub:
-        result = run_server_probe(server_config(stub.url, tmp_path / "r", runs=2, filler_requests=0),
+        result = run_probe(server_config(stub.url, tmp_path / "r", runs=2, filler_requests=0),
                                   on_progress=lambda c: failed.append(c.failed))
     assert result.summary["modes"]["default"]["n_runs"] == 3
     assert max(failed) == 2 and len(lines(tmp_path / "r")) == 3
@@ -73,14 +72,14 @@ def test_persistent_500_is_one_line_exit_5(tmp_path):
 
 def test_garbage_json_is_a_response_error(tmp_path):
     with StubServer(mode="garbage") as stub, pytest.raises(ServerResponseError, match="malformed JSON"):
-        run_server_probe(server_config(stub.url, tmp_path / "r"))
+        run_probe(server_config(stub.url, tmp_path / "r"))
     assert len(targets(stub)) == 1  # not retried
 
 
 def test_hang_past_the_timeout_is_unreachable(tmp_path):
     with StubServer(mode="hang", hang_seconds=30) as stub, \
             pytest.raises(ServerUnreachableError, match=r"no answer within 0.3 s; the server hangs.*--resume"):
-        run_server_probe(server_config(stub.url, tmp_path / "r", timeout=0.3))
+        run_probe(server_config(stub.url, tmp_path / "r", timeout=0.3))
     assert len(targets(stub)) == 1  # not resent: the server may still be working on it
 
 
@@ -99,7 +98,7 @@ def test_dropped_connection_then_resume_loses_and_duplicates_nothing(tmp_path):
     run_dir = tmp_path / "r"
     with StubServer(drop_after=4) as stub:
         with pytest.raises(ServerUnreachableError, match="connection dropped.*--resume"):
-            run_server_probe(server_config(stub.url, run_dir, runs=8, concurrency=2, filler_requests=0))
+            run_probe(server_config(stub.url, run_dir, runs=8, concurrency=2, filler_requests=0))
         before = lines(run_dir)
         assert len(before) == 4  # every answer that arrived is on disk
         sent_before = len(targets(stub))
@@ -118,4 +117,4 @@ def test_dropped_connection_then_resume_loses_and_duplicates_nothing(tmp_path):
 def test_resume_of_a_static_run_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"command": "probe", "config": {"load": {"mode": "static"}}}))
     with pytest.raises(RunDirError, match="not a server probe"):
-        run_server_probe(ProbeConfig(load=LoadConfig(mode="server", resume=str(tmp_path))))
+        run_probe(ProbeConfig(load=LoadConfig(mode="server", resume=str(tmp_path))))

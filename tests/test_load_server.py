@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from nondet.probes.sources.config import LoadConfig
-from nondet.probes.sources.server import run_server_probe
-from nondet.probes.probe import ProbeConfig
+from nondet.probes.probe import ProbeConfig, run_probe
 
 HEALTH_WAIT_S = 180  # model load and warm-up on a busy 2-core CI machine
 
@@ -97,7 +96,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def test_transformers_serve_under_load_is_batch_variant(served_model_dir, tmp_path):
     with transformers_serve(served_model_dir, tmp_path) as url:
         load = LoadConfig(mode="server", endpoint=url, tokenizer=str(served_model_dir), rate=8.0)
-        result = run_server_probe(ProbeConfig(max_new_tokens=160, runs=16, out=str(tmp_path / "run"), load=load))
+        result = run_probe(ProbeConfig(max_new_tokens=160, runs=16, out=str(tmp_path / "run"), load=load))
     summary = result.summary
     m = summary["modes"]["default"]
     assert summary["load"]["compare_level"] == "tokenizer"  # transformers serve returns no logprobs

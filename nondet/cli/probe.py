@@ -168,10 +168,9 @@ def run_server_with_progress(config):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from nondet.probes.sources.server import run_server_probe
-    from nondet.probes.probe import _validate
+    from nondet.probes.probe import _validate, run_probe
 
-    _validate(config)
+    _validate(config)  # before the bar appears: a usage error is one line on a clean terminal
     columns = (TextColumn("requests"), BarColumn(), MofNCompleteColumn(),
                TextColumn("in flight {task.fields[in_flight]}  failed {task.fields[failed]}"), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
@@ -181,7 +180,7 @@ def run_server_with_progress(config):
             progress.update(task, total=counts.total, completed=counts.done, in_flight=counts.in_flight,
                             failed=counts.failed)
 
-        return run_server_probe(config, on_progress)
+        return run_probe(config, on_progress=on_progress)
 
 
 def print_load_notes(summary: dict, console) -> None:

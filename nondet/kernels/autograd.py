@@ -13,12 +13,12 @@ import math
 
 import torch
 
+from nondet.kernels import ops
+
 
 class _InvariantAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, scale, is_causal):
-        from nondet.kernels import ops
-
         ctx.save_for_backward(q, k, v)
         ctx.mask, ctx.scale, ctx.is_causal = mask, scale, is_causal
         with torch.no_grad():

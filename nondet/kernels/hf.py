@@ -7,17 +7,23 @@ prefill and decode against the KV cache alike. Registration adds a name, nothing
 numerics change only when a model selects it.
 """
 
-from nondet.kernels import ops
+import torch
+
+from nondet.kernels import autograd, ops
 
 ATTN_IMPLEMENTATION = "nondet_batch_invariant"
+_ENABLED = {"attention": False}  # set by the mode (mode.py) whenever its active op classes change
+
+
+def set_enabled(attention: bool) -> None:
+    """Called by the mode: whether the attention class is active in the innermost context."""
+    _ENABLED["attention"] = attention
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                       scaling: float | None = None, sliding_window=None, softcap=None, **kwargs):
     """transformers attention-interface signature -> (attn_output (B, Q, H, D), None)."""
-    from nondet.kernels.mode import active_ops
-
-    if "attention" not in active_ops():
+    if not _ENABLED["attention"]:
         # The model still points here but the attention class is switched off (an inner
         # context): run transformers' SDPA path, which takes the same masks.
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -30,7 +36,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     if dropout:
         raise ValueError("batch-invariant attention is for inference: dropout must be 0")
     is_causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
-    out = ops.attention(query, key, value, attention_mask, scale=scaling, is_causal=is_causal)
+    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    # a training forward: the same invariant bits, with a backward (autograd.py)
+    out = (autograd.attention if grads else ops.attention)(query, key, value, attention_mask, scaling, is_causal)
     return out, None
 
 

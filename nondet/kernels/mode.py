@@ -54,8 +54,10 @@ def _parse(ops: Iterable[str] | str | None) -> frozenset:
 
 
 def _install(ops: frozenset) -> None:
-    """Make the aten overrides exactly those of `ops` (rebuilding the one Library)."""
+    """Make the aten overrides exactly those of `ops` (rebuilding the one Library), and tell the
+    attention function (hf.py) whether its class is on."""
     global _LIBRARY
+    hf.set_enabled("attention" in ops)
     if _LIBRARY is not None:
         _LIBRARY._destroy()
         _LIBRARY = None

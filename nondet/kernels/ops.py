@@ -116,11 +116,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     mask: None (causal when is_causal, query i at KV position S - Q + i; else full), or a bool
     (True = attend) / additive float mask broadcastable to (B, 1, Q, S). Prefill and decode use
     the same per-row arithmetic; left padding is aligned away (see triton_attention).
+    Forward only: a training forward goes through autograd.attention (same bits, a backward).
     """
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        from nondet.kernels import autograd  # a training forward: same bits, with a backward
-
-        return autograd.attention(q, k, v, mask, scale, is_causal)
     bsz, _, nq, d = q.shape
     s = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale

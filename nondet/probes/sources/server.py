@@ -31,13 +31,6 @@ DEFAULT_RUNS = 16  # concurrent copies besides the reference
 REF, BURST = "default/server/ref", "default/server/burst"
 
 
-def run_server_probe(config, on_progress=None):
-    """run_probe on a server, with on_progress(Tally counts) as requests are sent and answered."""
-    from nondet.probes.probe import run_probe
-
-    return run_probe(config, on_progress=on_progress)
-
-
 class ServerSource:
     kind = "server"
 
@@ -237,7 +230,6 @@ def _filler_schedule(config) -> list:
 
 def _resumed(given):
     """The stored probe's settings; the given --endpoint, --timeout and --api-key-env apply."""
-    from nondet.probes.probe import ProbeConfig
     from nondet.probes.loading import ModelSpec
 
     run_dir = RunDir(given.load.resume)
@@ -248,7 +240,7 @@ def _resumed(given):
     load = LoadConfig(**stored["load"])
     load = replace(load, resume=given.load.resume, endpoint=given.load.endpoint or load.endpoint,
                    timeout=given.load.timeout, retries=given.load.retries, api_key_env=given.load.api_key_env)
-    return ProbeConfig(**{**stored, **tuples, "model": ModelSpec(**stored["model"]), "load": load})
+    return type(given)(**{**stored, **tuples, "model": ModelSpec(**stored["model"]), "load": load})  # a ProbeConfig
 
 
 def _check(config) -> None:
