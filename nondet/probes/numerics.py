@@ -53,8 +53,20 @@ def fingerprint(model_description: dict, kernels: str) -> dict:
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         "attn_implementation": model_description.get("attn_implementation"),
         "kernels": kernels,
+        "kernel_tuning": _tuning(model_description.get("device", "cpu"), kernels),
         "model": model_description,
     }
+
+
+def _tuning(device: str, kernels: str) -> dict | None:
+    """The tuned matmul table the batch-invariant mode loads on this GPU (None: the shipped one)."""
+    import torch
+
+    if "batch-invariant" not in kernels or not device.startswith("cuda"):
+        return None
+    from nondet.kernels.config import tuning_fingerprint
+
+    return tuning_fingerprint(torch.device(device))
 
 
 def _device_name(device: str) -> str:
