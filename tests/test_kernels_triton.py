@@ -144,6 +144,18 @@ else:
             dec = triton_attention.attention(q[:, :, i:i + 1], k[:, :, :pos], v[:, :, :pos], cfg=ATT_CFG, split=True)
             assert torch.equal(dec[:, 0], full[:, i]), i
 
+    def test_attention_verification_chunk_with_a_bool_mask_equals_decodes_without_one():
+        # speculative decoding: plain decoding passes no mask (the causal path); a verification
+        # chunk of k+1 rows after the cache passes a bool causal mask. Same bits for every row.
+        q, k, v = _qkv(1, 4, 2, 5, 70, 16, torch.bfloat16)
+        mask = torch.ones(1, 1, 5, 70, dtype=torch.bool).tril(70 - 5)
+        for split in (False, True):
+            chunk = triton_attention.attention(q, k, v, mask, cfg=ATT_CFG, split=split)
+            for i in range(5):
+                pos = 70 - 5 + i + 1
+                dec = triton_attention.attention(q[:, :, i:i + 1], k[:, :, :pos], v[:, :, :pos], cfg=ATT_CFG)
+                assert torch.equal(chunk[:, i], dec[:, 0]), (split, i)
+
     def test_attention_row0_invariant_to_batch_and_left_padding():
         q, k, v = _qkv(5, 4, 2, 1, 70, 16, torch.bfloat16)
         solo = triton_attention.attention(q[:1], k[:1], v[:1], cfg=ATT_CFG)
