@@ -32,6 +32,21 @@ def fmt_float(v, digits: int = 3, missing: str = DASH) -> str:
     return missing if is_missing(v) else f"{v:.{digits}g}"
 
 
+def fmt_percent(v, missing: str = DASH) -> str:
+    """A fraction in [0, 1] as a percentage with one decimal."""
+    return missing if is_missing(v) else f"{100 * v:.1f}%"
+
+
+def fmt_fixed(v, decimals: int = 1, missing: str = DASH) -> str:
+    """A rate or count with a fixed number of decimals (tokens/s)."""
+    return missing if is_missing(v) else f"{v:.{decimals}f}"
+
+
+def fmt_times(v, missing: str = DASH) -> str:
+    """A ratio as a factor: 1.46x."""
+    return missing if is_missing(v) else f"{v:.2f}x"
+
+
 def fmt_hex(h: str | None, missing: str = DASH) -> str:
     """A stored float.hex value as a short decimal, with the exact value beside it."""
     return missing if h is None else f"{hex_to_float(h):.3g} ({short_hex(h)})"

@@ -3,7 +3,7 @@
 from rich.console import Console
 from rich.table import Table
 
-from nondet.fmt import DASH, fmt_step
+from nondet.fmt import fmt_fixed, fmt_percent, fmt_step, fmt_times
 
 COLUMNS = ("form", "texts", "flips", "token", "bits", "accept", "tok/s", "plain", "gain")
 CAPTION = ("texts: distinct completions of plain greedy and the form, worst prompt (1 = same tokens); flips: "
@@ -26,18 +26,6 @@ def speculative_table(mode: str, forms: list[dict]) -> Table:
     for f in forms:
         table.add_row(f["speculative"], str(f["distinct_completions"]), f"{f['prompts_diverged']}/{f['n_prompts']}",
                       fmt_step(f["first_token_divergence"]), fmt_step(f["first_numeric_divergence"]),
-                      _percent(f["acceptance_rate"]), _rate(f["tokens_per_s"]), _rate(f["reference_tokens_per_s"]),
-                      _times(f["speedup"]))
+                      fmt_percent(f["acceptance_rate"]), fmt_fixed(f["tokens_per_s"]), fmt_fixed(f["reference_tokens_per_s"]),
+                      fmt_times(f["speedup"]))
     return table
-
-
-def _percent(v) -> str:
-    return DASH if v is None else f"{100 * v:.1f}%"
-
-
-def _rate(v) -> str:
-    return DASH if v is None else f"{v:.1f}"
-
-
-def _times(v) -> str:
-    return DASH if v is None else f"{v:.2f}x"
