@@ -1,10 +1,18 @@
 """A logits processor that records each target row's step and, when sampling, picks tokens.
 
 It sits at the end of transformers' logits-processor list, so it sees the fp32 logits of
-every step exactly as generate's greedy argmax will. Statistics are computed one row at a
-time, with the same [1, vocab] shape every time, so our own measurement adds no batch
-variance. With temperature > 0 it samples each row with that request's own generator and
-masks the others, so generate's greedy argmax takes the sampled token: RNG effects stay
+every step exactly as generate's greedy argmax will. Each step it gathers, for all target
+rows at once and on the logits' device, the chosen token, its log-softmax, the top-6 logits
+and their ids ([rows] / [rows, 6] tensors, kept as tensors); they become Python numbers and
+float.hex strings once, when `steps` is read (normally once per generate call). No
+per-row, per-step Python work and no device sync per step.
+
+Batch variance of the measurement itself: log_softmax and topk reduce each row on its own
+over the vocabulary, so [rows, vocab] gives every row the bits [1, vocab] gives it (checked
+bit for bit against the per-row path, `step_record`, in tests/test_probe_recorder.py; under
+the batch-invariant mode log_softmax is the mode's row-blocked kernel, row-independent by
+construction). With temperature > 0 it samples each row with that request's own generator
+and masks the others, so generate's greedy argmax takes the sampled token: RNG effects stay
 apart from numeric ones (the target uses the same seed in every condition).
 """
 
@@ -18,19 +26,29 @@ class StepRecorder:
 
         self.target_rows = tuple(target_rows)
         self.temperature = temperature
-        self.steps: dict[int, list[dict]] = {r: [] for r in self.target_rows}
+        self._steps: dict[int, list[dict]] = {r: [] for r in self.target_rows}
+        self._pending: list[tuple] = []  # per step: (tokens [R], logprob [R], top ids [R,5], top lp [R,5], margin [R])
+        self._rows = None  # target rows as an index tensor on the logits' device (first step)
         self.generators = None
         if temperature > 0:
             self.generators = [torch.Generator().manual_seed(
                 seed if r in self.target_rows else seed + filler_seed_offset + r)
                 for r in range(batch_size)]
 
+    @property
+    def steps(self) -> dict[int, list[dict]]:
+        """{target row: [step dict, ...]}: the pending tensors converted to exact bits now."""
+        if self._pending:
+            self._flush()
+        return self._steps
+
     def __call__(self, input_ids, scores):
         import torch
 
         chosen = self._choose(scores)
-        for row in self.target_rows:
-            self.steps[row].append(step_record(scores[row:row + 1].float(), int(chosen[row])))
+        if self._rows is None:
+            self._rows = torch.tensor(self.target_rows, device=scores.device)
+        self._pending.append(gather_step(scores.index_select(0, self._rows).float(), chosen[self._rows]))
         if self.generators is None:
             return scores
         forced = torch.full_like(scores, float("-inf"))
@@ -48,9 +66,40 @@ class StepRecorder:
             picks.append(int(torch.multinomial(probs.cpu(), 1, generator=gen)))
         return torch.tensor(picks, device=scores.device)
 
+    def _flush(self) -> None:
+        """Every pending step of every target row -> step dicts, one stack and one copy per field."""
+        import torch
+
+        fields = [torch.stack(f).cpu().tolist() for f in zip(*self._pending)]  # each [steps, R(, 5)]
+        self._pending = []
+        for tokens, logprob, top_ids, top_lp, margin in zip(*fields):
+            for i, row in enumerate(self.target_rows):
+                self._steps[row].append(_as_record(tokens[i], logprob[i], top_ids[i], top_lp[i], margin[i]))
+
+
+def gather_step(logits, tokens) -> tuple:
+    """logits [R, vocab] fp32, tokens [R] -> (tokens, logprob [R], top ids [R,5], top logprobs [R,5],
+    top1-top2 logit margin [R]), all tensors on the logits' device."""
+    import torch
+
+    logprobs = torch.log_softmax(logits, dim=-1)  # [R, vocab]
+    top_logits, top_ids = torch.topk(logits, TOP_K + 1, dim=-1)  # [R, 6]
+    ids = top_ids[:, :TOP_K]
+    return (tokens, logprobs.gather(1, tokens[:, None])[:, 0], ids, logprobs.gather(1, ids),
+            top_logits[:, 0] - top_logits[:, 1])
+
+
+def _as_record(token: int, logprob: float, top_ids: list, top_lp: list, margin: float) -> dict:
+    """One step's numbers (fp32 values as exact Python floats) -> the record's dict."""
+    return {"token": token, "logprob": logprob.hex(), "top": [[i, lp.hex()] for i, lp in zip(top_ids, top_lp)],
+            "margin": margin.hex()}
+
 
 def step_record(logits_row, token: int) -> dict:
-    """logits_row: [1, vocab] fp32 -> token, exact logprob, top-5, top1-top2 logit margin."""
+    """logits_row: [1, vocab] fp32 -> token, exact logprob, top-5, top1-top2 logit margin.
+
+    The per-row path: the speculative source records raw logits with it, and the test holds
+    StepRecorder's batched records to it bit for bit."""
     import torch
 
     logprobs = torch.log_softmax(logits_row, dim=-1)[0]
