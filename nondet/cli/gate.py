@@ -15,8 +15,9 @@ from nondet.cli.app import app
 
 if TYPE_CHECKING:
     from nondet.gate.config import GateSettings
-    from nondet.gate.run import Gated, GateHooks
+    from nondet.gate.run import Gated, GateHooks, GateTarget
     from nondet.probes.probe import ProbeConfig
+    from nondet.rl.config import RLConfig
 
 
 @app.command("gate")
@@ -47,6 +48,18 @@ def gate(
         help="Probe a live OpenAI-compatible server at this base URL; MODEL names the served model.")] = None,
     rate: Annotated[Optional[float], typer.Option(help="Filler arrival rate under load (see nondet probe).")] = None,
     concurrency: Annotated[Optional[int], typer.Option(help="Fillers in the engine / copies in flight.")] = None,
+    speculative: Annotated[Optional[str], typer.Option(
+        "--speculative", help="Gate the speculative axis: these forms (e.g. ngram:4,self:4) vs plain greedy, "
+                              "at batch size 1, under \\[tool.nondet] speculative (default identical).")] = None,
+    rl: Annotated[Optional[bool], typer.Option(
+        "--rl", help="Gate the rl axis: nondet rl's trainer micro-batches vs the sampler, under \\[tool.nondet] "
+                     "rl / max-kl (default identical).")] = None,
+    max_kl: Annotated[Optional[float], typer.Option(
+        "--max-kl", help="rl axis: k3 KL(sampler || trainer) at most X per micro-batch size (implies --rl).")] = None,
+    micro_batch: Annotated[Optional[str], typer.Option(
+        "--micro-batch", help="rl axis: trainer micro-batch sizes (default 1,4,8).")] = None,
+    sampler_batch: Annotated[Optional[int], typer.Option(
+        "--sampler-batch", help="rl axis: prompts per batched sampler call (default 8).")] = None,
     inject_variance: Annotated[Optional[bool], typer.Option(
         "--inject-variance", help="Self-test: make one RMSNorm batch-variant on purpose; the gate must then fail.")] = None,
     junit: Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit XML here (one test case per condition).")] = None,
@@ -59,7 +72,14 @@ def gate(
     pyproject.toml or a nondet.toml, else defaults) and checks every condition
     against the prompt alone at batch size 1. The requirement is ONE of:
     identical (default: same tokens, bit-identical logprobs), --max-distinct N,
-    --min-divergence-step S or --max-logprob-diff X. The first failing
+    --min-divergence-step S or --max-logprob-diff X.
+
+    Other axes, each under its own policy: --speculative FORMS judges each
+    speculative form against plain greedy decoding (\[tool.nondet]
+    speculative = "identical"); --rl runs nondet rl and judges each trainer
+    micro-batch size against the sampler's logprobs (rl = "identical", or
+    --max-kl X: the k3 KL estimate at most X). Flags that name an axis run
+    those axes; else the config file's keys name them. The first failing
     condition is bisected up to the step where its bits first differ
     (--no-bisect skips it). Writes the run directory and report;
     --junit FILE writes JUnit XML, one test case per condition; under GitHub
@@ -78,36 +98,89 @@ def gate(
       nondet gate --junit junit.xml             # demo model: exits 1
       nondet gate --kernels batch-invariant     # nondet's kernels: exits 0
       nondet gate ./my-model -b 1,8 --max-distinct 2
+      nondet gate --speculative ngram:4,self:4  # speculative vs plain greedy
+      nondet gate --rl --micro-batch 1,4 --kernels batch-invariant
     """
     from nondet.gate.config import find_config, load_config, resolve
-    from nondet.gate.run import GateOutputs, run_gate
+    from nondet.gate.run import GateOutputs, run_targets
 
     flags = {"model": model, "prompts": prompt or None, "batch-sizes": batch_sizes, "positions": positions,
              "runs": runs, "max-new-tokens": max_new_tokens, "kernels": kernels, "require": require,
              "max-distinct": max_distinct, "min-divergence-step": min_divergence_step,
              "max-logprob-diff": max_logprob_diff, "dtype": dtype, "device": device, "threads": threads,
              "load": load, "endpoint": endpoint, "rate": rate, "concurrency": concurrency,
-             "inject-variance": inject_variance}
+             "inject-variance": inject_variance, "speculative-forms": speculative, "rl": rl, "max-kl": max_kl,
+             "micro-batch": micro_batch, "sampler-batch": sampler_batch}
     source = config if config is not None else find_config(Path.cwd())
     settings = resolve(flags, load_config(source) if source else {}, source)
     outputs = GateOutputs(str(junit) if junit else None, bisect)
-    result = run_gate(probe_configs(settings, str(out) if out else None), settings.policy, outputs, _hooks(outputs))
+    result = run_targets(gate_targets(settings, str(out) if out else None), outputs, _hooks(outputs))
     sys.exit(0 if result.passed else 1)  # sys.exit, not typer.Exit: standalone_mode=False would swallow it
 
 
-def probe_configs(settings: "GateSettings", out: str | None) -> "list[ProbeConfig]":
-    """One ProbeConfig per prompt: its run directory is OUT, or OUT/prompt-N with several prompts."""
+def gate_targets(settings: "GateSettings", out: str | None) -> "list[GateTarget]":
+    """What the gate runs, per axis in settings.axes. One axis: its run directories are OUT (or
+    OUT/prompt-N); several: OUT/AXIS (or OUT/AXIS/prompt-N). All configs are built, so checked,
+    before any model loads."""
+    from nondet.gate.run import GateTarget
+
+    several = len(settings.axes) > 1
+    base = out or _default_run_dir()
+    targets = []
+    for axis in settings.axes:
+        where = str(Path(base) / axis) if several else base
+        if axis == "rl":
+            targets.append(GateTarget(rl_config(settings, where), settings.rl_policy, "rl" if several else ""))
+            continue
+        policy = settings.speculative_policy if axis == "speculative" else settings.policy
+        configs = probe_configs(settings, where, settings.speculative_forms if axis == "speculative" else None)
+        for config in configs:
+            names = ([axis] if several or axis != "batch" else []) + (
+                [f"prompt {config.prompt[:60]!r}"] if len(configs) > 1 else [])
+            targets.append(GateTarget(config, policy, ": ".join(names)))
+    return targets
+
+
+def _default_run_dir() -> str:
+    from nondet.probes.probe import default_run_dir
+
+    return default_run_dir("gate")
+
+
+def probe_configs(settings: "GateSettings", out: str | None, speculative: str | None = None) -> "list[ProbeConfig]":
+    """One ProbeConfig per prompt: its run directory is OUT, or OUT/prompt-N with several prompts.
+    speculative: the forms to probe (batch size 1), or None for the batch sizes."""
     from nondet.cli.probe_config import build_load_config, build_probe_config
     from nondet.gate.run import prompt_dirs
 
     load = build_load_config(settings.load, settings.endpoint, rate=settings.rate, concurrency=settings.concurrency)
     return [build_probe_config("gate", (prompt,) if prompt else (), model=settings.model, dtype=settings.dtype,
                                device=settings.device, inject_variance=settings.inject_variance,
-                               batch_sizes=settings.batch_sizes, out=run_dir, load=load,
-                               placement=settings.positions, runs=settings.runs,
+                               batch_sizes=None if speculative else settings.batch_sizes, out=run_dir, load=load,
+                               speculative=speculative, placement=settings.positions, runs=settings.runs,
                                max_new_tokens=settings.max_new_tokens, kernels=(settings.kernels,),
                                threads=settings.threads)
             for prompt, run_dir in prompt_dirs(settings.prompts, out)]
+
+
+def rl_config(settings: "GateSettings", out: str) -> "RLConfig":
+    """nondet rl's config from the gate's settings: every prompt is sampled (none: the built-in set)."""
+    from nondet.probes.loading import ModelSpec
+    from nondet.rl.config import RLConfig, validate
+
+    if settings.endpoint or settings.load != "static":
+        from nondet.errors import UsageError
+
+        raise UsageError("--rl runs sampler and trainer in process; drop --endpoint / --load")
+    config = RLConfig(model=ModelSpec(settings.model, settings.dtype, settings.device,
+                                      inject_variance=settings.inject_variance),
+                      prompts=settings.prompts, max_new_tokens=settings.max_new_tokens,
+                      sampler_batch=settings.sampler_batch, micro_batches=settings.micro_batches,
+                      kernels=(settings.kernels,), threads=settings.threads, out=out,
+                      argv=tuple(sys.argv[1:]))
+    if config.prompts:
+        validate(config)  # now, before any model loads (run_rl validates again with its default prompts)
+    return config
 
 
 def _hooks(outputs) -> "GateHooks":
@@ -116,6 +189,7 @@ def _hooks(outputs) -> "GateHooks":
 
     return GateHooks(
         probe=lambda config: run_with_progress(config, quiet=not sys.stderr.isatty()),  # no bar in CI logs
+        rl=_run_rl,
         on_judged=lambda gated: _print(gated, outputs.junit),
         on_bisect=lambda run_dir, line: print(f"bisect: {line} (bisect.json in {run_dir})", flush=True),
         on_warning=lambda text: print(f"nondet: warning: {text}", file=sys.stderr),
@@ -127,14 +201,33 @@ def _print(gated: "list[Gated]", junit: str | None) -> None:
     from rich.console import Console
     from rich.text import Text
 
-    from nondet.cli.render import print_probe_summary
-
     console = Console()
     for g in gated:
-        print_probe_summary(g.summary, g.run_dir, console)
+        _print_run(g, console)
         for c in g.verdict.conditions:  # Text, not markup: model text may hold [brackets]
             mark = Text("PASS ", style="green") if c.passed else Text("FAIL ", style="bold red")
             console.print(mark + Text(c.condition_id + (f": {c.message}" if c.message else "")), soft_wrap=True)
         console.print(Text(f"nondet gate: {g.verdict.message}", style="bold"), soft_wrap=True)
     if junit:
         console.print(Text(f"junit: {junit}"), soft_wrap=True)
+
+
+def _run_rl(config: "RLConfig"):
+    from nondet.rl.run import run_rl
+
+    return run_rl(config)
+
+
+def _print_run(g: "Gated", console) -> None:
+    """The run's own table: nondet rl's metrics, or the probe's summary (and its speculative table)."""
+    if g.verdict.policy.axis == "rl":
+        from nondet.cli.rl import metrics_table
+
+        console.print(metrics_table(g.summary["rl"]["pairs"]))
+        console.print(f"run directory: {g.run_dir}", markup=False, highlight=False)
+        return
+    from nondet.cli.render import print_probe_summary
+    from nondet.cli.render_speculative import print_speculative
+
+    print_probe_summary(g.summary, g.run_dir, console)
+    print_speculative(g.summary, console)

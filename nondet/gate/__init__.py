@@ -12,7 +12,7 @@ this package). Importing it loads no torch: probes are imported when a gate runs
 """
 
 from nondet.gate.policy import ConditionResult, Policy, Verdict, evaluate
-from nondet.gate.run import Gated, GateHooks, GateOutputs, GateResult, prompt_dirs, run_gate
+from nondet.gate.run import Gated, GateHooks, GateOutputs, GateResult, GateTarget, prompt_dirs, run_gate, run_targets
 
-__all__ = ["ConditionResult", "Gated", "GateHooks", "GateOutputs", "GateResult", "Policy", "Verdict", "evaluate",
-           "prompt_dirs", "run_gate"]
+__all__ = ["ConditionResult", "Gated", "GateHooks", "GateOutputs", "GateResult", "GateTarget", "Policy", "Verdict",
+           "evaluate", "prompt_dirs", "run_gate", "run_targets"]

@@ -22,6 +22,17 @@ directory. Keys (TOML, kebab-case):
     inject-variance = false           # self-test: one norm made batch-variant; the gate must fail
     require = "identical"             # or ONE of: max-distinct = 2, min-divergence-step = 50,
                                       #            max-logprob-diff = 1e-3
+    speculative = "identical"         # the speculative axis: each form vs plain greedy (any requirement
+                                      #   above, as a string: "max-logprob-diff = 1e-3")
+    speculative-forms = "ngram:4,self:4"   # the forms it probes (the default), as `--speculative`
+    rl = "identical"                  # the rl axis (`nondet rl`): every trainer micro-batch's logprobs
+    max-kl = 1e-6                     #   bit-identical to the sampler's, OR their k3 KL at most X
+    micro-batch = [1, 4, 8]           # the rl trainer's micro-batch sizes (or "1,4,8")
+    sampler-batch = 8                 # the rl sampler's batch size
+
+Axes: a flag that names an axis (--require or a threshold flag: batch; --speculative FORMS;
+--rl or --max-kl) runs the axes the flags name; else the file's keys name them (require or a
+threshold: batch; speculative or speculative-forms; rl or max-kl); none named: batch, identical.
 
 Any other key, a wrong type or unparseable TOML is a one-line UsageError (exit 2).
 """
@@ -36,8 +47,15 @@ from nondet.gate.policy import Policy
 
 THRESHOLDS = ("max-distinct", "min-divergence-step", "max-logprob-diff")
 CONFIG_NAMES = ("nondet.toml", "pyproject.toml")
+AXIS_KEYS = {  # axis -> the keys (file) or flags that name it
+    "batch": ("require", *THRESHOLDS),
+    "speculative": ("speculative", "speculative-forms"),
+    "rl": ("rl", "max-kl"),
+}
+DEFAULT_FORMS = "ngram:4,self:4"  # prompt lookup and the model as its own draft (issue 13's acceptance)
 KEYS = ("model", "prompt", "prompts", "batch-sizes", "positions", "runs", "max-new-tokens", "kernels",
-        "dtype", "device", "threads", "load", "endpoint", "rate", "concurrency", "inject-variance", "require", *THRESHOLDS)
+        "dtype", "device", "threads", "load", "endpoint", "rate", "concurrency", "inject-variance", "require",
+        *THRESHOLDS, "speculative", "speculative-forms", "rl", "max-kl", "micro-batch", "sampler-batch")
 
 
 @dataclass(frozen=True)
@@ -57,7 +75,13 @@ class GateSettings:
     rate: float | None = None  # filler arrival rate under load (None = the probe's default)
     concurrency: int | None = None  # fillers in the engine / copies in flight (None = default)
     inject_variance: bool = False  # self-test: one norm made batch-variant on purpose; the gate must fail
-    policy: Policy = field(default_factory=Policy)
+    policy: Policy = field(default_factory=Policy)  # the batch axis's requirement
+    axes: tuple[str, ...] = ("batch",)  # what the gate checks, in this order: batch, speculative, rl
+    speculative_forms: str = DEFAULT_FORMS  # the forms the speculative axis probes, as --speculative
+    speculative_policy: Policy = field(default_factory=lambda: Policy(axis="speculative"))
+    rl_policy: Policy = field(default_factory=lambda: Policy(axis="rl"))
+    micro_batches: tuple[int, ...] = (1, 4, 8)  # rl trainer micro-batch sizes, one condition each
+    sampler_batch: int = 8  # rl sampler prompts per batched generate call
     source: str = ""  # the config file the settings came from ("" = flags and defaults only)
 
 
@@ -108,6 +132,12 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
         concurrency=_typed(values, "concurrency", int, label),
         inject_variance=_flag(values, "inject-variance", label),
         policy=_policy(given, file_values, label.where),
+        axes=_axes(given, file_values),
+        speculative_forms=_forms(values, label),
+        speculative_policy=_axis_policy("speculative", given, file_values, label.where),
+        rl_policy=_axis_policy("rl", given, file_values, label.where),
+        micro_batches=_micro_batches(values.get("micro-batch"), label),
+        sampler_batch=_positive(values, "sampler-batch", 8, label),
         source=str(source) if source else "",
     )
 
@@ -225,18 +255,71 @@ def _policy(flags: dict[str, Any], file_values: dict[str, Any], where: str) -> P
     return Policy()
 
 
-def _one_policy(key: str, value, prefix: str) -> Policy:
+def _one_policy(key: str, value, prefix: str, axis: str = "batch") -> Policy:
     try:
-        return _policy_of(key, value)
+        return _policy_of(key, value, axis)
     except UsageError as exc:
         raise UsageError(f"{prefix}{exc}") from None
 
 
-def _policy_of(key: str, value) -> Policy:
-    if key == "require":
+def _policy_of(key: str, value, axis: str = "batch") -> Policy:
+    """require/speculative/rl = "REQUIREMENT" (a string), or a threshold key = a number."""
+    if key in ("require", "speculative", "rl"):
         if not isinstance(value, str):
-            raise UsageError(f"require must be a string such as 'identical', not {value!r}")
-        return Policy.parse(value)
+            example = "'identical' or 'max-kl = 0.001'" if axis == "rl" else "'identical'"
+            raise UsageError(f"{key} must be a string such as {example}, not {value!r}")
+        return Policy.parse(value, axis)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UsageError(f"{key} must be a number, not {value!r}")
-    return Policy(key, float(value))
+    return Policy(key, float(value), axis)
+
+
+def _axes(flags: dict[str, Any], file_values: dict[str, Any]) -> tuple[str, ...]:
+    """The axes the flags name, else those the file names, else batch."""
+    for layer in (flags, file_values):
+        named = tuple(axis for axis, keys in AXIS_KEYS.items() if any(layer.get(k) not in (None, False) for k in keys))
+        if named:
+            return named
+    return ("batch",)
+
+
+def _axis_policy(axis: str, flags: dict[str, Any], file_values: dict[str, Any], where: str) -> Policy:
+    """speculative = "REQUIREMENT" (file); rl = "REQUIREMENT" or max-kl = X (--max-kl over the file)."""
+    if flags.get("max-kl") is not None and axis == "rl":
+        return _one_policy("max-kl", flags["max-kl"], "", axis)
+    keys = [k for k in (axis, "max-kl" if axis == "rl" else "") if k and file_values.get(k) is not None]
+    if len(keys) > 1:
+        raise UsageError(f"{where}: give one rl requirement, not rl and max-kl")
+    if not keys:
+        return Policy(axis=axis)
+    return _one_policy(keys[0], file_values[keys[0]], f"{where}: ", axis)
+
+
+def _forms(values: dict[str, Any], label: _Labels) -> str:
+    """The speculative forms, checked now (pure Python): before any model loads."""
+    from nondet.probes.sources.speculation import parse_speculative
+
+    forms = _typed(values, "speculative-forms", str, label)
+    if forms is None:
+        return DEFAULT_FORMS
+    try:
+        parsed = parse_speculative(forms)
+    except UsageError as exc:  # its message names the flag; a file's value is named by the file
+        raise UsageError(f"{label('speculative-forms')}: {str(exc).removeprefix('--speculative: ')}") from None
+    if not parsed:
+        raise UsageError(f"{label('speculative-forms')} needs at least one form, e.g. {DEFAULT_FORMS}")
+    return forms
+
+
+def _micro_batches(value, label: _Labels) -> tuple[int, ...]:
+    if value is None:
+        return GateSettings.micro_batches
+    if isinstance(value, str):
+        try:
+            value = [int(v) for v in value.split(",") if v.strip()]
+        except ValueError:
+            value = None
+    if not isinstance(value, list) or not value or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+        raise UsageError(f"{label('micro-batch')} must be sizes >= 1, as [1, 4, 8] or '1,4,8'")
+    return tuple(value)

@@ -56,7 +56,8 @@ def _suite(verdict: Verdict) -> ET.Element:
 
 
 def _case(result: ConditionResult, verdict: Verdict) -> ET.Element:
-    case = ET.Element("testcase", _attrs(classname=f"nondet.gate.{result.kernels}", name=result.condition_id))
+    axis = "" if verdict.policy.axis == "batch" else f"{verdict.policy.axis}."
+    case = ET.Element("testcase", _attrs(classname=f"nondet.gate.{axis}{result.kernels}", name=result.condition_id))
     if not result.passed:
         failure = ET.SubElement(case, "failure", _attrs(message=result.message, type="BatchVariance"))
         failure.text = xml_safe(_details(result, verdict))
@@ -64,6 +65,8 @@ def _case(result: ConditionResult, verdict: Verdict) -> ET.Element:
 
 
 def _details(result: ConditionResult, verdict: Verdict) -> str:
+    if verdict.policy.axis == "rl":
+        return _rl_details(result, verdict)
     lines = [
         f"condition: {result.condition_id} ({result.n_runs} run(s), {result.kernels} kernels)",
         f"policy: {verdict.policy.describe()}",
@@ -74,6 +77,17 @@ def _details(result: ConditionResult, verdict: Verdict) -> str:
     ]
     if verdict.name:
         lines.insert(0, f"gated: {verdict.name}")
+    if verdict.run_dir:
+        lines.append(f"run directory: {verdict.run_dir}")
+    return "\n".join(lines)
+
+
+def _rl_details(result: ConditionResult, verdict: Verdict) -> str:
+    lines = [f"condition: {result.condition_id} ({result.n_runs} sequence(s), {result.kernels} kernels, "
+             "teacher-forced vs the sampler's logprobs)",
+             f"policy: {verdict.policy.describe()}",
+             f"first differing token (logprob bits vs the sampler's): {_step(result.first_numeric_divergence)}",
+             f"why: {result.message}"]
     if verdict.run_dir:
         lines.append(f"run directory: {verdict.run_dir}")
     return "\n".join(lines)

@@ -1,7 +1,14 @@
 """The gate's policy and its verdict: which batch variance a model repository accepts.
 
-A policy is ONE requirement, checked per condition (one batched call of the probe) against
-the reference (the prompt alone at batch size 1):
+A policy is ONE requirement on ONE axis, checked per condition against that axis's reference.
+The axes (`axis`), each a key of nondet.toml:
+
+    batch         (require = ...)      each batched call of the probe vs the prompt alone at batch size 1
+    speculative   (speculative = ...)  each speculative form (ngram:K, self:K, draft) vs plain greedy
+    rl            (rl = ... / max-kl)  each trainer micro-batch size vs the sampler's logprobs of the
+                                       same sampled tokens (`nondet rl`)
+
+The requirements (rl takes identical and max-kl only; max-kl is rl's alone):
 
     identical                 every run has the reference's tokens AND bit-identical logprobs
     max-distinct = N          at most N distinct completions per kernels mode, the reference's
@@ -10,6 +17,9 @@ the reference (the prompt alone at batch size 1):
     min-divergence-step = S   no run's tokens diverge before step S (steps count from 0)
     max-logprob-diff = X      same tokens as the reference, and every chosen token's logprob
                               within X of the reference's (needs streams.jsonl)
+    max-kl = X                (rl) the k3 estimate of KL(sampler || trainer) over the sampled
+                              tokens at most X (nondet/rl/compare.py); identical on rl means
+                              every sampled token's logprob bit-identical (KL exactly 0)
 
 A failed condition's message names the first divergence and the branch tokens, e.g.
     first token divergence at step 93 (run 3, row 7): reference ' Queens' vs ' New'
@@ -20,17 +30,27 @@ from dataclasses import dataclass, field
 
 from nondet.errors import UsageError
 
-REQUIREMENTS = ("identical", "max-distinct", "min-divergence-step", "max-logprob-diff")
+REQUIREMENTS = ("identical", "max-distinct", "min-divergence-step", "max-logprob-diff", "max-kl")
+AXES = {  # axis -> the requirements it takes
+    "batch": REQUIREMENTS[:4],
+    "speculative": REQUIREMENTS[:4],
+    "rl": ("identical", "max-kl"),
+}
 
 
 @dataclass(frozen=True)
 class Policy:
     require: str = "identical"  # one of REQUIREMENTS; identical is the only safe default
     value: float | None = None  # N, S or X of a threshold requirement; None for identical
+    axis: str = "batch"  # which comparison it judges: batch | speculative | rl (see AXES)
 
     def __post_init__(self) -> None:
-        if self.require not in REQUIREMENTS:
-            raise UsageError(f"requirement must be one of {', '.join(REQUIREMENTS)}, not {self.require!r}")
+        if self.axis not in AXES:
+            raise UsageError(f"axis must be one of {', '.join(AXES)}, not {self.axis!r}")
+        allowed = AXES[self.axis]
+        if self.require not in allowed:
+            what = "requirement" if self.axis == "batch" else f"{self.axis} requirement"
+            raise UsageError(f"{what} must be one of {', '.join(allowed)}, not {self.require!r}")
         if (self.value is None) != (self.require == "identical"):
             raise UsageError(f"requirement {self.require!r} needs a value, as in '{self.require} = N'"
                              if self.value is None else "requirement 'identical' takes no value")
@@ -38,22 +58,25 @@ class Policy:
             _check_value(self.require, self.value)
 
     @classmethod
-    def parse(cls, text: str) -> "Policy":
-        """'identical', 'max-distinct = 2', 'min-divergence-step=50', 'max-logprob-diff = 1e-3'."""
+    def parse(cls, text: str, axis: str = "batch") -> "Policy":
+        """'identical', 'max-distinct = 2', 'min-divergence-step=50', 'max-logprob-diff = 1e-3', 'max-kl = 1e-6'."""
         name, sep, value = (part.strip() for part in text.partition("="))
         if not sep:
-            return cls(name)
+            return cls(name, axis=axis)
         try:
             number = float(value)
         except ValueError:
             raise UsageError(f"requirement {text.strip()!r}: {value!r} is not a number") from None
-        return cls(name, number)
+        return cls(name, number, axis)
 
     def describe(self) -> str:
+        """'identical', 'max-distinct = 2'; other axes than batch are named: 'rl: max-kl = 0.001'."""
         if self.value is None:
-            return self.require
-        shown = int(self.value) if self.require != "max-logprob-diff" else self.value
-        return f"{self.require} = {shown}"
+            text = self.require
+        else:
+            shown = int(self.value) if self.require in ("max-distinct", "min-divergence-step") else self.value
+            text = f"{self.require} = {shown}"
+        return text if self.axis == "batch" else f"{self.axis}: {text}"
 
     def evaluate(self, summary: dict, streams: list[dict] | None = None, name: str = "") -> "Verdict":
         return evaluate(summary, streams, self, name)
@@ -63,7 +86,7 @@ def _check_value(require: str, value: float) -> None:
     if require in ("max-distinct", "min-divergence-step") and value != int(value):
         raise UsageError(f"{require} must be an integer, not {value:g}")
     lowest = 1 if require == "max-distinct" else 0
-    if value < lowest:
+    if not value >= lowest:  # NaN too
         raise UsageError(f"{require} must be >= {lowest}, not {value:g}")
 
 
@@ -99,7 +122,8 @@ class Verdict:
         """One line: met, or the first failing condition and its divergence."""
         policy = self.policy.describe() + (f"; {self.note}" if self.note else "")
         if self.passed:
-            return f"policy met ({policy}): {len(self.conditions)} condition(s) agree with the reference"
+            against = "the sampler" if self.policy.axis == "rl" else "the reference"
+            return f"policy met ({policy}): {len(self.conditions)} condition(s) agree with {against}"
         first = self.failures[0]
         return (f"policy violated ({policy}): {len(self.failures)} of {len(self.conditions)} condition(s) "
                 f"fail; {first.condition_id}: {first.message}")
@@ -107,7 +131,11 @@ class Verdict:
 
 def evaluate(summary: dict, streams: list[dict] | None = None, policy: Policy = Policy(),
              name: str = "", run_dir: str = "") -> Verdict:
-    """Check every non-reference condition of every kernels mode in summary.json."""
+    """Check every non-reference condition of every kernels mode in summary.json; on the rl axis,
+    every sampler/trainer pair of an rl run's summary.json (streams are not needed)."""
+    _check_axis(summary, policy)
+    if policy.axis == "rl":
+        return Verdict(policy, name, tuple(_judge_rl_pair(p, policy) for p in summary["rl"]["pairs"]), run_dir)
     level = summary.get("load", {}).get("compare_level")
     blind = level in ("tokenizer", "text")  # a server that sent no logprobs: tokens only
     if policy.require == "max-logprob-diff" and (streams is None or blind):
@@ -116,6 +144,17 @@ def evaluate(summary: dict, streams: list[dict] | None = None, policy: Policy = 
     results = [r for name_, mode in summary["modes"].items() for r in _judge_mode(name_, mode, streams, policy)]
     note = f"compared at level {level}: logprob bits not checked" if blind else ""
     return Verdict(policy, name, tuple(results), run_dir, note)
+
+
+def _check_axis(summary: dict, policy: Policy) -> None:
+    if policy.require == "max-kl" and policy.axis != "rl":
+        raise UsageError("max-kl judges `nondet rl` runs: give it as the rl policy (rl = \"max-kl = X\")")
+    is_rl = "rl" in summary
+    if is_rl != (policy.axis == "rl"):
+        raise UsageError(f"a {policy.axis} policy cannot judge "
+                         + ("an rl run (use rl = ... or max-kl)" if is_rl else "a probe run (rl policies judge nondet rl)"))
+    if policy.axis == "speculative" and "speculative" not in summary:
+        raise UsageError("a speculative policy needs a run of `nondet probe --speculative FORMS`")
 
 
 def _judge_mode(mode_name: str, mode: dict, streams: list[dict] | None, policy: Policy) -> list[ConditionResult]:
@@ -214,6 +253,37 @@ def _max_logprob_diff(view: _ModeView, runs: list[dict], value) -> str | None:
 
 _CHECKS = {"identical": _identical, "max-distinct": _max_distinct,
            "min-divergence-step": _min_divergence_step, "max-logprob-diff": _max_logprob_diff}
+
+
+# -- the rl axis: one condition per trainer micro-batch size, against the sampler ------------
+
+def _judge_rl_pair(pair: dict, policy: Policy) -> ConditionResult:
+    firsts = [f for f in pair.get("first_diff") or [] if f is not None]
+    message = _rl_message(pair, policy) if pair.get("n_tokens") else None
+    return ConditionResult(pair["kernels"], pair["trainer_condition"], len(pair.get("prompt_ids") or []),
+                           None, min(firsts, default=None), message is None, message or "")
+
+
+def _rl_message(pair: dict, policy: Policy) -> str | None:
+    """None when the pair meets the policy, else why not: counts, where, |dlogp| and the k3 KL."""
+    differ = pair["n_tokens"] - pair["n_identical"]
+    if policy.require == "identical" and differ:
+        return _rl_detail(f"{differ} of {pair['n_tokens']} sampled tokens' logprob bits differ from the "
+                          f"sampler's at micro-batch {pair['micro_batch']}", pair)
+    if policy.require == "max-kl" and not pair["kl_k3"] <= policy.value:  # NaN fails too
+        return _rl_detail(f"k3 KL {pair['kl_k3']:.3g} > {policy.value:g} at micro-batch {pair['micro_batch']} "
+                          f"({differ} of {pair['n_tokens']} tokens' bits differ)", pair)
+    return None
+
+
+def _rl_detail(head: str, pair: dict) -> str:
+    firsts = [(f, i) for i, f in enumerate(pair.get("first_diff") or []) if f is not None]
+    where = ""
+    if firsts:
+        step, seq = min(firsts)
+        where = f", first at token {step} of sequence {seq} (prompt {pair['prompt_ids'][seq]})"
+    return (f"{head}{where}; max |dlogp| {pair['dlogp_max']:.3g}, k3 KL {pair['kl_k3']:.3g}, "
+            f"{pair['ratio_outside_0.2']:.1%} of ratios outside 1 +- 0.2")
 
 
 # -- messages ------------------------------------------------------------------------------

@@ -4,6 +4,11 @@
     result = run_gate([ProbeConfig(...)], Policy.parse("max-distinct = 2"), GateOutputs(junit="junit.xml"))
     result.passed, result.verdicts[0].failures
 
+    # several axes, each with its policy: probe configs (batch sizes, or speculative forms)
+    # and rl configs (nondet rl: sampler vs trainer micro-batches)
+    run_targets([GateTarget(probe_config, Policy()),
+                 GateTarget(rl_config, Policy("max-kl", 1e-6, axis="rl"), name="rl")])
+
 The caller builds the probe configs (the CLI: nondet/cli/probe_config.py) and says how it
 shows the run through GateHooks: a probe runner (the CLI's has a progress bar) and callbacks
 for the verdicts, the bisect line, warnings and the report. Nothing here prints; the one
@@ -24,12 +29,23 @@ from nondet.gate.policy import Policy, Verdict, evaluate
 
 if TYPE_CHECKING:
     from nondet.probes.probe import ProbeConfig, ProbeResult
+    from nondet.rl.config import RLConfig
+    from nondet.rl.run import RLResult
 
 
 @dataclass(frozen=True)
 class GateOutputs:
     junit: str | None = None  # JUnit XML path, or None
     bisect: bool = True  # bisect the first failing condition (when nondet bisect is installed)
+
+
+@dataclass(frozen=True)
+class GateTarget:
+    """One thing the gate runs and judges: a probe (batch or speculative axis) or an rl run."""
+
+    config: "ProbeConfig | RLConfig"
+    policy: Policy  # its axis must fit the config: rl for an RLConfig, batch or speculative for a probe
+    name: str = ""  # how its verdict, JUnit suite and annotations name it ("" when only one thing is gated)
 
 
 @dataclass
@@ -49,6 +65,7 @@ class GateHooks:
     """How the caller sees a gate run. Every hook is optional: a library caller can read GateResult."""
 
     probe: "Callable[[ProbeConfig], ProbeResult] | None" = None  # runs one probe; None = run_probe, no display
+    rl: "Callable[[RLConfig], RLResult] | None" = None  # runs one nondet rl; None = run_rl, no display
     on_judged: Callable[[list[Gated]], None] = _nothing  # all prompts judged, JUnit written: show the verdicts
     on_bisect: Callable[[Path, str], None] = _nothing  # (run_dir, line) after a violation was bisected
     on_warning: Callable[[str], None] = _nothing  # a diagnostic failed; the verdict and exit code stand
@@ -72,16 +89,22 @@ class GateResult:
 def run_gate(configs: "Sequence[ProbeConfig]", policy: Policy, outputs: GateOutputs = GateOutputs(),
              hooks: GateHooks = GateHooks()) -> GateResult:
     """Probe every config, judge, write the CI outputs, bisect, report; result.passed when the policy is met."""
-    started = time.perf_counter()
-    probe = hooks.probe or _run_probe
     several = len(configs) > 1
-    result = GateResult([_gate_one(c, policy, probe, several) for c in configs])
+    return run_targets([GateTarget(c, policy, f"prompt {c.prompt[:60]!r}" if several else "") for c in configs],
+                       outputs, hooks)
+
+
+def run_targets(targets: Sequence[GateTarget], outputs: GateOutputs = GateOutputs(),
+                hooks: GateHooks = GateHooks()) -> GateResult:
+    """run_gate over targets of any axis, each judged under its own policy; one JUnit file, one summary."""
+    started = time.perf_counter()
+    result = GateResult([_gate_one(t, hooks) for t in targets])
     if outputs.junit:
         write_junit(outputs.junit, result.verdicts, time.perf_counter() - started)
     github.annotate(result.verdicts)
     hooks.on_judged(result.gated)
     for g in result.gated:  # diagnostics: they never change the verdict or the exit code
-        if outputs.bisect and not g.verdict.passed:
+        if outputs.bisect and not g.verdict.passed and g.verdict.policy.axis != "rl":  # bisect replays probes
             g.bisect = _diagnose("bisect", result, hooks, _bisect, g, hooks)
         if hooks.report is not None:
             _diagnose("report", result, hooks, hooks.report, g.run_dir)
@@ -111,15 +134,24 @@ def _run_probe(config: "ProbeConfig") -> "ProbeResult":
     return run_probe(config)
 
 
-def _gate_one(config: "ProbeConfig", policy: Policy, probe, several: bool) -> Gated:
+def _run_rl(config: "RLConfig") -> "RLResult":
+    from nondet.rl.run import run_rl
+
+    return run_rl(config)
+
+
+def _gate_one(target: GateTarget, hooks: GateHooks) -> Gated:
     from nondet.rundir import RunDir
     from nondet.rundir.reader import read_streams
     from nondet.rundir.records import to_json
 
-    result = probe(config)
-    streams = [to_json(s) for s in read_streams(RunDir(result.run_dir))]  # exact logprobs, for the policy
-    name = f"prompt {config.prompt[:60]!r}" if several else ""
-    verdict = evaluate(result.summary, streams, policy, name=name, run_dir=str(result.run_dir))
+    if target.policy.axis == "rl":  # the pairs in summary.json hold the metrics; no streams needed
+        result = (hooks.rl or _run_rl)(target.config)
+        streams = None
+    else:
+        result = (hooks.probe or _run_probe)(target.config)
+        streams = [to_json(s) for s in read_streams(RunDir(result.run_dir))]  # exact logprobs, for the policy
+    verdict = evaluate(result.summary, streams, target.policy, name=target.name, run_dir=str(result.run_dir))
     RunDir(result.run_dir).write_json("gate.json", verdict_json(verdict))  # the report shows it
     return Gated(result.run_dir, result.summary, verdict)
 
@@ -140,6 +172,9 @@ def _diagnose(what: str, result: GateResult, hooks: GateHooks, step, *args) -> s
         return step(*args)
     except NondetError as exc:
         return _warn(f"{what} failed: {exc}", result, hooks)
+    except Exception as exc:  # a diagnostic's own bug: the verdict was given; exit 1 must stay exit 1
+        return _warn(f"{what} failed: {type(exc).__name__}: {exc} (NONDET_DEBUG=1 nondet bisect RUN_DIR "
+                     "shows the traceback)", result, hooks)
 
 
 def _step_summary(result: GateResult, hooks: GateHooks) -> None:
