@@ -1,4 +1,4 @@
-"""The dependency order kernels <- probes <- gate/reports <- cli, read from the import statements.
+"""The dependency order kernels <- probes <- rl <- gate/reports <- cli, read from the import statements.
 
 Every import counts, also those inside functions and under TYPE_CHECKING: a lazy import is
 still a dependency.
@@ -18,6 +18,7 @@ FORBIDDEN = {
     "probes": ("nondet.gate", "nondet.reports", "nondet.cli"),
     "reports": ("nondet.probes", "nondet.gate", "nondet.cli", "torch", "transformers"),
     "gate": ("nondet.cli", "nondet.reports"),
+    "rl": ("nondet.cli", "nondet.reports", "nondet.gate"),  # the gate runs rl; reports read its run directory
     "rundir": ("nondet.probes", "nondet.reports", "nondet.gate", "nondet.cli", "nondet.kernels", "torch",
                "transformers", "pandas"),
 }

@@ -29,6 +29,12 @@ ABLATION_COLUMNS = ["ops", "tokens_match", "activations_match", "first_token_div
 #                   ({"step", "module", "op_class", "layer"} or None); origin_removed: the origin point is
 #                   bit-identical under this ablation; lasting: where the lasting divergence is born under it
 AMPLIFICATION_COLUMNS = ["step", "layer", "max_abs_diff"]
+RL_COLUMNS = ["kernels", "sampler", "trainer_condition", "micro_batch", "padding", "backward", "grad_finite",
+              "n_tokens", "n_identical", "frac_identical", "bit_identical", "dlogp_max", "dlogp_mean", "dlogp_p95",
+              "ratio_out_0.1", "ratio_out_0.2", "kl_k1", "kl_k2", "kl_k3", "seqs_differ"]
+#             one row per sampler/trainer pair of a `nondet rl` run (summary.json "rl" pairs; nondet/rl/compare.py):
+#             bit_identical: every sampled token's logprob bits equal; ratio_out_E: fraction of importance
+#             ratios outside [1-E, 1+E]; kl_k1/k2/k3: Schulman's KL(sampler || trainer) estimators
 _NULLABLE_INT = ["first_token_divergence", "first_numeric_divergence", "first_numeric_step", "completion_id",
                  "layer", "first_diff_index", "batch_size", "n_runs", "distinct_completions", "prompt_tokens"]
 _MODEL_TEXT = ["piece", "text"]  # model text: may hold raw bytes as lone surrogates
@@ -53,6 +59,12 @@ class RunTables:
     ablation: pd.DataFrame = field(default_factory=lambda: _frame([], ABLATION_COLUMNS))
     minimal_set: list[str] | None = None  # smallest op-class set whose ablation removes the divergence
     gate: dict | None = None        # gate.json, None unless `nondet gate` wrote this run
+    rl: pd.DataFrame = field(default_factory=lambda: _frame([], RL_COLUMNS))  # `nondet rl` runs: RL_COLUMNS
+
+    @property
+    def is_rl(self) -> bool:
+        """A `nondet rl` run: sampler and trainer streams, the metrics in `rl`, no probe modes."""
+        return "rl" in self.summary
 
     @property
     def modes(self) -> dict:
@@ -61,7 +73,7 @@ class RunTables:
     @property
     def primary_mode(self) -> str:
         """The mode the verdict is about: "default" when the run has it."""
-        return "default" if "default" in self.modes else next(iter(self.modes))
+        return "default" if "default" in self.modes else next(iter(self.modes), "default")
 
 
 def read_tables(path) -> RunTables:
@@ -72,7 +84,7 @@ def read_tables(path) -> RunTables:
         if not rd.exists(name):
             raise RunDirError(f"{rd.file(name)}: missing; not a finished probe run (run `nondet probe` first)")
     summary = to_json(reader.read_summary(rd))  # each record validated: a wrong shape is exit 4
-    if not summary["modes"]:
+    if not summary["modes"] and "rl" not in summary:  # an rl run has pairs instead of modes
         raise RunDirError(f"{rd.file('summary.json')}: has no 'modes'; rerun `nondet probe`")
     raw_streams = [to_json(s) for s in reader.read_streams(rd)]
     raw_conditions = [to_json(c) for c in reader.read_conditions(rd)]
@@ -80,7 +92,8 @@ def read_tables(path) -> RunTables:
         tables = RunTables(
             path=rd.path, config=_optional(rd, "config.json"), fingerprint=_optional(rd, "fingerprint.json"),
             summary=summary, streams=_streams(raw_streams), runs=_runs(raw_streams, raw_conditions, summary),
-            conditions=_conditions(raw_conditions, summary), completions=_completions(summary))
+            conditions=_conditions(raw_conditions, summary), completions=_completions(summary),
+            rl=_rl(summary))
         _add_bisect(rd, tables)
         _add_gate(rd, tables)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -155,6 +168,17 @@ def _completions(summary: dict) -> pd.DataFrame:
              "text": c.get("text", ""), "tokens": c.get("tokens") or []}
             for mode, m in summary["modes"].items() for c in m.get("completions", [])]
     return _frame(rows, COMPLETION_COLUMNS)
+
+
+def _rl(summary: dict) -> pd.DataFrame:
+    rows = [{**{k: p.get(k) for k in RL_COLUMNS}, "ratio_out_0.1": p.get("ratio_outside_0.1"),
+             "ratio_out_0.2": p.get("ratio_outside_0.2"),
+             "bit_identical": bool(p.get("n_tokens")) and p.get("n_identical") == p.get("n_tokens")}
+            for p in (summary.get("rl") or {}).get("pairs", [])]
+    frame = _frame(rows, RL_COLUMNS)
+    for col in ("micro_batch", "n_tokens", "n_identical", "seqs_differ"):  # counts; None where no token was kept
+        frame[col] = pd.array([None if v is None else int(v) for v in (r[col] for r in rows)], dtype="Int64")
+    return frame
 
 
 def _add_gate(rd: RunDir, t: RunTables) -> None:
