@@ -2,7 +2,8 @@
 
 Reads the probe's run directory (config.json reloads the same model, prompt, fillers and
 decoding settings; summary.json names the divergent runs), replays the reference and one
-divergent run in lockstep (lockstep.py), writes bisect.json, bisect_modules.csv and
+divergent run in lockstep (lockstep.py; a speculative condition: speculative.py, one-token
+decoding vs its verification rounds), writes bisect.json, bisect_modules.csv and
 ablation.json back into the same directory (docs/run-directory.md).
 """
 
@@ -18,6 +19,7 @@ from nondet.probes.bisect.ablation import Ablation, run_ablation
 from nondet.probes.bisect.agreement import numeric_agreement
 from nondet.probes.bisect.choose import Target, choose_target
 from nondet.probes.bisect.lockstep import Lockstep, run_lockstep
+from nondet.probes.bisect.speculative import speculative_part, speculative_replayer
 from nondet.probes.conditions import Condition
 from nondet.probes.loading import ModelSpec, load_model
 from nondet.probes.numerics import numerics_scope
@@ -63,14 +65,14 @@ def run_bisect(config: BisectConfig, on_stage: OnStage | None = None) -> BisectR
     loaded = load_model(ModelSpec(**probe["model"]))
     settings = DecodeSettings(_horizon(config, probe, target), probe["temperature"], probe["seed"])
     with numerics_scope(probe.get("threads")):
-        ref, div = _batches(loaded.tokenizer, probe, target)
-        replay = _replayer(loaded, ref, div, target.position, settings, target.condition.kernels,
-                           config.baseline)
+        replay = _replayer_of(loaded, probe, target, streams, settings, config.baseline)
         stage(f"lockstep replay of {target.condition.condition_id} row {target.position}")
         main = replay(None)
         ablation = _ablate(config, target, main, replay, stage)
     result = describe(target, main, loaded.tokenizer, ablation, config.baseline)
     result["reference_reproduced"] = _reproduced(main, streams, target.reference_run_id)
+    if target.condition.load == "speculative":
+        result["speculative"] = speculative_part(_stream(streams, target.run_id), main)
     result["seconds"] = round(time.perf_counter() - started, 2)
     rows = module_rows(main)
     _write(rd, result, rows)
@@ -102,11 +104,30 @@ def _read_probe_config(rd: RunDir) -> dict:
     return header["config"]
 
 
+def _replayer_of(loaded, probe: dict, target: Target, streams: list[dict], settings: DecodeSettings,
+                 baseline: tuple[str, ...]):
+    """The replay of the target's condition: a static batch, or a speculative run's rounds."""
+    mode = target.condition.kernels
+    if target.condition.load == "speculative":
+        prompt = _prompts(probe)[target.prompt_id]
+        return speculative_replayer(loaded, prompt, _stream(streams, target.run_id), settings.max_new_tokens,
+                                    lambda ops: _scope(mode, baseline + (ops or ()), loaded.model))
+    ref, div = _batches(loaded.tokenizer, probe, target)
+    return _replayer(loaded, ref, div, target.position, settings, mode, baseline)
+
+
+def _prompts(probe: dict) -> list[str]:
+    return probe.get("prompts") or [probe["prompt"]]  # a probe of several prompts lists them all
+
+
+def _stream(streams: list[dict], run_id: int) -> dict:
+    return next(s for s in streams if s["run_id"] == run_id)
+
+
 def _batches(tokenizer, probe: dict, target: Target) -> tuple[Batch, Batch]:
     """The reference (prompt alone) and the divergent batch exactly as the probe built it
     (all its target rows too: when sampling, each target samples with the probe's seed)."""
-    prompts = probe.get("prompts") or [probe["prompt"]]  # a probe of several prompts lists them all
-    ids, fillers = tokenize_inputs(tokenizer, prompts[target.prompt_id], probe["fillers"])
+    ids, fillers = tokenize_inputs(tokenizer, _prompts(probe)[target.prompt_id], probe["fillers"])
     pad = tokenizer.pad_token_id
     reference = build_batch(Condition("bisect/ref", target.condition.kernels, 1, (0,), "none"), ids, fillers, pad)
     return reference, build_batch(target.condition, ids, fillers, pad)

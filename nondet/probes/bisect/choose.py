@@ -3,14 +3,17 @@
 Default: the run whose tokens flip first (then: whose logprob bits differ first, the
 smaller batch, the lower run id), preferring the default-kernels mode. `--condition`
 takes a condition id ("default/bs8/ends") or its part after the mode ("bs8/ends"). Only
-static batches (one generate call) can be rebuilt exactly, so continuous-batching and
-server conditions are never bisected.
+static batches (one generate call) and speculative conditions (one prompt, its rounds in
+its stream) can be rebuilt exactly, so continuous-batching and server conditions are never
+bisected.
 """
 
 from dataclasses import dataclass
 
 from nondet.errors import RunDirError, UsageError
 from nondet.probes.conditions import Condition
+
+REPLAYABLE = ("static", "speculative")  # condition loads bisect can rebuild and replay
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,9 @@ def _only(wanted: str, divergent: list, by_id: dict, where: str) -> list:
 
 
 def _static(divergent: list, by_id: dict, where: str) -> list:
-    """Only static batches can be rebuilt and replayed; continuous / server runs cannot."""
-    static = [(m, r) for m, r in divergent if by_id.get(r["condition_id"], {}).get("load", "static") == "static"]
+    """Only static batches and speculative runs can be rebuilt and replayed; continuous / server runs cannot."""
+    static = [(m, r) for m, r in divergent
+              if by_id.get(r["condition_id"], {}).get("load", "static") in REPLAYABLE]
     if divergent and not static:
         loads = ", ".join(sorted({by_id.get(r["condition_id"], {}).get("load", "?") for _, r in divergent}))
         raise RunDirError(f"{where}: only {loads} conditions diverged; bisect replays static batches "
