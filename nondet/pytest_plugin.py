@@ -8,7 +8,8 @@
 
 or, without the fixture, `from nondet.pytest_plugin import assert_batch_invariant`.
 A violation raises AssertionError whose message names each failing condition's first
-divergence and branch tokens. This module loads in every pytest run of an environment
+divergence and branch tokens. `assert_speculative_equivalent` (fixture of the same name)
+asserts that speculative decoding gives plain greedy decoding's tokens and logprob bits. This module loads in every pytest run of an environment
 where nondet is installed, so it imports no torch (nor anything heavy) at import time.
 """
 
@@ -52,6 +53,82 @@ def failure_message(verdicts) -> str:
         for c in v.failures:
             lines.append(f"  {v.name}, {c.condition_id}: {c.message}")
     return "\n".join(lines)
+
+
+def assert_speculative_equivalent(model, tokenizer, prompts: Sequence[str] = DEFAULT_PROMPTS, k: int = 4,
+                                  forms: Sequence[str] = ("self",), max_new_tokens: int = 64,
+                                  kernels: str = "default") -> list[dict]:
+    """Speculative decoding of each prompt must equal plain greedy decoding, token and logprob bits.
+
+    forms: "self" (the model as its own draft: every token through the k+1 verification pass),
+    "ngram" (prompt lookup), each drafting k tokens a round; or full forms ("draft:DIR:2").
+    kernels: "default" or "batch-invariant". AssertionError naming the prompt, the form and the
+    first differing step; returns one {"prompt", "form", "steps", "acceptance_rate"} per pair.
+
+        assert_speculative_equivalent(model, tokenizer, prompts=["Tell me about Feynman"], k=4,
+                                      kernels="batch-invariant")
+    """
+    from nondet.probes.probe import ProbeConfig
+
+    names = tuple(f if ":" in f else f"{f}:{k}" for f in forms)
+    failures, passed = [], []
+    for prompt in prompts:
+        config = ProbeConfig(prompt=prompt, batch_sizes=(1,), max_new_tokens=max_new_tokens, kernels=(kernels,),
+                             speculative=names)
+        streams = _speculative_streams(model, tokenizer, config)
+        reference = next(s for s in streams if s["is_reference"])
+        for stream in (s for s in streams if not s["is_reference"]):
+            step = first_difference(reference["steps"], stream["steps"])
+            entry = {"prompt": prompt, "form": stream["speculative"], "steps": len(stream["steps"]),
+                     "acceptance_rate": stream.get("acceptance_rate")}
+            (passed if step is None else failures).append(entry if step is None else
+                                                          _difference(entry, step, reference, stream))
+    if failures:
+        raise AssertionError(f"speculative decoding differs from plain greedy decoding (kernels {kernels}):\n"
+                             + "\n".join(failures))
+    return passed
+
+
+def _speculative_streams(model, tokenizer, config) -> list[dict]:
+    """The speculative source on (model, tokenizer) in memory: plain greedy + each form."""
+    from nondet.probes.loading import LoadedModel
+    from nondet.probes.numerics import numerics_scope
+    from nondet.probes.probe import _validate, run_streams
+    from nondet.probes.sources.speculative import SpeculativeSource
+
+    _validate(config)
+    source = SpeculativeSource(config, LoadedModel(model, tokenizer, description={}))
+    with numerics_scope(config.threads):
+        source.open()
+        try:
+            return run_streams(source, None)
+        finally:
+            source.close()
+
+
+def first_difference(reference: list[dict], steps: list[dict]) -> int | None:
+    """The first step whose token or logprob bits differ (or where one stream ends early)."""
+    for i, (ref, own) in enumerate(zip(reference, steps)):
+        if (ref["token"], ref["logprob"]) != (own["token"], own["logprob"]):
+            return i
+    return None if len(reference) == len(steps) else min(len(reference), len(steps))
+
+
+def _difference(entry: dict, step: int, reference: dict, stream: dict) -> str:
+    """'  prompt 'Tell me...', form self:4: first differing step 1: logprob bits ... (same token)'."""
+    where = f"  prompt {entry['prompt'][:60]!r}, form {entry['form']}: first differing step {step}"
+    if step >= min(len(reference["steps"]), len(stream["steps"])):
+        return f"{where}: {len(stream['steps'])} steps vs plain greedy's {len(reference['steps'])}"
+    ref, own = reference["steps"][step], stream["steps"][step]
+    if ref["token"] != own["token"]:
+        return f"{where}: token {own.get('piece', own['token'])!r} vs plain greedy's {ref.get('piece', ref['token'])!r}"
+    return f"{where}: logprob bits {own['logprob']} vs plain greedy's {ref['logprob']} (same token)"
+
+
+@pytest.fixture(name="assert_speculative_equivalent")
+def _assert_speculative_equivalent_fixture():
+    """The assert_speculative_equivalent helper, as a fixture."""
+    return assert_speculative_equivalent
 
 
 @pytest.fixture(name="assert_batch_invariant")
