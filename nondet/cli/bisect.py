@@ -47,9 +47,13 @@ def bisect(
     the lasting divergence (the first one to enter the KV cache, or the one at the flip),
     their differing modules, and the kernel ablation: the divergent condition rerun with
     batch-invariant kernels for one op class at a time.
+    A speculative condition (`nondet probe --speculative`) is replayed as one-token decoding
+    vs the verification rounds its stream recorded (k+1 rows per forward), teacher-forced,
+    comparing each logical position's activations.
     Writes bisect.json, bisect_modules.csv and ablation.json into the run directory.
 
     Example:  nondet bisect nondet-runs/20261122-031500-probe --condition bs8/ends
+              nondet bisect RUN_DIR --condition spec/self4
     """
     from nondet.errors import UsageError
     from nondet.probes.bisect import BisectConfig
