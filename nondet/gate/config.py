@@ -277,10 +277,15 @@ def _policy_of(key: str, value, axis: str = "batch") -> Policy:
 def _axes(flags: dict[str, Any], file_values: dict[str, Any]) -> tuple[str, ...]:
     """The axes the flags name, else those the file names, else batch."""
     for layer in (flags, file_values):
-        named = tuple(axis for axis, keys in AXIS_KEYS.items() if any(layer.get(k) not in (None, False) for k in keys))
+        named = tuple(axis for axis, keys in AXIS_KEYS.items() if any(_names(layer.get(k)) for k in keys))
         if named:
             return named
     return ("batch",)
+
+
+def _names(value) -> bool:
+    """A flag or key names its axis when given: any value but None and --rl's False (0 counts: --max-kl 0)."""
+    return value is not None and value is not False
 
 
 def _axis_policy(axis: str, flags: dict[str, Any], file_values: dict[str, Any], where: str) -> Policy:
