@@ -24,7 +24,10 @@ def probe(
                           "Default without --prompt: 8 built-in prompts (static load).")] = None,
     batch_sizes: o.BatchSizesOpt = None,
     positions: Annotated[str, typer.Option(
-        help="Target rows in each batch: ends (first and last) | first | last | all (every row a copy).")] = "ends",
+        help="Target rows in each batch: auto (rows with several prompts, else ends) | ends (first and last) | "
+             "first | last | all (every row a copy): one prompt per batch among same-length fillers. "
+             "rows: every row a target, prompts of equal token length share batches (no padding). "
+             "padded: every row a target, all prompts in left-padded batches (a labelled condition).")] = "auto",
     runs: Annotated[Optional[int], typer.Option(
         help="Static: spread N target replays over the batches (overrides --positions). Continuous / "
              "--endpoint: N replays under load (default 8 / 16), plus the reference sent alone.")] = None,

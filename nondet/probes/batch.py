@@ -1,8 +1,10 @@
-"""Build the token batch of one condition: the target in its rows, fillers elsewhere.
+"""Build the token batch of one condition: the targets in their rows, fillers elsewhere.
 
 Same-length fillers are cut or repeated to exactly the target's token count, so the batch
 needs no padding and nothing but the batch composition changes. Ragged fillers have other
-lengths and the batch is left-padded: a separate, labelled condition.
+lengths and the batch is left-padded: a separate, labelled condition. Every-row-a-target
+conditions (conditions.py: rows, padded) put a prompt in each row: `rows` batches hold
+prompts of one token length (no padding); `padded` ones are left-padded, a named condition.
 """
 
 from dataclasses import dataclass
@@ -30,7 +32,11 @@ def tokenize_inputs(tokenizer, prompt: str, fillers) -> tuple[list[int], list[li
 
 
 def build_batch(condition: Condition, target: list[int], fillers: list[list[int]],
-                pad_id: int) -> Batch:
+                pad_id: int, prompts: list[list[int]] | None = None) -> Batch:
+    """target: the token ids of the condition's prompt; prompts: every prompt's ids, by prompt id
+    (needed by, and only read for, a condition with row_prompts)."""
+    if condition.row_prompts or condition.fillers in ("prompts", "padded"):
+        return _prompt_rows(condition, fillers, pad_id, prompts)
     rows: list[list[int]] = []
     filler_index = 0
     for row in range(condition.batch_size):
@@ -41,6 +47,19 @@ def build_batch(condition: Condition, target: list[int], fillers: list[list[int]
         length = _ragged_length(len(target), filler_index) if condition.fillers == "ragged" else len(target)
         rows.append(fit_length(source, length))
         filler_index += 1
+    return _left_pad(rows, pad_id, condition.positions)
+
+
+def _prompt_rows(condition: Condition, fillers: list[list[int]], pad_id: int,
+                 prompts: list[list[int]] | None) -> Batch:
+    """Each row its prompt (row_prompts); filler rows (-1) have the longest prompt's length."""
+    if not condition.row_prompts or prompts is None:
+        raise ValueError(f"condition {condition.condition_id} holds several prompts; rebuilding it needs its "
+                         "row_prompts (conditions.condition_from_record) and every prompt's tokens (prompts=)")
+    length = max(len(prompts[k]) for k in condition.row_prompts if k >= 0)
+    fill = iter(range(condition.batch_size))
+    rows = [list(prompts[k]) if k >= 0 else fit_length(fillers[next(fill) % len(fillers)], length)
+            for k in condition.row_prompts]
     return _left_pad(rows, pad_id, condition.positions)
 
 

@@ -1,15 +1,33 @@
-"""The sweep: which batches to build around the target prompt.
+"""The sweep: which batches to build around the target prompts.
 
-A *condition* is one batched generate call: a batch size, the rows the target occupies,
+A *condition* is one batched generate call: a batch size, the rows the targets occupy,
 and what fills the other rows. A *run* is one target row of one condition. The reference
-is always the prompt alone at batch size 1, listed first.
+of every prompt is always that prompt alone at batch size 1, listed first.
+
+Two ways to fill a batch (the placement):
+- one target prompt per batch, fillers around it (ends | first | last | all): the per-prompt
+  filler sweep, P prompts x sizes generate calls. The fillers are cut or repeated to the
+  target's token length, so no row is padded.
+- every row a target (rows | padded, issue 17): the other rows of a batch are the other
+  prompts, each the target of its own row, so a batch size B takes about ceil(P/B) calls
+  and every row is a compared stream.
+  `rows` (the default with several prompts) groups prompts of equal token length, so no row
+  is padded and a divergence is the batch composition alone, as with fillers; a group
+  smaller than B is topped up with same-length fillers. Prompts of unequal length are never
+  mixed: left padding changes a row's numerics (its attention spans masked positions, its
+  positions are shifted), which its reference, alone and unpadded, never sees.
+  `padded` mixes all prompts in left-padded batches (ceil(P/B) calls): faster, closer to a
+  server's batches, and a named condition (label "padded") like `--ragged`, because a
+  difference there may come from the padding as well as from the batch.
 """
 
 from dataclasses import dataclass
 
 from nondet.errors import UsageError
 
-PLACEMENTS = ("ends", "first", "last", "all")
+PLACEMENTS = ("ends", "first", "last", "all", "rows", "padded")
+ROW_PLACEMENTS = ("rows", "padded")  # every row a target (several prompts share a batch)
+AUTO = "auto"  # rows with several prompts (and no --runs), else ends
 
 
 @dataclass(frozen=True)
@@ -22,6 +40,9 @@ class Condition:
     load: str = "static"
     prompt_id: int = 0  # which target prompt (index into the probe's prompts)
     several_prompts: bool = False  # label the prompt (the run has more than one)
+    # rows / padded: the prompt id in each row, -1 = a same-length filler; () = one target prompt
+    # (prompt_id) in every target row. prompt_id is then the first row's prompt.
+    row_prompts: tuple[int, ...] = ()
 
     @property
     def is_reference(self) -> bool:
@@ -29,6 +50,11 @@ class Condition:
 
     @property
     def label(self) -> str:
+        if self.row_prompts:
+            targets = ",".join(f"p{k}" for k in self.row_prompts if k >= 0)
+            n_fill = sum(k < 0 for k in self.row_prompts)
+            kind = "padded" if self.fillers == "padded" else "rows"
+            return f"bs={self.batch_size} {kind} {targets}" + (f" +{n_fill} fillers" if n_fill else "")
         pos = ",".join(map(str, self.positions))
         extra = "" if self.fillers in ("none", "same-length") else f" {self.fillers}"
         prompt = f"p{self.prompt_id} " if self.several_prompts else ""
@@ -47,6 +73,55 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
     if not sizes or min(sizes) < 1:
         raise UsageError("--batch-sizes: every batch size must be an integer >= 1")
     return tuple(sorted(sizes | {1}))
+
+
+def resolve_placement(placement: str, n_prompts: int, runs: int | None) -> str:
+    """`auto`: every row a target (rows) with several prompts, the filler sweep (ends) with one
+    or with --runs (which spreads copies of one prompt)."""
+    if placement not in PLACEMENTS + (AUTO,):
+        raise UsageError(f"--positions must be one of {', '.join((AUTO,) + PLACEMENTS)}, not {placement!r}")
+    if placement != AUTO:
+        if placement in ROW_PLACEMENTS and runs is not None:
+            raise UsageError(f"--runs spreads copies of one prompt over the batches; --positions {placement} "
+                             "gives every prompt one row per batch size (drop one of them)")
+        return placement
+    return "rows" if n_prompts > 1 and runs is None else "ends"
+
+
+def plan_rows(batch_sizes, lengths: list[int], placement: str, ragged: bool, kernels: str) -> list[Condition]:
+    """Every row a target: each prompt's reference (alone), then per batch size the prompts in
+    batches of B: grouped by equal token length (rows) or all together, left-padded (padded).
+    lengths[k]: prompt k's token count. --ragged adds each prompt's ragged batches."""
+    several = len(lengths) > 1
+    conditions = [Condition(f"{kernels}/p{k}/bs1/ref" if several else f"{kernels}/bs1/ref", kernels, 1, (0,),
+                            "none", prompt_id=k, several_prompts=several) for k in range(len(lengths))]
+    groups = [list(range(len(lengths)))] if placement == "padded" else _equal_length_groups(lengths)
+    fill = "padded" if placement == "padded" else "prompts"
+    for b in (b for b in batch_sizes if b > 1):
+        chunks = [g[i:i + b] for g in groups for i in range(0, len(g), b)]
+        conditions += [Condition(f"{kernels}/bs{b}/{placement}/{i}", kernels, b, tuple(range(len(c))), fill,
+                                 prompt_id=c[0], several_prompts=several,
+                                 row_prompts=tuple(c) + (-1,) * (b - len(c))) for i, c in enumerate(chunks)]
+    if ragged:
+        conditions += [c for k in range(len(lengths))
+                       for c in plan_conditions(batch_sizes, "last", None, True, kernels, k, several)
+                       if c.fillers == "ragged"]
+    return conditions
+
+
+def _equal_length_groups(lengths: list[int]) -> list[list[int]]:
+    """Prompt ids grouped by token length, in order of first appearance: [[0, 2, 3], [1], ...]."""
+    groups: dict[int, list[int]] = {}
+    for k, n in enumerate(lengths):
+        groups.setdefault(n, []).append(k)
+    return list(groups.values())
+
+
+def condition_from_record(record: dict) -> Condition:
+    """A conditions.jsonl record as the Condition the probe ran (bisect rebuilds its batch)."""
+    return Condition(record["condition_id"], record["kernels"], record["batch_size"], tuple(record["positions"]),
+                     record["fillers"], record.get("load", "static"), record.get("prompt_id", 0),
+                     row_prompts=tuple(record.get("row_prompts", ())))
 
 
 def plan_conditions(batch_sizes, placement: str, runs: int | None, ragged: bool,

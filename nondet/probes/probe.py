@@ -34,7 +34,10 @@ class ProbeConfig:
     prompts: tuple[str, ...] = ()  # several targets, each swept and diffed on its own (overrides prompt)
     model: ModelSpec = field(default_factory=ModelSpec)
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)  # batch sizes swept; 1 = the reference
-    placement: str = "ends"  # target rows: ends | first | last | all (every row a copy)
+    # target rows: auto (rows with several prompts, else ends) | ends | first | last | all (every row a
+    # copy) | rows (every row a target: prompts of equal token length share batches, no padding) |
+    # padded (every row a target, all prompts left-padded together: a named condition); conditions.py
+    placement: str = "auto"
     runs: int | None = None  # N target replays spread over the batches (None = placement)
     fillers: tuple[str, ...] = FILLERS  # texts of the other requests in the batch
     ragged: bool = False  # also run padded batches of unequal lengths (labelled "ragged")

@@ -1,9 +1,12 @@
 """The static source: one batched `model.generate` call per condition.
 
-Conditions come from conditions.plan_conditions, per kernels mode and per target prompt:
-the prompt alone (the reference), then batches of the configured sizes with the target in
-the configured rows and same-length fillers (or copies) around it, and ragged batches when
-asked. Each target row of a condition becomes one StreamRecord.
+Conditions come from conditions.py, per kernels mode. With several prompts (placement
+`rows`, the default, or `padded`): every prompt alone (its reference), then per batch size
+the prompts sharing batches, every row a target (conditions.plan_rows). Otherwise, per
+target prompt (conditions.plan_conditions): the prompt alone, then batches of the
+configured sizes with the target in the configured rows and same-length fillers (or copies)
+around it, and ragged batches when asked. Each target row of a condition becomes one
+StreamRecord whose prompt_id is that row's prompt: it is compared with that prompt's reference.
 """
 
 import contextlib
@@ -26,6 +29,7 @@ class StaticSource:
         self.config = config  # ProbeConfig
         self.loaded = loaded  # a LoadedModel already in memory (the in-memory probe), else loaded in open()
         self.inputs: list[tuple[list[int], list[list[int]]]] = []  # per prompt: (target ids, filler ids)
+        self.placement = cond.resolve_placement(config.placement, len(config.targets), config.runs)
         self.run_ids = 0
 
     def open(self) -> Opened:
@@ -37,19 +41,22 @@ class StaticSource:
         pass  # nothing to amend: the header is complete when the run starts
 
     def plan(self) -> list[Planned]:
-        c = self.config
-        several = len(c.targets) > 1
-        planned = [cond.plan_conditions(c.batch_sizes, c.placement, c.runs, c.ragged, mode, k, several)
-                   for mode in c.kernels for k in range(len(c.targets))]
-        return [Planned(x.condition_id, x.label, x.kernels, x) for group in planned for x in group]
+        return [Planned(x.condition_id, x.label, x.kernels, x) for x in plan_static(self.config, self.placement,
+                                                                                     self.lengths())]
+
+    def lengths(self) -> list[int]:
+        """Each prompt's token count (rows groups prompts of equal length)."""
+        return [len(target) for target, _ in self.inputs]
 
     def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
         condition: cond.Condition = planned.plan
         target, fillers = self.inputs[condition.prompt_id]
         settings = DecodeSettings(self.config.max_new_tokens, self.config.temperature, self.config.seed)
+        prompts = [ids for ids, _ in self.inputs]
         for row, steps in replay_condition(self.loaded.model, self.loaded.tokenizer, condition, target, fillers,
-                                           settings).items():
-            emit(self._stream(condition, row, steps, len(target)))
+                                           settings, prompts).items():
+            prompt_id = condition.row_prompts[row] if condition.row_prompts else condition.prompt_id
+            emit(self._stream(condition, row, steps, prompt_id, len(prompts[prompt_id])))
         return condition_record(condition)
 
     def summarize(self, streams: list[dict]):
@@ -58,21 +65,33 @@ class StaticSource:
     def close(self) -> None:
         pass
 
-    def _stream(self, condition: cond.Condition, row: int, steps: list[dict], prompt_tokens: int) -> StreamRecord:
+    def _stream(self, condition: cond.Condition, row: int, steps: list[dict], prompt_id: int,
+                prompt_tokens: int) -> StreamRecord:
         tok = self.loaded.tokenizer
         self.run_ids += 1
         return StreamRecord(
             run_id=self.run_ids - 1, condition_id=condition.condition_id, kernels=condition.kernels, position=row,
-            is_reference=condition.is_reference, prompt_id=condition.prompt_id, prompt_tokens=prompt_tokens,
+            is_reference=condition.is_reference, prompt_id=prompt_id, prompt_tokens=prompt_tokens,
             finish="length" if steps else "empty", text=tok.decode([s["token"] for s in steps]),
             steps=[step_record(s, token_piece(tok, s["token"])) for s in steps])
 
 
+def plan_static(config, placement: str, lengths: list[int]) -> list[cond.Condition]:
+    """The conditions of every kernels mode, in the order they run (placement resolved, not auto)."""
+    if placement in cond.ROW_PLACEMENTS:
+        return [x for mode in config.kernels
+                for x in cond.plan_rows(config.batch_sizes, lengths, placement, config.ragged, mode)]
+    several = len(lengths) > 1
+    return [x for mode in config.kernels for k in range(len(lengths))
+            for x in cond.plan_conditions(config.batch_sizes, placement, config.runs, config.ragged, mode, k, several)]
+
+
 def replay_condition(model, tokenizer, condition: cond.Condition, target: list[int], fillers: list[list[int]],
-                     settings: DecodeSettings) -> dict[int, list[dict]]:
-    """One condition: build its batch, generate under its kernels; {target row: step dicts}."""
+                     settings: DecodeSettings, prompts: list[list[int]] | None = None) -> dict[int, list[dict]]:
+    """One condition: build its batch, generate under its kernels; {target row: step dicts}.
+    prompts: every prompt's token ids, for a condition with a prompt in each row."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    batch = build_batch(condition, target, fillers, pad_id or 0)
+    batch = build_batch(condition, target, fillers, pad_id or 0, prompts)
     with kernels_mode(condition.kernels, model):
         return generate_condition(model, tokenizer, batch, settings)
 
@@ -97,4 +116,5 @@ def condition_record(condition: cond.Condition) -> ConditionRecord:
     return ConditionRecord(condition_id=condition.condition_id, kernels=condition.kernels,
                            batch_size=condition.batch_size, positions=list(condition.positions),
                            fillers=condition.fillers, label=condition.label, load=condition.load,
-                           prompt_id=condition.prompt_id)
+                           prompt_id=condition.prompt_id,
+                           extra={"row_prompts": list(condition.row_prompts)} if condition.row_prompts else {})
