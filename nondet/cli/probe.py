@@ -73,6 +73,10 @@ def probe(
         help="Seconds a server request may take; past it the probe stops (not resent: the server may still be busy).")] = 600.0,
     resume: Annotated[Optional[Path], typer.Option(
         help="Finish an interrupted --endpoint probe in this run directory; completed requests are not resent.")] = None,
+    budget: Annotated[Optional[float], typer.Option(
+        "--budget", help="Seconds the probe may take (static load): two short timing calls plan the sweep to fit; "
+                         "the references first, then the largest batch size, the smallest, the rest. What is "
+                         "left out is printed and kept in summary.json.")] = None,
     speculative: Annotated[Optional[str], typer.Option(
         "--speculative", help="Compare plain greedy decoding with speculative decoding, comma-separated: ngram:K "
                               "(prompt lookup), self:K (the model drafts for itself), draft[:K] (the embedded draft) "
@@ -89,6 +93,7 @@ def probe(
     Under load:  nondet probe --load continuous --runs 8 --rate 0.5 --concurrency 8
     A server:  nondet probe --endpoint http://127.0.0.1:8000 --runs 16 --tokenizer DIR
     Speculative decoding:  nondet probe --speculative ngram:4,self:4 --confirm
+    In a time budget:  nondet probe --batch-sizes 1,2,4,8,16 --budget 60
     """
     from nondet.cli.options import read_lines_file, read_targets
     from nondet.cli.probe_config import build_load_config, build_probe_config
@@ -105,6 +110,7 @@ def probe(
         fillers=read_lines_file(fillers, "fillers") if fillers else FILLERS,
         ragged=ragged, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
         kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads, speculative=speculative,
+        budget=budget,
     )
     result = run_keeping_streams(config, quiet=json_output)
     write_report_if_available(result.run_dir)
@@ -120,6 +126,7 @@ def probe(
     console = Console()
     print_probe_summary(result.summary, result.run_dir, console)
     print_load_notes(result.summary, console)
+    print_budget_notes(result.summary, console)
     print_speculative(result.summary, console)
     console.print(f"wall time: {result.seconds:.1f} s")
 
@@ -195,3 +202,13 @@ def print_load_notes(summary: dict, console) -> None:
     console.print(f"load: {load['mode']}{level}")
     for note in load.get("notes", []):
         console.print(f"note: {note}")
+
+
+def print_budget_notes(summary: dict, console) -> None:
+    """--budget: the plan's estimate and what it left out."""
+    budget = summary.get("budget")
+    if not budget:
+        return
+    console.print(f"budget: {budget['seconds']:g} s, sweep planned at about {budget['planned_seconds']:g} s")
+    for line in budget["left_out"]:
+        console.print(f"left out: {line}")

@@ -52,6 +52,9 @@ class ProbeConfig:
     # speculative forms ("ngram:4", "self:4", "draft[:MODEL][:K]"): plain greedy vs each, at batch size 1
     # (transformers' assisted decoding takes one sequence; batch_sizes is then unused); () = none
     speculative: tuple[str, ...] = ()
+    # static load: seconds the probe may take; the sweep is planned to fit from two short timing
+    # calls and what is left out is said in summary.json "budget" (probes/budget.py); None = all
+    budget: float | None = None
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -152,6 +155,9 @@ def _validate(config: ProbeConfig) -> None:
     if not config.fillers:
         raise UsageError("no filler prompts: the fillers file is empty")
     validate_load(config.load, config.temperature)
+    if config.budget is not None and (config.budget <= 0 or config.load.mode != "static" or config.speculative):
+        raise UsageError("--budget must be > 0 seconds and plans static batches only (no --load / --endpoint / "
+                         "--speculative)")
     if config.speculative:
         _validate_speculative(config)
 

@@ -10,6 +10,7 @@ StreamRecord whose prompt_id is that row's prompt: it is compared with that prom
 """
 
 import contextlib
+import time
 
 from nondet.probes import conditions as cond
 from nondet.probes.batch import build_batch, tokenize_inputs
@@ -31,8 +32,11 @@ class StaticSource:
         self.inputs: list[tuple[list[int], list[list[int]]]] = []  # per prompt: (target ids, filler ids)
         self.placement = cond.resolve_placement(config.placement, len(config.targets), config.runs)
         self.run_ids = 0
+        self.started = time.perf_counter()  # --budget counts from open() (model load included)
+        self.budget_note: dict | None = None  # summary.json "budget" (--budget only)
 
     def open(self) -> Opened:
+        self.started = time.perf_counter()
         self.loaded = self.loaded or load_model(self.config.model)
         self.inputs = [tokenize_inputs(self.loaded.tokenizer, p, self.config.fillers) for p in self.config.targets]
         return Opened(fingerprint(self.loaded.description, ",".join(self.config.kernels)))
@@ -41,8 +45,43 @@ class StaticSource:
         pass  # nothing to amend: the header is complete when the run starts
 
     def plan(self) -> list[Planned]:
-        return [Planned(x.condition_id, x.label, x.kernels, x) for x in plan_static(self.config, self.placement,
-                                                                                     self.lengths())]
+        conditions = plan_static(self.config, self.placement, self.lengths())
+        if self.config.budget is not None:
+            conditions = self._fit_budget()
+        return [Planned(x.condition_id, x.label, x.kernels, x) for x in conditions]
+
+    def _fit_budget(self) -> list[cond.Condition]:
+        """--budget: time two short calls per kernels mode, then keep what fits (probes/budget.py);
+        prompts are dropped from the end only when not even references + one batch size fit."""
+        from nondet.probes import budget
+
+        costs = {mode: self._step_cost(mode) for mode in self.config.kernels}
+        left = self.config.budget - (time.perf_counter() - self.started)
+        lengths = self.lengths()
+        for n in range(len(lengths), 0, -1):
+            fitted = budget.fit(plan_static(self.config, self.placement, lengths[:n]), costs,
+                                self.config.max_new_tokens, left)
+            if n == 1 or any(c.batch_size > 1 for c in fitted.conditions):
+                break
+        self.budget_note = budget.describe(self.config.budget, fitted, costs, list(range(n, len(lengths))))
+        return fitted.conditions
+
+    def _step_cost(self, mode: str):
+        """Seconds per decode step at batch size 1 and the largest, copies of the first prompt."""
+        from nondet.probes.budget import TIMING_TOKENS, StepCost
+
+        target, fillers = self.inputs[0]
+        settings = DecodeSettings(TIMING_TOKENS, self.config.temperature, self.config.seed)
+        largest = max(self.config.batch_sizes)
+
+        def per_step(b: int) -> float:
+            timing = cond.Condition(f"{mode}/timing/bs{b}", mode, b, tuple(range(b)), "copies")
+            started = time.perf_counter()
+            replay_condition(self.loaded.model, self.loaded.tokenizer, timing, target, fillers, settings)
+            return (time.perf_counter() - started) / TIMING_TOKENS
+
+        per_step(1)  # warm-up: first-call costs are not the sweep's
+        return StepCost((1, per_step(1)), (largest, per_step(largest)))
 
     def lengths(self) -> list[int]:
         """Each prompt's token count (rows groups prompts of equal length)."""
@@ -60,7 +99,8 @@ class StaticSource:
         return condition_record(condition)
 
     def summarize(self, streams: list[dict]):
-        return as_summary(summarize_modes(streams, self.loaded.tokenizer, self.config.targets))
+        doc = summarize_modes(streams, self.loaded.tokenizer, self.config.targets)
+        return as_summary({**doc, "budget": self.budget_note} if self.budget_note else doc)
 
     def close(self) -> None:
         pass
