@@ -61,7 +61,7 @@ def test_condition_record_rebuilds_the_batch_or_says_what_it_needs():
     prompts = [[1, 2, 3], [4, 5, 6]]
     assert build_batch(condition_from_record(record), prompts[0], [[9]], 0, prompts).input_ids == prompts
     without = condition_from_record({k: v for k, v in record.items() if k != "row_prompts"})
-    with pytest.raises(ValueError, match="holds several prompts"):
+    with pytest.raises(UsageError, match="holds several prompts"):
         build_batch(without, prompts[0], [[9]], 0)
 
 

@@ -9,6 +9,7 @@ prompts of one token length (no padding); `padded` ones are left-padded, a named
 
 from dataclasses import dataclass
 
+from nondet.errors import UsageError
 from nondet.probes.conditions import Condition
 
 
@@ -53,9 +54,10 @@ def build_batch(condition: Condition, target: list[int], fillers: list[list[int]
 def _prompt_rows(condition: Condition, fillers: list[list[int]], pad_id: int,
                  prompts: list[list[int]] | None) -> Batch:
     """Each row its prompt (row_prompts); filler rows (-1) have the longest prompt's length."""
-    if not condition.row_prompts or prompts is None:
-        raise ValueError(f"condition {condition.condition_id} holds several prompts; rebuilding it needs its "
-                         "row_prompts (conditions.condition_from_record) and every prompt's tokens (prompts=)")
+    if not condition.row_prompts or prompts is None:  # a reader that predates rows conditions
+        raise UsageError(f"condition {condition.condition_id} holds several prompts (every row a target); rebuilding "
+                         "it needs its row_prompts and every prompt's tokens, which this reader does not pass; "
+                         "probe with --positions ends (one prompt per batch) to replay a condition")
     length = max(len(prompts[k]) for k in condition.row_prompts if k >= 0)
     fill = iter(range(condition.batch_size))
     rows = [list(prompts[k]) if k >= 0 else fit_length(fillers[next(fill) % len(fillers)], length)
