@@ -2,7 +2,9 @@
 
 import json
 
-from nondet.probes.budget import StepCost, fit, levels
+import pytest
+
+from nondet.probes.budget import StepCost, fit, from_timings, levels
 from nondet.probes.conditions import plan_rows
 from nondet.probes.probe import ProbeConfig, run_probe
 
@@ -18,6 +20,12 @@ def test_levels_order_and_fit():
     assert kept.left_out == ["batch size 2: 4 generate calls, about 5 s", "batch size 4: 2 generate calls, about 4 s"]
     assert sorted({c.batch_size for c in fit(plan, cost, 100, 15.0).conditions}) == [1, 4, 8]  # 2 skipped, 4 fits
     assert [c.batch_size for c in fit(plan, cost, 100, 1.0).conditions] == [1] * 8  # references always run
+    # 1-step and 8-step calls: 7 steps apart; the rest of the 1-step call is the fixed cost
+    timed = from_timings({1: 0.05, 8: 0.1}, {1: 0.12, 8: 0.31}, 8)
+    assert timed.small[1] == pytest.approx(0.01) and timed.large[1] == pytest.approx(0.03)
+    assert timed.call == pytest.approx(0.07)
+    with_call = StepCost((1, 0.01), (8, 0.03), call=0.5)
+    assert sorted({c.batch_size for c in fit(plan, {"default": with_call}, 100, 12.0).conditions}) == [1]  # 8 x 0.5 s more
 
 
 def test_budget_run_says_what_was_left_out(tmp_path):

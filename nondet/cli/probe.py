@@ -74,7 +74,7 @@ def probe(
     resume: Annotated[Optional[Path], typer.Option(
         help="Finish an interrupted --endpoint probe in this run directory; completed requests are not resent.")] = None,
     budget: Annotated[Optional[float], typer.Option(
-        "--budget", help="Seconds the probe may take (static load): two short timing calls plan the sweep to fit; "
+        "--budget", help="Seconds the probe may take (static load): short timing calls plan the sweep to fit; "
                          "the references first, then the largest batch size, the smallest, the rest. What is "
                          "left out is printed and kept in summary.json.")] = None,
     speculative: Annotated[Optional[str], typer.Option(

@@ -22,7 +22,10 @@ from dataclasses import dataclass
 
 from nondet.probes.conditions import Condition
 
-TIMING_TOKENS = 8  # decode steps of each timing call: long enough to dwarf the prefill on CPU
+TIMING_TOKENS = 8  # decode steps of the longer timing call: long enough to dwarf the prefill on CPU
+PLAN_SHARE = 0.75  # of the time left after the timing calls. The timing calls are short, so they miss
+#                    the attention cost of a growing KV cache; the rest also pays for writing records,
+#                    the diff and the summary. On the 2-core CPU: 7 s budgets ran 7.7 s at 1.0, 7.6 s at 0.85.
 
 
 @dataclass(frozen=True)
@@ -31,10 +34,18 @@ class StepCost:
 
     small: tuple[int, float]  # (batch size 1, seconds per step)
     large: tuple[int, float]  # (largest batch size, seconds per step)
+    call: float = 0.0  # seconds of a call besides its decode steps (prefill, setup, records), at the largest size
 
     def at(self, batch_size: int) -> float:
         (b0, t0), (b1, t1) = self.small, self.large
         return t0 if b1 == b0 else t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0)
+
+
+def from_timings(short: dict[int, float], long: dict[int, float], steps: int) -> StepCost:
+    """StepCost from calls of 1 and `steps` decode steps at each batch size ({size: seconds})."""
+    per_step = {b: max(long[b] - short[b], 0.0) / (steps - 1) for b in short}
+    (b0, b1) = (min(short), max(short))
+    return StepCost((b0, per_step[b0]), (b1, per_step[b1]), max(short[b1] - per_step[b1], 0.0))
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,8 @@ def levels(sizes: list[int]) -> list[int]:
 
 def estimate(condition: Condition, costs: dict[str, StepCost], tokens: int) -> float:
     """Seconds for one generate call: every decode step at its batch size (EOS may end it sooner)."""
-    return tokens * costs[condition.kernels].at(condition.batch_size)
+    cost = costs[condition.kernels]
+    return cost.call + tokens * cost.at(condition.batch_size)
 
 
 def describe(budget: float, fitted: Fitted, costs: dict[str, StepCost], dropped_prompts: list[int]) -> dict:
@@ -78,6 +90,7 @@ def describe(budget: float, fitted: Fitted, costs: dict[str, StepCost], dropped_
     if dropped_prompts:
         left_out.insert(0, f"prompts {', '.join(f'p{k}' for k in dropped_prompts)}: not run")
     return {"seconds": budget, "planned_seconds": round(fitted.seconds, 1),
+            "ms_per_call": {mode: round(1000 * c.call, 2) for mode, c in costs.items()},
             "ms_per_step": {mode: {str(b): round(1000 * t, 2) for b, t in (c.small, c.large)}
                             for mode, c in costs.items()},
             "left_out": left_out}

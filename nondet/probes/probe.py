@@ -52,7 +52,7 @@ class ProbeConfig:
     # speculative forms ("ngram:4", "self:4", "draft[:MODEL][:K]"): plain greedy vs each, at batch size 1
     # (transformers' assisted decoding takes one sequence; batch_sizes is then unused); () = none
     speculative: tuple[str, ...] = ()
-    # static load: seconds the probe may take; the sweep is planned to fit from two short timing
+    # static load: seconds the probe may take; the sweep is planned to fit from short timing
     # calls and what is left out is said in summary.json "budget" (probes/budget.py); None = all
     budget: float | None = None
 

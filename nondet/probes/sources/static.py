@@ -45,18 +45,19 @@ class StaticSource:
         pass  # nothing to amend: the header is complete when the run starts
 
     def plan(self) -> list[Planned]:
-        conditions = plan_static(self.config, self.placement, self.lengths())
         if self.config.budget is not None:
             conditions = self._fit_budget()
+        else:
+            conditions = plan_static(self.config, self.placement, self.lengths())
         return [Planned(x.condition_id, x.label, x.kernels, x) for x in conditions]
 
     def _fit_budget(self) -> list[cond.Condition]:
-        """--budget: time two short calls per kernels mode, then keep what fits (probes/budget.py);
+        """--budget: time short calls per kernels mode, then keep what fits (probes/budget.py);
         prompts are dropped from the end only when not even references + one batch size fit."""
         from nondet.probes import budget
 
         costs = {mode: self._step_cost(mode) for mode in self.config.kernels}
-        left = self.config.budget - (time.perf_counter() - self.started)
+        left = budget.PLAN_SHARE * (self.config.budget - (time.perf_counter() - self.started))
         lengths = self.lengths()
         for n in range(len(lengths), 0, -1):
             fitted = budget.fit(plan_static(self.config, self.placement, lengths[:n]), costs,
@@ -67,21 +68,23 @@ class StaticSource:
         return fitted.conditions
 
     def _step_cost(self, mode: str):
-        """Seconds per decode step at batch size 1 and the largest, copies of the first prompt."""
-        from nondet.probes.budget import TIMING_TOKENS, StepCost
+        """Seconds per decode step at batch size 1 and the largest, and a call's fixed cost: calls of
+        1 and TIMING_TOKENS steps on copies of the first prompt (probes/budget.py)."""
+        from nondet.probes.budget import TIMING_TOKENS, from_timings
 
         target, fillers = self.inputs[0]
-        settings = DecodeSettings(TIMING_TOKENS, self.config.temperature, self.config.seed)
-        largest = max(self.config.batch_sizes)
+        sizes = (1, max(self.config.batch_sizes))
 
-        def per_step(b: int) -> float:
+        def seconds(b: int, steps: int) -> float:
             timing = cond.Condition(f"{mode}/timing/bs{b}", mode, b, tuple(range(b)), "copies")
+            settings = DecodeSettings(steps, self.config.temperature, self.config.seed)
             started = time.perf_counter()
             replay_condition(self.loaded.model, self.loaded.tokenizer, timing, target, fillers, settings)
-            return (time.perf_counter() - started) / TIMING_TOKENS
+            return time.perf_counter() - started
 
-        per_step(1)  # warm-up: first-call costs are not the sweep's
-        return StepCost((1, per_step(1)), (largest, per_step(largest)))
+        seconds(1, 2)  # warm-up: first-call costs are not the sweep's
+        return from_timings({b: seconds(b, 1) for b in sizes}, {b: seconds(b, TIMING_TOKENS) for b in sizes},
+                            TIMING_TOKENS)
 
     def lengths(self) -> list[int]:
         """Each prompt's token count (rows groups prompts of equal length)."""
