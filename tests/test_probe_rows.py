@@ -81,5 +81,7 @@ def test_rows_positive_control_and_the_mode_holds(tmp_path):
     for s in streams:  # each row's stream names its own prompt, whose reference it is compared with
         c = by_id[s["condition_id"]]
         assert s["prompt_id"] == (c["row_prompts"][s["position"]] if "row_prompts" in c else c["prompt_id"])
+    rows8 = [c for c in d["conditions"] if c["condition_id"] == "default/bs8/rows/0"]
+    assert len(rows8) == 1 and rows8[0]["n_runs"] == 4  # one row per batch in the summary: p0, p2, p3, p7
     refs = {s["prompt_id"]: s["steps"] for s in streams if s["is_reference"] and s["kernels"] == "batch-invariant"}
     assert all(s["steps"] == refs[s["prompt_id"]] for s in streams if s["kernels"] == "batch-invariant")

@@ -3,7 +3,9 @@
 The merged summary has the shape of one prompt's (diff.summarize), so the report, the
 gate and bisect read it the same way:
 - runs, conditions and completions are concatenated; completion ids are renumbered to stay
-  unique, and each completion carries its prompt_id;
+  unique, and each completion carries its prompt_id; a condition holding several prompts
+  (every row a target) is one row: its runs summed, its distinct completions the worst
+  prompt's, its divergences the earliest;
 - distinct_completions is the worst prompt's count, so "1" still means every prompt gave
   one completion under every condition (the sum would count the prompts themselves);
 - first divergences are the earliest over prompts; the branch tree is that of the prompt
@@ -40,7 +42,7 @@ def merge_prompts(summaries: list[dict], prompt_ids: list[int], texts: tuple[str
         "first_token_divergence": earliest(s["first_token_divergence"] for s in summaries),
         "first_numeric_divergence": earliest(s["first_numeric_divergence"] for s in summaries),
         "runs": runs,
-        "conditions": [c for s in summaries for c in s["conditions"]],
+        "conditions": _merge_conditions([c for s in summaries for c in s["conditions"]]),
         "completions": completions,
         "branch_tree": first_split["branch_tree"] if first_split else None,
         "branch_prompt_id": prompt_ids[summaries.index(first_split)] if first_split else None,
@@ -54,3 +56,17 @@ def _first_split(summaries: list[dict]) -> dict | None:
     """The summary of the prompt whose tokens diverge earliest (None if none diverges)."""
     split = [s for s in summaries if s["first_token_divergence"] is not None]
     return min(split, key=lambda s: s["first_token_divergence"]) if split else None
+
+
+def _merge_conditions(rows: list[dict]) -> list[dict]:
+    """One row per condition id, in order of first appearance (a batch of several prompts shows
+    up in each of its prompts' summaries)."""
+    merged: dict[str, dict] = {}
+    for c in rows:
+        m = merged.get(c["condition_id"])
+        merged[c["condition_id"]] = dict(c) if m is None else {
+            **m, "n_runs": m["n_runs"] + c["n_runs"],
+            "distinct_completions": max(m["distinct_completions"], c["distinct_completions"]),
+            "first_token_divergence": earliest((m["first_token_divergence"], c["first_token_divergence"])),
+            "first_numeric_divergence": earliest((m["first_numeric_divergence"], c["first_numeric_divergence"]))}
+    return list(merged.values())
