@@ -127,10 +127,12 @@ def _stream(streams: list[dict], run_id: int) -> dict:
 def _batches(tokenizer, probe: dict, target: Target) -> tuple[Batch, Batch]:
     """The reference (prompt alone) and the divergent batch exactly as the probe built it
     (all its target rows too: when sampling, each target samples with the probe's seed)."""
-    ids, fillers = tokenize_inputs(tokenizer, _prompts(probe)[target.prompt_id], probe["fillers"])
+    texts = _prompts(probe)
+    ids, fillers = tokenize_inputs(tokenizer, texts[target.prompt_id], probe["fillers"])
     pad = tokenizer.pad_token_id
     reference = build_batch(Condition("bisect/ref", target.condition.kernels, 1, (0,), "none"), ids, fillers, pad)
-    return reference, build_batch(target.condition, ids, fillers, pad)
+    every = [tokenize_inputs(tokenizer, t, probe["fillers"])[0] for t in texts] if target.condition.row_prompts else None
+    return reference, build_batch(target.condition, ids, fillers, pad, prompts=every)
 
 
 def _replayer(loaded, ref: Batch, div: Batch, row: int, settings: DecodeSettings, mode: str,

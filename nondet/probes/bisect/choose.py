@@ -11,7 +11,7 @@ bisected.
 from dataclasses import dataclass
 
 from nondet.errors import RunDirError, UsageError
-from nondet.probes.conditions import Condition
+from nondet.probes.conditions import Condition, condition_from_record
 
 REPLAYABLE = ("static", "speculative")  # condition loads bisect can rebuild and replay
 
@@ -96,5 +96,4 @@ def _at(position: int, divergent: list) -> list:
 
 
 def _condition(record: dict) -> Condition:
-    return Condition(record["condition_id"], record["kernels"], record["batch_size"],
-                     tuple(record["positions"]), record["fillers"], record.get("load", "static"))
+    return condition_from_record(record)  # row_prompts included: a batch of several prompts rebuilds too
