@@ -78,7 +78,8 @@ _OOM = ("import sys\n"
 def test_cpu_out_of_memory_exits_3_naming_the_batch_size_and_keeps_the_streams(tmp_path, tiny_model_dir):
     out = tmp_path / "r"
     r = subprocess.run([sys.executable, "-c", _OOM, "probe", "--model", str(tiny_model_dir), "-b", "1,2,4",
-                        "-n", "3", "--out", str(out)], capture_output=True, text=True, timeout=300)
+                        "-p", "Tell me about Richard Feynman", "-n", "3", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 3
     assert r.stderr == ("nondet: error: out of memory at batch size 4 on cpu; lower --batch-sizes or "
                         f"--max-new-tokens; streams already written stay in {out}\n")
