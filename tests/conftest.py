@@ -19,17 +19,9 @@ def default_model_dir():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny Qwen3 + tokenizer saved with save_pretrained: the real loading path."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from model_fixtures import save_qwen3
 
     from nondet.probes.default_model import build_tokenizer
 
-    out = tmp_path_factory.mktemp("tiny-qwen3")
-    tok = build_tokenizer(512)
-    tok.save_pretrained(out)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(1)
-    Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
-    return out
+    return save_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), build_tokenizer(512), hidden=64, layers=2, heads=4,
+                      kv_heads=2, seed=1)

@@ -44,18 +44,10 @@ def bpe_model_dir(tmp_path_factory):
     """A small random Qwen3 with that tokenizer, saved with save_pretrained (the real loading path).
     Hidden 512 x 4 layers: near-ties in its logits are common enough that the control flips tokens
     (a hidden-64 model's margins absorbed it over 64 steps)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from model_fixtures import save_qwen3
 
-    out = tmp_path_factory.mktemp("bpe-qwen3")
-    tok = _tokenizer()
-    tok.save_pretrained(out)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=128,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(3)
-    Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
-    return out
+    return save_qwen3(tmp_path_factory.mktemp("bpe-qwen3"), _tokenizer(), hidden=512, layers=4, heads=4,
+                      kv_heads=2, seed=3)
 
 
 def nondet(*args, cwd=None):

@@ -104,18 +104,11 @@ def test_cli_embedded_draft_needs_the_embedded_model(tmp_path, tiny_model_dir):
 
 
 def _tiny_model(out, vocab: int):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from model_fixtures import save_qwen3
 
     from nondet.probes.default_model import build_tokenizer
 
-    tok = build_tokenizer(vocab)
-    tok.save_pretrained(out)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(2)
-    Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
-    return out
+    return save_qwen3(out, build_tokenizer(vocab), hidden=32, layers=1, heads=2, kv_heads=1, seed=2)
 
 
 # -- the controls, end to end on the embedded default -------------------------------------
