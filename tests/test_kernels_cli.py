@@ -11,14 +11,15 @@ def run(*args):
                           timeout=120)
 
 
-def test_bench_without_cuda_is_a_usage_error():
+@pytest.mark.parametrize("command, out", [("bench", "unused.md"), ("tune", "unused.json")])
+def test_gpu_commands_without_cuda_are_a_usage_error(command, out):
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("a CUDA GPU is visible: the command runs for real there (scripts/device_kernels.sh)")
-    proc = run("bench", "--out", "unused.md")
+        pytest.skip(f"a CUDA GPU is visible: {command} runs for real there (scripts/gpu_run.sh)")
+    proc = run(command, "--out", out)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("nondet: error: nondet kernels bench needs a CUDA GPU; none is visible "
+    assert proc.stderr.strip() == (f"nondet: error: nondet kernels {command} needs a CUDA GPU; none is visible "
                                    "(run it on a GPU machine)")
 
 
@@ -37,14 +38,3 @@ def test_score_refuses_a_partial_shape_set():
     proc = run("bench", "--score", "--only", "matmul")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "nondet: error: --score times the whole fixed shape set; drop --only"
-
-
-def test_tune_without_cuda_is_a_usage_error():
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("CUDA is visible here: tune runs for real (scripts/gpu_run.sh tune)")
-    proc = run("tune", "--out", "unused.json")
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == ("nondet: error: nondet kernels tune needs a CUDA GPU; none is visible "
-                                   "(run it on a GPU machine)")
