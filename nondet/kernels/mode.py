@@ -9,7 +9,9 @@ Inside a context the active op classes are exactly its `ops` (None = all of OP_C
 exit the enclosing context's set is restored, also when the body raises. aten overrides live
 in one torch.library.Library that is rebuilt on every change (destroying a Library removes
 its kernels, so the previous kernels come back); the attention class is the transformers
-attention interface (hf.py). Importing this module changes nothing.
+attention interface (hf.py). Under tensor parallelism the row-parallel all-reduce finishes a
+matmul's K sum across ranks, so the matmul class also makes it invariant (collective.py);
+"collective" alone switches only that (an ablation). Importing this module changes nothing.
 """
 
 import contextlib
@@ -17,9 +19,10 @@ import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from nondet.kernels import hf, overrides
+from nondet.kernels import collective, hf, overrides
 
 OP_CLASSES = ("matmul", "norm", "attention", "softmax")
+EXTRA_CLASSES = ("collective",)  # accepted in ops; on with "matmul" (None = all includes it that way)
 
 
 @dataclass
@@ -47,9 +50,10 @@ def _parse(ops: Iterable[str] | str | None) -> frozenset:
     if ops is None:
         return frozenset(OP_CLASSES)
     wanted = frozenset([ops] if isinstance(ops, str) else ops)
-    unknown = sorted(wanted - set(OP_CLASSES))
+    known = OP_CLASSES + EXTRA_CLASSES
+    unknown = sorted(wanted - set(known))
     if unknown:
-        raise ValueError(f"unknown op class {', '.join(unknown)}; choose from {', '.join(OP_CLASSES)}")
+        raise ValueError(f"unknown op class {', '.join(unknown)}; choose from {', '.join(known)}")
     return wanted
 
 
@@ -58,6 +62,7 @@ def _install(ops: frozenset) -> None:
     attention function (hf.py) whether its class is on."""
     global _LIBRARY
     hf.set_enabled("attention" in ops)
+    collective.set_enabled("matmul" in ops or "collective" in ops)
     if _LIBRARY is not None:
         _LIBRARY._destroy()
         _LIBRARY = None

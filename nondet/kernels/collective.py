@@ -1,0 +1,77 @@
+"""The batch-invariant all-reduce: all-gather every rank's partial sum, then add them in rank order.
+
+Under tensor parallelism a row-parallel linear (o_proj, down_proj) computes a partial product on
+each rank and an all-reduce sums them: the all-reduce finishes the matmul's K reduction across
+ranks. NCCL picks its algorithm (ring, tree, NVLS) and protocol (LL, LL128, Simple) from the
+message size, so the summation order of one row can depend on how many rows share the call.
+Here the order is fixed: every rank gathers all partials (a copy, no arithmetic) and adds them
+as ((p0 + p1) + p2) + ..., in fp32, then casts once to the input dtype. Every rank computes the
+same bits, whatever the batch, the backend, or NCCL_ALGO / NCCL_PROTO.
+
+Why fp32: with more than two ranks, bf16 partial sums would round after every add; fp32 keeps
+the sum as close to one rounding as a single GPU's fp32-accumulated matmul would be. For two
+ranks (p0 + p1 in fp32, one rounding to bf16) it equals a bf16 add.
+
+transformers' tensor-parallel layers (4.5x-5.x) call `torch.distributed.all_reduce` from their
+output hooks, so the switch replaces that attribute while the mode is on and restores it when
+the mode leaves (mode.py calls `set_enabled`). Nothing happens at import time.
+"""
+
+import torch
+
+NAME = "all_gather + sum in rank order (fp32, cast to the input dtype)"
+DEFAULT_NAME = "torch.distributed.all_reduce (backend's own algorithm)"
+_STATE = {"original": None, "calls": 0}  # the replaced all_reduce while enabled; invariant calls made
+
+
+def set_enabled(on: bool) -> None:
+    """Route torch.distributed.all_reduce to the invariant one (on) or put the original back (off)."""
+    import torch.distributed as dist
+
+    if on and _STATE["original"] is None:
+        _STATE["original"] = dist.all_reduce
+        dist.all_reduce = invariant_all_reduce
+    elif not on and _STATE["original"] is not None:
+        dist.all_reduce = _STATE["original"]
+        _STATE["original"] = None
+
+
+def is_enabled() -> bool:
+    return _STATE["original"] is not None
+
+
+def calls() -> int:
+    """How many all-reduces took the invariant path in this process (the fingerprint says it ran)."""
+    return _STATE["calls"]
+
+
+def invariant_all_reduce(tensor: torch.Tensor, op=None, group=None, async_op: bool = False):
+    """Drop-in for torch.distributed.all_reduce(tensor, op=SUM, group): in place, returns None.
+
+    Other ops, async calls and a world of one go to the original (nothing to make invariant)."""
+    import torch.distributed as dist
+
+    original = _STATE["original"] or dist.all_reduce
+    op = dist.ReduceOp.SUM if op is None else op
+    if op != dist.ReduceOp.SUM or async_op or dist.get_world_size(group) == 1:
+        return original(tensor, op=op, group=group, async_op=async_op)
+    tensor.copy_(rank_order_sum(gather(tensor, group)).to(tensor.dtype))
+    _STATE["calls"] += 1
+    return None
+
+
+def gather(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
+    """Every rank's tensor, indexed by rank in the group (all_gather copies; it adds nothing)."""
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, tensor.contiguous(), group=group)
+    return parts
+
+
+def rank_order_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """((p0 + p1) + p2) + ... in fp32: the one fixed order."""
+    total = parts[0].float()
+    for part in parts[1:]:
+        total = total + part.float()
+    return total
