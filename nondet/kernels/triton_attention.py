@@ -71,17 +71,32 @@ def _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
             mk = tl.load(mask_base + qi[:, None] * s_mq + cols[None, :] * s_ms, mask=ok, other=0.0)
             s = s + mk.to(tl.float32) * 1.4426950408889634
         s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_new = tl.maximum(m, tl.max(s, axis=1))  # a max is exact in any order
         alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = tl.fma(l, alpha, tl.sum(p, axis=1))
-        acc = acc * alpha[:, None]
-        p = p.to(v_base.dtype.element_ty)
+        p = tl.exp2(s - m_new[:, None]).to(v_base.dtype.element_ty)
         if UPCAST:
             p = p.to(tl.float32)
+        l = tl.fma(l, alpha, _row_sum(p, BLOCK_N, PRECISION))
+        acc = acc * alpha[:, None]
         acc = tl.dot(p, v, acc, input_precision=PRECISION)
         m = m_new
     return m, l, acc
+
+
+@triton.jit
+def _row_sum(p, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Sum of each row of p (BLOCK_M, BLOCK_N) -> (BLOCK_M,), in an order no compiler pass can move.
+
+    tl.sum's order follows the layout the compiler gives p, and that layout depends on what
+    else the binary does: with a mask to load, Triton 3.6 converted p from the MMA layout to
+    a blocked one before the sum, so a row's softmax denominator differed by 1 ULP between a
+    masked launch and a causal one (H100, scripts/gpu_attn_rows.py). A dot's operand layouts
+    are fixed by the MMA, so the row sum is taken as p @ ones: every column holds the same
+    sum, and a max picks one exactly. Summing the same rounded p the PV product uses also
+    keeps numerator and denominator consistent.
+    """
+    ones = tl.full((BLOCK_N, 16), 1.0, dtype=p.dtype)
+    return tl.max(tl.dot(p, ones, input_precision=PRECISION), axis=1)
 
 
 @triton.jit(do_not_specialize=["Q", "S"])  # one binary for every batch size

@@ -100,6 +100,28 @@ def test_attention_correct_prefill_equals_decode():
     assert _rel(ta.attention(q, k, v, mask), reference.attention(q, k, v, mask)) < 2e-2
 
 
+def test_masked_chunk_rows_equal_causal_decode_rows():
+    """A speculative verification chunk (transformers passes a bool causal mask) gives each
+    row the bits of a one-token decode (mask None). Before _row_sum this failed: 2-3 rows in 30
+    shapes differed by 1 ULP on an H100, because the masked binary summed p in another layout."""
+    from nondet.kernels import triton_attention as ta
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    h, kvh, d, n = 8, 4, 64, 5
+    differing = 0
+    for s in list(range(8, 140, 7)) + [255, 256, 257, 511, 512, 513, 700, 1030]:
+        q = torch.randn(1, h, s, d, generator=gen, device="cuda").mul(2).bfloat16()
+        k = torch.randn(1, kvh, s, d, generator=gen, device="cuda").mul(2).bfloat16()
+        v = torch.randn(1, kvh, s, d, generator=gen, device="cuda").bfloat16()
+        qpos = torch.arange(s - n, s, device="cuda")[:, None]
+        mask = (torch.arange(s, device="cuda")[None, :] <= qpos)[None, None]
+        chunk = ta.attention(q[:, :, s - n:], k, v, mask)
+        for i, p in enumerate(range(s - n, s)):
+            decode = ta.attention(q[:, :, p:p + 1], k[:, :, :p + 1], v[:, :, :p + 1])
+            differing += not torch.equal(decode[:, 0], chunk[:, i])
+    assert differing == 0
+
+
 def test_mode_makes_linear_invariant_on_cuda():
     x = torch.randn(512, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)

@@ -1,0 +1,71 @@
+"""The attention kernel's compiled IR, checked on the CPU: no sum whose order a compiler pass can move.
+
+A row's softmax denominator used to be `tl.sum(p, axis=1)`, whose order follows the layout
+Triton gives p, and that layout depended on the binary: with a mask to load, p was summed in
+a blocked layout, without one in the MMA layout (Triton 3.6 on an H100, and Triton 3.9 here),
+so a speculative verification chunk (masked) and a one-token decode (causal) differed by
+1 ULP in 2-3 of 30 shapes (scripts/gpu_attn_rows.py). The kernel now sums with a dot. This
+test compiles the kernel for Hopper and Ampere without a GPU (Triton ships ptxas) for every
+mask kind and asserts every reduction left over a row is a max (exact in any order).
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+INNER = os.environ.get("NONDET_TTGIR_INNER") == "1"
+MASK_KINDS = (0, 1, 2)  # causal (no mask), bool mask, additive mask
+
+
+if not INNER:
+
+    def test_attention_ir_has_no_layout_dependent_sum(tmp_path):
+        # a fresh interpreter: TRITON_INTERPRET (set by another test file) must not be inherited
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env.update(NONDET_TTGIR_INNER="1", TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+else:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from nondet.kernels import triton_attention as ta
+
+    INTS = ("Q", "S", "H", "KVH", "D", "NC", "s_qb", "s_qh", "s_qq", "s_qd", "s_kb", "s_kh", "s_ks", "s_kd",
+            "s_vb", "s_vh", "s_vs", "s_vd", "s_mb", "s_mq", "s_ms")
+
+    def _ttgir(mask_kind: int, arch: int) -> str:
+        """TTGIR of _attn_kernel as the launcher compiles it for bf16 decode/prefill tiles."""
+        const = dict(G=2, BLOCK_M=16, BLOCK_N=128, BLOCK_D=64, CHUNK=512, SPLIT=False, CAUSAL=mask_kind == 0,
+                     MASK_KIND=mask_kind, PRECISION="tf32", UPCAST=False)
+        sig = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "ws_m", "ws_l", "ws_acc")}
+        sig.update(mask_ptr="*u8" if mask_kind == 1 else "*bf16", start_ptr="*i32", qk_scale="fp32")
+        sig.update({name: "i32" for name in INTS})
+        sig.update({name: "constexpr" for name in const})
+        names = ta._attn_kernel.arg_names
+        src = ASTSource(ta._attn_kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()})
+        kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, "num_stages": 2})
+        return kernel.asm["ttgir"]
+
+    def _row_reductions(ttgir: str) -> list[str]:
+        """The combining op of every tt.reduce (e.g. arith.maxnumf, arith.addf)."""
+        return re.findall(r'"tt\.reduce"\([^)]*\)[^\n]*\n[^\n]*\n\s*%\S+ = (\w+\.\w+)', ttgir)
+
+    @pytest.mark.parametrize("arch", [90, 80])
+    @pytest.mark.parametrize("mask_kind", MASK_KINDS)
+    def test_every_row_reduction_is_a_max(mask_kind, arch):
+        ops = _row_reductions(_ttgir(mask_kind, arch))
+        assert ops, "no reduction found: the IR pattern no longer matches"
+        assert set(ops) == {"arith.maxnumf"}, ops
+
+    def test_the_row_sum_is_a_dot():
+        # the row sum is the third dot (q.k, p.ones, p.v) in every binary
+        for mask_kind in MASK_KINDS:
+            ttgir = _ttgir(mask_kind, 90)
+            assert len(re.findall(r"\b(tt\.dot|ttng\.warp_group_dot)\b", ttgir)) == 3, mask_kind
