@@ -3,7 +3,8 @@
 Exit codes (also in the README):
   1  policy violated (nondet gate only)
   2  usage or configuration error (bad flag values, empty prompt, unreadable file)
-  3  could not run: model missing or not loadable, out of memory, server unreachable
+  3  could not run: model missing or not loadable, out of memory, server unreachable,
+     a tensor-parallel worker died
   4  bad run directory (missing or malformed files)
   5  server answered, but with an unusable response (HTTP error, malformed JSON)
 """
@@ -35,6 +36,12 @@ class OutOfMemoryError(NondetError):
 
 class ServerUnreachableError(NondetError):
     """A live server refused the connection, timed out or hung."""
+
+    exit_code = 3
+
+
+class WorkerError(NondetError):
+    """A tensor-parallel worker process failed or died; every rank of its group was stopped."""
 
     exit_code = 3
 
