@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from nondet.probes.bisect import BisectConfig, run_bisect
-from nondet.probes.bisect.speculative import _schedule, step_rows, stream_rounds
+from nondet.probes.bisect.speculative import verify_schedule, step_rows, stream_rounds
 from nondet.pytest_plugin import assert_speculative_equivalent, first_difference
 
 PROMPT = "Tell me about Richard Feynman"
@@ -35,8 +35,8 @@ def test_rounds_come_from_the_streams_round_fields():
     steps = [{"round": r} for r in (0, 0, 0, 0, 0, 1, 1, 2)]
     stream = {"steps": steps, "drafted": [4, 4, 0]}
     assert stream_rounds(stream) == [(4, 5), (4, 2), (0, 1)]
-    assert _schedule([(4, 5), (4, 2), (0, 1)], 6) == [(4, 5), (4, 2)]
-    assert _schedule([(4, 5)], 12) == [(4, 5), (4, 5), (4, 5)]  # past the stream: its last draft length
+    assert verify_schedule([(4, 5), (4, 2), (0, 1)], 6) == [(4, 5), (4, 2)]
+    assert verify_schedule([(4, 5)], 12) == [(4, 5), (4, 5), (4, 5)]  # past the stream: its last draft length
 
 
 def test_step_rows_cut_a_chunk_into_logical_positions():
@@ -141,3 +141,18 @@ def test_first_difference_of_step_lists():
     assert first_difference(a, a) is None
     assert first_difference(a, [a[0], {"token": 2, "logprob": "0x1p+2"}]) == 1
     assert first_difference(a, a[:1]) == 1
+
+
+def test_bisect_modules_import_no_private_names_of_each_other():
+    """Shared parts are public (lockstep's RecordSink / CompareSink serve speculative.py too)."""
+    import ast
+    from pathlib import Path
+
+    import nondet.probes.bisect as package
+
+    private = []
+    for path in Path(package.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nondet"):
+                private += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert private == []

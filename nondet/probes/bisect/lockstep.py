@@ -73,7 +73,7 @@ def run_lockstep(model, tokenizer, reference: Batch, divergent: Batch, settings:
                  row: int | None = None) -> Lockstep:
     """Replay reference then divergent (target row `row`, default divergent.target_rows[0]) and compare."""
     eos = eos_ids(model, tokenizer)
-    ref_sink = _Record()
+    ref_sink = RecordSink()
     ref_recorder = new_recorder(reference, settings)
     with kernels():
         _replay(model, tokenizer, reference, settings, Tap(model, reference.target_rows[0], 1, ref_sink),
@@ -83,7 +83,7 @@ def run_lockstep(model, tokenizer, reference: Batch, divergent: Batch, settings:
     row = divergent.target_rows[0] if row is None else row
     recorder = new_recorder(divergent, settings)
     force = _Force(recorder, row, tokens)
-    sink = _Compare(ref_sink, lambda step: step in force.flips)
+    sink = CompareSink(ref_sink, lambda step: step in force.flips)
     with kernels():
         _replay(model, tokenizer, divergent, settings, Tap(model, row, len(divergent.input_ids), sink),
                 recorder, [force], [_Stop(force, stop_at_flip)])
@@ -134,8 +134,9 @@ class _Stop:
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
 
-class _Record:
-    """Sink for the reference: keeps the target row of every point, keyed per step."""
+class RecordSink:
+    """Sink for the reference: keeps the target row of every point, keyed per step.
+    Public: the speculative lockstep (speculative.py) records its reference with it too."""
 
     def __init__(self):
         self.points: dict[int, list[tuple[tuple, Point]]] = {}  # step -> [(key, point)] in order
@@ -148,8 +149,9 @@ class _Record:
         self.tensors[(step, key)] = row.clone()
 
 
-class _Compare:
+class CompareSink:
     """Sink for the divergent run: compares each point with the reference's, one step at a time.
+    Public: the speculative lockstep (speculative.py) feeds its verification chunks to it too.
 
     A step's points are buffered and compared when the step is over, because only then is
     it known whether the step is the flip. Full statistics (rel diff, ULP, first index) are
@@ -158,7 +160,7 @@ class _Compare:
     steps keep the residual stream's max abs diff (amplification) and the bitwise verdict.
     """
 
-    def __init__(self, reference: _Record, is_flip: Callable[[int], bool]):
+    def __init__(self, reference: RecordSink, is_flip: Callable[[int], bool]):
         self.reference, self.is_flip = reference, is_flip
         self.order = {s: {k: i for i, (k, _) in enumerate(pts)} for s, pts in reference.points.items()}
         self.rows: dict[int, list[dict]] = {}  # kept steps -> rows in execution order

@@ -15,14 +15,14 @@ recorded (each step's `round`, each round's `drafted`), keeps the `produced` pos
 round and crops the cache to them, as assisted decoding does. The hooks of capture.py record
 every point of every forward; a chunk's rows are cut back into logical steps (step 0: the
 prompt's positions, step s >= 1: position P + s - 1, whose logits choose token s), so step s
-of both runs is compared point by point by lockstep.py's sinks: the same origin, lasting
-divergence and module table as a static bisect.
+of both runs is compared point by point by lockstep.py's sinks (RecordSink, CompareSink): the
+same origin, lasting divergence and module table as a static bisect.
 """
 
 from collections import Counter
 
 from nondet.probes.bisect.capture import Point, Tap
-from nondet.probes.bisect.lockstep import KernelScope, Lockstep, _Compare, _Record
+from nondet.probes.bisect.lockstep import CompareSink, KernelScope, Lockstep, RecordSink
 from nondet.probes.recorder import step_record
 
 Round = tuple[int, int]  # (tokens drafted, tokens produced) of one verification round
@@ -38,20 +38,20 @@ def stream_rounds(stream: dict) -> list[Round]:
 def run_speculative_lockstep(model, prompt: list[int], rounds: list[Round], steps: int, kernels: KernelScope,
                              stop_at_flip: bool = False) -> Lockstep:
     """Reference (q_len 1 per step) then the speculative rounds, teacher-forced, over `steps` steps."""
-    record = _Record()
+    record = RecordSink()
     with kernels():
         reference = _Reference(model, prompt, record).run(steps)
     tokens = [s["token"] for s in reference]
     flips: set[int] = set()
-    sink = _Compare(record, lambda step: step in flips)
+    sink = CompareSink(record, lambda step: step in flips)
     with kernels():
-        own = _Verify(model, prompt, tokens, sink, flips).run(_schedule(rounds, len(tokens)), stop_at_flip)
+        own = _Verify(model, prompt, tokens, sink, flips).run(verify_schedule(rounds, len(tokens)), stop_at_flip)
     sink.flush()
     return Lockstep(reference, own, sink.rows, sink.amplification, sink.first, sink.tracker.result(),
                     sink.tracker.transients)
 
 
-def _schedule(rounds: list[Round], steps: int) -> list[Round]:
+def verify_schedule(rounds: list[Round], steps: int) -> list[Round]:
     """The recorded rounds, cut at `steps`; past the stream's end, its last round's draft length."""
     out, covered = [], 0
     for drafted, produced in rounds:
@@ -113,7 +113,7 @@ class _Collect:
 class _Reference:
     """Plain greedy decoding: the prefill (step 0), then one forward of one row per step."""
 
-    def __init__(self, model, prompt: list[int], record: _Record):
+    def __init__(self, model, prompt: list[int], record: RecordSink):
         self.model, self.ids, self.record = model, list(prompt), record
 
     def run(self, steps: int) -> list[dict]:
@@ -133,7 +133,7 @@ class _Verify:
     """The speculative rounds, fed the reference's tokens: round r's forward covers the last
     accepted token and `drafted` tokens after it; its first `produced` steps are kept."""
 
-    def __init__(self, model, prompt: list[int], tokens: list[int], sink: _Compare, flips: set[int]):
+    def __init__(self, model, prompt: list[int], tokens: list[int], sink: CompareSink, flips: set[int]):
         self.model, self.prompt, self.tokens, self.sink, self.flips = model, len(prompt), tokens, sink, flips
         self.ids = list(prompt) + tokens
 
@@ -206,6 +206,6 @@ def speculative_replayer(loaded, prompt: str, stream: dict, steps: int, scope):
 
 def speculative_part(stream: dict, ls: Lockstep) -> dict:
     """bisect.json "speculative": the form, its rounds replayed, the verification chunk sizes."""
-    rounds = _schedule(stream_rounds(stream), ls.steps)
+    rounds = verify_schedule(stream_rounds(stream), ls.steps)
     return {"form": stream.get("speculative"), "rounds": len(rounds),
             "chunk_rows": sorted({d + 1 for d, _ in rounds}), "acceptance_rate": stream.get("acceptance_rate")}
