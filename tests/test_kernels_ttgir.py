@@ -30,6 +30,29 @@ if not INNER:
                               env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
 
+    def test_row_kernels_get_rows_in_one_aligned_dense_form():
+        """The row kernels' launchers pass every input as dense, 16-byte aligned rows, so one
+        binary (one vector width, one summation order) serves every call of a row length."""
+        import torch
+
+        from nondet.kernels.triton_rows import _rows
+
+        base = torch.randn(4 * 64 + 1, dtype=torch.bfloat16)
+        cases = {
+            "contiguous": base[:256].view(4, 64),
+            "misaligned": base[1:].view(4, 64),  # 2 bytes past an aligned address
+            "strided rows": torch.randn(4, 128, dtype=torch.bfloat16)[:, :64],
+            "last token of a sequence": torch.randn(1, 7, 64, dtype=torch.bfloat16)[:, -1:],
+        }
+        for name, x in cases.items():
+            rows = _rows(x)
+            assert rows.shape == (x.numel() // 64, 64) and torch.equal(rows, x.reshape(-1, 64)), name
+            assert rows.stride() == (64, 1) and rows.data_ptr() % 16 == 0, name
+        # no copy where none is needed (the common case costs nothing)
+        assert _rows(cases["contiguous"]).data_ptr() == cases["contiguous"].data_ptr()
+        last = cases["last token of a sequence"]
+        assert _rows(last).data_ptr() == last.data_ptr()
+
 else:
     import triton
     from triton.backends.compiler import GPUTarget

@@ -105,9 +105,28 @@ def _softmax_kernel(x_ptr, y_ptr, N, s_x, s_y, LOG: tl.constexpr, BLOCK: tl.cons
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
-    """A (R, N) view with unit column stride (a copy only when the last dim is strided)."""
-    x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+    """x as (R, N) rows, dense (row stride N) and 16-byte aligned: a copy only when it is not.
+
+    Triton specializes a binary on whether pointers and strides are divisible by 16, and the
+    vector width it loads with sets the layout a row is summed in (8 elements per thread when
+    aligned, 1 when not: TTGIR of _rms_norm_kernel for sm_90), hence the row's bits. Passing
+    every row in the one aligned, dense form keeps one binary, so one order, per row length.
+    """
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.shape[0] == 1 and x2.stride(-1) == 1:
+        x2 = x2.as_strided(x2.shape, (x2.shape[1], 1))  # one row: its row stride is meaningless
+    return _dense_aligned(x2)
+
+
+def _dense_aligned(t: torch.Tensor) -> torch.Tensor:
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)  # fresh storage is aligned
+
+
+def _weight(w: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+    """A per-column parameter in the aligned dense form (rows stands in when there is none)."""
+    return rows if w is None else _dense_aligned(w)
 
 
 def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -129,7 +148,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     y = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     block, warps = _block(n)
     if rows.shape[0]:
-        _rms_norm_kernel[(rows.shape[0],)](rows, weight if weight is not None else rows, y, n,
+        _rms_norm_kernel[(rows.shape[0],)](rows, _weight(weight, rows), y, n,
                                            rows.stride(0), y.stride(0), float(eps),
                                            HAS_W=weight is not None, BLOCK=block, num_warps=warps)
     return y.reshape(x.shape)
@@ -146,8 +165,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     rstd = torch.empty(r, dtype=torch.float32, device=x.device)
     block, warps = _block(n)
     if r:
-        _layer_norm_kernel[(r,)](rows, weight if weight is not None else rows,
-                                 bias if bias is not None else rows, y, mean, rstd, n,
+        _layer_norm_kernel[(r,)](rows, _weight(weight, rows), _weight(bias, rows), y, mean, rstd, n,
                                  rows.stride(0), y.stride(0), float(eps), HAS_W=weight is not None,
                                  HAS_B=bias is not None, BLOCK=block, num_warps=warps)
     stat_shape = (*x.shape[:-1], 1)
