@@ -38,6 +38,7 @@ def test_positive_control_default_kernels_mismatch(controls):
     for p in pairs(controls, "default"):
         assert p["n_tokens"] == 24 and p["n_identical"] < p["n_tokens"]
         assert p["dlogp_max"] > 0 and p["kl_k3"] > 0 and p["seqs_differ"] > 0
+        assert p["kl_exact"] > 0 and p["kl_exact_max"] >= p["kl_exact"]  # the full distributions differ too
     assert "default kernels: off-policy" in controls.summary["verdict"]
 
 
@@ -45,6 +46,7 @@ def test_negative_control_mode_on_both_sides_is_bit_identical(controls):
     for p in pairs(controls, "batch-invariant"):
         assert p["n_tokens"] == 24 and p["frac_identical"] == 1.0
         assert p["kl_k1"] == p["kl_k2"] == p["kl_k3"] == 0.0 and p["dlogp_max"] == 0.0
+        assert p["kl_exact"] == 0.0 and p["kl_exact_max"] == 0.0  # exact KL over the whole vocabulary
         assert p["first_diff"] == [None] * 4
         assert p["backward"] is True and p["grad_finite"] is True  # loss.backward() ran under the mode
     assert "batch-invariant kernels: true on-policy" in controls.summary["verdict"]
@@ -78,6 +80,48 @@ def test_rollouts_run_the_trainer_side_only(tiny_model_dir, controls, tmp_path):
                            kernels=("batch-invariant",)))
     (p,) = pairs(result, "batch-invariant")
     assert p["sampler"] == "external" and p["n_tokens"] == 24 and p["frac_identical"] == 1.0
+    assert p["kl_exact"] is None  # the exported sampler's distributions are not at hand
+
+
+def test_exact_kl_is_stored_per_trainer_token(controls):
+    trainer = [s for s in read_streams(RunDir(controls.run_dir)) if s.extra.get("side") == "trainer"]
+    assert trainer and all(len(s.extra["kl"]) == len(s.steps) for s in trainer)
+    mode = [float.fromhex(k) for s in trainer if s.kernels == "batch-invariant" for k in s.extra["kl"]]
+    default = [float.fromhex(k) for s in trainer if s.kernels == "default" for k in s.extra["kl"]]
+    assert set(mode) == {0.0} and max(default) > 0
+
+
+def test_packed_micro_batches_positive_and_negative_control(tiny_model_dir, tmp_path):
+    """One packed row per micro-batch of 4 (positions restart, attention within each sequence): the mode gives
+    the sampler's bits exactly (attention leaking across sequences could not); the injected norm does not."""
+    result = run_rl(config(tiny_model_dir, tmp_path / "run", padding="packed", micro_batches=(4,)))
+    (mode,) = pairs(result, "batch-invariant")
+    assert mode["padding"] == "packed" and mode["n_tokens"] == 24 and mode["frac_identical"] == 1.0
+    assert mode["kl_exact"] == 0.0 and mode["kl_k3"] == 0.0
+    (default,) = pairs(result, "default")
+    assert default["n_identical"] < default["n_tokens"] and default["kl_exact"] > 0
+
+
+def test_packed_layout_restarts_positions():
+    from nondet.probes.sources.rl_packed import packed
+
+    ids, positions, places = packed([(1, 2, 3), (4, 5), (6,)])
+    assert ids == [[1, 2, 3, 4, 5, 6]] and positions == [[0, 1, 2, 0, 1, 0]] and places == [(0, 0), (0, 3), (0, 5)]
+
+
+def test_exact_kl_by_hand():
+    import math
+
+    import torch
+
+    from nondet.probes.sources.rl_kl import exact_kl
+
+    s = torch.log(torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]))  # -inf where truncated
+    t = torch.log(torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.5, 0.0]]))
+    kl = exact_kl(s, t)
+    assert kl.tolist() == pytest.approx([math.log(2), math.log(2)])
+    assert exact_kl(s, s).tolist() == [0.0, 0.0]  # identical bits: exactly 0, -inf entries add nothing
+    assert exact_kl(t, s)[0] == math.inf  # mass the other side truncated away
 
 
 GRAD_RTOL = 1e-4  # fp32 model: relative L2 distance of all gradients, mode vs default (measured 2.6e-7 on CPU)
@@ -93,7 +137,7 @@ def test_backward_under_the_mode_gives_finite_gradients_close_to_default(tiny_mo
     model = loaded.model
     chunk = [Sequence(0, (5, 9, 13, 21), (40, 41, 42)), Sequence(1, (7, 8), (50, 51, 52, 53))]
     ids, mask, offsets = padded([s.prompt + s.completion for s in chunk], "right", 0)
-    rows, cols, tokens = target_index(chunk, offsets)
+    rows, cols, tokens = target_index(chunk, list(enumerate(offsets)))
 
     def grads(mode):
         model.zero_grad(set_to_none=True)

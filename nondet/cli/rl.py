@@ -28,9 +28,14 @@ def rl(
         "--sampler-batch", help="Prompts per batched generate call of the sampler (left-padded).")] = 8,
     micro_batch: Annotated[str, typer.Option(
         "--micro-batch", help="Trainer micro-batch sizes, e.g. 1,4,8: one teacher-forced condition each.")] = "1,4,8",
-    padding: Annotated[str, typer.Option(help="Trainer padding of unequal sequences: right | left.")] = "right",
+    padding: Annotated[str, typer.Option(
+        help="Trainer layout: right | left (padded rows) or packed (one row per micro-batch, positions restart).")
+    ] = "right",
     no_backward: Annotated[bool, typer.Option(
         "--no-backward", help="Skip loss.backward() on the trainer's micro-batches (forward only).")] = False,
+    no_exact_kl: Annotated[bool, typer.Option(
+        "--no-exact-kl", help="Do not keep the sampler's distributions (4 bytes x vocab per token): no exact KL.")
+    ] = False,
     kernels: o.KernelsOpt = "default",
     confirm: Annotated[bool, typer.Option(
         "--confirm", help="Run default kernels, then batch-invariant ones on both sides, and compare.")] = False,
@@ -49,7 +54,8 @@ def rl(
     each sampled token's logprob over the processed distribution (temperature, top-k, top-p).
     The trainer teacher-forces prompt + completion in micro-batches (train mode, dropout 0,
     autograd on, backward), replaying the same processing. Per micro-batch size: fraction of
-    bit-identical logprobs, |dlogp|, importance ratios outside 1 +- eps, KL estimators k1/k2/k3.
+    bit-identical logprobs, |dlogp|, importance ratios outside 1 +- eps, KL estimators k1/k2/k3,
+    and the exact KL(sampler || trainer) over the whole processed distributions (in-process).
     With --kernels batch-invariant on both sides, every logprob should be bit-identical.
 
     Example:  nondet rl --micro-batch 1,4,8 --confirm
@@ -71,6 +77,7 @@ def rl(
         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         sampler_batch=sampler_batch, micro_batches=parse_sizes(micro_batch), padding=padding,
         kernels=("default", "batch-invariant") if confirm else (kernels,), backward=not no_backward,
+        exact_kl=not no_exact_kl,
         threads=threads, out=str(out) if out else None, argv=tuple(__import__("sys").argv[1:]))
     from nondet.rl.run import run_rl
 
@@ -107,7 +114,7 @@ def metrics_table(pairs: list[dict]):
 
     table = Table(title="sampler vs trainer logprobs of the sampled tokens")
     cols = ("kernels", "micro-batch", "tokens", "bit-identical", "max |dlogp|", "mean |dlogp|", "p95 |dlogp|",
-            "ratio out 0.1", "ratio out 0.2", "k1", "k2", "k3", "backward")
+            "ratio out 0.1", "ratio out 0.2", "k1", "k2", "k3", "exact KL", "backward")
     for col in cols:
         table.add_column(col, justify="left" if col == "kernels" else "right")
     for p in pairs:
@@ -118,9 +125,16 @@ def metrics_table(pairs: list[dict]):
                       f"{p['frac_identical']:.1%}", *(fmt_float(p[k]) for k in (
                           "dlogp_max", "dlogp_mean", "dlogp_p95")),
                       f"{p['ratio_outside_0.1']:.1%}", f"{p['ratio_outside_0.2']:.1%}",
-                      *(fmt_float(p[k]) for k in ("kl_k1", "kl_k2", "kl_k3")), grads)
-    table.caption = "ratio = exp(trainer - sampler logprob); k1/k2/k3: Schulman's KL(sampler || trainer) estimators"
+                      *(fmt_float(p[k]) for k in ("kl_k1", "kl_k2", "kl_k3")), _exact(p), grads)
+    table.caption = ("ratio = exp(trainer - sampler logprob); k1/k2/k3: Schulman's KL(sampler || trainer) estimators; "
+                     "exact KL: mean over tokens of the full distributions' KL (- where the sampler ran elsewhere)")
     return table
+
+
+def _exact(pair: dict) -> str:
+    from nondet.fmt import fmt_float
+
+    return "-" if pair.get("kl_exact") is None else fmt_float(pair["kl_exact"])
 
 
 def _write_report(run_dir) -> None:

@@ -40,18 +40,24 @@ def _command(argv: list) -> str:
 
 
 NOTE = ("ratio = exp(trainer logprob - sampler logprob) of each sampled token; k1, k2, k3: J. Schulman's "
-        "estimators of KL(sampler || trainer) (http://joschu.net/blog/kl-approx.html). All are exactly 0 "
-        "when every logprob is bit-identical (true on-policy).")
+        "estimators of KL(sampler || trainer) (http://joschu.net/blog/kl-approx.html); exact KL: the mean over "
+        "sampled tokens of KL(sampler || trainer) over the whole processed distributions (only where the sampler "
+        "ran in-process). All are exactly 0 when every logprob is bit-identical (true on-policy).")
 
 
 def metrics_table(pairs: list[dict]) -> Table:
     header = ["kernels", "micro-batch", "tokens", "bit-identical", "max |dlogp|", "mean |dlogp|", "p95 |dlogp|",
-              "ratio outside 0.9-1.1", "ratio outside 0.8-1.2", "k1", "k2", "k3", "backward"]
+              "ratio outside 0.9-1.1", "ratio outside 0.8-1.2", "k1", "k2", "k3", "exact KL", "backward"]
     rows = [[Code(p["kernels"]), f"{p['micro_batch']} ({p['padding']})", str(p["n_tokens"]),
              f"{p['frac_identical']:.1%}", *(fmt_float(p[k]) for k in ("dlogp_max", "dlogp_mean", "dlogp_p95")),
              f"{p['ratio_outside_0.1']:.1%}", f"{p['ratio_outside_0.2']:.1%}",
-             *(fmt_float(p[k]) for k in ("kl_k1", "kl_k2", "kl_k3")), _grads(p)] for p in pairs]
-    return Table(header, rows, [False, False] + [True] * 10 + [False])
+             *(fmt_float(p[k]) for k in ("kl_k1", "kl_k2", "kl_k3")), _exact(p), _grads(p)] for p in pairs]
+    return Table(header, rows, [False, False] + [True] * 11 + [False])
+
+
+def _exact(p: dict) -> str:
+    """The exact KL over the whole processed distributions ("-": the sampler's were not in-process)."""
+    return "-" if p.get("kl_exact") is None else fmt_float(p["kl_exact"])
 
 
 def _grads(p: dict) -> str:

@@ -31,10 +31,11 @@ ABLATION_COLUMNS = ["ops", "tokens_match", "activations_match", "first_token_div
 AMPLIFICATION_COLUMNS = ["step", "layer", "max_abs_diff"]
 RL_COLUMNS = ["kernels", "sampler", "trainer_condition", "micro_batch", "padding", "backward", "grad_finite",
               "n_tokens", "n_identical", "frac_identical", "bit_identical", "dlogp_max", "dlogp_mean", "dlogp_p95",
-              "ratio_out_0.1", "ratio_out_0.2", "kl_k1", "kl_k2", "kl_k3", "seqs_differ"]
+              "ratio_out_0.1", "ratio_out_0.2", "kl_k1", "kl_k2", "kl_k3", "kl_exact", "kl_exact_max", "seqs_differ"]
 #             one row per sampler/trainer pair of a `nondet rl` run (summary.json "rl" pairs; nondet/rl/compare.py):
 #             bit_identical: every sampled token's logprob bits equal; ratio_out_E: fraction of importance
-#             ratios outside [1-E, 1+E]; kl_k1/k2/k3: Schulman's KL(sampler || trainer) estimators
+#             ratios outside [1-E, 1+E]; kl_k1/k2/k3: Schulman's KL(sampler || trainer) estimators;
+#             kl_exact / kl_exact_max: mean / max per-token KL over the whole distributions (NaN: rollouts)
 _NULLABLE_INT = ["first_token_divergence", "first_numeric_divergence", "first_numeric_step", "completion_id",
                  "layer", "first_diff_index", "batch_size", "n_runs", "distinct_completions", "prompt_tokens"]
 _MODEL_TEXT = ["piece", "text"]  # model text: may hold raw bytes as lone surrogates

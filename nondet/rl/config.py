@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from nondet.errors import UsageError
 from nondet.probes.loading import ModelSpec
 
-PADDINGS = ("right", "left")  # how the trainer pads a micro-batch of unequal sequences
+PADDINGS = ("right", "left", "packed")  # how the trainer lays out a micro-batch: padded rows, or one packed row
 KERNEL_MODES = ("default", "batch-invariant")
 
 
@@ -21,8 +21,9 @@ class RLConfig:
     seed: int = 0  # request i samples with its own generator seeded seed + i
     sampler_batch: int = 8  # prompts per batched generate call (left-padded, as servers batch)
     micro_batches: tuple[int, ...] = (1, 4, 8)  # the trainer's micro-batch sizes, one condition each
-    padding: str = "right"  # the trainer's padding of unequal sequences: right | left
+    padding: str = "right"  # the trainer's layout: right | left padded rows, or packed (one row, positions restart)
     kernels: tuple[str, ...] = ("default",)  # modes, each on BOTH sides ("--confirm" = both modes)
+    exact_kl: bool = True  # keep the sampler's processed distributions: exact per-token KL (4 B x vocab a token)
     backward: bool = True  # run loss.backward() on every trainer micro-batch (autograd on)
     threads: int | None = None  # torch CPU threads (None = torch's default); fingerprinted
     out: str | None = None  # run directory (None = nondet-runs/<time>-rl)

@@ -52,7 +52,8 @@ def run_rl(config: RLConfig, on_condition: OnCondition | None = None, loaded=Non
         writer = RunWriter(RunDir(config.out or default_run_dir("rl")))
         writer.write_header(new_header("rl", asdict(config), config.argv), sampler.open().fingerprint)
         sampled = run_streams(sampler, writer, on_condition)
-        trainer = RLTrainerSource(config, loaded, run_ids, sequences_by_mode(sampled, config.kernels))
+        trainer = RLTrainerSource(config, loaded, run_ids, sequences_by_mode(sampled, config.kernels),
+                                  getattr(sampler, "distributions", None))  # in-process only: the exact KL
         trainer.open()
         run_streams(trainer, writer, on_condition)
         summary = write_summary(writer, config)

@@ -3,7 +3,9 @@
     {"modes": {}, "verdict": "...", "rl": {"pairs": [PAIR, ...], "processing": {...}}}
     PAIR = {"kernels": "default", "sampler": "default", "micro_batch": 4, "padding": "right",
             "trainer_condition": "default/trainer/mb4/right", "backward": true, "grad_finite": true,
-            **compare() metrics}          # n_tokens, frac_identical, dlogp_*, ratio_outside_*, kl_k*, first_diff
+            **compare() metrics,          # n_tokens, frac_identical, dlogp_*, ratio_outside_*, kl_k*, first_diff
+            "kl_exact": 0.0, "kl_exact_max": 0.0}  # exact KL(sampler || trainer) per token: mean, max
+                                                    # (None: the sampler's distributions were not in-process)
 
 Streams are matched by prompt_id; the trainer's tokens are the sampler's (asserted). Rollouts
 (kernels "external") pair with the trainer under every mode. Pure Python + numpy.
@@ -40,17 +42,28 @@ def _pair(cond: dict, streams: list[dict], samplers: dict) -> dict:
     sampler_mode = mode if mode in samplers else EXTERNAL
     sampler = samplers.get(sampler_mode, {})
     trainer = sorted((s for s in streams if s["condition_id"] == cond["condition_id"]), key=lambda s: s["prompt_id"])
-    s_lp, t_lp = [], []
+    s_lp, t_lp, kls = [], [], []
     for stream in trainer:
+        kls.append(stream.get("kl"))
         tokens, lps = _tokens_logprobs(stream)
         s_tokens, s_lps = sampler[stream["prompt_id"]]
         assert tokens == s_tokens, "the trainer teacher-forces the sampler's tokens"
         s_lp.append(s_lps)
         t_lp.append(lps)
-    metrics = compare(s_lp, t_lp) if t_lp else {}
+    metrics = {**compare(s_lp, t_lp), **exact_kl_metrics(kls)} if t_lp else {}
     facts = {k: cond.get(k) for k in ("micro_batch", "padding", "backward", "grad_finite", "grad_norm_max")}
     return {"kernels": mode, "sampler": sampler_mode, "trainer_condition": cond["condition_id"], **facts,
             "prompt_ids": [s["prompt_id"] for s in trainer], **metrics}
+
+
+def exact_kl_metrics(per_stream: list[list[str] | None]) -> dict:
+    """Mean and max of the trainer streams' exact per-token KLs (float.hex); None where any stream has none."""
+    if not per_stream or any(k is None for k in per_stream):
+        return {"kl_exact": None, "kl_exact_max": None}
+    values = [float.fromhex(x) for k in per_stream for x in k]
+    if not values:
+        return {"kl_exact": None, "kl_exact_max": None}
+    return {"kl_exact": sum(values) / len(values), "kl_exact_max": max(values)}
 
 
 def verdict(pairs: list[dict]) -> str:

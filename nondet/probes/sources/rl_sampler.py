@@ -6,6 +6,11 @@ processed distribution (temperature, top-k, top-p) with its own generator, seede
 seed + prompt index, so a prompt draws the same way in any batch and mode; it records each
 sampled token's logprob over that distribution, bits kept (float.hex), as vLLM's processed
 logprobs are. One StreamRecord per prompt; its prompt_id indexes the prompt set.
+
+With `exact_kl` the source also keeps, in memory, each sampled token's whole processed
+log-distribution ([tokens, vocab] fp32 on the CPU, 4 bytes x vocab per token): the trainer
+side computes the exact KL(sampler || trainer) against it and only the
+per-token KL reaches the run directory (probes/sources/rl_kl.py).
 """
 
 from dataclasses import dataclass
@@ -30,12 +35,14 @@ class SamplerBatch:
 class SampleRecorder:
     """A logits processor: each row samples its own token; the step's logprob is recorded."""
 
-    def __init__(self, seeds: list[int], processing: Processing) -> None:
+    def __init__(self, seeds: list[int], processing: Processing, keep_distributions: bool = False) -> None:
         import torch
 
         self.processing = processing
         self.generators = [torch.Generator().manual_seed(s) for s in seeds]
         self.steps: dict[int, list[dict]] = {r: [] for r in range(len(seeds))}
+        self.keep = keep_distributions  # the exact KL needs every step's whole processed distribution
+        self.distributions: dict[int, list] = {r: [] for r in range(len(seeds))}  # row -> [vocab] fp32 (CPU)
 
     def __call__(self, input_ids, scores):  # scores: [rows, vocab] fp32 logits of this step
         import torch
@@ -45,6 +52,8 @@ class SampleRecorder:
                   enumerate(self.generators)]
         for row, token in enumerate(chosen):
             self.steps[row].append({"token": token, "logprob": float(logprobs[row, token]).hex()})
+            if self.keep:
+                self.distributions[row].append(logprobs[row].detach().float().cpu().clone())
         forced = torch.full_like(scores, float("-inf"))
         forced[torch.arange(scores.shape[0]), chosen] = 0.0  # generate's argmax takes the sampled token
         return forced
@@ -58,6 +67,7 @@ class RLSamplerSource:
         self.loaded = loaded  # LoadedModel, shared with the trainer side
         self.run_ids = run_ids  # itertools.count shared by both sides: run ids unique in the run directory
         self.prompt_ids: list[list[int]] = []
+        self.distributions: dict[tuple[str, int], object] = {}  # (kernels, prompt_id) -> [tokens, vocab] fp32
 
     def open(self) -> Opened:
         tok = self.loaded.tokenizer
@@ -91,11 +101,23 @@ class RLSamplerSource:
     def _sample(self, plan: SamplerBatch) -> dict[int, list[dict]]:
         c, model, tok = self.config, self.loaded.model, self.loaded.tokenizer
         batch = left_padded([self.prompt_ids[i] for i in plan.prompt_ids], pad_id(tok))
-        recorder = SampleRecorder([c.seed + i for i in plan.prompt_ids], Processing(c.temperature, c.top_k, c.top_p))
+        recorder = SampleRecorder([c.seed + i for i in plan.prompt_ids], Processing(c.temperature, c.top_k, c.top_p),
+                                  keep_distributions=c.exact_kl)
         with kernels_mode(plan.kernels, model):
             generate(model, tok, batch, DecodeSettings(c.max_new_tokens, c.temperature, c.seed), recorder)
         eos = eos_ids(model, tok)
-        return {row: truncate_at_eos(steps, eos) for row, steps in recorder.steps.items()}
+        kept = {row: truncate_at_eos(steps, eos) for row, steps in recorder.steps.items()}
+        if c.exact_kl:
+            self._keep_distributions(plan, recorder, kept)
+        return kept
+
+    def _keep_distributions(self, plan: SamplerBatch, recorder: SampleRecorder, kept: dict) -> None:
+        import torch
+
+        for row, prompt_id in enumerate(plan.prompt_ids):
+            rows = recorder.distributions[row][:len(kept[row])]
+            if rows:
+                self.distributions[(plan.kernels, prompt_id)] = torch.stack(rows)
 
     def _stream(self, plan: SamplerBatch, row: int, prompt_id: int, steps: list[dict]) -> StreamRecord:
         tok = self.loaded.tokenizer

@@ -2,17 +2,24 @@
 
 Per kernels mode and micro-batch size, one condition: the sequences the sampler produced (or
 the rollouts) in micro-batches, padded right or left (position ids from the mask, as
-trainers pass them), `model.train()` with every dropout set to 0 and autograd on. The
+trainers pass them) or packed (the micro-batch's sequences concatenated into one row, position
+ids restarting per sequence, attention kept within each sequence: rl_packed.py),
+`model.train()` with every dropout set to 0 and autograd on. The
 logits that predicted each sampled token go through the sampler's processed distribution
 (the same temperature and truncation, probes/sources/rl_processed.py) and the sampled
 token's logprob is kept as float.hex. Then loss = -mean(logprob) and `loss.backward()`
 runs under the same kernels; the condition record says whether every gradient was finite.
+Where the sampler kept its processed distributions (in-process), each token's exact
+KL(sampler || trainer) is computed here and stored per stream (extra "kl", float.hex).
 """
 
 import contextlib
+import itertools
 from dataclasses import dataclass
 
 from nondet.probes.sources.base import Emit, Opened, Planned
+from nondet.probes.sources.rl_kl import exact_kl
+from nondet.probes.sources.rl_packed import packed
 from nondet.probes.sources.rl_processed import Processing, processed_logprobs
 from nondet.probes.sources.static import kernels_mode
 from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord, Summary
@@ -29,17 +36,19 @@ class Sequence:
 class TrainerPlan:
     kernels: str
     micro_batch: int
-    padding: str  # right | left
+    padding: str  # right | left | packed
 
 
 class RLTrainerSource:
     kind = "rl-trainer"
 
-    def __init__(self, config, loaded, run_ids, sequences: dict[str, list[Sequence]]) -> None:
+    def __init__(self, config, loaded, run_ids, sequences: dict[str, list[Sequence]],
+                 distributions: dict | None = None) -> None:
         self.config = config  # RLConfig
         self.loaded = loaded
         self.run_ids = run_ids
         self.sequences = sequences  # kernels mode -> the sequences to teacher-force under it
+        self.distributions = distributions or {}  # (kernels, prompt_id) -> sampler's [tokens, vocab] log-dist
 
     def open(self) -> Opened:
         from nondet.probes.numerics import fingerprint
@@ -51,20 +60,21 @@ class RLTrainerSource:
 
     def plan(self) -> list[Planned]:
         c = self.config
-        return [Planned(condition_id(mode, mb, c.padding), f"trainer mb={mb} {c.padding}-padded", mode,
+        return [Planned(condition_id(mode, mb, c.padding), f"trainer mb={mb} {layout_label(c.padding)}", mode,
                         TrainerPlan(mode, mb, c.padding)) for mode in c.kernels for mb in c.micro_batches]
 
     def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
         plan: TrainerPlan = planned.plan
         seqs = self.sequences[plan.kernels]
         grads = []
-        with training(self.loaded.model), kernels_mode(plan.kernels, self.loaded.model):
+        model = self.loaded.model
+        with training(model), kernels_mode(plan.kernels, model):
             for start in range(0, len(seqs), plan.micro_batch):
                 chunk = seqs[start:start + plan.micro_batch]
-                logprobs, grad = self._micro_batch(chunk, plan.padding)
+                logprobs, kls, grad = self._micro_batch(chunk, plan)
                 grads.append(grad)
-                for row, (seq, lps) in enumerate(zip(chunk, logprobs)):
-                    emit(self._stream(planned.condition_id, plan, row, seq, lps))
+                for row, (seq, lps, kl) in enumerate(zip(chunk, logprobs, kls)):
+                    emit(self._stream(planned.condition_id, plan, row, seq, lps, kl))
         return ConditionRecord(condition_id=planned.condition_id, kernels=plan.kernels, batch_size=plan.micro_batch,
                                positions=None, fillers="none", label=planned.label, load=self.kind,
                                extra={"side": "trainer", "micro_batch": plan.micro_batch, "padding": plan.padding,
@@ -76,37 +86,74 @@ class RLTrainerSource:
     def close(self) -> None:
         pass
 
-    def _micro_batch(self, chunk: list[Sequence], padding: str) -> tuple[list[list[float]], dict | None]:
-        """Forward (and backward) of one micro-batch -> per sequence its tokens' logprobs, gradient facts."""
+    def _micro_batch(self, chunk: list[Sequence], plan: TrainerPlan) -> tuple[list, list, dict | None]:
+        """Forward (and backward) of one micro-batch -> per sequence its tokens' logprobs and exact KLs
+        (None where the sampler's distributions are not at hand), gradient facts."""
         import torch
 
         model = self.loaded.model
-        ids, mask, offsets = padded([s.prompt + s.completion for s in chunk], padding, pad_token(self.loaded.tokenizer))
-        ids, mask = torch.tensor(ids, device=model.device), torch.tensor(mask, device=model.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [mb, width]: real tokens count from 0 on either side
+        ids, mask, positions, places = layout([s.prompt + s.completion for s in chunk], plan.padding,
+                                              pad_token(self.loaded.tokenizer))
+        ids, positions = torch.tensor(ids, device=model.device), torch.tensor(positions, device=model.device)
+        mask = None if mask is None else torch.tensor(mask, device=model.device)  # packed: none, positions say it
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
-        rows, cols, tokens = target_index(chunk, offsets)  # the logits row that predicted each sampled token
+        rows, cols, tokens = target_index(chunk, places)  # the logits row that predicted each sampled token
         c = self.config
         lp_all = processed_logprobs(logits[rows, cols], Processing(c.temperature, c.top_k, c.top_p))
         lp = lp_all.gather(-1, torch.tensor(tokens, device=model.device)[:, None])[:, 0]  # [n_tokens] fp32
+        kl = self._kl(chunk, plan.kernels, lp_all)
         grad = backward(model, lp) if c.backward else None
-        values = lp.detach().cpu().tolist()
-        out, at = [], 0
-        for s in chunk:
-            out.append(values[at:at + len(s.completion)])
-            at += len(s.completion)
-        return out, grad
+        return split(chunk, lp.detach().cpu().tolist()), split(chunk, kl), grad
 
-    def _stream(self, cid: str, plan: TrainerPlan, row: int, seq: Sequence, lps: list[float]) -> StreamRecord:
+    def _kl(self, chunk: list[Sequence], kernels: str, lp_all) -> list[float] | None:
+        """Exact KL(sampler || trainer) per token of the micro-batch, or None without the sampler's distributions."""
+        held = [self.distributions.get((kernels, s.prompt_id)) for s in chunk]
+        if any(h is None for h in held):
+            return None
+        import torch
+
+        with torch.no_grad():
+            sampler = torch.cat(held).to(lp_all.device)  # [n_tokens, vocab], the order target_index gives
+            return exact_kl(sampler, lp_all.detach()).cpu().tolist()
+
+    def _stream(self, cid: str, plan: TrainerPlan, row: int, seq: Sequence, lps: list[float],
+                kl: list[float] | None) -> StreamRecord:
+        extra = {"side": "trainer", "micro_batch": plan.micro_batch, "padding": plan.padding}
+        if kl is not None:
+            extra["kl"] = [float(x).hex() for x in kl]  # exact per-token KL(sampler || trainer), bits kept
         return StreamRecord(
             run_id=next(self.run_ids), condition_id=cid, kernels=plan.kernels, position=row, is_reference=False,
             prompt_id=seq.prompt_id, prompt_tokens=len(seq.prompt), finish="length",
-            steps=[StepRecord(token=t, logprob=float(lp).hex()) for t, lp in zip(seq.completion, lps)],
-            extra={"side": "trainer", "micro_batch": plan.micro_batch, "padding": plan.padding})
+            steps=[StepRecord(token=t, logprob=float(lp).hex()) for t, lp in zip(seq.completion, lps)], extra=extra)
 
 
 def condition_id(kernels: str, micro_batch: int, padding: str) -> str:
     return f"{kernels}/trainer/mb{micro_batch}/{padding}"
+
+
+def layout_label(padding: str) -> str:
+    return "packed" if padding == "packed" else f"{padding}-padded"
+
+
+def layout(rows: list[tuple[int, ...]], padding: str, pad: int) -> tuple[list, list | None, list, list]:
+    """(ids, mask or None, position ids, (row, offset) of each sequence) of one micro-batch."""
+    if padding == "packed":
+        ids, positions, places = packed(rows)
+        return ids, None, positions, places
+    ids, mask, offsets = padded(rows, padding, pad)
+    positions = [[max(0, c - 1) for c in itertools.accumulate(m)] for m in mask]  # real tokens count from 0
+    return ids, mask, positions, list(enumerate(offsets))
+
+
+def split(chunk: list[Sequence], values: list | None) -> list:
+    """Flat per-token values of a micro-batch -> one list per sequence (None stays None per sequence)."""
+    if values is None:
+        return [None] * len(chunk)
+    out, at = [], 0
+    for s in chunk:
+        out.append(values[at:at + len(s.completion)])
+        at += len(s.completion)
+    return out
 
 
 def padded(rows: list[tuple[int, ...]], padding: str, pad: int) -> tuple[list, list, list[int]]:
@@ -118,10 +165,10 @@ def padded(rows: list[tuple[int, ...]], padding: str, pad: int) -> tuple[list, l
     return ids, mask, offsets
 
 
-def target_index(chunk: list[Sequence], offsets: list[int]) -> tuple[list[int], list[int], list[int]]:
-    """Completion token j of row b sits at offset + P + j and is predicted by the logits one before."""
+def target_index(chunk: list[Sequence], places: list[tuple[int, int]]) -> tuple[list[int], list[int], list[int]]:
+    """Completion token j of a sequence at (row b, offset o) sits at o + P + j; the logits one before predict it."""
     rows, cols, tokens = [], [], []
-    for b, (s, o) in enumerate(zip(chunk, offsets)):
+    for s, (b, o) in zip(chunk, places):
         for j, t in enumerate(s.completion):
             rows.append(b)
             cols.append(o + len(s.prompt) + j - 1)

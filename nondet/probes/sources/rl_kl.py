@@ -1,0 +1,20 @@
+"""Exact per-token KL(sampler || trainer) from both sides' whole processed distributions (issue 14).
+
+    KL_t = sum_v p_s(v) * (log p_s(v) - log p_t(v)),   p_s = exp(sampler log-distribution)
+
+over the vocabulary of the step that drew token t. The k1/k2/k3 estimators (nondet.rl.compare)
+see only the sampled token; this is the quantity they estimate, available only where both
+sides run in-process. Truncated entries (-inf on the sampler side) carry no mass and add 0;
+a token the sampler could draw but the trainer's truncation removed gives +inf. When every
+logprob of the two rows is bit-identical each term is p * 0, so the KL is exactly 0.
+"""
+
+
+def exact_kl(sampler_logprobs, trainer_logprobs):
+    """[tokens, vocab] log-distributions (any float dtype, same device) -> [tokens] float64 KL."""
+    import torch
+
+    s, t = sampler_logprobs.double(), trainer_logprobs.double()
+    held = s > float("-inf")  # where the sampler's processed distribution has mass
+    terms = torch.where(held, s.exp() * (s - t), torch.zeros_like(s))  # fp64: no cancellation noise
+    return terms.sum(-1)
