@@ -113,6 +113,7 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
     given = {k: v for k, v in flags.items() if v is not None}
     label = _Labels(_where(source), set(given))
     values = {**_check_keys(file_values, label.where), **given}
+    _check_batch_sizes_used(given, file_values, _axes(given, file_values), label)
     if source is not None and isinstance(file_values.get("model"), str) and "model" not in given:
         values["model"] = _relative_to(file_values["model"], source.parent)
     return GateSettings(
@@ -241,6 +242,23 @@ def _batch_sizes(value, label: _Labels) -> tuple[int, ...]:
     if len(sizes) < 2:
         raise UsageError(f"{label('batch-sizes')} needs a size > 1 (1 alone is only the reference)")
     return sizes
+
+
+def _check_batch_sizes_used(flags: dict[str, Any], file_values: dict[str, Any], axes: tuple[str, ...],
+                            label: _Labels) -> None:
+    """batch-sizes sizes the batch axis only; a gate without it would ignore them silently. A file's
+    batch-sizes may serve its batch axis while flags pick another, so only the layer that names
+    the axes is held to this."""
+    if "batch" in axes:
+        return
+    named_by_flags = any(_names(flags.get(k)) for keys in AXIS_KEYS.values() for k in keys)
+    layer = flags if "batch-sizes" in flags or named_by_flags else file_values
+    if layer.get("batch-sizes") is None:
+        return
+    why = " (the speculative axis runs at batch size 1)" if "speculative" in axes else ""
+    raise UsageError(f"{label('batch-sizes')} applies to the batch axis, which this gate does not run "
+                     f"(axes: {', '.join(axes)}){why}; drop it, or add --require identical to gate the batch "
+                     "axis too")
 
 
 def _policy(flags: dict[str, Any], file_values: dict[str, Any], where: str) -> Policy:
