@@ -82,6 +82,11 @@ def probe(
                               "(prompt lookup), self:K (the model drafts for itself), draft[:K] (the embedded draft) "
                               "or draft:MODEL[:K]. Batch size 1 only (transformers' assisted decoding takes one "
                               "sequence), so it does not combine with --batch-sizes.")] = None,
+    tp: Annotated[Optional[str], typer.Option(
+        "--tp", help="Tensor parallelism: run every condition with N worker processes (transformers' "
+                     "tp_plan=\"auto\"; gloo on CPU, NCCL on CUDA, rank r on cuda:r). Several degrees, e.g. 1,2, "
+                     "share one run directory; the smallest holds the reference, and the summary shows the "
+                     "batch variance at each degree and each degree against it.")] = None,
 ) -> None:
     """Replay one prompt under varying batch sizes and positions; find where outputs diverge.
 
@@ -94,6 +99,7 @@ def probe(
     A server:  nondet probe --endpoint http://127.0.0.1:8000 --runs 16 --tokenizer DIR
     Speculative decoding:  nondet probe --speculative ngram:4,self:4 --confirm
     In a time budget:  nondet probe --batch-sizes 1,2,4,8,16 --budget 60
+    Tensor parallelism:  nondet probe --tp 1,2 --batch-sizes 1,2,8 --confirm
     """
     from nondet.cli.options import read_lines_file, read_targets
     from nondet.cli.probe_config import build_load_config, build_probe_config
@@ -110,7 +116,7 @@ def probe(
         fillers=read_lines_file(fillers, "fillers") if fillers else FILLERS,
         ragged=ragged, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
         kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads, speculative=speculative,
-        budget=budget,
+        budget=budget, **_tp_fields(tp),
     )
     result = run_keeping_streams(config, quiet=json_output)
     write_report_if_available(result.run_dir)
@@ -129,6 +135,15 @@ def probe(
     print_budget_notes(result.summary, console)
     print_speculative(result.summary, console)
     console.print(f"wall time: {result.seconds:.1f} s")
+
+
+def _tp_fields(tp: str | None) -> dict:
+    """--tp as typed -> {"tp": degrees}; none given -> {} (one process, as before)."""
+    if tp is None:
+        return {}
+    from nondet.probes.tp.degrees import parse_tp
+
+    return {"tp": parse_tp(tp)}
 
 
 def run_keeping_streams(config, quiet: bool):

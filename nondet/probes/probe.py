@@ -55,6 +55,9 @@ class ProbeConfig:
     # static load: seconds the probe may take; the sweep is planned to fit from short timing
     # calls and what is left out is said in summary.json "budget" (probes/budget.py); None = all
     budget: float | None = None
+    # tensor-parallel degrees (--tp 2 / --tp 1,2): static batches run by N worker processes per degree
+    # (probes/sources/tensor_parallel.py); the smallest degree holds the reference; () = one process
+    tp: tuple[int, ...] = ()
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -109,6 +112,10 @@ def run_streams(source: Source, writer: RunWriter | None, on_condition: OnCondit
 def make_source(config: ProbeConfig, on_progress=None) -> Source:
     """The source for the config's load: static batches, continuous batching, a live server, or
     speculative decoding (`speculative` forms given)."""
+    if config.tp:
+        from nondet.probes.sources.tensor_parallel import TensorParallelSource
+
+        return TensorParallelSource(config)
     if config.speculative:
         from nondet.probes.sources.speculative import SpeculativeSource
 
@@ -160,6 +167,11 @@ def _validate(config: ProbeConfig) -> None:
                          "--speculative)")
     if config.speculative:
         _validate_speculative(config)
+    if config.tp and min(config.tp) < 1:
+        raise UsageError("--tp: every tensor-parallel degree must be an integer >= 1, e.g. --tp 1,2")
+    if config.tp and (config.load.mode != "static" or config.speculative or config.budget is not None):
+        raise UsageError("--tp runs static batches in worker processes; drop --load / --endpoint / --speculative / "
+                         "--budget")
 
 
 def _validate_speculative(config: ProbeConfig) -> None:

@@ -1,0 +1,19 @@
+"""What one worker group runs: pickled to every rank when the group starts."""
+
+from dataclasses import dataclass
+
+from nondet.probes.loading import ModelSpec
+from nondet.probes.replay import DecodeSettings
+
+FAIL_ENV = "NONDET_TP_FAIL_RANK"  # test hook: "R" or "R:CODE" makes rank R exit with CODE before its first condition
+
+
+@dataclass(frozen=True)
+class Job:
+    spec: ModelSpec  # the model, as for the static probe
+    degree: int  # ranks in the group (1 = one process, no process group, no tp_plan)
+    conditions: tuple  # conditions.Condition, in the order they run (the source's plan for this degree)
+    inputs: tuple  # per prompt: (target ids, filler ids), tokenized once by the parent
+    settings: DecodeSettings
+    threads: int  # torch CPU threads per rank: the same at every degree, so TP1 vs TPN is not a thread count
+    port: int  # the rendezvous port on 127.0.0.1 (gloo / NCCL)

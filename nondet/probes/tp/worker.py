@@ -1,0 +1,130 @@
+"""One rank of a worker group: join the process group, load the model, run every condition.
+
+All ranks run the same generate calls in the same order (their collectives must pair up);
+rank 0 alone sends results to the parent, which writes the run directory. Messages on each
+rank's pipe: ("ready", rank, info), ("condition", condition_id, {row: steps}), ("done", rank, counts),
+("error", rank, error class name, one-line message). A worker never prints a traceback
+unless NONDET_DEBUG=1; it exits when its parent does (a watchdog thread), so no rank
+outlives a parent that was killed.
+"""
+
+import os
+import threading
+import time
+import traceback
+
+from nondet.probes.tp.job import FAIL_ENV, Job
+
+
+def main(rank: int, job: Job, pipe) -> None:
+    """The process target (spawned): every failure becomes one ("error", ...) message and exit 1."""
+    _quiet()
+    _watch_parent(os.getppid())
+    try:
+        _run(rank, job, pipe)
+    except BaseException as exc:  # noqa: BLE001 - the parent turns it into one line and stops the group
+        if os.environ.get("NONDET_DEBUG") == "1":
+            traceback.print_exc()
+        pipe.send(("error", rank, type(exc).__name__, _one_line(exc)))
+        pipe.close()
+        os._exit(1)
+    from nondet.kernels import collective
+
+    pipe.send(("done", rank, {"invariant_all_reduce_calls": collective.calls()}))
+    pipe.close()
+
+
+def _run(rank: int, job: Job, pipe) -> None:
+    import torch
+
+    from nondet.probes.numerics import fingerprint, numerics_scope
+    from nondet.probes.sources.static import replay_condition
+    from nondet.probes.tp.load import load_tp_model
+
+    device = _device(rank, job)
+    _join(rank, job, device)
+    with numerics_scope(job.threads):
+        loaded = load_tp_model(job.spec, job.degree, device)
+        if rank == 0:
+            kernels = ",".join(dict.fromkeys(c.kernels for c in job.conditions))
+            pipe.send(("ready", rank, {"fingerprint": fingerprint(loaded.description, kernels),
+                                       **_environment(job, device)}))
+        _maybe_fail(rank)
+        prompts = [list(target) for target, _ in job.inputs]
+        for condition in job.conditions:
+            target, fillers = job.inputs[condition.prompt_id]
+            rows = replay_condition(loaded.model, loaded.tokenizer, condition, list(target),
+                                    [list(f) for f in fillers], job.settings, prompts)
+            if rank == 0:
+                pipe.send(("condition", condition.condition_id, rows))
+    if job.degree > 1:
+        torch.distributed.destroy_process_group()
+
+
+def _device(rank: int, job: Job) -> str:
+    if job.spec.device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(rank)
+        return f"cuda:{rank}"
+    return "cpu"
+
+
+def _join(rank: int, job: Job, device: str) -> None:
+    """The process group (gloo on CPU, NCCL on CUDA), from the env variables transformers reads too."""
+    if job.degree == 1:
+        return
+    import datetime
+
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(job.degree),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(job.port))
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=job.degree, timeout=datetime.timedelta(minutes=10))
+
+
+def _environment(job: Job, device: str) -> dict:
+    """The fingerprint's tensor-parallel facts of this group: backend, NCCL and its settings."""
+    import torch
+
+    nccl = None
+    if device.startswith("cuda") and hasattr(torch.cuda, "nccl"):
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    return {"degree": job.degree, "backend": None if job.degree == 1 else ("nccl" if nccl else "gloo"),
+            "nccl_version": nccl, "nccl_algo": os.environ.get("NCCL_ALGO"),
+            "nccl_proto": os.environ.get("NCCL_PROTO"), "threads_per_rank": job.threads}
+
+
+def _maybe_fail(rank: int) -> None:
+    """The injected failure of the tests: this rank dies as a crashed worker would, no message."""
+    wanted = os.environ.get(FAIL_ENV, "")
+    if wanted and int(wanted.split(":")[0]) == rank:
+        os._exit(int(wanted.split(":")[1]) if ":" in wanted else 17)
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the parent is gone (killed before it could stop us): no orphaned rank waits forever."""
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _quiet() -> None:
+    # transformers' load-time notices would interleave from N ranks; errors still reach the parent.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    warnings.filterwarnings("ignore")
+    hf_logging.disable_progress_bar()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:400] if text else type(exc).__name__
