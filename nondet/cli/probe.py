@@ -134,6 +134,7 @@ def probe(
     print_load_notes(result.summary, console)
     print_budget_notes(result.summary, console)
     print_speculative(result.summary, console)
+    print_tp_lines(result.summary, console)
     console.print(f"wall time: {result.seconds:.1f} s")
 
 
@@ -217,6 +218,20 @@ def print_load_notes(summary: dict, console) -> None:
     console.print(f"load: {load['mode']}{level}")
     for note in load.get("notes", []):
         console.print(f"note: {note}")
+
+
+def print_tp_lines(summary: dict, console) -> None:
+    """--tp: per kernels mode, the batch variance at each degree and each degree against the reference."""
+    from nondet.fmt import fmt_step
+
+    section = summary.get("tensor_parallel")
+    for mode, m in (section or {}).get("modes", {}).items():
+        degrees = "; ".join(f"TP{r['tp']} {r['distinct_completions']} distinct, bits from step "
+                            f"{fmt_step(r['first_numeric_divergence'])}" for r in m["by_degree"])
+        versus = "; ".join(f"TP{r['tp']} vs TP{r['against']}: tokens from step "
+                           f"{fmt_step(r['first_token_divergence'])}, bits from step "
+                           f"{fmt_step(r['first_numeric_divergence'])}" for r in m["vs_reference"])
+        console.print(f"tensor parallel, {mode}: {degrees}" + (f"; {versus}" if versus else ""), soft_wrap=True)
 
 
 def print_budget_notes(summary: dict, console) -> None:

@@ -16,6 +16,7 @@ from nondet.reports.blocks import (Branch, BranchPoint, Code, CodeBlock, Model, 
 from nondet.reports.bisect_sections import ablation_blocks, bisect_blocks
 from nondet.reports.speculative import speculative_sections
 from nondet.reports.tables import RunTables
+from nondet.reports.tensor_parallel import tensor_parallel_sections
 from nondet.verdict import report_verdict
 
 CONTEXT_BEFORE, CONTEXT_AFTER = 12, 16  # tokens shown around a split in the token diff
@@ -28,6 +29,7 @@ def build_report(t: RunTables) -> Report:
         Section("Verdict", "verdict", [_verdict(t), *_gate_note(t), *_model_note(t)]),
         Section("Conditions", "conditions", _conditions(t)),
         *speculative_sections(t),
+        *tensor_parallel_sections(t),
         Section("Branch tree", "branch-tree", _tree(t)),
         Section("Token diff", "token-diff", _token_diffs(t)),
         Section("Figures", "figures", []),
