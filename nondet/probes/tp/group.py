@@ -29,7 +29,8 @@ class WorkerGroup:
         self.job = job
         context = mp.get_context("spawn")
         pipes = [context.Pipe(duplex=False) for _ in range(job.degree)]
-        self.conns = [receive for receive, _ in pipes]
+        self.conns = [receive for receive, _ in pipes]  # the pipes still open
+        self.rank0 = self.conns[0]  # results come from rank 0 alone
         # daemon: should the parent exit without close(), multiprocessing still stops the ranks
         self.processes = [context.Process(target=worker.main, args=(rank, job, send), daemon=True,
                                           name=f"nondet-tp{job.degree}-rank{rank}")
@@ -50,11 +51,11 @@ class WorkerGroup:
                 message = self._receive(conn)
                 if message and message[0] == "error":
                     self.errors.append(message)
-                elif message and conn is self.conns[0] and message[0] == expect:
+                elif message and conn is self.rank0 and message[0] == expect:
                     return message
             if self.errors:
                 raise self._stop(self._error(self.errors[0]))
-            self._check_alive(expect)
+            self._check_alive()
 
     def _receive(self, conn):
         try:
@@ -87,13 +88,12 @@ class WorkerGroup:
         self.close()
         return done
 
-    def _check_alive(self, expect: str) -> None:
+    def _check_alive(self) -> None:
         dead = self._died()
         if dead:
             self.close()
             rank, code = dead[0]
-            raise WorkerError(f"tensor-parallel worker rank {rank} of {self.job.degree} died (exit code {code}) "
-                              f"while the parent waited for {expect!r}; all ranks were stopped")
+            raise died(rank, self.job.degree, code)
 
     def _died(self) -> list[tuple[int, int]]:
         """Ranks that exited with a failure code."""
@@ -113,8 +113,7 @@ class WorkerGroup:
         self.close()
         if silent:
             rank, code = silent[0]
-            return WorkerError(f"tensor-parallel worker rank {rank} of {self.job.degree} died (exit code {code}); "
-                               "all ranks were stopped")
+            return died(rank, self.job.degree, code)
         return error
 
     def _error(self, message: tuple) -> NondetError:
@@ -122,6 +121,10 @@ class WorkerGroup:
         error = _ERRORS.get(kind, WorkerError)
         prefix = "" if error is not WorkerError else f"tensor-parallel worker rank {rank} failed: {kind}: "
         return error(f"{prefix}{text}")
+
+
+def died(rank: int, degree: int, code: int) -> WorkerError:
+    return WorkerError(f"tensor-parallel worker rank {rank} of {degree} died (exit code {code}); all ranks were stopped")
 
 
 def free_port() -> int:

@@ -1,0 +1,170 @@
+"""Issue 16: `nondet probe --tp` on the CPU (gloo, 2 processes, transformers' tp_plan="auto").
+
+One `--tp 1,2 --confirm --inject-variance` run carries the acceptance: one run directory from
+two worker groups, the report's TP1-vs-TP2 comparison, a positive control that fires on any
+host (the injected batch-variant norm: bits differ at every degree under default kernels) and
+the negative control (the mode at TP2: one completion, the same bits at every batch size).
+Bad input: heads that do not divide, a rank that dies (injected with NONDET_TP_FAIL_RANK):
+one line, exit 2 / 3, and no process of the run left behind.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from nondet.errors import UsageError
+from nondet.probes.tp.degrees import check_devices, check_heads, parse_tp
+
+
+def nondet(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def tp_run(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp") / "run"
+    r = nondet("probe", "--tp", "1,2", "--model", str(tiny_model_dir), "--prompt", "Tell me about Richard Feynman",
+               "--batch-sizes", "1,2,5", "--max-new-tokens", "6", "--confirm", "--inject-variance",
+               "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    return out, json.loads(r.stdout)
+
+
+# -- the run directory ----------------------------------------------------------------------
+
+
+def test_one_run_directory_holds_both_degrees_and_one_reference_per_mode(tp_run):
+    out, _ = tp_run
+    conditions = jsonl(out / "conditions.jsonl")
+    assert {(c["kernels"], c["tp"]) for c in conditions} == {(k, d) for k in ("default", "batch-invariant")
+                                                           for d in (1, 2)}
+    assert "default/tp2/bs5/ends" in {c["condition_id"] for c in conditions}
+    streams = jsonl(out / "streams.jsonl")
+    refs = [(s["kernels"], s["tp"]) for s in streams if s["is_reference"]]
+    assert sorted(refs) == [("batch-invariant", 1), ("default", 1)]  # TP1 alone at batch 1 is the reference
+    assert len({s["run_id"] for s in streams}) == len(streams)
+
+
+def test_positive_control_fires_at_every_degree(tp_run):
+    _, summary = tp_run
+    by_degree = summary["tensor_parallel"]["modes"]["default"]["by_degree"]
+    assert [r["tp"] for r in by_degree] == [1, 2]
+    # the injected norm takes another path when rows share the call: bits differ at the first decode step
+    assert all(r["first_numeric_divergence"] == 1 for r in by_degree), by_degree
+
+
+def test_negative_control_the_mode_at_tp2_is_one_completion_with_the_same_bits(tp_run):
+    out, summary = tp_run
+    tp2 = next(r for r in summary["tensor_parallel"]["modes"]["batch-invariant"]["by_degree"] if r["tp"] == 2)
+    assert tp2["n_runs"] == 5 and tp2["distinct_completions"] == 1 and tp2["first_numeric_divergence"] is None
+    groups = json.loads((out / "fingerprint.json").read_text())["tensor_parallel"]["groups"]
+    tp2_group = next(g for g in groups if g["degree"] == 2)
+    assert tp2_group["backend"] == "gloo" and tp2_group["invariant_all_reduce_calls"] > 0  # the mode's collective ran
+
+
+def test_fingerprint_records_the_collective_and_nccl_settings(tp_run):
+    out, _ = tp_run
+    section = json.loads((out / "fingerprint.json").read_text())["tensor_parallel"]
+    assert section["degrees"] == [1, 2] and section["reference_degree"] == 1
+    assert section["collective"]["batch-invariant"].startswith("all_gather + sum in rank order")
+    assert {"nccl_algo", "nccl_proto", "nccl_version"} <= set(section)
+    assert [g["degree"] for g in section["groups"]] == [1, 2]
+
+
+def test_report_shows_tp1_vs_tp2_and_the_run_directory_stays_readable(tp_run):
+    out, summary = tp_run
+    versus = summary["tensor_parallel"]["modes"]["default"]["vs_reference"]
+    assert [(r["tp"], r["against"]) for r in versus] == [(2, 1)]
+    report = (out / "report.md").read_text()
+    assert "## Tensor parallelism" in report and "| default | TP2 | TP1 |" in report
+    r = nondet("report", str(out))  # the existing report reads it again
+    assert r.returncode == 0, r.stderr
+    from nondet.reports.tables import read_tables
+
+    assert len(read_tables(out).runs) == sum(m["n_runs"] for m in summary["modes"].values())
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+def _leftovers(marker: str) -> list[int]:
+    """Live processes whose environment holds the marker (the run's ranks inherit it)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker.encode() in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def _without_leftovers(marker: str) -> list[int]:
+    deadline = time.monotonic() + 10
+    while _leftovers(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _leftovers(marker)
+
+
+def test_a_rank_that_dies_is_one_line_exit_3_and_leaves_no_process(tiny_model_dir, tmp_path):
+    marker = f"NONDET_TP_TEST_MARKER={uuid.uuid4().hex}"
+    r = nondet("probe", "--tp", "2", "--model", str(tiny_model_dir), "--prompt", "hello there",
+               "--batch-sizes", "1,2", "--max-new-tokens", "3", "--out", str(tmp_path / "run"),
+               env={"NONDET_TP_FAIL_RANK": "1", marker.split("=")[0]: marker.split("=")[1]})
+    assert r.returncode == 3, r.stderr
+    assert r.stderr == "nondet: error: tensor-parallel worker rank 1 of 2 died (exit code 17); all ranks were stopped\n"
+    assert _without_leftovers(marker) == []
+
+
+def test_heads_that_do_not_divide_are_a_usage_error(tiny_model_dir, tmp_path):
+    r = nondet("probe", "--tp", "1,3", "--model", str(tiny_model_dir), "--out", str(tmp_path / "run"))
+    assert r.returncode == 2
+    assert r.stderr == ("nondet: error: --tp 3: the model has 4 attention heads and 2 key/value heads, which do not "
+                        "divide by 3; pick a degree that divides both\n")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("text,message", [("0", "must be an integer >= 1"), ("two", "'two' is not an integer")])
+def test_bad_tp_values_are_usage_errors(text, message):
+    with pytest.raises(UsageError, match=message):
+        parse_tp(text)
+
+
+def test_tp_degrees_parse_sorted_and_unique():
+    assert parse_tp("2,1,2") == (1, 2) and parse_tp("4") == (4,)
+
+
+def test_more_ranks_than_visible_gpus_is_a_usage_error(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(UsageError, match=r"--tp 2 needs 2 GPUs, but 1 are visible"):
+        check_devices("cuda", (1, 2))
+    check_devices("cuda", (1,))
+    check_devices("cpu", (8,))  # CPU ranks are processes: any degree
+
+
+def test_check_heads_counts_kv_heads_too():
+    from types import SimpleNamespace
+
+    check_heads(SimpleNamespace(num_attention_heads=8, num_key_value_heads=4), (1, 2, 4))
+    with pytest.raises(UsageError, match="--tp 8: the model has 8 attention heads and 4 key/value heads"):
+        check_heads(SimpleNamespace(num_attention_heads=8, num_key_value_heads=4), (8,))
+
+
+def test_tp_with_another_load_is_a_usage_error(tmp_path):
+    r = nondet("probe", "--tp", "2", "--load", "continuous", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2
+    assert r.stderr.startswith("nondet: error: --tp runs static batches in worker processes")
