@@ -20,7 +20,8 @@ def bisect(
     condition: Annotated[Optional[str], typer.Option(
         help="Condition to bisect, e.g. default/bs8/ends or bs8/ends. Default: the one that flips first.")] = None,
     position: Annotated[Optional[int], typer.Option(
-        help="Target row of that condition. Default: its row that diverges first.")] = None,
+        help="Target row of that condition (an rl run: the sequence's prompt id). Default: the first to diverge.")
+    ] = None,
     max_steps: Annotated[Optional[int], typer.Option(
         help="Decode steps to replay. Default: through the probe's token flip (all steps if none).")] = None,
     ablation: Annotated[bool, typer.Option(
@@ -50,10 +51,14 @@ def bisect(
     A speculative condition (`nondet probe --speculative`) is replayed as one-token decoding
     vs the verification rounds its stream recorded (k+1 rows per forward), teacher-forced,
     comparing each logical position's activations.
+    An rl run (`nondet rl`) is replayed as the sampler's decode (KV cache, its batch) vs the
+    trainer's teacher-forced prefill of the same sequence in its micro-batch; step s is the
+    position whose logits give sampled token s. --condition names a trainer condition.
     Writes bisect.json, bisect_modules.csv and ablation.json into the run directory.
 
     Example:  nondet bisect nondet-runs/20261122-031500-probe --condition bs8/ends
               nondet bisect RUN_DIR --condition spec/self4
+              nondet bisect RL_RUN_DIR --condition trainer/mb4/right
     """
     from nondet.errors import UsageError
     from nondet.probes.bisect import BisectConfig
@@ -107,17 +112,21 @@ def _run_with_status(config, quiet: bool):
     from rich.console import Console
 
     from nondet.probes.bisect import run_bisect
+    from nondet.probes.bisect.rl import is_rl_run, run_rl_bisect
 
+    run = run_rl_bisect if is_rl_run(config.run_dir) else run_bisect  # an rl run: sampler vs trainer
     if quiet:
-        return run_bisect(config)
+        return run(config)
     with Console(stderr=True).status("bisect") as status:
-        return run_bisect(config, lambda text: status.update(f"bisect: {text}"))
+        return run(config, lambda text: status.update(f"bisect: {text}"))
 
 
 def print_bisect(b: dict, modules: list[dict], console) -> None:
     from rich.text import Text
 
     console.print(_origin_line(b))
+    if b.get("rl"):
+        console.print(_rl_line(b["rl"]))
     if b.get("reference_reproduced") is False:
         console.print("warning: the replayed reference's tokens differ from the probe's reference stream "
                       "(other threads, library versions or device?); attribution is for this replay",
@@ -132,8 +141,21 @@ def print_bisect(b: dict, modules: list[dict], console) -> None:
         minimal = b.get("minimal_set")
         console.print(Text("minimal set that removes the divergence: "
                            + (" + ".join(minimal) if minimal else "none found"), style="bold"))
+        if b.get("rl"):
+            equal = [" + ".join(e["ops"]) for e in b["ablation"] if e.get("logprobs_match")]
+            console.print("every logprob bit-identical (KL exactly 0) with batch-invariant: "
+                          + (", ".join(equal) if equal else "none of these"))
     elif b["origin"] is not None:
         console.print("ablation: not run (--no-ablation, or a batch-invariant condition)")
+
+
+def _rl_line(rl: dict) -> str:
+    """Which two computations an rl bisect compared (bisect.json "rl")."""
+    first = rl["first_logprob_step"]
+    return (f"rl: sequence {rl['sequence']}: sampler decode (batch {rl['sampler_batch']}, row {rl['sampler_row']}) vs "
+            f"trainer prefill (micro-batch {rl['micro_batch']}, {rl['padding']}); step s = the position giving "
+            f"sampled token s; logprobs " + (f"first differ at token {first}" if first is not None else
+                                             f"bit-identical over {rl['tokens']} tokens"))
 
 
 def _table_steps(b: dict) -> list[int]:
