@@ -206,3 +206,66 @@ def test_cli_prints_the_table(tiny_model_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "sampler vs trainer logprobs" in proc.stdout and "true on-policy" in proc.stdout
     assert (tmp_path / "run" / "report.md").exists()
+
+
+# -- the sampler on a live server (--endpoint) --------------------------------------------------------
+
+
+class _IdsStub:
+    """A tiny /v1/completions answering vLLM-style: sampled token ids ("token_id:N") and their logprobs."""
+
+    def __enter__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self._send({"object": "list", "data": [{"id": "stub"}]})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                n = body["max_tokens"]
+                lp = {"tokens": [f"token_id:{10 + k}" for k in range(n)], "token_logprobs": [-0.5] * n}
+                self._send({"choices": [{"index": 0, "text": "", "finish_reason": "length", "logprobs": lp}]})
+
+            def _send(self, obj):
+                raw = json.dumps(obj).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_endpoint_sampler_pairs_with_the_trainer(tiny_model_dir, tmp_path):
+    with _IdsStub() as stub:
+        result = run_rl(config(tiny_model_dir, tmp_path / "run", endpoint=stub.url, micro_batches=(4,),
+                               kernels=("batch-invariant",)))
+    (p,) = pairs(result, "batch-invariant")
+    assert p["sampler"] == "external" and p["n_tokens"] == 24 and p["kl_exact"] is None
+    assert p["frac_identical"] == 0.0  # the stub's logprobs are made up: the detector fires
+
+
+def test_endpoint_without_logprobs_exits_5_in_one_line(tiny_model_dir, tmp_path):
+    from stub_server import StubServer
+
+    with StubServer(mode="nologprobs") as stub:
+        proc = subprocess.run([sys.executable, "-m", "nondet", "rl", str(tiny_model_dir), "--endpoint", stub.url,
+                               "--max-new-tokens", "3", "--out", str(tmp_path / "run")],
+                              capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 5
+    assert proc.stderr.strip() == (f"nondet: error: the server at {stub.url} returned no logprobs: nondet rl needs "
+                                   "the sampler's logprob of every sampled token (vLLM returns them; "
+                                   "`transformers serve` does not)")

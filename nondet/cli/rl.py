@@ -19,6 +19,9 @@ def rl(
         "--prompts", help="JSONL of sampler prompts: a JSON string or {\"prompt\": ...} a line (default: 8 built-in).")] = None,
     rollouts: Annotated[Optional[Path], typer.Option(
         "--rollouts", help="JSONL of exported rollouts {prompt_ids, completion_ids, logprobs}: trainer side only.")] = None,
+    endpoint: Annotated[Optional[str], typer.Option(
+        "--endpoint", help="A live OpenAI-compatible server samples (must return logprobs and token ids, e.g. "
+        "vLLM); MODEL is the trainer's copy of its weights.")] = None,
     max_new_tokens: o.MaxNewTokensOpt = 32,
     temperature: Annotated[float, typer.Option(help="Sampling temperature (> 0), replayed by the trainer.")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", help="Keep the k largest logits; 0 = off.")] = 0,
@@ -60,6 +63,7 @@ def rl(
 
     Example:  nondet rl --micro-batch 1,4,8 --confirm
     Rollouts:  nondet rl MODEL_DIR --rollouts rollouts.jsonl --temperature 1
+    Server:    nondet rl MODEL_DIR --endpoint http://127.0.0.1:8000 --micro-batch 4
     """
     from nondet.errors import UsageError
     from nondet.probes.loading import ModelSpec
@@ -74,6 +78,7 @@ def rl(
         model=ModelSpec(name=model_arg or model, dtype=dtype, device=device, attn_implementation=attn_implementation,
                         trust_remote_code=trust_remote_code, inject_variance=inject_variance),
         prompts=read_prompts(str(prompts)) if prompts else (), rollouts=str(rollouts) if rollouts else None,
+        endpoint=endpoint,
         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         sampler_batch=sampler_batch, micro_batches=parse_sizes(micro_batch), padding=padding,
         kernels=("default", "batch-invariant") if confirm else (kernels,), backward=not no_backward,

@@ -14,6 +14,7 @@ class RLConfig:
     model: ModelSpec = field(default_factory=ModelSpec)
     prompts: tuple[str, ...] = ()  # sampler prompts (empty = the built-in demo prompts)
     rollouts: str | None = None  # JSONL of exported rollouts: the trainer side only
+    endpoint: str | None = None  # a live server samples (OpenAI-compatible, must return logprobs + token ids)
     max_new_tokens: int = 32  # sampled tokens per prompt (fewer where EOS comes first)
     temperature: float = 1.0  # RL samples at 1; 0 (greedy) has no sampling distribution to compare
     top_k: int = 0  # 0 = off; else keep the k largest logits (ties kept)
@@ -46,5 +47,7 @@ def validate(config: RLConfig) -> None:
     for mode in config.kernels:
         if mode not in KERNEL_MODES:
             raise UsageError(f"--kernels must be one of {', '.join(KERNEL_MODES)}, not {mode!r}")
+    if config.endpoint and config.rollouts:
+        raise UsageError("give either --endpoint (a server samples) or --rollouts (exported samples), not both")
     if not config.rollouts and not all(p.strip() for p in config.prompts):
         raise UsageError("a prompt is empty; every line of --prompts needs text")

@@ -20,6 +20,7 @@ from nondet.probes.numerics import numerics_scope
 from nondet.probes.probe import OnCondition, default_run_dir, run_streams
 from nondet.probes.sources.rl_rollouts import RolloutsSource
 from nondet.probes.sources.rl_sampler import RLSamplerSource
+from nondet.probes.sources.rl_server import RLServerSamplerSource
 from nondet.probes.sources.rl_trainer import RLTrainerSource, Sequence
 from nondet.rl.config import RLConfig, validate
 from nondet.rl.rollouts import check_vocabulary, read_rollouts
@@ -48,7 +49,7 @@ def run_rl(config: RLConfig, on_condition: OnCondition | None = None, loaded=Non
         if rollouts:
             check_vocabulary(rollouts, loaded.model.get_input_embeddings().num_embeddings, config.rollouts)
         run_ids = itertools.count()
-        sampler = RolloutsSource(rollouts, loaded, run_ids) if rollouts else RLSamplerSource(config, loaded, run_ids)
+        sampler = sampler_source(config, rollouts, loaded, run_ids)
         writer = RunWriter(RunDir(config.out or default_run_dir("rl")))
         writer.write_header(new_header("rl", asdict(config), config.argv), sampler.open().fingerprint)
         sampled = run_streams(sampler, writer, on_condition)
@@ -58,6 +59,15 @@ def run_rl(config: RLConfig, on_condition: OnCondition | None = None, loaded=Non
         run_streams(trainer, writer, on_condition)
         summary = write_summary(writer, config)
     return RLResult(writer.run_dir.path, summary, time.perf_counter() - started)
+
+
+def sampler_source(config: RLConfig, rollouts, loaded, run_ids):
+    """Exported rollouts, a live server (--endpoint), or generate in-process."""
+    if rollouts:
+        return RolloutsSource(rollouts, loaded, run_ids)
+    if config.endpoint:
+        return RLServerSamplerSource(config, loaded, run_ids)
+    return RLSamplerSource(config, loaded, run_ids)
 
 
 def sequences_by_mode(sampled: list[dict], modes: tuple[str, ...]) -> dict[str, list[Sequence]]:

@@ -1,0 +1,105 @@
+"""The RL sampler side on a live server: `nondet rl MODEL --endpoint URL` (issue 14).
+
+Each prompt is sent alone to the server's OpenAI-compatible /v1/completions as token ids,
+sampled with the run's temperature, top-k, top-p and a per-request seed (seed + prompt index),
+asking for the sampled tokens' logprobs and their ids (vLLM: `logprobs`, `return_tokens_as_token_ids`;
+serve vLLM with `--logprobs-mode processed_logprobs` so they are over the processed
+distribution the trainer replays). The answers become sampler streams of kernels "external"
+(the server's own kernels), which the trainer side pairs with every kernels mode, as rollouts.
+
+A server that returns no logprobs gives nothing to compare: one line, exit 5
+(ServerResponseError), before any trainer forward runs; streams already answered stay on disk.
+"""
+
+from nondet.errors import ServerResponseError
+from nondet.probes.sources.base import Emit, Opened, Planned
+from nondet.probes.sources.rl_rollouts import EXTERNAL
+from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord, Summary
+
+CONDITION_ID = "external/server"
+TOKEN_ID_PREFIX = "token_id:"  # vLLM's spelling of a token under return_tokens_as_token_ids
+
+
+class RLServerSamplerSource:
+    kind = "rl-server"
+
+    def __init__(self, config, loaded, run_ids) -> None:
+        self.config = config  # RLConfig with an endpoint
+        self.loaded = loaded  # the trainer's model; its tokenizer turns prompts into the ids sent
+        self.run_ids = run_ids
+        self.prompt_ids: list[list[int]] = []
+
+    def open(self) -> Opened:
+        from nondet.probes.numerics import fingerprint
+
+        tok = self.loaded.tokenizer
+        self.prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in self.config.prompts]
+        return Opened(fingerprint(self.loaded.description, f"{EXTERNAL} ({self.config.endpoint})"))
+
+    def attach(self, writer) -> None:
+        pass
+
+    def plan(self) -> list[Planned]:
+        return [Planned(CONDITION_ID, f"server sampler {self.config.endpoint}", EXTERNAL, None)]
+
+    def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
+        from nondet.probes.traffic.client import Client, ClientSettings
+
+        client = Client(ClientSettings(self.config.endpoint))
+        model = served_model(client)
+        for i, ids in enumerate(self.prompt_ids):
+            tokens, logprobs = sampled(client.post("/v1/completions", self._payload(i, ids, model)).body,
+                                       self.config.endpoint)
+            emit(StreamRecord(
+                run_id=next(self.run_ids), condition_id=CONDITION_ID, kernels=EXTERNAL, position=None,
+                is_reference=True, prompt_id=i, prompt_tokens=len(ids), finish="length",
+                steps=[StepRecord(token=t, logprob=float(lp).hex()) for t, lp in zip(tokens, logprobs)],
+                extra={"side": "sampler", "prompt_ids": list(ids)}))
+        return ConditionRecord(condition_id=CONDITION_ID, kernels=EXTERNAL, batch_size=None, positions=None,
+                               fillers="none", label="server sampler", load=self.kind,
+                               extra={"side": "sampler", "endpoint": self.config.endpoint})
+
+    def summarize(self, streams: list[dict]) -> Summary:
+        return Summary(modes={})  # nondet rl's summary pairs both sides: nondet.rl.summary
+
+    def close(self) -> None:
+        pass
+
+    def _payload(self, index: int, ids: list[int], model: str | None) -> dict:
+        c = self.config
+        body = {"prompt": list(ids), "max_tokens": c.max_new_tokens, "temperature": c.temperature,
+                "top_p": c.top_p, "seed": c.seed + index, "logprobs": 1, "return_tokens_as_token_ids": True}
+        if c.top_k:
+            body["top_k"] = c.top_k  # vLLM's extension of the OpenAI API
+        if model:
+            body["model"] = model
+        return body
+
+
+def served_model(client) -> str | None:
+    """The first model id /v1/models lists (the request names it); None when it lists none."""
+    from nondet.probes.sources.server import identify
+
+    models = identify(client)["models"]
+    return models[0] if models else None
+
+
+def sampled(body: dict, endpoint: str) -> tuple[list[int], list[float]]:
+    """(token ids, their logprobs) of a completion answer; ServerResponseError (exit 5) when unusable."""
+    choice = (body.get("choices") or [{}])[0] if isinstance(body, dict) else {}
+    lp = choice.get("logprobs") if isinstance(choice, dict) else None
+    values = lp.get("token_logprobs") if isinstance(lp, dict) else None
+    if not values or any(v is None for v in values):
+        raise ServerResponseError(f"the server at {endpoint} returned no logprobs: nondet rl needs the sampler's "
+                                  "logprob of every sampled token (vLLM returns them; `transformers serve` does not)")
+    tokens = [_token_id(t, endpoint) for t in lp.get("tokens") or []]
+    if len(tokens) != len(values):
+        raise ServerResponseError(f"the server at {endpoint} returned {len(tokens)} tokens but {len(values)} logprobs")
+    return tokens, [float(v) for v in values]
+
+
+def _token_id(token, endpoint: str) -> int:
+    if isinstance(token, str) and token.startswith(TOKEN_ID_PREFIX) and token[len(TOKEN_ID_PREFIX):].isdigit():
+        return int(token[len(TOKEN_ID_PREFIX):])
+    raise ServerResponseError(f"the server at {endpoint} returned tokens as text, not ids; nondet rl needs the "
+                              "sampled ids (vLLM: return_tokens_as_token_ids)")
