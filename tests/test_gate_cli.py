@@ -1,7 +1,7 @@
 """`nondet gate` end to end on the embedded default: every exit code from a real case."""
 
-import os
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -127,10 +127,35 @@ def test_help_documents_the_exit_codes_and_imports_no_torch():
         assert line in out.stdout
 
 
+def test_several_prompts_share_batches_in_one_run_directory(tmp_path, tiny_model_dir):
+    # the default (positions auto): every row a target, so one probe whose batches hold both prompts
+    r = gate(str(tiny_model_dir), "-p", "first prompt", "-p", "second <prompt>", "-b", "1,2", "-n", "4",
+             "--min-divergence-step", "0", "--junit", "junit.xml", "--out", "run", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["modes"]["default"]["n_prompts"] == 2
+    assert any("/rows/" in c["condition_id"] for c in summary["modes"]["default"]["conditions"])
+    assert not (tmp_path / "run" / "prompt-1").exists()
+    assert len(ET.parse(tmp_path / "junit.xml").getroot().findall("testsuite")) == 1
+
+
+@pytest.mark.parametrize("kernels, code", [("default", 1), ("batch-invariant", 0)])
+def test_several_prompts_in_rows_gate_the_injected_variance(tmp_path, default_model_dir, kernels, code):
+    # positive control (the injected norm: every machine) and negative control (the mode fixes it),
+    # with the prompts sharing batches: each is judged against itself alone
+    r = gate("-p", "Tell me about Richard Feynman", "-p", "Explain the Krebs cycle in two sentences.",
+             "-b", "1,2", "-n", "12", "--inject-variance", "--kernels", kernels, "--no-bisect", "--out", "run",
+             cwd=tmp_path)
+    assert r.returncode == code, r.stdout + r.stderr
+    if code:
+        assert "fail; default/bs2/rows/0: prompt 0 ('Tell me about Richard Feynman'): " in r.stdout, r.stdout
+
+
 def test_several_prompts_get_a_run_directory_and_a_testsuite_each(tmp_path, tiny_model_dir):
     # min-divergence-step = 0 holds for any run: this checks the plumbing, not the model.
     r = gate(str(tiny_model_dir), "-p", "first prompt", "-p", "second <prompt>", "-b", "1,3", "-n", "4",
-             "--min-divergence-step", "0", "--junit", "junit.xml", "--out", "run", cwd=tmp_path)
+             "--positions", "ends", "--min-divergence-step", "0", "--junit", "junit.xml", "--out", "run",
+             cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "run" / "prompt-1" / "summary.json").is_file()
     assert (tmp_path / "run" / "prompt-2" / "summary.json").is_file()

@@ -127,3 +127,33 @@ def test_ci_modules_import_no_torch():
             "print([m for m in ('torch', 'transformers') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def _two_prompts(second_prompt_tokens):
+    """Every row a target: prompts 0 and 1 each alone (their references), then together in bs2/rows."""
+    from gate_fixtures import stream
+
+    def tagged(s, pid):
+        return {**s, "prompt_id": pid}
+
+    return [tagged(stream(0, "bs1/prompt-0", A, ref=True), 0), tagged(stream(1, "bs1/prompt-1", C, ref=True), 1),
+            tagged(stream(2, "bs2/rows", A, position=0), 0),
+            tagged(stream(3, "bs2/rows", second_prompt_tokens, position=1), 1)]
+
+
+def test_several_prompts_in_one_batch_are_each_judged_against_their_own_reference():
+    from nondet.probes.summarize import summarize_modes
+
+    # prompt 1's reference is C; A would be a completion beyond it only for prompt 1
+    same = _two_prompts(C)
+    summary = summarize_modes(same, prompts=("first", "second"))
+    v = evaluate(summary, same, Policy())
+    assert v.passed and [c.condition_id for c in v.conditions] == ["default/bs2/rows"]
+    assert evaluate(summary, same, Policy("max-distinct", 1)).passed
+    flipped = _two_prompts(B)  # prompt 1 flips at step 3 (C has the hostile piece there, B ' born')
+    summary = summarize_modes(flipped, prompts=("first", "second"))
+    for policy in (Policy(), Policy("max-distinct", 1), Policy("min-divergence-step", 4)):
+        bs2 = by_condition(evaluate(summary, flipped, policy))["default/bs2/rows"]
+        assert not bs2.passed, policy
+        assert "prompt 1 ('second')" in bs2.message and "at step 3 (run 3, row 1" in bs2.message, bs2.message
+    assert evaluate(summary, flipped, Policy("max-distinct", 2)).passed  # 2 per prompt: C and B

@@ -29,7 +29,7 @@ def gate(
     prompt: Annotated[Optional[list[str]], typer.Option(
         "--prompt", "-p", help="Target prompt; repeat for several (each is its own probe).")] = None,
     batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", "-b", help="Batch sizes, e.g. 1,8,16 (default 1,8,16).")] = None,
-    positions: Annotated[Optional[str], typer.Option(help="Target rows per batch: ends | first | last | all.")] = None,
+    positions: Annotated[Optional[str], typer.Option(help="Target rows per batch: auto (every row a target with several prompts, else ends) | rows | padded | ends | first | last | all.")] = None,
     runs: Annotated[Optional[int], typer.Option(help="Spread N target replays over the batches.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="Tokens per request (default 120).")] = None,
     kernels: Annotated[Optional[str], typer.Option(help="default | batch-invariant.")] = None,
@@ -120,8 +120,8 @@ def gate(
 
 def gate_targets(settings: "GateSettings", out: str | None) -> "list[GateTarget]":
     """What the gate runs, per axis in settings.axes. One axis: its run directories are OUT (or
-    OUT/prompt-N); several: OUT/AXIS (or OUT/AXIS/prompt-N). All configs are built, so checked,
-    before any model loads."""
+    OUT/prompt-N when prompts are probed one by one, see probe_configs); several: OUT/AXIS (or
+    OUT/AXIS/prompt-N). All configs are built, so checked, before any model loads."""
     from nondet.gate.run import GateTarget
 
     several = len(settings.axes) > 1
@@ -154,13 +154,27 @@ def probe_configs(settings: "GateSettings", out: str | None, speculative: str | 
     from nondet.gate.run import prompt_dirs
 
     load = build_load_config(settings.load, settings.endpoint, rate=settings.rate, concurrency=settings.concurrency)
-    return [build_probe_config("gate", (prompt,) if prompt else (), model=settings.model, dtype=settings.dtype,
+    if _every_row_a_target(settings, speculative, load):  # one run: the other rows are the other prompts
+        groups = [(settings.prompts, out or _default_run_dir())]
+    else:
+        groups = [((prompt,) if prompt else (), run_dir) for prompt, run_dir in prompt_dirs(settings.prompts, out)]
+    return [build_probe_config("gate", prompts, model=settings.model, dtype=settings.dtype,
                                device=settings.device, inject_variance=settings.inject_variance,
                                batch_sizes=None if speculative else settings.batch_sizes, out=run_dir, load=load,
                                speculative=speculative, placement=settings.positions, runs=settings.runs,
                                max_new_tokens=settings.max_new_tokens, kernels=(settings.kernels,),
                                threads=settings.threads)
-            for prompt, run_dir in prompt_dirs(settings.prompts, out)]
+            for prompts, run_dir in groups]
+
+
+def _every_row_a_target(settings: "GateSettings", speculative: str | None, load) -> bool:
+    """Several prompts on the batch axis, static batches, a row placement: ONE probe whose batches
+    hold the prompts themselves (issue 17: ceil(P/B) generate calls per batch size, not P)."""
+    from nondet.probes.conditions import ROW_PLACEMENTS, resolve_placement
+
+    if speculative or load.mode != "static" or len(settings.prompts) <= 1:
+        return False
+    return resolve_placement(settings.positions, len(settings.prompts), settings.runs) in ROW_PLACEMENTS
 
 
 def rl_config(settings: "GateSettings", out: str) -> "RLConfig":

@@ -8,7 +8,8 @@ directory. Keys (TOML, kebab-case):
     model = "path/or/hub-id"          # relative paths are relative to the config file
     prompts = ["Tell me about Richard Feynman"]   # or prompt = "..."
     batch-sizes = [1, 8, 16]          # or "1,8,16" / "1-16"
-    positions = "ends"                # ends | first | last | all
+    positions = "auto"                # auto | rows | padded | ends | first | last | all (auto: every
+                                      #   row a target with several prompts, one probe; else ends)
     runs = 9                          # spread N replays over the batches instead
     max-new-tokens = 120
     kernels = "batch-invariant"       # default | batch-invariant
@@ -63,7 +64,7 @@ class GateSettings:
     model: str | None = None  # local dir or hub id; None = the embedded demo model
     prompts: tuple[str, ...] = ()  # () = the probe's default prompt; each prompt is its own probe
     batch_sizes: tuple[int, ...] = (1, 8, 16)  # the demo model's tokens flip at bs 8/16 near step 93
-    positions: str = "ends"  # target rows per batch (ends = first and last)
+    positions: str = "auto"  # target rows: auto = every row a target with several prompts (rows), else ends
     runs: int | None = None  # N target replays spread over the batches (overrides positions)
     max_new_tokens: int = 120  # long enough for the demo model's first token flip
     kernels: str = "default"  # default | batch-invariant: the mode the repository promises
@@ -120,7 +121,7 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
         model=_typed(values, "model", str, label),
         prompts=_prompts(values, label),
         batch_sizes=_batch_sizes(values.get("batch-sizes"), label),
-        positions=_typed(values, "positions", str, label) or "ends",
+        positions=_typed(values, "positions", str, label) or "auto",
         runs=_typed(values, "runs", int, label),
         max_new_tokens=_positive(values, "max-new-tokens", 120, label),
         kernels=_typed(values, "kernels", str, label) or "default",

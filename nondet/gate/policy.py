@@ -158,17 +158,53 @@ def _check_axis(summary: dict, policy: Policy) -> None:
 
 
 def _judge_mode(mode_name: str, mode: dict, streams: list[dict] | None, policy: Policy) -> list[ConditionResult]:
-    view = _ModeView(mode, [s for s in streams or [] if s.get("kernels", mode_name) == mode_name])
+    mine = [s for s in streams or [] if s.get("kernels", mode_name) == mode_name]
+    views = [_ModeView(one, mine) for one in per_prompt(mode)]
     results = []
     for cond in mode["conditions"]:
-        runs = [r for r in mode["runs"] if r["condition_id"] == cond["condition_id"]]
-        if all(r["is_reference"] for r in runs):
-            continue  # the reference is what the others are compared with
-        message = _CHECKS[policy.require](view, runs, policy.value)
+        messages = [m for m in (_judge_prompt(v, cond["condition_id"], policy) for v in views) if m is not None]
+        if messages == []:
+            continue  # the condition only holds references: they are what the others are compared with
+        failed = [m for m in messages if m]
+        message = failed[0] + (f" (and {len(failed) - 1} more prompt(s))" if len(failed) > 1 else "") if failed else ""
         results.append(ConditionResult(mode_name, cond["condition_id"], cond["n_runs"],
                                        cond["first_token_divergence"], cond["first_numeric_divergence"],
-                                       message is None, message or ""))
+                                       not failed, message))
     return results
+
+
+def _judge_prompt(view: "_ModeView", condition_id: str, policy: Policy) -> str | None:
+    """One prompt's runs of a condition: None when it has none but references, "" when they pass,
+    else the failure message (prefixed with the prompt when the run holds several)."""
+    runs = [r for r in view.mode["runs"] if r["condition_id"] == condition_id]
+    if all(r["is_reference"] for r in runs):
+        return None
+    message = _CHECKS[policy.require](view, runs, policy.value)
+    if message and view.mode.get("prompt_label"):
+        return f"{view.mode['prompt_label']}: {message}"
+    return message or ""
+
+
+def per_prompt(mode: dict) -> list[dict]:
+    """A merged several-prompt mode (probes/diff_prompts.py) as one mode dict per prompt, each
+    with its own reference, completions (ids counted from 0 again) and branch tree, so every
+    requirement judges a prompt against itself alone. A one-prompt mode is returned as it is."""
+    prompts = mode.get("prompts") or []
+    if len(prompts) <= 1:
+        return [mode]
+    return [_one_prompt(mode, p) for p in prompts]
+
+
+def _one_prompt(mode: dict, prompt: dict) -> dict:
+    pid = prompt["prompt_id"]
+    completions = [c for c in mode["completions"] if c.get("prompt_id") == pid]
+    offset = min((c["completion_id"] for c in completions), default=0)
+    label = f"prompt {pid}" + (f" ({prompt['prompt'][:40]!r})" if prompt.get("prompt") else "")
+    return {**mode, "prompt_label": label,
+            "runs": [{**r, "completion_id": r["completion_id"] - offset}
+                     for r in mode["runs"] if r.get("prompt_id") == pid],
+            "completions": [{**c, "completion_id": c["completion_id"] - offset} for c in completions],
+            **{key: prompt[key] for key in ("reference_run_id", "branch_tree", "distinct_completions")}}
 
 
 class _ModeView:
