@@ -1,0 +1,23 @@
+"""scripts/bench_rl.py smoke run on the CPU: the table has one row per micro-batch, the ratio is default / mode."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_rl.py"
+
+
+def test_bench_rl_tiny_prints_the_table():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--micro-batch", "1,4", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[2].split() == ["micro-batch", "tokens", "default", "ms", "batch-invariant", "ms", "throughput"]
+    assert [ln.split()[:2] for ln in lines[3:5]] == [["1", "16"], ["4", "64"]]
+    assert lines[5].startswith("throughput ratio = default / batch-invariant step time; worst ")
+    rows = json.loads(lines[6])["rows"]
+    assert [r["micro_batch"] for r in rows] == [1, 4]
+    assert all(r["throughput_ratio"] == pytest.approx(r["default_ms"] / r["batch_invariant_ms"]) for r in rows)
