@@ -5,18 +5,31 @@ Modes (settable while running): "ok" answers every completion; "500" answers HTT
 answer (until `hang_seconds` pass or the stub stops); "drop" closes the connection without
 an answer; "truncated" announces a 500-byte body, sends 26 bytes and closes; "nologprobs"
 answers like "ok" without logprobs (as `transformers serve` does). `drop_after=K` switches to "drop" once K completions have been answered (the
-server dying mid-run). Answers are deterministic: text and logprobs depend on nothing.
+server dying mid-run). Answers are deterministic: text and logprobs depend on nothing but the
+stub's settings: `words` (the completion's tokens) and `logprobs` (their values), so two stubs
+started with different settings stand for two deployments that differ (`--against` tests).
 """
 
 import json
 import threading
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+WORDS = (" alpha", " beta", " gamma", " delta")
+
+
+@dataclass(frozen=True)
+class Answer:
+    words: tuple[str, ...] = WORDS  # the completion's tokens, at most max_tokens of them
+    logprobs: tuple[float, ...] = (-0.5,) * len(WORDS)  # each token's logprob (JSON numbers, exact)
 
 
 class StubServer:
     def __init__(self, mode: str = "ok", drop_after: int | None = None, hang_seconds: float = 10.0,
-                 fail_first: int = 0):
+                 fail_first: int = 0, answer: Answer = Answer()):
         self.mode, self.drop_after, self.hang_seconds, self.fail_first = mode, drop_after, hang_seconds, fail_first
+        self.answer = answer
         self.answered = 0  # completions answered with 200
         self.received: list[dict] = []  # completion request bodies, in arrival order
         self.auth: list[str | None] = []  # Authorization header of each completion request
@@ -50,10 +63,11 @@ class StubServer:
             return self.mode
 
 
-def completion_body(n: int, body: dict) -> dict:
-    words = [" alpha", " beta", " gamma", " delta"][: max(1, min(4, int(body.get("max_tokens", 4))))]
-    logprobs = {"tokens": words, "token_logprobs": [-0.5] * len(words),
-                "top_logprobs": [{w: -0.5, " other": -1.25} for w in words]}
+def completion_body(n: int, body: dict, answer: Answer = Answer()) -> dict:
+    count = max(1, min(len(answer.words), int(body.get("max_tokens", 4))))
+    words, values = list(answer.words[:count]), list(answer.logprobs[:count])
+    logprobs = {"tokens": words, "token_logprobs": values,
+                "top_logprobs": [{w: v, " other": -1.25} for w, v in zip(words, values)]}
     return {"id": f"stub-{n}", "object": "text_completion", "model": "stub-model",
             "choices": [{"index": 0, "text": "".join(words), "finish_reason": "length", "logprobs": logprobs}],
             "usage": {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)}}
@@ -80,7 +94,7 @@ def _handler(stub: StubServer):
             action = stub.decide(body)
             if action.startswith(("ok:", "nologprobs:")):
                 kind, n = action.split(":")
-                answer = completion_body(int(n), body)
+                answer = completion_body(int(n), body, stub.answer)
                 if kind == "nologprobs":
                     answer["choices"][0]["logprobs"] = None
                 return self._send(200, json.dumps(answer).encode(), {"x-request-id": f"stub-{n}"})

@@ -41,24 +41,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve_command(model_dir: Path, port: int) -> list[str]:
+def _serve_command(model_dir: Path, port: int, continuous: bool) -> list[str]:
     exe = Path(sys.executable).with_name("transformers")
     exe = str(exe) if exe.exists() else shutil.which("transformers")
     assert exe, "the `transformers` command is missing: install the serving extra (scripts/setup.sh)"
     # A small paged KV cache: left to itself on CPU, the engine sizes it from system memory (GBs).
-    return [exe, "serve", str(model_dir), "--device", "cpu", "--continuous-batching",
-            "--cb-block-size", "64", "--cb-num-blocks", "256", "--cb-max-batch-tokens", "512",
+    batching = ["--continuous-batching", "--cb-block-size", "64", "--cb-num-blocks", "256",
+                "--cb-max-batch-tokens", "512"] if continuous else []
+    return [exe, "serve", str(model_dir), "--device", "cpu", *batching,
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
 
 
 @contextlib.contextmanager
-def transformers_serve(model_dir: Path, workdir: Path):
+def transformers_serve(model_dir: Path, workdir: Path, continuous: bool = True):
+    """A `transformers serve` of model_dir on a free loopback port (its own log and hub cache in
+    workdir); yields its base URL; stops it by process id."""
+    workdir.mkdir(parents=True, exist_ok=True)
     port, log_path = _free_port(), workdir / "serve.log"
     hub = workdir / "hub"  # its /v1/models scans the hub cache and answers 500 when there is none
     hub.mkdir()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub)}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(_serve_command(model_dir, port), stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(_serve_command(model_dir, port, continuous), stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"

@@ -64,6 +64,12 @@ def probe(
     endpoint: Annotated[Optional[str], typer.Option(
         help="Probe a live OpenAI-compatible server at this base URL, e.g. http://127.0.0.1:8000. "
              "--model then names the served model (default: the first of /v1/models).")] = None,
+    against: Annotated[Optional[str], typer.Option(
+        help="Compare the --endpoint deployment (A) with this second one (B) of the same model: the same "
+             "prompt and load on each, A first. The reference is A's request sent alone; per side: distinct "
+             "completions and first divergence from its own request alone; across: distinct completions, the "
+             "first token where B alone leaves A alone, and the first step whose logprob bits differ where both "
+             "return logprobs.")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Use /v1/chat/completions instead of /v1/completions.")] = False,
     tokenizer: Annotated[Optional[str], typer.Option(
         help="Tokenizer (dir or hub id) for comparing a server's texts token by token when it returns no logprobs.")] = None,
@@ -97,6 +103,7 @@ def probe(
     Example:  nondet probe --batch-sizes 1,2,4,8,16 --max-new-tokens 200
     Under load:  nondet probe --load continuous --runs 8 --rate 0.5 --concurrency 8
     A server:  nondet probe --endpoint http://127.0.0.1:8000 --runs 16 --tokenizer DIR
+    Two deployments:  nondet probe --endpoint http://127.0.0.1:8000 --against http://127.0.0.1:8001
     Speculative decoding:  nondet probe --speculative ngram:4,self:4 --confirm
     In a time budget:  nondet probe --batch-sizes 1,2,4,8,16 --budget 60
     Tensor parallelism:  nondet probe --tp 1,2 --batch-sizes 1,2,8 --confirm
@@ -107,7 +114,7 @@ def probe(
 
     load_config = build_load_config(load, endpoint, resume, rate=rate, concurrency=concurrency,
                                     filler_requests=filler_requests, chat=chat, tokenizer=tokenizer,
-                                    api_key_env=api_key_env, timeout=timeout)
+                                    api_key_env=api_key_env, timeout=timeout, against=against)
     targets = read_targets(prompt, prompt_file, prompts, several_by_default=load_config.mode == "static")
     config = build_probe_config(
         "probe", targets, model=model, dtype=dtype, device=device, attn_implementation=attn_implementation,
@@ -127,6 +134,7 @@ def probe(
     from rich.console import Console
 
     from nondet.cli.render import print_probe_summary
+    from nondet.cli.render_against import print_against
     from nondet.cli.render_speculative import print_speculative
 
     console = Console()
@@ -134,6 +142,7 @@ def probe(
     print_load_notes(result.summary, console)
     print_budget_notes(result.summary, console)
     print_speculative(result.summary, console)
+    print_against(result.summary, console)
     print_tp_lines(result.summary, console)
     console.print(f"wall time: {result.seconds:.1f} s")
 

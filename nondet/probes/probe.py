@@ -110,8 +110,8 @@ def run_streams(source: Source, writer: RunWriter | None, on_condition: OnCondit
 
 
 def make_source(config: ProbeConfig, on_progress=None) -> Source:
-    """The source for the config's load: static batches, continuous batching, a live server, or
-    speculative decoding (`speculative` forms given)."""
+    """The source for the config's load: static batches, continuous batching, a live server, two
+    servers compared (`load.against`), or speculative decoding (`speculative` forms given)."""
     if config.tp:
         from nondet.probes.sources.tensor_parallel import TensorParallelSource
 
@@ -124,6 +124,10 @@ def make_source(config: ProbeConfig, on_progress=None) -> Source:
         from nondet.probes.sources.continuous import ContinuousSource
 
         return ContinuousSource(config)
+    if config.load.against:
+        from nondet.probes.sources.against import AgainstSource
+
+        return AgainstSource(config, on_progress)
     if config.load.mode == "server":
         from nondet.probes.sources.server import ServerSource
 

@@ -7,12 +7,16 @@ emitted (and so appended to streams.jsonl) the moment it arrives, keyed by its r
 (0 = reference, 1..runs = copies), so `--resume RUN_DIR` sends only the indices not on disk:
 nothing completed is redone or duplicated. The summary compares all runs at one level
 (traffic compare.py).
+
+A `Side` names whose records these are: the lone server of `--endpoint` (the default), or
+one of the two deployments of `--endpoint A --against B` (sources/against.py runs one
+ServerSource per side, with their own condition ids, run ids and fingerprint entry).
 """
 
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from nondet.errors import ModelLoadError, NondetError, RunDirError, ServerResponseError, UsageError
 from nondet.probes.traffic import arrivals, compare
@@ -31,12 +35,30 @@ DEFAULT_RUNS = 16  # concurrent copies besides the reference
 REF, BURST = "default/server/ref", "default/server/burst"
 
 
+@dataclass(frozen=True)
+class Side:
+    """Which deployment a ServerSource's records belong to."""
+
+    prefix: str = "default/server"  # condition ids: <prefix>/ref, <prefix>/burst
+    name: str | None = None  # "A" | "B" of --against (streams, labels, fingerprint load.sides); None = lone
+    first_run_id: int = 0  # run id = first_run_id + request index (the two sides share one run directory)
+    reference: bool = True  # its request sent alone is the probe's reference (--against: side A only)
+
+    @property
+    def lone(self) -> bool:
+        return self.name is None
+
+    def ids(self) -> tuple[str, str]:
+        return f"{self.prefix}/ref", f"{self.prefix}/burst"
+
+
 class ServerSource:
     kind = "server"
 
-    def __init__(self, config, on_progress=None) -> None:
+    def __init__(self, config, on_progress=None, side: Side = Side()) -> None:
         self.config = _resumed(config) if config.load.resume else config
         _check(self.config)
+        self.side = side
         self.on_progress = on_progress
         self.writer = self.client = self.tally = self.model = self.tokenizer = None
         self.done: set[int] = set()  # request indices already answered on disk (a resume)
@@ -55,7 +77,7 @@ class ServerSource:
         if resume:
             self.model = _stored_model(RunDir(resume))
             return Opened(None, run_dir=resume)
-        identity = _identify(self.client)
+        identity = identify(self.client)
         self.model = config.model.name or (identity["models"][0] if identity["models"] else None)
         return Opened(_fingerprint(config, identity, self.model))
 
@@ -63,19 +85,22 @@ class ServerSource:
         self.writer = writer
 
     def plan(self) -> list[Planned]:
-        config, runs = self.config, _runs(self.config)
+        config, runs, (ref, burst_id) = self.config, _runs(self.config), self.side.ids()
         burst = [i for i in range(1, runs + 1) if i not in self.done]
         label = f"{runs} copies, {_concurrency(config)} at once, fillers {config.load.resolved_rate():g}/s"
-        return [Planned(REF, "alone (reference)", "default", [0] if 0 not in self.done else []),
-                Planned(BURST, label, "default", burst)]
+        alone = "alone (reference)" if self.side.reference else "alone"
+        return [Planned(ref, self._label(alone), "default", [0] if 0 not in self.done else []),
+                Planned(burst_id, self._label(label), "default", burst)]
 
     def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
         try:
-            if planned.condition_id == REF and planned.plan:
-                self._target(0, emit)  # the reference: alone, nothing else in flight
+            if planned.condition_id == self.side.ids()[0] and planned.plan:
+                self._target(0, emit)  # alone, nothing else in flight
             elif planned.plan:
                 self._burst(planned.plan, emit)
         except NondetError as exc:
+            if not self.side.lone:  # --against keeps its answers but has no --resume
+                raise
             n = len(_done_indices(self.writer.run_dir))
             raise type(exc)(f"{exc}; {n} completed answers are kept in {self.writer.run_dir.path}: "
                             f"finish with `nondet probe --resume {self.writer.run_dir.path}`") from exc
@@ -93,11 +118,16 @@ class ServerSource:
                 "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs_added": added,
                 "endpoint": self.config.load.endpoint})
 
+    def _label(self, text: str) -> str:
+        return text if self.side.lone else f"{self.side.name} {self.config.load.endpoint}: {text}"
+
     def _condition(self, planned: Planned) -> ConditionRecord:
-        if planned.condition_id == REF:
-            return ConditionRecord(REF, "default", 1, [0], "none", planned.label, load="server")
-        return ConditionRecord(BURST, "default", _concurrency(self.config), [], "poisson", planned.label,
-                               load="server")
+        extra = {} if self.side.lone else {"side": self.side.name, "endpoint": self.config.load.endpoint}
+        ref, burst = self.side.ids()
+        if planned.condition_id == ref:
+            return ConditionRecord(ref, "default", 1, [0], "none", planned.label, load="server", extra=extra)
+        return ConditionRecord(burst, "default", _concurrency(self.config), [], "poisson", planned.label,
+                               load="server", extra=extra)
 
     def _burst(self, todo: list[int], emit: Emit) -> None:
         traffic = FillerTraffic(self._send, _filler_schedule(self.config), self.config.fillers,
@@ -124,7 +154,7 @@ class ServerSource:
         with self.lock:
             emit(self._stream(index, reply, completion))
             if index == 0:
-                self.writer.update_fingerprint(lambda fp: _add_reference_identity(fp, reply))
+                self.writer.update_fingerprint(lambda fp: self._add_identity(fp, reply))
         self.tally.answered(target=True)
 
     def _send(self, prompt: str, max_tokens: int):
@@ -133,18 +163,34 @@ class ServerSource:
     def _stream(self, index: int, reply, completion) -> StreamRecord:
         level = compare.level_of(completion.tokens, self.tokenizer)
         steps = compare.steps_at(level, completion.text, completion.tokens, self.tokenizer)
+        side = {} if self.side.lone else {"side": self.side.name, "endpoint": self.config.load.endpoint}
         return StreamRecord(
-            run_id=index, condition_id=REF if index == 0 else BURST, kernels="default", position=index,
-            is_reference=index == 0, prompt_tokens=completion.prompt_tokens, finish=completion.finish,
-            text=completion.text, steps=[step_record(s, s.get("piece", "")) for s in steps],
-            extra={"request_index": index, "load": "server", "compare_level": level,
+            run_id=self.side.first_run_id + index, condition_id=self.side.ids()[index != 0], kernels="default",
+            position=index, is_reference=index == 0 and self.side.reference, prompt_tokens=completion.prompt_tokens,
+            finish=completion.finish, text=completion.text, steps=[step_record(s, s.get("piece", "")) for s in steps],
+            extra={"request_index": index, "load": "server", "compare_level": level, **side,
                    "server_tokens": completion.tokens,
                    "request_id": reply.headers.get("x-request-id") or reply.body.get("id"),
                    "seconds": round(reply.seconds, 3), "attempts": reply.attempts})
 
+    def _add_identity(self, fp: dict, reply) -> None:
+        """The answer alone's headers join this side's server identity; the reference's model name the run's."""
+        load = fp["load"] if self.side.lone else fp["load"]["sides"][self.side.name]
+        add_reply_identity(load, fp["model"] if self.side.reference else None, reply)
+
 
 def summarize_server(streams: list[dict], config, tokenizer) -> dict:
     """The diff of all answers at the lowest level any of them allows."""
+    summary = diff_answers(streams, tokenizer)
+    level = summary["compare_level"]
+    summary["load"] = {"mode": "server", "compare_level": summary.pop("compare_level"),
+                       "endpoint": config.load.endpoint, **load_settings(config), "notes": level_notes(level)}
+    return summary
+
+
+def diff_answers(streams: list[dict], tokenizer) -> dict:
+    """summarize_modes of server answers, all re-stepped to the lowest level any of them allows
+    (in place); its "compare_level" says which. Without logprobs it says nothing about bits."""
     from nondet.probes.summarize import summarize_modes
 
     level = compare.lowest(s["compare_level"] for s in streams)
@@ -152,14 +198,17 @@ def summarize_server(streams: list[dict], config, tokenizer) -> dict:
         if s["compare_level"] != level:
             s["steps"] = compare.steps_at(level, s["text"], s["server_tokens"], tokenizer)
     summary = summarize_modes(streams, tokenizer if level == "tokenizer" else None)
-    if level != "logprobs":  # no logprobs: say nothing about bits
+    if level != "logprobs":
         _no_numeric(summary["modes"]["default"])
         summary["verdict"] = verdict(summary["modes"], level=level)
-    summary["load"] = {"mode": "server", "compare_level": level, "endpoint": config.load.endpoint,
-                       "chat": config.load.chat, "runs": _runs(config), "concurrency": _concurrency(config),
-                       "rate": config.load.resolved_rate(), "rate_unit": "filler requests per second (Poisson)",
-                       "filler_requests": _filler_count(config), "notes": _level_notes(level)}
-    return summary
+    return {**summary, "compare_level": level}
+
+
+def load_settings(config) -> dict:
+    """The traffic of a server probe, as summary.json's "load" records it."""
+    return {"chat": config.load.chat, "runs": _runs(config), "concurrency": _concurrency(config),
+            "rate": config.load.resolved_rate(), "rate_unit": "filler requests per second (Poisson)",
+            "filler_requests": _filler_count(config)}
 
 
 NO_LOGPROBS = "server returned no logprobs"  # why a server run has no first numeric divergence
@@ -173,7 +222,7 @@ def _no_numeric(m: dict) -> None:
     m["numeric_na"] = NO_LOGPROBS
 
 
-def _level_notes(level: str) -> list[str]:
+def level_notes(level: str) -> list[str]:
     if level == "logprobs":
         return ["compared token by token with the server's logprobs (exact bits as sent in JSON)"]
     if level == "tokenizer":
@@ -181,7 +230,7 @@ def _level_notes(level: str) -> list[str]:
     return ["the server returned no logprobs and no --tokenizer was given: compared the texts word by word"]
 
 
-def _identify(client: Client) -> dict:
+def identify(client: Client) -> dict:
     """/v1/models where it answers; its response headers. Unreachable = error; a failing /v1/models is recorded."""
     try:
         reply = client.get("/v1/models")
@@ -277,12 +326,13 @@ def _filler_count(config) -> int:
     return config.load.filler_requests if config.load.filler_requests is not None else 2 * _runs(config)
 
 
-def _add_reference_identity(fp: dict, reply) -> None:
-    """The reference answer's headers and model name join the server identity (some servers
+def add_reply_identity(load: dict, model: dict | None, reply) -> None:
+    """An answer's headers join the server identity in `load` (fingerprint.json's load, or one
+    side's), and its model name the fingerprint's `model` when given and unnamed (some servers
     fail /v1/models, or list nothing for a model they were started with)."""
-    fp["load"]["server"]["completion_headers"] = public_headers(reply.headers)
-    if not fp["model"]["name"] and isinstance(reply.body.get("model"), str):
-        fp["model"]["name"] = reply.body["model"]
+    load["server"]["completion_headers"] = public_headers(reply.headers)
+    if model is not None and not model["name"] and isinstance(reply.body.get("model"), str):
+        model["name"] = reply.body["model"]
 
 
 def _first_per_index(streams: list[dict]) -> list[dict]:
