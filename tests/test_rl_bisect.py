@@ -68,3 +68,13 @@ def test_rollouts_runs_cannot_be_bisected():
     summary = {"rl": {"pairs": [{"sampler": "external", "n_tokens": 3}]}}
     with pytest.raises(UsageError, match="exported rollouts: their sampler ran outside nondet"):
         choose_pair(summary, None, "RUN")
+
+
+def test_report_of_the_rl_run_shows_the_bisect(rl_run):
+    from nondet.reports import write_report
+
+    run_bisect(BisectConfig(str(rl_run), baseline=("matmul", "attention", "softmax")))
+    md, _ = write_report(rl_run)
+    text = md.read_text()
+    assert "## Where the trainer leaves the sampler" in text and INJECTED in text
+    assert "Minimal set that removes the divergence: **norm**" in text

@@ -29,9 +29,26 @@ def rl_report(run_dir) -> Report:
         Section("Verdict", "verdict", [Para([summary.get("verdict", "")], kind="verdict")]),
         Section("Sampler vs trainer", "rl", [metrics_table(pairs), Para([NOTE], kind="note")]),
         Section("Logprob differences", "rl-histogram", _figure(pairs, streams)),
+        *_bisect(rd),
         Section("Reproduce", "reproduce", [CodeBlock([_command(header.argv)])]),
     ]
     return Report(f"nondet rl report: {rd.path.resolve().name}", sections)
+
+
+def _bisect(rd: RunDir) -> list:
+    """After `nondet bisect RUN_DIR`: where the trainer's bits leave the sampler's, and the ablation."""
+    if not rd.exists("bisect.json"):
+        return []
+    from nondet.reports.bisect_sections import ablation_blocks, bisect_blocks
+    from nondet.reports.tables import read_tables
+
+    t = read_tables(rd.path)
+    rl = (t.bisect or {}).get("rl") or {}
+    what = Para([f"Sequence {rl.get('sequence')}: the sampler's decode (batch {rl.get('sampler_batch')}) vs the "
+                 f"trainer's teacher-forced prefill (micro-batch {rl.get('micro_batch')}, {rl.get('padding')}); "
+                 "step s is the position whose logits give sampled token s."], kind="note")
+    return [Section("Where the trainer leaves the sampler", "rl-bisect", [what, *bisect_blocks(t, [])]),
+            Section("Kernel ablation", "rl-ablation", ablation_blocks(t))]
 
 
 def _command(argv: list) -> str:
