@@ -93,6 +93,10 @@ def probe(
                      "tp_plan=\"auto\"; gloo on CPU, NCCL on CUDA, rank r on cuda:r). Several degrees, e.g. 1,2, "
                      "share one run directory; the smallest holds the reference, and the summary shows the "
                      "batch variance at each degree and each degree against it.")] = None,
+    kv_cache: Annotated[str, typer.Option(
+        "--kv-cache", help="KV cache of the static batches' generate: dynamic (transformers' default) or static "
+                           "(preallocated prompt + max-new-tokens positions, the layout CUDA graphs need; "
+                           "never compiled). The mode gives the same bits with either.")] = "dynamic",
 ) -> None:
     """Replay one prompt under varying batch sizes and positions; find where outputs diverge.
 
@@ -123,7 +127,7 @@ def probe(
         fillers=read_lines_file(fillers, "fillers") if fillers else FILLERS,
         ragged=ragged, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
         kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads, speculative=speculative,
-        budget=budget, **_tp_fields(tp),
+        budget=budget, kv_cache=kv_cache, **_tp_fields(tp),
     )
     result = run_keeping_streams(config, quiet=json_output)
     write_report_if_available(result.run_dir)

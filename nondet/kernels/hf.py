@@ -36,6 +36,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     if dropout:
         raise ValueError("batch-invariant attention is for inference: dropout must be 0")
     is_causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
+    q_len = query.shape[2]
+    if attention_mask is None and is_causal and 1 < q_len < key.shape[2]:
+        # Without a mask transformers relies on SDPA's is_causal, which aligns top-left: query i
+        # sees keys 0..i (a static cache's prefill: the keys past the prompt are empty slots).
+        # Our kernels align bottom-right; the two agree once the keys no query sees are dropped.
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     # a training forward: the same invariant bits, with a backward (autograd.py)
     out = (autograd.attention if grads else ops.attention)(query, key, value, attention_mask, scaling, is_causal)

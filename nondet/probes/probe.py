@@ -18,6 +18,7 @@ from nondet.probes.sources.config import LoadConfig
 from nondet.probes.sources.config import validate as validate_load
 from nondet.probes.loading import ModelSpec
 from nondet.probes.numerics import numerics_scope
+from nondet.probes.replay import KV_CACHES
 from nondet.probes.sources.base import Planned, Source
 from nondet.rundir import RunDir
 from nondet.rundir.reader import read_streams
@@ -58,6 +59,9 @@ class ProbeConfig:
     # tensor-parallel degrees (--tp 2 / --tp 1,2): static batches run by N worker processes per degree
     # (probes/sources/tensor_parallel.py); the smallest degree holds the reference; () = one process
     tp: tuple[int, ...] = ()
+    # static load: the KV cache generate decodes with, dynamic | static (probes/replay.py
+    # DecodeSettings); recorded in config.json, as every field is
+    kv_cache: str = "dynamic"
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -171,6 +175,9 @@ def _validate(config: ProbeConfig) -> None:
                          "--speculative)")
     if config.speculative:
         _validate_speculative(config)
+    if config.kv_cache not in KV_CACHES or (config.kv_cache != "dynamic" and config.load.mode != "static"):
+        raise UsageError(f"--kv-cache must be one of {', '.join(KV_CACHES)} (static batches only), "
+                         f"not {config.kv_cache!r}")
     if config.tp and min(config.tp) < 1:
         raise UsageError("--tp: every tensor-parallel degree must be an integer >= 1, e.g. --tp 1,2")
     if config.tp and (config.load.mode != "static" or config.speculative or config.budget is not None):

@@ -14,11 +14,19 @@ from nondet.probes.batch import Batch
 from nondet.probes.recorder import StepRecorder
 
 
+KV_CACHES = ("dynamic", "static")
+
+
 @dataclass(frozen=True)
 class DecodeSettings:
     max_new_tokens: int
     temperature: float  # 0 = greedy
     seed: int  # seeds each request's own generator when sampling
+    # dynamic: transformers' default cache, attention spans the tokens so far; static: a
+    # preallocated cache of prompt + max_new_tokens positions (the layout CUDA graphs need),
+    # attention spans all of it under a mask. Never compiled here: transformers would
+    # auto-compile a static cache on CUDA, and a compiled model may pick other kernels.
+    kv_cache: str = "dynamic"
 
 
 def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings) -> dict[int, list[dict]]:
@@ -75,6 +83,7 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
         eos_token_id=eos_ids(model, tokenizer) or None,
         return_dict_in_generate=assist is not None,
         output_logits=assist is not None,
+        **_cache_fields(settings.kv_cache),
         **fields,
     )
     try:
@@ -92,6 +101,13 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
             raise
         raise OutOfMemoryError(f"out of memory at batch size {len(batch.input_ids)} on {device}; "
                                "lower --batch-sizes or --max-new-tokens") from exc
+
+
+def _cache_fields(kv_cache: str) -> dict:
+    """GenerationConfig fields of a KV cache kind (see DecodeSettings.kv_cache)."""
+    if kv_cache == "static":
+        return {"cache_implementation": "static", "disable_compile": True}
+    return {}
 
 
 def eos_ids(model, tokenizer) -> list[int]:

@@ -77,7 +77,7 @@ class StaticSource:
 
         def seconds(b: int, steps: int) -> float:
             timing = cond.Condition(f"{mode}/timing/bs{b}", mode, b, tuple(range(b)), "copies")
-            settings = DecodeSettings(steps, self.config.temperature, self.config.seed)
+            settings = DecodeSettings(steps, self.config.temperature, self.config.seed, self.config.kv_cache)
             started = time.perf_counter()
             replay_condition(self.loaded.model, self.loaded.tokenizer, timing, target, fillers, settings)
             return time.perf_counter() - started
@@ -93,7 +93,8 @@ class StaticSource:
     def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
         condition: cond.Condition = planned.plan
         target, fillers = self.inputs[condition.prompt_id]
-        settings = DecodeSettings(self.config.max_new_tokens, self.config.temperature, self.config.seed)
+        settings = DecodeSettings(self.config.max_new_tokens, self.config.temperature, self.config.seed,
+                                  self.config.kv_cache)
         prompts = [ids for ids, _ in self.inputs]
         for row, steps in replay_condition(self.loaded.model, self.loaded.tokenizer, condition, target, fillers,
                                            settings, prompts).items():
