@@ -50,10 +50,11 @@ class SampleRecorder:
         logprobs = processed_logprobs(scores, self.processing)
         chosen = [int(torch.multinomial(logprobs[r].exp().cpu(), 1, generator=g)) for r, g in
                   enumerate(self.generators)]
+        held = logprobs.detach().float().cpu() if self.keep else None  # one device->host copy a step
         for row, token in enumerate(chosen):
             self.steps[row].append({"token": token, "logprob": float(logprobs[row, token]).hex()})
-            if self.keep:
-                self.distributions[row].append(logprobs[row].detach().float().cpu().clone())
+            if held is not None:
+                self.distributions[row].append(held[row])
         forced = torch.full_like(scores, float("-inf"))
         forced[torch.arange(scores.shape[0]), chosen] = 0.0  # generate's argmax takes the sampled token
         return forced
