@@ -2,13 +2,7 @@
 # One device call: does the mode hold on the speculative and RL axes on a GPU (demo model)?
 # Kernel-level row check, the module diagnostic, then the probe's speculative and rl sources.
 # Usage (device machine, repo root): OUT=dir bash scripts/gpu_axes.sh ; one log per step in $OUT.
-set -uo pipefail
-OUT=${OUT:-device-out}
-mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 COLUMNS=160 NONDET_CACHE=/tmp/nondet-cache
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.log"
-python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/device.log"
-step() { echo "=== $1 $(date -u +%H:%M:%S)"; }
+source "$(dirname "$0")/gpu_env.sh"
 step tests; timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "attention or masked or qwen3" 2>&1 | tail -8 | tee "$OUT/gpu_tests.log"
 step rows; timeout 120 python3 scripts/gpu_attn_rows.py 2>&1 | tail -12 | tee "$OUT/rows.log"
 step diag; DIAG_TOKENS=120 timeout 120 python3 scripts/gpu_axis_diag.py 2>&1 | tail -12 | tee "$OUT/diag.log"

@@ -1,13 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the final tree's GPU tests and the probe's sources on a GPU (demo model).
 # Usage (device machine, repo root): OUT=dir bash scripts/gpu_final.sh ; one log per step in $OUT.
-set -uo pipefail
-OUT=${OUT:-device-out}
-mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 COLUMNS=160 NONDET_CACHE=/tmp/nondet-cache
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.log"
-python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/device.log"
-step() { echo "=== $1 $(date -u +%H:%M:%S)"; }
+source "$(dirname "$0")/gpu_env.sh"
 step tests; timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py -x 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
 step probe; timeout 120 python3 -m nondet probe --device cuda --confirm --out /tmp/run-probe 2>&1 | grep -v Writing | tail -40 | tee "$OUT/probe.log"
 step speculative; timeout 150 python3 -m nondet probe --device cuda --speculative ngram:4,self:4 --confirm --out /tmp/run-spec 2>&1 | grep -v Writing | tail -40 | tee "$OUT/speculative.log"
