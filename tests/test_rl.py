@@ -269,3 +269,26 @@ def test_endpoint_without_logprobs_exits_5_in_one_line(tiny_model_dir, tmp_path)
     assert proc.stderr.strip() == (f"nondet: error: the server at {stub.url} returned no logprobs: nondet rl needs "
                                    "the sampler's logprob of every sampled token (vLLM returns them; "
                                    "`transformers serve` does not)")
+
+
+# -- the sampler under continuous batching (--load continuous) ------------------------------------------
+
+
+def test_continuous_sampler_positive_control_one_request(tiny_model_dir, tmp_path):
+    """Alone in the engine every decode step is a one-row call: the injected norm takes its one-row path,
+    the trainer's prefill the split one (host-independent); the mode on both sides: bit-identical."""
+    result = run_rl(config(tiny_model_dir, tmp_path / "run", prompts=PROMPTS[:1], load="continuous",
+                           micro_batches=(1,)))
+    (default,) = pairs(result, "default")
+    assert default["n_tokens"] == 6 and default["n_identical"] < 6 and default["kl_exact"] > 0
+    (mode,) = pairs(result, "batch-invariant")
+    assert mode["frac_identical"] == 1.0 and mode["kl_exact"] == 0.0 and mode["kl_k3"] == 0.0
+
+
+def test_continuous_sampler_batched_requests_are_bit_identical_under_the_mode(tiny_model_dir, tmp_path):
+    result = run_rl(config(tiny_model_dir, tmp_path / "run", load="continuous", micro_batches=(4,),
+                           kernels=("batch-invariant",)))
+    (p,) = pairs(result, "batch-invariant")
+    assert p["n_tokens"] == 24 and p["frac_identical"] == 1.0 and p["kl_exact"] == 0.0
+    cond = [c for c in read_conditions(RunDir(result.run_dir)) if c.condition_id == "batch-invariant/sampler/continuous"]
+    assert cond and cond[0].load == "rl-continuous" and cond[0].batch_size == 4

@@ -78,3 +78,12 @@ def test_report_of_the_rl_run_shows_the_bisect(rl_run):
     text = md.read_text()
     assert "## Where the trainer leaves the sampler" in text and INJECTED in text
     assert "Minimal set that removes the divergence: **norm**" in text
+
+
+def test_continuous_sampler_runs_cannot_be_bisected():
+    from nondet.probes.bisect.rl import plans
+
+    pair = {"sampler": "default", "prompt_ids": [0], "first_diff": [1], "micro_batch": 1}
+    streams = [{"side": "sampler", "kernels": "default", "prompt_id": 0, "load": "continuous"}]
+    with pytest.raises(UsageError, match="the sampler ran in the continuous-batching engine"):
+        plans(pair, streams, None)

@@ -29,6 +29,9 @@ def rl(
     seed: Annotated[int, typer.Option(help="Request i samples with its own generator seeded SEED + i.")] = 0,
     sampler_batch: Annotated[int, typer.Option(
         "--sampler-batch", help="Prompts per batched generate call of the sampler (left-padded).")] = 8,
+    load: Annotated[str, typer.Option(
+        "--load", help="In-process sampler: static (batched generate calls) or continuous (every prompt in "
+        "transformers' continuous-batching engine).")] = "static",
     micro_batch: Annotated[str, typer.Option(
         "--micro-batch", help="Trainer micro-batch sizes, e.g. 1,4,8: one teacher-forced condition each.")] = "1,4,8",
     padding: Annotated[str, typer.Option(
@@ -64,6 +67,7 @@ def rl(
     Example:  nondet rl --micro-batch 1,4,8 --confirm
     Rollouts:  nondet rl MODEL_DIR --rollouts rollouts.jsonl --temperature 1
     Server:    nondet rl MODEL_DIR --endpoint http://127.0.0.1:8000 --micro-batch 4
+    Engine:    nondet rl --load continuous --confirm
     """
     from nondet.errors import UsageError
     from nondet.probes.loading import ModelSpec
@@ -80,7 +84,7 @@ def rl(
         prompts=read_prompts(str(prompts)) if prompts else (), rollouts=str(rollouts) if rollouts else None,
         endpoint=endpoint,
         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-        sampler_batch=sampler_batch, micro_batches=parse_sizes(micro_batch), padding=padding,
+        sampler_batch=sampler_batch, load=load, micro_batches=parse_sizes(micro_batch), padding=padding,
         kernels=("default", "batch-invariant") if confirm else (kernels,), backward=not no_backward,
         exact_kl=not no_exact_kl,
         threads=threads, out=str(out) if out else None, argv=tuple(__import__("sys").argv[1:]))

@@ -7,6 +7,7 @@ from nondet.probes.loading import ModelSpec
 
 PADDINGS = ("right", "left", "packed")  # how the trainer lays out a micro-batch: padded rows, or one packed row
 KERNEL_MODES = ("default", "batch-invariant")
+LOADS = ("static", "continuous")  # the in-process sampler: batched generate calls, or the continuous-batching engine
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class RLConfig:
     top_p: float = 1.0  # 1 = off; else the smallest set with probability >= top_p
     seed: int = 0  # request i samples with its own generator seeded seed + i
     sampler_batch: int = 8  # prompts per batched generate call (left-padded, as servers batch)
+    load: str = "static"  # static: batched generate calls; continuous: every prompt in the continuous-batching engine
     micro_batches: tuple[int, ...] = (1, 4, 8)  # the trainer's micro-batch sizes, one condition each
     padding: str = "right"  # the trainer's layout: right | left padded rows, or packed (one row, positions restart)
     kernels: tuple[str, ...] = ("default",)  # modes, each on BOTH sides ("--confirm" = both modes)
@@ -47,6 +49,10 @@ def validate(config: RLConfig) -> None:
     for mode in config.kernels:
         if mode not in KERNEL_MODES:
             raise UsageError(f"--kernels must be one of {', '.join(KERNEL_MODES)}, not {mode!r}")
+    if config.load not in LOADS:
+        raise UsageError(f"--load must be one of {', '.join(LOADS)}, not {config.load!r}")
+    if config.load == "continuous" and (config.endpoint or config.rollouts):
+        raise UsageError("--load continuous runs the sampler here; it does not combine with --endpoint or --rollouts")
     if config.endpoint and config.rollouts:
         raise UsageError("give either --endpoint (a server samples) or --rollouts (exported samples), not both")
     if not config.rollouts and not all(p.strip() for p in config.prompts):

@@ -18,6 +18,7 @@ from nondet.probes.corpus import DEMO_PROMPTS
 from nondet.probes.loading import load_model
 from nondet.probes.numerics import numerics_scope
 from nondet.probes.probe import OnCondition, default_run_dir, run_streams
+from nondet.probes.sources.rl_continuous import RLContinuousSamplerSource
 from nondet.probes.sources.rl_rollouts import RolloutsSource
 from nondet.probes.sources.rl_sampler import RLSamplerSource
 from nondet.probes.sources.rl_server import RLServerSamplerSource
@@ -62,11 +63,13 @@ def run_rl(config: RLConfig, on_condition: OnCondition | None = None, loaded=Non
 
 
 def sampler_source(config: RLConfig, rollouts, loaded, run_ids):
-    """Exported rollouts, a live server (--endpoint), or generate in-process."""
+    """Exported rollouts, a live server (--endpoint), the continuous-batching engine, or batched generate."""
     if rollouts:
         return RolloutsSource(rollouts, loaded, run_ids)
     if config.endpoint:
         return RLServerSamplerSource(config, loaded, run_ids)
+    if config.load == "continuous":
+        return RLContinuousSamplerSource(config, loaded, run_ids)
     return RLSamplerSource(config, loaded, run_ids)
 
 

@@ -97,6 +97,9 @@ def plans(pair: dict, streams: list[dict], position: int | None) -> tuple[Sample
     sampled = sorted((s for s in streams if s.get("side") == "sampler" and s["kernels"] == pair["sampler"]),
                      key=lambda s: s["prompt_id"])
     own = next(s for s in sampled if s["prompt_id"] == prompt_id)
+    if own.get("load") == "continuous":
+        raise UsageError("the sampler ran in the continuous-batching engine, whose batches bisect cannot rebuild "
+                         "step for step; bisect a `nondet rl` run without --load continuous")
     batch = sorted((s for s in sampled if s["condition_id"] == own["condition_id"]), key=lambda s: s["position"])
     sampler = SamplerBatchPlan([s["prompt_ids"] for s in batch], [[st["token"] for st in s["steps"]] for s in batch],
                                own["position"])
