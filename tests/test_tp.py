@@ -110,8 +110,8 @@ def _leftovers(marker: str) -> list[int]:
     return found
 
 
-def _without_leftovers(marker: str) -> list[int]:
-    deadline = time.monotonic() + 10
+def _without_leftovers(marker: str, seconds: float = 10) -> list[int]:
+    deadline = time.monotonic() + seconds
     while _leftovers(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     return _leftovers(marker)
@@ -168,3 +168,22 @@ def test_tp_with_another_load_is_a_usage_error(tmp_path):
     r = nondet("probe", "--tp", "2", "--load", "continuous", "--out", str(tmp_path / "run"))
     assert r.returncode == 2
     assert r.stderr.startswith("nondet: error: --tp runs static batches in worker processes")
+
+
+def test_a_killed_parent_leaves_no_rank_behind(tiny_model_dir, tmp_path):
+    """SIGTERM skips Python's cleanup: the ranks' watchdog must notice their parent is gone."""
+    import signal
+
+    key, value = "NONDET_TP_TEST_MARKER", uuid.uuid4().hex
+    marker = f"{key}={value}"
+    parent = subprocess.Popen([sys.executable, "-m", "nondet", "probe", "--tp", "2", "--model", str(tiny_model_dir),
+                               "--prompt", "hello there", "--batch-sizes", "1-8", "--max-new-tokens", "3000",
+                               "--out", str(tmp_path / "run")], env={**os.environ, key: value},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "run" / "config.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # the ranks are loaded and generating (rank 0 said "ready")
+    assert len(_leftovers(marker)) >= 3  # the parent and both ranks (and multiprocessing's resource tracker)
+    parent.send_signal(signal.SIGTERM)
+    parent.wait(30)
+    assert _without_leftovers(marker, seconds=5) == []  # the watchdog polls every second
