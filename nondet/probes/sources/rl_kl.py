@@ -10,8 +10,19 @@ logprob of the two rows is bit-identical each term is p * 0, so the KL is exactl
 """
 
 
+ROWS = 256  # tokens per block: fp64 temporaries of [ROWS, vocab], not [micro-batch tokens, vocab]
+
+
 def exact_kl(sampler_logprobs, trainer_logprobs):
     """[tokens, vocab] log-distributions (any float dtype, same device) -> [tokens] float64 KL."""
+    import torch
+
+    blocks = [_block(sampler_logprobs[i:i + ROWS], trainer_logprobs[i:i + ROWS])
+              for i in range(0, sampler_logprobs.shape[0], ROWS)]
+    return torch.cat(blocks) if blocks else torch.zeros(0, dtype=torch.float64)
+
+
+def _block(sampler_logprobs, trainer_logprobs):
     import torch
 
     s, t = sampler_logprobs.double(), trainer_logprobs.double()
