@@ -93,10 +93,10 @@ def _speculative_streams(model, tokenizer, config) -> list[dict]:
     """The speculative source on (model, tokenizer) in memory: plain greedy + each form."""
     from nondet.probes.loading import LoadedModel
     from nondet.probes.numerics import numerics_scope
-    from nondet.probes.probe import _validate, run_streams
+    from nondet.probes.probe import run_streams, validate_config
     from nondet.probes.sources.speculative import SpeculativeSource
 
-    _validate(config)
+    validate_config(config)
     source = SpeculativeSource(config, LoadedModel(model, tokenizer, description={}))
     with numerics_scope(config.threads):
         source.open()

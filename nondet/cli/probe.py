@@ -207,9 +207,9 @@ def run_server_with_progress(config):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from nondet.probes.probe import _validate, run_probe
+    from nondet.probes.probe import run_probe, validate_config
 
-    _validate(config)  # before the bar appears: a usage error is one line on a clean terminal
+    validate_config(config)  # before the bar appears: a usage error is one line on a clean terminal
     columns = (TextColumn("requests"), BarColumn(), MofNCompleteColumn(),
                TextColumn("in flight {task.fields[in_flight]}  failed {task.fields[failed]}"), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from nondet.kernels.config import ATTENTION_CONFIGS, AttentionConfig
-from nondet.kernels.triton_matmul import _sm_count, interpreting
+from nondet.kernels.triton_matmul import sm_count, interpreting
 
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: exp2(_NEG - m) is an exact 0
 _LOG2E = 1.4426950408889634
@@ -197,7 +197,7 @@ def _combine_kernel(o_ptr, start_ptr, ws_m, ws_l, ws_acc, B, Q, S, H, D, NC,
 
 def use_split(programs: int, chunks: int, device: torch.device) -> bool:
     """One program per chunk when the row tiles alone leave the GPU idle. Speed only."""
-    return chunks > 1 and programs < 2 * _sm_count(device)
+    return chunks > 1 and programs < 2 * sm_count(device)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,

@@ -175,7 +175,7 @@ def interpreting() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4  # interpreter: small, so the tests exercise both strategies
@@ -185,7 +185,7 @@ def use_split(batch: int, m: int, n: int, k: int, cfg: MatmulConfig, device: tor
     """Split K over programs when the output tiles alone leave the GPU idle. Speed only."""
     chunks = triton.cdiv(k, k_chunk_for(k, cfg))
     tiles = batch * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    return chunks > 1 and tiles < _sm_count(device)
+    return chunks > 1 and tiles < sm_count(device)
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -257,7 +257,7 @@ def _mm_tma(a, b, c, bias, alpha, beta, unit, k_chunk, cfg):
     m, n = c.shape
     a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
     b_desc = TensorDescriptor.from_tensor(b.t(), [cfg.block_n, cfg.block_k])  # the weight as stored, (N, K)
-    programs = min(_sm_count(a.device), triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
+    programs = min(sm_count(a.device), triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
     bias_t = bias if bias is not None else c
     _mm_tma_kernel[(programs,)](
         a_desc, b_desc, c, bias_t, m, n, a.shape[1], c.stride(0), c.stride(1),

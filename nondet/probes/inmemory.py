@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from nondet.probes.loading import LoadedModel
 from nondet.probes.numerics import numerics_scope
-from nondet.probes.probe import ProbeConfig, _validate, run_streams
+from nondet.probes.probe import ProbeConfig, run_streams, validate_config
 from nondet.probes.sources.static import StaticSource
 
 
@@ -21,7 +21,7 @@ class InMemoryResult:
 def probe_model(model, tokenizer, config: ProbeConfig) -> InMemoryResult:
     """Replay config's prompts under every condition of every kernels mode on (model, tokenizer).
     config.model, .out and .load are not used: the model is given and nothing is written."""
-    _validate(config)
+    validate_config(config)
     source = StaticSource(config, LoadedModel(model, tokenizer, description={}))
     with numerics_scope(config.threads):
         source.open()

@@ -81,7 +81,7 @@ OnCondition = Callable[[Planned, int, int], None]  # (condition, index, total), 
 
 def run_probe(config: ProbeConfig, on_condition: OnCondition | None = None, on_progress=None) -> ProbeResult:
     """Run the probe the config describes and write its run directory; on_progress: server request counts."""
-    _validate(config)
+    validate_config(config)
     started = time.perf_counter()
     source = make_source(config, on_progress)
     try:
@@ -155,7 +155,7 @@ def default_run_dir(command: str) -> str:
     return str(Path("nondet-runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}")
 
 
-def _validate(config: ProbeConfig) -> None:
+def validate_config(config: ProbeConfig) -> None:
     if not all(p.strip() for p in config.targets):
         raise UsageError("a prompt is empty; pass --prompt TEXT or --prompt-file FILE")
     if len(config.targets) > 1 and config.load.mode != "static":

@@ -75,7 +75,7 @@ def run_bisect(config: BisectConfig, on_stage: OnStage | None = None) -> BisectR
         result["speculative"] = speculative_part(_stream(streams, target.run_id), main)
     result["seconds"] = round(time.perf_counter() - started, 2)
     rows = module_rows(main)
-    _write(rd, result, rows)
+    write_result(rd, result, rows)
     return BisectResult(rd.path, result, rows, time.perf_counter() - started)
 
 
@@ -111,7 +111,7 @@ def _replayer_of(loaded, probe: dict, target: Target, streams: list[dict], setti
     if target.condition.load == "speculative":
         prompt = _prompts(probe)[target.prompt_id]
         return speculative_replayer(loaded, prompt, _stream(streams, target.run_id), settings.max_new_tokens,
-                                    lambda ops: _scope(mode, baseline + (ops or ()), loaded.model))
+                                    lambda ops: kernel_scope(mode, baseline + (ops or ()), loaded.model))
     ref, div = _batches(loaded.tokenizer, probe, target)
     return _replayer(loaded, ref, div, target.position, settings, mode, baseline)
 
@@ -141,14 +141,14 @@ def _replayer(loaded, ref: Batch, div: Batch, row: int, settings: DecodeSettings
     model, tokenizer = loaded.model, loaded.tokenizer
 
     def replay(ops: tuple[str, ...] | None, steps: int | None = None, stop_at_flip: bool = False) -> Lockstep:
-        scope = _scope(mode, baseline + (ops or ()), model)
+        scope = kernel_scope(mode, baseline + (ops or ()), model)
         horizon = dataclasses.replace(settings, max_new_tokens=steps or settings.max_new_tokens)
         return run_lockstep(model, tokenizer, ref, div, horizon, scope, stop_at_flip, row=row)
 
     return replay
 
 
-def _scope(mode: str, ops: tuple[str, ...], model):
+def kernel_scope(mode: str, ops: tuple[str, ...], model):
     """The kernels of one replay: the condition's mode, or exactly `ops` made batch-invariant."""
     from nondet.probes.sources.static import kernels_mode
 
@@ -229,7 +229,7 @@ def module_rows(ls: Lockstep) -> list[dict]:
     return [{k: row[k] for k in MODULE_FIELDS} for step in sorted(ls.rows) for row in ls.rows[step]]
 
 
-def _write(rd: RunDir, result: dict, rows: list[dict]) -> None:
+def write_result(rd: RunDir, result: dict, rows: list[dict]) -> None:
     rd.write_csv("bisect_modules.csv", rows, MODULE_FIELDS)
     rd.write_json("bisect.json", result)
     rd.write_json("ablation.json", {"condition_id": result["condition_id"], "ablation": result["ablation"],

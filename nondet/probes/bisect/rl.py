@@ -17,7 +17,8 @@ import time
 
 from nondet.errors import RunDirError, UsageError
 from nondet.probes.bisect.ablation import run_ablation
-from nondet.probes.bisect.bisect import BisectConfig, BisectResult, _scope, _write, describe, module_rows
+from nondet.probes.bisect.bisect import (BisectConfig, BisectResult, describe, kernel_scope, module_rows,
+                                        write_result)
 from nondet.probes.bisect.choose import Target
 from nondet.probes.bisect.rl_replay import SamplerBatchPlan, TrainerBatchPlan, run_rl_lockstep
 from nondet.probes.conditions import Condition
@@ -51,7 +52,7 @@ def run_rl_bisect(config: BisectConfig, on_stage=None) -> BisectResult:
     mode, baseline, kept = pair["kernels"], config.baseline, {}
 
     def replay(ops):
-        scope = _scope(mode, baseline + tuple(ops or ()), loaded.model)
+        scope = kernel_scope(mode, baseline + tuple(ops or ()), loaded.model)
         kept[frozenset(ops or ())] = ls = run_rl_lockstep(loaded.model, loaded.tokenizer, sampler, trainer,
                                                           processing, scope)
         return ls
@@ -67,7 +68,7 @@ def run_rl_bisect(config: BisectConfig, on_stage=None) -> BisectResult:
     result["rl"] = rl_part(pair, sampler, trainer, target, main)
     result["seconds"] = round(time.perf_counter() - started, 2)
     rows = module_rows(main)
-    _write(rd, result, rows)
+    write_result(rd, result, rows)
     return BisectResult(rd.path, result, rows, time.perf_counter() - started)
 
 
