@@ -143,7 +143,7 @@ def test_first_difference_of_step_lists():
     assert first_difference(a, a[:1]) == 1
 
 
-def test_bisect_modules_import_no_private_names_of_each_other():
+def test_lockstep_modules_import_no_private_names_of_others():
     """Shared parts are public (lockstep's RecordSink / CompareSink serve speculative.py too)."""
     import ast
     from pathlib import Path
@@ -151,8 +151,39 @@ def test_bisect_modules_import_no_private_names_of_each_other():
     import nondet.probes.bisect as package
 
     private = []
-    for path in Path(package.__file__).parent.glob("*.py"):
+    for path in (Path(package.__file__).parent / name for name in ("lockstep.py", "speculative.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nondet"):
                 private += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
     assert private == []
+
+
+def test_rejected_drafts_leave_the_cache_with_a_negative_crop(tiny_model_dir, monkeypatch):
+    """Rounds whose drafts are partly rejected (as ngram:4 under the gate; self:4 accepts all, so
+    the tests above never crop): transformers' crop takes the count to remove as a NEGATIVE
+    number (a positive one raises from 5.18); after each round the cache holds exactly the
+    accepted positions, and the teacher-forced replay covers every step."""
+    import contextlib
+
+    from transformers import DynamicCache
+
+    from nondet.probes.bisect.speculative import run_speculative_lockstep
+    from nondet.probes.loading import ModelSpec, load_model
+
+    calls = []
+    original = DynamicCache.crop
+
+    def spy(cache, tokens_to_remove):
+        before = cache.get_seq_length()
+        original(cache, tokens_to_remove)
+        calls.append((tokens_to_remove, before, cache.get_seq_length()))
+
+    monkeypatch.setattr(DynamicCache, "crop", spy)
+    model = load_model(ModelSpec(str(tiny_model_dir))).model
+    prompt = [5, 6, 7, 8, 9]
+    rounds = [(4, 2), (4, 1), (3, 4), (0, 1), (2, 3), (4, 1)]  # (drafted, produced): rejections of 3, 4, 0, 0, 0, 4
+    ls = run_speculative_lockstep(model, prompt, rounds, 12, contextlib.nullcontext)
+    assert ls.steps == 12 and len(ls.reference) == 12
+    assert [c[0] for c in calls] == [-3, -4, -4]  # only rounds that rejected something crop, by a negative count
+    kept = [len(prompt) + 2 - 1, len(prompt) + 3 - 1, len(prompt) + 12 - 1]  # positions accepted so far, less the last token
+    assert [c[2] for c in calls] == kept and all(b - a == -r for r, b, a in calls)

@@ -90,10 +90,14 @@ class _Forward:
         return out.logits[0].float()  # [logits_rows, vocab]
 
     def crop(self, length: int) -> None:
-        """Keep the first `length` positions (a negative count removes the rest: transformers' crop)."""
-        extra = self.cache.get_seq_length() - length
-        if extra > 0:
-            self.cache.crop(-extra)
+        """Keep the first `length` positions. transformers' crop takes the count to REMOVE, as a
+        negative number: from 5.18 a positive one raises "Calling crop with a positive value"
+        (before, it meant an absolute length), and crop(0) is not a no-op for every layer type,
+        so crop is called only when something is removed."""
+        held = self.cache.get_seq_length()
+        assert 0 <= length <= held, f"crop to {length} positions of a cache holding {held}"
+        if length < held:
+            self.cache.crop(-(held - length))
 
 
 class _Collect:

@@ -32,7 +32,6 @@ from nondet.verdict import verdict
 from nondet.rundir.records import ConditionRecord, StreamRecord, Summary
 
 DEFAULT_RUNS = 16  # concurrent copies besides the reference
-REF, BURST = "default/server/ref", "default/server/burst"
 
 
 @dataclass(frozen=True)
