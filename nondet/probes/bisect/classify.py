@@ -2,24 +2,29 @@
 
 The classes are the ones a kernel can be blamed for: embedding, norm, matmul, attention
 (the attention core: the SDPA / flash / eager function, captured as its own point, see
-capture.py), softmax, rotary, activation, and "other" for whatever we do not recognise:
-an unknown module is reported as "other", never guessed. Decoder-layer outputs (the
+capture.py), softmax, rotary, activation, collective (under tensor parallelism: the
+all-reduce after a row-parallel linear, a point named "<linear>.all_reduce", see
+probes/tp/collective.py), and "other" for whatever we do not recognise: an unknown module
+is reported as "other", never guessed. Decoder-layer outputs (the
 residual stream) are "other" too: the residual add is elementwise and batch-invariant.
 """
 
 import re
 
-OP_CLASSES = ("embedding", "norm", "matmul", "attention", "softmax", "rotary", "activation", "other")
+OP_CLASSES = ("embedding", "norm", "matmul", "attention", "softmax", "rotary", "activation", "collective", "other")
 ABLATABLE = ("matmul", "norm", "attention", "softmax")  # what nondet.kernels can make invariant
 
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)(?:\.|$)")
 _BLOCK = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.\d+$")
 _OUTPUT_PROJECTIONS = ("o_proj", "out_proj", "c_proj", "dense", "wo")  # attention output projections
+COLLECTIVE_SUFFIX = ".all_reduce"  # a row-parallel linear's all-reduce: "<linear path>.all_reduce"
 _SKIPPED_TYPES = ("Dropout", "Identity")  # identities in eval mode: capturing them only duplicates
 
 
 def classify(path: str, module) -> str:
     """The op class of one captured module (a leaf, or a decoder layer -> "other")."""
+    if path.endswith(COLLECTIVE_SUFFIX):
+        return "collective"
     kind = type(module).__name__
     origin = type(module).__module__
     if "Rotary" in kind:
