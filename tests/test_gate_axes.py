@@ -220,7 +220,14 @@ def test_rl_max_kl_zero_fails_and_a_loose_bound_passes(tmp_path, tiny_model_dir)
     r = gate(str(tiny_model_dir), *RL_FLAGS, "--max-kl", "0", "--out", "run0", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     assert re.search(r"^nondet gate: policy violated \(rl: max-kl = 0\.0\): 2 of 2 condition\(s\) fail; "
-                     r"default/trainer/mb1/right: k3 KL \S+ > 0 at micro-batch 1", r.stdout, re.M), r.stdout
+                     r"default/trainer/mb1/right: exact KL \S+ > 0 at micro-batch 1", r.stdout, re.M), r.stdout
     r = gate(str(tiny_model_dir), *RL_FLAGS, "--max-kl", "1", "--out", "run1", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "nondet gate: policy met (rl: max-kl = 1.0): 2 condition(s) agree with the sampler" in r.stdout
+
+
+def test_max_kl_judges_the_exact_kl_when_the_run_kept_it():
+    exact = {"modes": {}, "rl": {"pairs": [{**PAIR, "kl_exact": 0.002, "kl_exact_max": 0.01}]}}
+    assert evaluate(exact, None, Policy("max-kl", 0.005, "rl")).passed  # k3 (0.015) alone would fail it
+    v = evaluate(exact, None, Policy("max-kl", 0.001, "rl"))
+    assert not v.passed and "exact KL 0.002 > 0.001" in v.failures[0].message
