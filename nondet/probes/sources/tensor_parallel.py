@@ -154,18 +154,18 @@ def _set_calls(fp: dict, degree: int, calls) -> None:
 def _tokenizer_and_config(spec):
     """The tokenizer (conditions are planned and streams decoded here) and the model's config
     (heads checked before any worker starts); the default model is built here, once."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from nondet.errors import ModelLoadError
-    from nondet.probes import loading
+    from nondet.probes.loading import check_device
+    from nondet.probes.tp.load import load_tokenizer, model_source
 
-    loading.check_device(spec.device)
-    source = loading._resolve_source(spec.name)
+    check_device(spec.device)
+    source = model_source(spec.name)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
+        tokenizer = load_tokenizer(source, spec)
         config = AutoConfig.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
     except (OSError, ValueError, KeyError, ImportError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"cannot load model {source!r}: {first[:300]}") from exc
-    loading._ensure_pad_token(tokenizer)
     return tokenizer, config

@@ -3,36 +3,85 @@
 transformers shards every module its plan names (Qwen3: q/k/v and gate/up column-wise,
 o_proj and down_proj row-wise, each followed by an all-reduce) over the process group this
 worker already joined; the rest (embeddings, norms, lm_head as the model's plan says) is
-replicated. Degree 1 loads exactly as the static probe does, so TP1 is the baseline.
+replicated. Degree 1 loads as the static probe does (probes/loading.py), so TP1 is the
+baseline; the few steps here mirror that module's (source, pad token, description) because
+from_pretrained needs tp_plan passed in.
 """
 
-from nondet.errors import ModelLoadError, OutOfMemoryError, is_out_of_memory
-from nondet.probes import loading
+from pathlib import Path
+
+from nondet.errors import ModelLoadError, OutOfMemoryError, UsageError, is_out_of_memory
+from nondet.probes.loading import LoadedModel, ModelSpec
 
 
-def load_tp_model(spec: loading.ModelSpec, degree: int, device: str) -> loading.LoadedModel:
+def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
     """The model on this rank's device (sharded when degree > 1), eval mode, and its tokenizer."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    source = loading._resolve_source(spec.name)
+    source = model_source(spec.name)
     kwargs = {"dtype": getattr(torch, spec.dtype), "trust_remote_code": spec.trust_remote_code}
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
     if degree > 1:
         kwargs["tp_plan"] = "auto"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
+        tokenizer = load_tokenizer(source, spec)
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         model = (model if degree > 1 else model.to(device)).eval()
     except (OSError, ValueError, KeyError, RuntimeError, ImportError, MemoryError) as exc:
         if is_out_of_memory(exc):
             raise OutOfMemoryError(f"out of memory loading {source} at --tp {degree} on {device}") from exc
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"cannot load model {source!r} at --tp {degree}: {first[:300]}") from exc
-    loading._ensure_pad_token(tokenizer)
-    description = {**loading._describe(model, spec), "device": device, "tp_degree": degree,
-                   "tp_plan": "auto" if degree > 1 else None}
+        raise ModelLoadError(f"cannot load model {source!r} at --tp {degree}: {_first_line(exc)}") from exc
+    description = _describe(model, spec, device, degree)
     if spec.inject_variance:
-        description["injected_variance"] = loading._inject(model)
-    return loading.LoadedModel(model, tokenizer, description)
+        description["injected_variance"] = _inject(model)
+    return LoadedModel(model, tokenizer, description)
+
+
+def model_source(name: str | None) -> str:
+    """The directory or hub id from_pretrained reads: the embedded default (built on first use) for None."""
+    if name is None:
+        from nondet.probes.default_model import default_model_dir
+
+        return str(default_model_dir())
+    path = Path(name).expanduser()
+    if name.startswith((".", "/", "~")) and not path.is_dir():
+        raise ModelLoadError(f"model directory not found: {name}")
+    return str(path) if path.exists() else name
+
+
+def load_tokenizer(source: str, spec: ModelSpec):
+    """The tokenizer, left-padded with a pad token (as the static probe's)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
+    tokenizer.padding_side = "left"  # every prompt's last token in the last column
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return tokenizer
+
+
+def _describe(model, spec: ModelSpec, device: str, degree: int) -> dict:
+    cfg = model.config
+    return {"name": spec.name or "nondet-default", "embedded_default": spec.name is None,
+            "architecture": type(model).__name__, "layers": getattr(cfg, "num_hidden_layers", None),
+            "hidden": getattr(cfg, "hidden_size", None), "vocab": getattr(cfg, "vocab_size", None),
+            "params_per_rank": sum(p.numel() for p in model.parameters()), "dtype": spec.dtype, "device": device,
+            "attn_implementation": getattr(cfg, "_attn_implementation", None), "tp_degree": degree,
+            "tp_plan": "auto" if degree > 1 else None}
+
+
+def _inject(model) -> str:
+    """The positive control (kernels/variant.py) on this rank's model; its module name for the fingerprint."""
+    from nondet.kernels.variant import inject_batch_variance
+
+    try:
+        return inject_batch_variance(model)
+    except ValueError as exc:
+        raise UsageError(f"--inject-variance: {exc}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
