@@ -95,6 +95,15 @@ def test_report_shows_tp1_vs_tp2_and_the_run_directory_stays_readable(tp_run):
     assert len(read_tables(out).runs) == sum(m["n_runs"] for m in summary["modes"].values())
 
 
+def test_bisect_refuses_a_tensor_parallel_run_in_one_line(tp_run):
+    """bisect replays in one process: a TP2 condition replayed at TP1 would blame nothing (wrongly)."""
+    out, _ = tp_run
+    r = nondet("bisect", str(out))
+    assert r.returncode == 4
+    assert r.stderr.startswith("nondet: error: ") and "only tensor-parallel conditions diverged" in r.stderr
+    assert r.stderr.count("\n") == 1 and not (out / "bisect.json").exists()
+
+
 # -- bad input ------------------------------------------------------------------------------
 
 

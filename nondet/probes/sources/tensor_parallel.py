@@ -27,7 +27,9 @@ from nondet.rundir.records import ConditionRecord, StreamRecord
 
 
 class TensorParallelSource:
-    kind = "static"  # the batches are static ones; the degree is recorded on every record as "tp"
+    # the batches are static ones, run by worker processes: condition records say so in "load" (bisect
+    # replays one process and refuses them, one line) and name their degree in "tp"
+    kind = "tensor-parallel"
 
     def __init__(self, config) -> None:
         self.config = config  # ProbeConfig with tp = (degrees, ascending)
@@ -75,7 +77,8 @@ class TensorParallelSource:
         if self.done_in_group == len(self.jobs[degree]):
             self._finish_group()
         record = condition_record(condition)
-        return dataclasses.replace(record, label=f"tp{degree} {record.label}", extra={**record.extra, "tp": degree})
+        return dataclasses.replace(record, label=f"tp{degree} {record.label}", load=self.kind,
+                                   extra={**record.extra, "tp": degree})
 
     def summarize(self, streams: list[dict]):
         from nondet.probes.tp.summary import tp_section
