@@ -67,6 +67,8 @@ def _device(rank: int, job: Job) -> str:
 
         torch.cuda.set_device(rank)
         return f"cuda:{rank}"
+    # CPU ranks on a GPU host: transformers builds its device mesh on the accelerator it detects
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     return "cpu"
 
 
@@ -89,8 +91,11 @@ def _environment(job: Job, device: str) -> dict:
     import torch
 
     nccl = None
-    if device.startswith("cuda") and hasattr(torch.cuda, "nccl"):
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    if device.startswith("cuda"):
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except (AttributeError, RuntimeError):  # a torch built without NCCL: the backend still says nccl
+            nccl = "unknown"
     return {"degree": job.degree, "backend": None if job.degree == 1 else ("nccl" if nccl else "gloo"),
             "nccl_version": nccl, "nccl_algo": os.environ.get("NCCL_ALGO"),
             "nccl_proto": os.environ.get("NCCL_PROTO"), "threads_per_rank": job.threads}
