@@ -56,6 +56,9 @@ class WorkerGroup:
             if self.errors:
                 raise self._stop(self._error(self.errors[0]))
             self._check_alive()
+            if self.rank0 not in self.conns and self.processes[0].exitcode is not None:
+                self.close()  # rank 0 left (even with exit code 0) without sending what we wait for
+                raise died(0, self.job.degree, self.processes[0].exitcode)
 
     def _receive(self, conn):
         try:
@@ -124,7 +127,9 @@ class WorkerGroup:
 
 
 def died(rank: int, degree: int, code: int) -> WorkerError:
-    return WorkerError(f"tensor-parallel worker rank {rank} of {degree} died (exit code {code}); all ranks were stopped")
+    """The one line for a rank that exited without a message (killed, crashed, os._exit)."""
+    return WorkerError(f"tensor-parallel worker rank {rank} of {degree} died (exit code {code}); "
+                       "all ranks were stopped")
 
 
 def free_port() -> int:
