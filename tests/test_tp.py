@@ -104,6 +104,25 @@ def test_bisect_refuses_a_tensor_parallel_run_in_one_line(tp_run):
     assert r.stderr.count("\n") == 1 and not (out / "bisect.json").exists()
 
 
+def test_tp_bisect_names_the_injected_norm_at_tp2_and_its_ablation(tp_run, tmp_path):
+    """The library's TP bisect: the lockstep on 2 ranks against the prompt alone at TP2."""
+    import shutil
+
+    from nondet.probes.bisect.bisect import BisectConfig
+    from nondet.probes.tp.bisect import is_tensor_parallel, run_tp_bisect
+
+    run = shutil.copytree(tp_run[0], tmp_path / "run")
+    assert is_tensor_parallel(str(run))
+    b = run_tp_bisect(BisectConfig(run_dir=str(run))).bisect
+    assert b["tp_degree"] == 2 and b["condition_id"].startswith("default/tp2/")
+    assert (b["origin"]["module"], b["origin"]["op_class"], b["origin"]["step"]) == (
+        "model.layers.1.post_attention_layernorm", "norm", 1)
+    assert b["minimal_set"] == ["norm"]
+    collective = next(e for e in b["ablation"] if e["ops"] == ["collective"])
+    assert not collective["activations_match"]  # the all-reduce alone does not remove the injected norm
+    assert json.loads((run / "bisect.json").read_text())["tp_degree"] == 2
+
+
 # -- bad input ------------------------------------------------------------------------------
 
 

@@ -9,6 +9,19 @@ FAIL_ENV = "NONDET_TP_FAIL_RANK"  # test hook: "R" or "R:CODE" makes rank R exit
 
 
 @dataclass(frozen=True)
+class BisectTask:
+    """bisect at one degree: the lockstep of the prompt alone and one batched condition, then the ablation."""
+
+    reference: object  # batch.Batch: the prompt alone at batch size 1
+    divergent: object  # batch.Batch: the condition as the probe built it
+    row: int  # the divergent condition's target row
+    kernels: str  # the condition's kernels mode
+    baseline: tuple[str, ...]  # op classes invariant in every replay
+    ablation: bool  # rerun per op class (rank 0 decides which; the others follow)
+    classes: tuple[str, ...]  # op classes the ablation tries ("collective" included)
+
+
+@dataclass(frozen=True)
 class Job:
     spec: ModelSpec  # the model, as for the static probe
     degree: int  # ranks in the group (1 = one process, no process group, no tp_plan)
@@ -17,3 +30,4 @@ class Job:
     settings: DecodeSettings
     threads: int  # torch CPU threads per rank: the same at every degree, so TP1 vs TPN is not a thread count
     port: int  # the rendezvous port on 127.0.0.1 (gloo / NCCL)
+    bisect: BisectTask | None = None  # instead of conditions: one bisect (rank 0 sends ("bisect", result))

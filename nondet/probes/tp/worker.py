@@ -2,7 +2,8 @@
 
 All ranks run the same generate calls in the same order (their collectives must pair up);
 rank 0 alone sends results to the parent, which writes the run directory. Messages on each
-rank's pipe: ("ready", rank, info), ("condition", condition_id, {row: steps}), ("done", rank, counts),
+rank's pipe: ("ready", rank, info), ("condition", condition_id, {row: steps}) or ("bisect", result),
+("done", rank, counts),
 ("error", rank, error class name, one-line message). A worker never prints a traceback
 unless NONDET_DEBUG=1; it exits when its parent does (a watchdog thread), so no rank
 outlives a parent that was killed.
@@ -50,6 +51,12 @@ def _run(rank: int, job: Job, pipe) -> None:
             pipe.send(("ready", rank, {"fingerprint": fingerprint(loaded.description, kernels),
                                        **_environment(job, device)}))
         _maybe_fail(rank)
+        if job.bisect is not None:
+            from nondet.probes.tp.bisect_rank import bisect_on_rank
+
+            result = bisect_on_rank(rank, job.degree, loaded.model, loaded.tokenizer, job.bisect, job.settings)
+            if rank == 0:
+                pipe.send(("bisect", result))
         prompts = [list(target) for target, _ in job.inputs]
         for condition in job.conditions:
             target, fillers = job.inputs[condition.prompt_id]

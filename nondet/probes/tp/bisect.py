@@ -1,0 +1,130 @@
+"""bisect of a tensor-parallel probe: one batched condition against the prompt alone AT ITS OWN DEGREE.
+
+A lockstep compares two replays of one model; TP1 and TP2 are two different reductions, so the
+reference here is the prompt alone at batch size 1 at the divergent condition's degree (its
+stream carries tp_reference), not the run's TP1 reference. The replays run in a worker group of
+that degree (bisect_rank.py: rank 0 captures and decides, the others follow); this process
+chooses the target, builds both batches exactly as the probe did, and writes bisect.json,
+bisect_modules.csv and ablation.json through bisect's own writer, with "tp_degree" added.
+
+What rank 0 captures: its own shard of every column-parallel output (q/k/v, gate/up), the
+summed output of every row-parallel linear (o_proj, down_proj: after the all-reduce), the rest
+replicated. The ablation adds "collective" (the mode's rank-order all-reduce alone) to the op
+classes, so a divergence born in the all-reduce is named by its causal test; the capture point
+of the all-reduce itself (probes/tp/collective.py) is not yet wired into the lockstep.
+"""
+
+import time
+
+from nondet.errors import RunDirError, UsageError
+from nondet.probes.batch import Batch, build_batch, tokenize_inputs
+from nondet.probes.bisect.bisect import BisectConfig, BisectResult, describe, module_rows, write_result
+from nondet.probes.bisect.choose import Target
+from nondet.probes.conditions import Condition, condition_from_record
+from nondet.probes.diff import first_numeric_divergence, first_token_divergence
+from nondet.probes.loading import ModelSpec
+from nondet.probes.replay import DecodeSettings
+from nondet.rundir import RunDir
+
+
+def is_tensor_parallel(run_dir: str) -> bool:
+    """Was this run directory probed with --tp (its config says so)?"""
+    rd = RunDir(run_dir)
+    return rd.exists("config.json") and bool(rd.read_json("config.json").get("config", {}).get("tp"))
+
+
+def run_tp_bisect(config: BisectConfig, on_stage=None) -> BisectResult:
+    started = time.perf_counter()
+    stage = on_stage or (lambda text: None)
+    rd = RunDir(config.run_dir)
+    rd.require()
+    probe = rd.read_json("config.json")["config"]
+    target, degree = choose_tp_target(rd.read_jsonl("conditions.jsonl"), rd.read_jsonl("streams.jsonl"),
+                                      str(rd.path), config.condition, config.position)
+    spec = ModelSpec(**probe["model"])
+    stage(f"loading model at --tp {degree}")
+    main, ablation, tokenizer = _replay_in_group(config, probe, spec, target, degree, stage)
+    result = describe(target, main, tokenizer, ablation, config.baseline)
+    result["tp_degree"] = degree
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    rows = module_rows(main)
+    write_result(rd, result, rows)
+    return BisectResult(rd.path, result, rows, time.perf_counter() - started)
+
+
+def choose_tp_target(conditions: list[dict], streams: list[dict], where: str, wanted: str | None = None,
+                     position: int | None = None) -> tuple[Target, int]:
+    """The run that leaves its own degree's reference first (tokens, then bits; default kernels,
+    then the higher degree, the smaller batch, the lower run id), and its degree."""
+    by_id = {c["condition_id"]: c for c in conditions}
+    refs = {(s["kernels"], s.get("tp"), s.get("prompt_id", 0)): s for s in streams if s.get("tp_reference")}
+    found = []
+    for s in streams:
+        ref = refs.get((s["kernels"], s.get("tp"), s.get("prompt_id", 0)))
+        if s.get("tp_reference") or ref is None or not _picked(s, wanted, position):
+            continue
+        flip, numeric = first_token_divergence(ref, s), first_numeric_divergence(ref, s)
+        if flip is not None or numeric is not None:
+            found.append((s, ref, flip, numeric))
+    if not found:
+        raise RunDirError(f"{where}: no run diverged from the prompt alone at its own TP degree"
+                          f"{' (with --condition / --position as given)' if wanted or position is not None else ''}; "
+                          "nothing to bisect")
+    s, ref, flip, numeric = min(found, key=lambda f: (f[0]["kernels"] != "default", f[2] is None, f[2] or 0,
+                                                       f[3] or 0, -f[0]["tp"],
+                                                       by_id[f[0]["condition_id"]]["batch_size"], f[0]["run_id"]))
+    condition = condition_from_record(by_id[s["condition_id"]])
+    return Target(condition, s["position"], s["run_id"], ref["run_id"], flip, numeric, s.get("prompt_id", 0)), s["tp"]
+
+
+def _picked(stream: dict, wanted: str | None, position: int | None) -> bool:
+    cid = stream["condition_id"]
+    return ((wanted is None or wanted in (cid, cid.split("/", 1)[-1]))
+            and (position is None or stream["position"] == position))
+
+
+def _replay_in_group(config: BisectConfig, probe: dict, spec: ModelSpec, target: Target, degree: int, stage):
+    """(main Lockstep, Ablation or None, tokenizer): the replays on a worker group of the degree."""
+    from nondet.kernels.mode import EXTRA_CLASSES, OP_CLASSES
+    from nondet.probes.tp.group import WorkerGroup, free_port
+    from nondet.probes.tp.job import BisectTask, Job
+    from nondet.probes.tp.load import load_tokenizer, model_source
+
+    tokenizer = load_tokenizer(model_source(spec.name), spec)
+    reference, divergent = _batches(tokenizer, probe, target)
+    settings = DecodeSettings(_horizon(config, probe, target), probe["temperature"], probe["seed"])
+    classes = tuple(c for c in OP_CLASSES + EXTRA_CLASSES if c not in config.baseline)
+    task = BisectTask(reference, divergent, target.position, target.condition.kernels, tuple(config.baseline),
+                      config.ablation, classes)
+    threads = probe.get("threads") or (None if spec.device.startswith("cuda") else 1)
+    group = WorkerGroup(Job(spec, degree, (), (), settings, threads, free_port(), bisect=task))
+    try:
+        group.next("ready")
+        stage(f"lockstep replay of {target.condition.condition_id} row {target.position} on {degree} ranks"
+              + (" and its ablation" if config.ablation else ""))
+        result = group.next("bisect")[1]
+        group.finish()
+    finally:
+        group.close()
+    return result["main"], result["ablation"], tokenizer
+
+
+def _horizon(config: BisectConfig, probe: dict, target: Target) -> int:
+    """Steps replayed: --max-steps, else through the probe's flip (as bisect does)."""
+    if config.max_steps:
+        return config.max_steps
+    if target.probe_flip_step is not None:
+        return min(probe["max_new_tokens"], target.probe_flip_step + 1)
+    return probe["max_new_tokens"]
+
+
+def _batches(tokenizer, probe: dict, target: Target) -> tuple[Batch, Batch]:
+    """The prompt alone and the divergent batch exactly as the probe built them."""
+    texts = probe.get("prompts") or [probe["prompt"]]
+    ids, fillers = tokenize_inputs(tokenizer, texts[target.prompt_id], probe["fillers"])
+    pad = tokenizer.pad_token_id
+    reference = build_batch(Condition("bisect/ref", target.condition.kernels, 1, (0,), "none"), ids, fillers, pad)
+    every = [tokenize_inputs(tokenizer, t, probe["fillers"])[0] for t in texts] if target.condition.row_prompts else None
+    if target.condition.fillers == "ragged" and not ids:
+        raise UsageError("the target prompt tokenized to nothing")
+    return reference, build_batch(target.condition, ids, fillers, pad, prompts=every)
