@@ -12,10 +12,13 @@
 #               default kernels and under the mode (TP-invariance: measured, not claimed by the mode)
 #   bench       a TP2 decode step (batch 1, 8, 64; KV cache after a 32-token prompt), default
 #               kernels vs the mode (CUDA-synchronised wall time, median of 30 steps)
+#   bisect      where the default run's first divergent condition leaves the prompt alone at TP2
+#               (nondet.probes.tp.bisect on 2 ranks; ablation per op class, "collective" included)
 # Then a Markdown table (stdout and $OUT/tp_acceptance.md); everything else under $OUT.
 #
 # Usage (2 GPUs, repository root):  OUT=/some/dir bash scripts/gpu_tp.sh     (< 8 minutes on 2 H200s)
-# Knobs: SIZES (default 1-64), TOKENS (new tokens per run, default 32). A CPU dry run of the script
+# Knobs: SIZES (default 1-64), TOKENS (new tokens per run, default 32), BUDGET (seconds for all steps,
+# default 450; a step cut short by its timeout still gets a row, from the streams it wrote). A CPU dry run of the script
 # itself (gloo, a small model): DEVICE=cpu HIDDEN=128 LAYERS=2 SIZES=1,2 TOKENS=4 BENCH_BATCHES=1,2 bash scripts/gpu_tp.sh
 set -uo pipefail
 set -x
@@ -34,21 +37,27 @@ PROMPT="Tell me about Richard Feynman"
 FAILED=()
 START=$(date +%s)
 say() { set +x; echo "=== [$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/progress.log"; set -x; }
-step() {  # step NAME TIMEOUT COMMAND...: run, log to $OUT/NAME.log, record a failure and go on
-  local name=$1 limit=$2; shift 2
+BUDGET=${BUDGET:-450}  # seconds for all steps: the script ends well inside 8 minutes
+step() {  # step NAME CAP RESERVE COMMAND...: run with timeout min(CAP, what is left minus RESERVE for the
+          # steps after it), log to $OUT/NAME.log, record a failure and go on
+  local name=$1 cap=$2 reserve=$3; shift 3
+  local left=$(( BUDGET - ($(date +%s) - START) - reserve ))
+  local limit=$(( cap < left ? cap : left ))
+  if [ "$limit" -lt 10 ]; then FAILED+=("$name (no time left)"); say "$name: SKIPPED (no time left)"; return; fi
   say "$name: start (timeout ${limit}s)"
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   tail -n 25 "$OUT/$name.log"
   if [ $rc -ne 0 ]; then FAILED+=("$name (exit $rc)"); say "$name: FAILED (exit $rc)"; else say "$name: ok"; fi
 }
+rm -rf "$OUT/run-default" "$OUT/run-mode" "$OUT/run-versus" "$OUT/bench.json"  # a rerun must not append to old runs
 
 say "device"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', '.'.join(map(str, torch.cuda.nccl.version())), 'triton', triton.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
 } 2>&1 | tee "$OUT/device.log"
 
-step build 45 python3 - "$MODEL" "$HIDDEN" "$LAYERS" <<'PY'
+step build 45 360 python3 - "$MODEL" "$HIDDEN" "$LAYERS" <<'PY'
 import sys
 from pathlib import Path
 
@@ -71,10 +80,10 @@ print("model:", path)
 PY
 
 COMMON=(--model "$MODEL" --device "$DEVICE" --prompt "$PROMPT" --max-new-tokens "$TOKENS" --positions ends)
-step default 150 python3 -m nondet probe --tp 2 --batch-sizes "$SIZES" "${COMMON[@]}" --out "$OUT/run-default"
-step mode 140 python3 -m nondet probe --tp 2 --kernels batch-invariant --batch-sizes "$SIZES" "${COMMON[@]}" \
+step default 130 220 python3 -m nondet probe --tp 2 --batch-sizes "$SIZES" "${COMMON[@]}" --out "$OUT/run-default"
+step mode 130 130 python3 -m nondet probe --tp 2 --kernels batch-invariant --batch-sizes "$SIZES" "${COMMON[@]}" \
   --out "$OUT/run-mode"
-step versus 60 python3 -m nondet probe --tp 1,2 --confirm --batch-sizes 1,8 "${COMMON[@]}" --out "$OUT/run-versus"
+step versus 70 80 python3 -m nondet probe --tp 1,2 --confirm --batch-sizes 1,8 "${COMMON[@]}" --out "$OUT/run-versus"
 
 cat > "$OUT/tp_decode_bench.py" <<'PY'
 """One TP2 decode step, default kernels vs nondet's batch-invariant mode: 2 spawned ranks, NCCL."""
@@ -146,7 +155,13 @@ if __name__ == "__main__":
         port = s.getsockname()[1]
     mp.spawn(rank_main, args=(2, port, sys.argv[1], sys.argv[2]), nprocs=2, join=True)
 PY
-step bench 75 python3 "$OUT/tp_decode_bench.py" "$MODEL" "$OUT/bench.json"
+step bench 70 30 python3 "$OUT/tp_decode_bench.py" "$MODEL" "$OUT/bench.json"
+step bisect 60 0 python3 -c "
+import json
+from nondet.probes.bisect.bisect import BisectConfig
+from nondet.probes.tp.bisect import run_tp_bisect
+b = run_tp_bisect(BisectConfig(run_dir='$OUT/run-default'), on_stage=print).bisect
+print(json.dumps({k: b.get(k) for k in ('tp_degree', 'condition_id', 'origin', 'flip_step', 'minimal_set')}))"
 
 say "table"
 python3 - <<'PY' 2>&1 | tee "$OUT/tp_acceptance.md"
@@ -225,6 +240,15 @@ if bench.exists():
         print(f"| batch {b} | {d} | {m} | {m / d:.2f}x |" if d and m else f"| batch {b} | {d} | {m} | — |")
 else:
     print("\nbench: not run")
+bisect = OUT / "run-default" / "bisect.json"
+if bisect.exists():
+    b = json.loads(bisect.read_text())
+    o = b.get("origin") or {}
+    print(f"\nTP{b.get('tp_degree')} bisect of {b['condition_id']} row {b['position']}: first differing point "
+          f"{o.get('module')} ({o.get('op_class')}) at step {o.get('step')}; token flip at step {b.get('flip_step')}; "
+          f"minimal invariant set {b.get('minimal_set')}")
+else:
+    print("\nbisect: not run (or no divergence to bisect)")
 PY
 
 say "done; failed steps: ${FAILED[*]:-none}"
