@@ -96,13 +96,17 @@ def test_report_shows_tp1_vs_tp2_and_the_run_directory_stays_readable(tp_run):
     assert len(read_tables(out).runs) == sum(m["n_runs"] for m in summary["modes"].values())
 
 
-def test_bisect_refuses_a_tensor_parallel_run_in_one_line(tp_run):
-    """bisect replays in one process: a TP2 condition replayed at TP1 would blame nothing (wrongly)."""
-    out, _ = tp_run
-    r = nondet("bisect", str(out))
-    assert r.returncode == 4
-    assert r.stderr.startswith("nondet: error: ") and "only tensor-parallel conditions diverged" in r.stderr
-    assert r.stderr.count("\n") == 1 and not (out / "bisect.json").exists()
+def test_bisect_cli_replays_a_tensor_parallel_run_at_its_degree(tp_run, tmp_path):
+    """`nondet bisect` on a --tp run goes to the worker-group bisect (a TP2 condition replayed in one
+    process would blame the wrong thing). Where the bits are born depends on this host's kernels too,
+    so this checks the dispatch and the outputs; the test below checks the origin with a baseline."""
+    import shutil
+
+    run = shutil.copytree(tp_run[0], tmp_path / "cli-run")
+    r = nondet("bisect", str(run), "--no-ablation")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "default/tp2/" in r.stdout and "first difference: step " in r.stdout, r.stdout
+    assert json.loads((run / "bisect.json").read_text())["tp_degree"] == 2
 
 
 def test_tp_bisect_names_the_injected_norm_at_tp2_and_its_ablation(tp_run, tmp_path):

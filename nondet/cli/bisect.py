@@ -113,8 +113,12 @@ def _run_with_status(config, quiet: bool):
 
     from nondet.probes.bisect import run_bisect
     from nondet.probes.bisect.rl import is_rl_run, run_rl_bisect
+    from nondet.probes.tp.bisect import is_tensor_parallel, run_tp_bisect
 
-    run = run_rl_bisect if is_rl_run(config.run_dir) else run_bisect  # an rl run: sampler vs trainer
+    if is_rl_run(config.run_dir):  # an rl run: sampler vs trainer
+        run = run_rl_bisect
+    else:  # a --tp run replays on a worker group at the condition's degree
+        run = run_tp_bisect if is_tensor_parallel(config.run_dir) else run_bisect
     if quiet:
         return run(config)
     with Console(stderr=True).status("bisect") as status:
