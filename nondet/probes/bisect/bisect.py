@@ -63,7 +63,7 @@ def run_bisect(config: BisectConfig, on_stage: OnStage | None = None) -> BisectR
     probe = _read_probe_config(rd)
     stage("loading model")
     loaded = load_model(ModelSpec(**probe["model"]))
-    settings = DecodeSettings(_horizon(config, probe, target), probe["temperature"], probe["seed"])
+    settings = DecodeSettings(replay_horizon(config, probe, target), probe["temperature"], probe["seed"])
     with numerics_scope(probe.get("threads")):
         replay = _replayer_of(loaded, probe, target, streams, settings, config.baseline)
         stage(f"lockstep replay of {target.condition.condition_id} row {target.position}")
@@ -79,7 +79,7 @@ def run_bisect(config: BisectConfig, on_stage: OnStage | None = None) -> BisectR
     return BisectResult(rd.path, result, rows, time.perf_counter() - started)
 
 
-def _horizon(config: BisectConfig, probe: dict, target: Target) -> int:
+def replay_horizon(config: BisectConfig, probe: dict, target: Target) -> int:
     """Steps replayed: --max-steps, else through the probe's flip (nothing later is needed)."""
     if config.max_steps:
         return config.max_steps

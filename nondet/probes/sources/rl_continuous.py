@@ -12,12 +12,12 @@ per kernels mode, `<kernels>/sampler/continuous`; under the mode, engine_kernels
 batch-invariant ops inside the engine (attention per request where its path allows).
 """
 
-from nondet.probes.numerics import fingerprint
 from nondet.probes.pieces import token_piece
 from nondet.probes.replay import eos_ids
-from nondet.probes.sources.base import Emit, Opened, Planned
+from nondet.probes.sources.base import Emit, Planned
 from nondet.probes.sources.rl_processed import Processing, processed_logprobs
-from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord, Summary
+from nondet.probes.sources.rl_sampler import RLSamplerSource
+from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord
 
 REQUEST_PREFIX = "rl-"  # request ids rl-<prompt index>
 
@@ -56,23 +56,11 @@ class EngineSampler:
         return out
 
 
-class RLContinuousSamplerSource:
+class RLContinuousSamplerSource(RLSamplerSource):
+    """The sampler side in transformers' continuous-batching engine: every prompt at once.
+    Construction, open (prompt ids, fingerprint), summarize and close are the batched sampler's."""
+
     kind = "rl-continuous"
-
-    def __init__(self, config, loaded, run_ids) -> None:
-        self.config = config  # RLConfig
-        self.loaded = loaded
-        self.run_ids = run_ids
-        self.prompt_ids: list[list[int]] = []
-        self.distributions: dict[tuple[str, int], object] = {}  # as RLSamplerSource: the exact KL
-
-    def open(self) -> Opened:
-        tok = self.loaded.tokenizer
-        self.prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in self.config.prompts]
-        return Opened(fingerprint(self.loaded.description, ",".join(self.config.kernels)))
-
-    def attach(self, writer) -> None:
-        pass
 
     def plan(self) -> list[Planned]:
         return [Planned(condition_id(mode), "sampler: continuous batching, every prompt at once", mode, mode)
@@ -90,12 +78,6 @@ class RLContinuousSamplerSource:
         return ConditionRecord(condition_id=planned.condition_id, kernels=mode, batch_size=len(self.prompt_ids),
                                positions=None, fillers="none", label=planned.label, load=self.kind,
                                extra={"side": "sampler"})
-
-    def summarize(self, streams: list[dict]) -> Summary:
-        return Summary(modes={})  # nondet rl's summary pairs both sides: nondet.rl.summary
-
-    def close(self) -> None:
-        pass
 
     def _sample(self, mode: str) -> EngineSampler:
         from nondet.probes.sources.continuous import engine_kernels

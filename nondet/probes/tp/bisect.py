@@ -18,7 +18,8 @@ import time
 
 from nondet.errors import RunDirError, UsageError
 from nondet.probes.batch import Batch, build_batch, tokenize_inputs
-from nondet.probes.bisect.bisect import BisectConfig, BisectResult, describe, module_rows, write_result
+from nondet.probes.bisect.bisect import (BisectConfig, BisectResult, describe, module_rows, replay_horizon,
+                                        write_result)
 from nondet.probes.bisect.choose import Target
 from nondet.probes.conditions import Condition, condition_from_record
 from nondet.probes.diff import first_numeric_divergence, first_token_divergence
@@ -92,7 +93,7 @@ def _replay_in_group(config: BisectConfig, probe: dict, spec: ModelSpec, target:
 
     tokenizer = load_tokenizer(model_source(spec.name), spec)
     reference, divergent = _batches(tokenizer, probe, target)
-    settings = DecodeSettings(_horizon(config, probe, target), probe["temperature"], probe["seed"])
+    settings = DecodeSettings(replay_horizon(config, probe, target), probe["temperature"], probe["seed"])
     classes = tuple(c for c in OP_CLASSES + EXTRA_CLASSES if c not in config.baseline)
     task = BisectTask(reference, divergent, target.position, target.condition.kernels, tuple(config.baseline),
                       config.ablation, classes)
@@ -107,15 +108,6 @@ def _replay_in_group(config: BisectConfig, probe: dict, spec: ModelSpec, target:
     finally:
         group.close()
     return result["main"], result["ablation"], tokenizer
-
-
-def _horizon(config: BisectConfig, probe: dict, target: Target) -> int:
-    """Steps replayed: --max-steps, else through the probe's flip (as bisect does)."""
-    if config.max_steps:
-        return config.max_steps
-    if target.probe_flip_step is not None:
-        return min(probe["max_new_tokens"], target.probe_flip_step + 1)
-    return probe["max_new_tokens"]
 
 
 def _batches(tokenizer, probe: dict, target: Target) -> tuple[Batch, Batch]:
