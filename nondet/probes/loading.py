@@ -38,11 +38,11 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     _ensure_pad_token(tokenizer)
     description = _describe(model, spec)
     if spec.inject_variance:
-        description["injected_variance"] = _inject(model)
+        description["injected_variance"] = inject(model)
     return LoadedModel(model, tokenizer, description)
 
 
-def _inject(model) -> str:
+def inject(model) -> str:
     """The positive control (kernels/variant.py); the module's name goes into the fingerprint."""
     from nondet.kernels.variant import inject_batch_variance
 

@@ -11,7 +11,7 @@ from_pretrained needs tp_plan passed in.
 from pathlib import Path
 
 from nondet.errors import ModelLoadError, OutOfMemoryError, UsageError, is_out_of_memory
-from nondet.probes.loading import LoadedModel, ModelSpec
+from nondet.probes.loading import LoadedModel, ModelSpec, inject
 
 
 def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
@@ -35,7 +35,7 @@ def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
         raise ModelLoadError(f"cannot load model {source!r} at --tp {degree}: {_first_line(exc)}") from exc
     description = _describe(model, spec, device, degree)
     if spec.inject_variance:
-        description["injected_variance"] = _inject(model)
+        description["injected_variance"] = inject(model)
     return LoadedModel(model, tokenizer, description)
 
 
@@ -70,16 +70,6 @@ def _describe(model, spec: ModelSpec, device: str, degree: int) -> dict:
             "params_per_rank": sum(p.numel() for p in model.parameters()), "dtype": spec.dtype, "device": device,
             "attn_implementation": getattr(cfg, "_attn_implementation", None), "tp_degree": degree,
             "tp_plan": "auto" if degree > 1 else None}
-
-
-def _inject(model) -> str:
-    """The positive control (kernels/variant.py) on this rank's model; its module name for the fingerprint."""
-    from nondet.kernels.variant import inject_batch_variance
-
-    try:
-        return inject_batch_variance(model)
-    except ValueError as exc:
-        raise UsageError(f"--inject-variance: {exc}") from None
 
 
 def _first_line(exc: BaseException) -> str:
