@@ -54,12 +54,14 @@ if not INNER:
         assert _rows(last).data_ptr() == last.data_ptr()
 
 else:
+    import torch
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from nondet.kernels import triton_attention as ta
 
+    MASK_TYPES = {torch.int16: "*i16", torch.int32: "*i32", torch.uint8: "*u8", torch.bool: "*i1"}
     INTS = ("Q", "S", "H", "KVH", "D", "NC", "s_qb", "s_qh", "s_qq", "s_qd", "s_kb", "s_kh", "s_ks", "s_kd",
             "s_vb", "s_vh", "s_vs", "s_vd", "s_mb", "s_mq", "s_ms")
 
@@ -68,7 +70,8 @@ else:
         const = dict(G=2, BLOCK_M=16, BLOCK_N=128, BLOCK_D=64, CHUNK=512, SPLIT=False, CAUSAL=mask_kind == 0,
                      MASK_KIND=mask_kind, PRECISION="tf32", UPCAST=False)
         sig = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "ws_m", "ws_l", "ws_acc")}
-        sig.update(mask_ptr="*u8" if mask_kind == 1 else "*bf16", start_ptr="*i32", qk_scale="fp32")
+        sig.update(mask_ptr=MASK_TYPES[ta.MASK_DTYPE] if mask_kind == 1 else "*bf16", start_ptr="*i32",
+                   qk_scale="fp32")
         sig.update({name: "i32" for name in INTS})
         sig.update({name: "constexpr" for name in const})
         names = ta._attn_kernel.arg_names
@@ -86,6 +89,20 @@ else:
         ops = _row_reductions(_ttgir(mask_kind, arch))
         assert ops, "no reduction found: the IR pattern no longer matches"
         assert set(ops) == {"arith.maxnumf"}, ops
+
+    def _dot_operand_layouts(ttgir: str) -> list[str]:
+        """Each tt.dot's operand types, layouts included (kWidth sets the K order inside the MMA)."""
+        return [m.group(1) for m in re.finditer(r"tt\.dot [^:]*: (.*?) -> ", ttgir)]
+
+    @pytest.mark.parametrize("arch", [90, 80])
+    def test_every_mask_kind_feeds_the_dots_the_same_layouts(arch):
+        """A bool mask loaded as bytes gave the p operand kWidth 4 (causal: 2), so a masked call
+        summed p @ V in another K order: the H100's 1-ULP differences. The launcher's mask dtype
+        must keep every binary's dot layouts those of the causal one."""
+        causal = _dot_operand_layouts(_ttgir(0, arch))
+        assert len(causal) == 3
+        for mask_kind in MASK_KINDS[1:]:
+            assert _dot_operand_layouts(_ttgir(mask_kind, arch)) == causal, mask_kind
 
     def test_the_row_sum_is_a_dot():
         # the row sum is the third dot (q.k, p.ones, p.v) in every binary

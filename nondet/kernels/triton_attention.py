@@ -24,6 +24,7 @@ import triton.language as tl
 from nondet.kernels.config import ATTENTION_CONFIGS, AttentionConfig
 from nondet.kernels.triton_matmul import sm_count, interpreting
 
+MASK_DTYPE = torch.int16  # what a bool mask is loaded as (see _mask_args)
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: exp2(_NEG - m) is an exact 0
 _LOG2E = 1.4426950408889634
 
@@ -257,8 +258,13 @@ def _mask_args(mask, bsz, nq, s, like):
     if mask is None:
         return 0, like, (0, 0, 0)
     assert mask.dim() == 4 and mask.shape[1] == 1, "mask must be (B or 1, 1, Q, S)"
+    kind = 1 if mask.dtype == torch.bool else 2
+    if kind == 1:
+        # int16, not the bool's own bytes: Triton sizes the p @ V operand layout (kWidth) from the
+        # narrowest type that feeds p, and an 8-bit mask gave kWidth 4 where the causal binary has
+        # 2, a different K order inside the MMA and 1-ULP differences between a masked call (a
+        # verification chunk, a padded batch) and a causal one (H100; tests/test_kernels_ttgir.py).
+        # Converted before the expand, so a mask shared by the batch is not copied per row.
+        mask = mask.to(MASK_DTYPE)
     m = mask.expand(bsz, 1, nq, s)
-    if m.dtype == torch.bool:
-        m = m.view(torch.uint8)
-        return 1, m, (m.stride(0), m.stride(2), m.stride(3))
-    return 2, m, (m.stride(0), m.stride(2), m.stride(3))
+    return kind, m, (m.stride(0), m.stride(2), m.stride(3))
