@@ -31,6 +31,8 @@ Pure Python on summary.json / streams.jsonl records; imports no torch.
 from dataclasses import dataclass, field
 
 from nondet.errors import UsageError
+from nondet.gate.prompts import per_prompt
+from nondet.gate.rl_policy import rl_message
 
 REQUIREMENTS = ("identical", "max-distinct", "min-divergence-step", "max-logprob-diff", "max-kl")
 AXES = {  # axis -> the requirements it takes
@@ -187,28 +189,6 @@ def _judge_prompt(view: "_ModeView", condition_id: str, policy: Policy) -> str |
     return message or ""
 
 
-def per_prompt(mode: dict) -> list[dict]:
-    """A merged several-prompt mode (probes/diff_prompts.py) as one mode dict per prompt, each
-    with its own reference, completions (ids counted from 0 again) and branch tree, so every
-    requirement judges a prompt against itself alone. A one-prompt mode is returned as it is."""
-    prompts = mode.get("prompts") or []
-    if len(prompts) <= 1:
-        return [mode]
-    return [_one_prompt(mode, p) for p in prompts]
-
-
-def _one_prompt(mode: dict, prompt: dict) -> dict:
-    pid = prompt["prompt_id"]
-    completions = [c for c in mode["completions"] if c.get("prompt_id") == pid]
-    offset = min((c["completion_id"] for c in completions), default=0)
-    label = f"prompt {pid}" + (f" ({prompt['prompt'][:40]!r})" if prompt.get("prompt") else "")
-    return {**mode, "prompt_label": label,
-            "runs": [{**r, "completion_id": r["completion_id"] - offset}
-                     for r in mode["runs"] if r.get("prompt_id") == pid],
-            "completions": [{**c, "completion_id": c["completion_id"] - offset} for c in completions],
-            **{key: prompt[key] for key in ("reference_run_id", "branch_tree", "distinct_completions")}}
-
-
 class _ModeView:
     """Tokens, pieces and logprobs of one kernels mode's runs, from streams or the summary."""
 
@@ -297,40 +277,9 @@ _CHECKS = {"identical": _identical, "max-distinct": _max_distinct,
 
 def _judge_rl_pair(pair: dict, policy: Policy) -> ConditionResult:
     firsts = [f for f in pair.get("first_diff") or [] if f is not None]
-    message = _rl_message(pair, policy) if pair.get("n_tokens") else None
+    message = rl_message(pair, policy.require, policy.value) if pair.get("n_tokens") else None
     return ConditionResult(pair["kernels"], pair["trainer_condition"], len(pair.get("prompt_ids") or []),
                            None, min(firsts, default=None), message is None, message or "")
-
-
-def _rl_message(pair: dict, policy: Policy) -> str | None:
-    """None when the pair meets the policy, else why not: counts, where, |dlogp| and the k3 KL."""
-    differ = pair["n_tokens"] - pair["n_identical"]
-    if policy.require == "identical" and differ:
-        return _rl_detail(f"{differ} of {pair['n_tokens']} sampled tokens' logprob bits differ from the "
-                          f"sampler's at micro-batch {pair['micro_batch']}", pair)
-    name, kl = _rl_kl(pair)
-    if policy.require == "max-kl" and not kl <= policy.value:  # NaN fails too
-        return _rl_detail(f"{name} {kl:.3g} > {policy.value:g} at micro-batch {pair['micro_batch']} "
-                          f"({differ} of {pair['n_tokens']} tokens' bits differ)", pair)
-    return None
-
-
-def _rl_kl(pair: dict) -> tuple[str, float]:
-    """The KL max-kl judges: the exact mean per-token KL(sampler || trainer) where the sampler's
-    full distributions were kept (in process), else the k3 estimate over the sampled tokens."""
-    if pair.get("kl_exact") is not None:
-        return "exact KL", pair["kl_exact"]
-    return "k3 KL", pair["kl_k3"]
-
-
-def _rl_detail(head: str, pair: dict) -> str:
-    firsts = [(f, i) for i, f in enumerate(pair.get("first_diff") or []) if f is not None]
-    where = ""
-    if firsts:
-        step, seq = min(firsts)
-        where = f", first at token {step} of sequence {seq} (prompt {pair['prompt_ids'][seq]})"
-    return (f"{head}{where}; max |dlogp| {pair['dlogp_max']:.3g}, k3 KL {pair['kl_k3']:.3g}, "
-            f"{pair['ratio_outside_0.2']:.1%} of ratios outside 1 +- 0.2")
 
 
 # -- messages ------------------------------------------------------------------------------
