@@ -54,6 +54,9 @@ if not INNER:
         assert _rows(last).data_ptr() == last.data_ptr()
 
 else:
+    import collections
+    import functools
+
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -67,6 +70,11 @@ else:
 
     def _ttgir(mask_kind: int, arch: int) -> str:
         """TTGIR of _attn_kernel as the launcher compiles it for bf16 decode/prefill tiles."""
+        return _asm(mask_kind, arch)["ttgir"]
+
+    @functools.cache
+    def _asm(mask_kind: int, arch: int) -> dict:
+        """Every stage's text of _attn_kernel compiled for bf16 decode/prefill tiles."""
         const = dict(G=2, BLOCK_M=16, BLOCK_N=128, BLOCK_D=64, CHUNK=512, SPLIT=False, CAUSAL=mask_kind == 0,
                      MASK_KIND=mask_kind, PRECISION="tf32", UPCAST=False)
         sig = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "ws_m", "ws_l", "ws_acc")}
@@ -77,7 +85,7 @@ else:
         names = ta._attn_kernel.arg_names
         src = ASTSource(ta._attn_kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()})
         kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, "num_stages": 2})
-        return kernel.asm["ttgir"]
+        return dict(kernel.asm)
 
     def _row_reductions(ttgir: str) -> list[str]:
         """The combining op of every tt.reduce (e.g. arith.maxnumf, arith.addf)."""
@@ -103,6 +111,18 @@ else:
         assert len(causal) == 3
         for mask_kind in MASK_KINDS[1:]:
             assert _dot_operand_layouts(_ttgir(mask_kind, arch)) == causal, mask_kind
+
+    FLOAT_OPS = (r"\b(mma\.sync[.\w]*|wgmma[.\w]*|ex2[.\w]*|fma[.\w]*|mul[.\w]*f32|sub[.\w]*f32|add[.\w]*f32"
+                 r"|div[.\w]*f32|max[.\w]*f32|cvt[.\w]*bf16[.\w]*)")
+
+    @pytest.mark.parametrize("arch", [90, 80])
+    def test_a_bool_mask_costs_no_arithmetic_the_causal_binary_does_not_do(arch):
+        """The PTX of the bool-mask binary has the causal binary's float instructions, kind by kind:
+        the mask only decides which scores become -inf."""
+        def profile(kind):
+            return collections.Counter(re.findall(FLOAT_OPS, _asm(kind, arch)["ptx"]))
+
+        assert profile(1) == profile(0)
 
     def test_the_row_sum_is_a_dot():
         # the row sum is the third dot (q.k, p.ones, p.v) in every binary
