@@ -87,3 +87,10 @@ def test_continuous_sampler_runs_cannot_be_bisected():
     streams = [{"side": "sampler", "kernels": "default", "prompt_id": 0, "load": "continuous"}]
     with pytest.raises(UsageError, match="the sampler ran in the continuous-batching engine"):
         plans(pair, streams, None)
+
+
+def test_max_steps_on_an_rl_run_is_one_line_not_ignored(rl_run):
+    proc = subprocess.run([sys.executable, "-m", "nondet", "bisect", str(rl_run), "--max-steps", "3"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("nondet: error: --max-steps does not apply to an rl run")

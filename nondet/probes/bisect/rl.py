@@ -41,6 +41,11 @@ def run_rl_bisect(config: BisectConfig, on_stage=None) -> BisectResult:
 
     started = time.perf_counter()
     stage = on_stage or (lambda text: None)
+    if config.max_steps:
+        # the trainer's side is one teacher-forced forward over whole sequences: cutting them
+        # would change the micro-batch's shapes, i.e. the very computation being bisected
+        raise UsageError("--max-steps does not apply to an rl run: the trainer's forward covers the whole "
+                         "sequence; bisect replays it in full")
     rd = RunDir(config.run_dir)
     rl = rd.read_json("config.json")["config"]
     streams, summary = rd.read_jsonl("streams.jsonl"), rd.read_json("summary.json")
