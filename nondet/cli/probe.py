@@ -93,6 +93,10 @@ def probe(
                      "tp_plan=\"auto\"; gloo on CPU, NCCL on CUDA, rank r on cuda:r). Several degrees, e.g. 1,2, "
                      "share one run directory; the smallest holds the reference, and the summary shows the "
                      "batch variance at each degree and each degree against it.")] = None,
+    tp_invariant: Annotated[bool, typer.Option(
+        "--tp-invariant", help="With --tp and the batch-invariant mode: row-parallel linears reduce K as one "
+                               "fixed tree that every degree follows (powers of 2), so TP1 and TPN give the same "
+                               "bits. Default kernels are left as they are.")] = False,
     kv_cache: Annotated[str, typer.Option(
         "--kv-cache", help="KV cache of the static batches' generate: dynamic (transformers' default) or static "
                            "(preallocated prompt + max-new-tokens positions, the layout CUDA graphs need; "
@@ -127,7 +131,7 @@ def probe(
         fillers=read_lines_file(fillers, "fillers") if fillers else FILLERS,
         ragged=ragged, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
         kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads, speculative=speculative,
-        budget=budget, kv_cache=kv_cache, **_tp_fields(tp),
+        budget=budget, kv_cache=kv_cache, tp_invariant=tp_invariant, **_tp_fields(tp),
     )
     result = run_keeping_streams(config, quiet=json_output)
     write_report_if_available(result.run_dir)

@@ -17,11 +17,16 @@ output hooks, so the switch replaces that attribute while the mode is on and res
 the mode leaves (mode.py calls `set_enabled`). Nothing happens at import time.
 """
 
+import contextlib
+
 import torch
+
+from nondet.kernels.tp_tree import pairwise_tree
 
 NAME = "all_gather + sum in rank order (fp32, cast to the input dtype)"
 DEFAULT_NAME = "torch.distributed.all_reduce (backend's own algorithm)"
-_STATE = {"original": None, "calls": 0}  # the replaced all_reduce while enabled; invariant calls made
+# the replaced all_reduce while enabled; invariant calls made; tree: combine as tp_tree.pairwise_tree
+_STATE = {"original": None, "calls": 0, "tree": False}
 
 
 def set_enabled(on: bool) -> None:
@@ -34,6 +39,18 @@ def set_enabled(on: bool) -> None:
     elif not on and _STATE["original"] is not None:
         dist.all_reduce = _STATE["original"]
         _STATE["original"] = None
+
+
+@contextlib.contextmanager
+def tree_order():
+    """Inside: the invariant all-reduce combines the ranks' partials pairwise, each node rounded to
+    the dtype (tp_tree.py: the row-parallel linears' K tree continues across the ranks)."""
+    saved = _STATE["tree"]
+    try:
+        _STATE["tree"] = True
+        yield
+    finally:
+        _STATE["tree"] = saved
 
 
 def is_enabled() -> bool:
@@ -55,7 +72,8 @@ def invariant_all_reduce(tensor: torch.Tensor, op=None, group=None, async_op: bo
     op = dist.ReduceOp.SUM if op is None else op
     if op != dist.ReduceOp.SUM or async_op or dist.get_world_size(group) == 1:
         return original(tensor, op=op, group=group, async_op=async_op)
-    tensor.copy_(rank_order_sum(gather(tensor, group)).to(tensor.dtype))
+    parts = gather(tensor, group)
+    tensor.copy_(pairwise_tree(parts) if _STATE["tree"] else rank_order_sum(parts).to(tensor.dtype))
     _STATE["calls"] += 1
     return None
 

@@ -59,6 +59,9 @@ class ProbeConfig:
     # tensor-parallel degrees (--tp 2 / --tp 1,2): static batches run by N worker processes per degree
     # (probes/sources/tensor_parallel.py); the smallest degree holds the reference; () = one process
     tp: tuple[int, ...] = ()
+    # under the mode, row-parallel linears reduce K as one tree every degree of --tp follows, so the
+    # degrees agree bit for bit (kernels/tp_tree.py); degrees must be powers of 2
+    tp_invariant: bool = False
     # static load: the KV cache generate decodes with, dynamic | static (probes/replay.py
     # DecodeSettings); recorded in config.json, as every field is
     kv_cache: str = "dynamic"
@@ -178,6 +181,8 @@ def validate_config(config: ProbeConfig) -> None:
     if config.kv_cache not in KV_CACHES or (config.kv_cache != "dynamic" and config.load.mode != "static"):
         raise UsageError(f"--kv-cache must be one of {', '.join(KV_CACHES)} (static batches only), "
                          f"not {config.kv_cache!r}")
+    if config.tp_invariant and (not config.tp or any(d & (d - 1) for d in config.tp)):
+        raise UsageError("--tp-invariant needs --tp degrees that are powers of 2, e.g. --tp 1,2")
     if config.tp and min(config.tp) < 1:
         raise UsageError("--tp: every tensor-parallel degree must be an integer >= 1, e.g. --tp 1,2")
     if config.tp and (config.load.mode != "static" or config.speculative or config.budget is not None):

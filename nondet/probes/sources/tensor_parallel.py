@@ -97,7 +97,9 @@ class TensorParallelSource:
 
         settings = DecodeSettings(self.config.max_new_tokens, self.config.temperature, self.config.seed)
         threads = self.config.threads or (None if self.config.model.device.startswith("cuda") else 1)
-        job = Job(self.config.model, degree, self.jobs[degree], tuple(self.inputs), settings, threads, free_port())
+        leaves = max(self.degrees) if self.config.tp_invariant else 0
+        job = Job(self.config.model, degree, self.jobs[degree], tuple(self.inputs), settings, threads, free_port(),
+                  tree_leaves=leaves)
         self.group, self.group_degree, self.done_in_group = WorkerGroup(job), degree, 0
         return self.group.next("ready")[2]
 
@@ -123,7 +125,8 @@ class TensorParallelSource:
         return {"degrees": list(self.degrees), "reference_degree": self.degrees[0],
                 "collective": {"default": collective.DEFAULT_NAME, "batch-invariant": collective.NAME},
                 "nccl_algo": info.get("nccl_algo"), "nccl_proto": info.get("nccl_proto"),
-                "nccl_version": info.get("nccl_version"), "groups": [_group_info(info)]}
+                "nccl_version": info.get("nccl_version"), "groups": [_group_info(info)],
+                "tp_invariant_leaves": max(self.degrees) if self.config.tp_invariant else None}
 
     def _stream(self, condition: cond.Condition, degree: int, row: int, steps: list[dict],
                 prompt_id: int) -> StreamRecord:

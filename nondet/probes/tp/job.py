@@ -31,3 +31,6 @@ class Job:
     threads: int  # torch CPU threads per rank: the same at every degree, so TP1 vs TPN is not a thread count
     port: int  # the rendezvous port on 127.0.0.1 (gloo / NCCL)
     bisect: BisectTask | None = None  # instead of conditions: one bisect (rank 0 sends ("bisect", result))
+    # TP-invariance (kernels/tp_tree.py): under the mode, row-parallel linears reduce K as a tree of
+    # this many leaves (the largest degree of the run; this rank computes leaves / degree); 0 = off
+    tree_leaves: int = 0

@@ -60,12 +60,28 @@ def _run(rank: int, job: Job, pipe) -> None:
         prompts = [list(target) for target, _ in job.inputs]
         for condition in job.conditions:
             target, fillers = job.inputs[condition.prompt_id]
-            rows = replay_condition(loaded.model, loaded.tokenizer, condition, list(target),
-                                    [list(f) for f in fillers], job.settings, prompts)
+            with tree_scope(job, condition.kernels, loaded.model):
+                rows = replay_condition(loaded.model, loaded.tokenizer, condition, list(target),
+                                        [list(f) for f in fillers], job.settings, prompts)
             if rank == 0:
                 pipe.send(("condition", condition.condition_id, rows))
     if job.degree > 1:
         torch.distributed.destroy_process_group()
+
+
+def tree_scope(job: Job, kernels: str, model):
+    """--tp-invariant under the mode: the row-parallel K tree (this rank's leaves) and the
+    all-reduce that continues it across the ranks; nothing otherwise."""
+    import contextlib
+
+    if not job.tree_leaves or kernels != "batch-invariant":
+        return contextlib.nullcontext()
+    from nondet.kernels import collective, tp_tree
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(tp_tree.tree_linears(model, job.tree_leaves // job.degree))
+    stack.enter_context(collective.tree_order())
+    return stack
 
 
 def _device(rank: int, job: Job) -> str:

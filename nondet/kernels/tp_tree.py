@@ -1,0 +1,89 @@
+"""TP-invariance: row-parallel linears reduce K as one fixed tree that every TP degree follows.
+
+Under tensor parallelism a row-parallel linear (Qwen3: o_proj, down_proj) splits K over the
+ranks: rank r computes its K slice's product, rounded to the output dtype, and the all-reduce
+sums the ranks' partials. One GPU computes the whole K in one product. Different roundings,
+so TP1 and TP2 differ in the last bits from the first layer (docs/benchmarks.md).
+
+Here K is cut into `leaves` equal chunks (a power of 2, the largest TP degree compared). Each
+leaf is one product in the mode's invariant kernels (ops.linear), rounded to the output dtype,
+as a rank's partial is; leaves are combined pairwise, ((l0 + l1) + (l2 + l3)), each node an fp32
+add rounded once to the dtype. At degree d a rank holds leaves/d adjacent leaves and computes
+their subtree; the all-reduce then combines the ranks' roots with the same pairwise rule
+(collective.py, tree mode), so TP1, TP2 and TP4 compute the same tree, bit for bit.
+
+The switch: a forward pre-hook on each row-parallel module (named by the model's tp plan)
+turns the tree on for the F.linear call inside it, and a forward hook turns it off; F.linear
+is wrapped only inside `tree_linears` and restored in `finally`. Nothing happens at import.
+"""
+
+import contextlib
+import fnmatch
+
+import torch
+
+_STATE = {"leaves": 0}  # leaves of the call in progress (0: a plain F.linear)
+
+
+def pairwise_tree(parts: list[torch.Tensor]) -> torch.Tensor:
+    """((p0 + p1) + (p2 + p3)) ...: each node an fp32 add rounded once to the parts' dtype."""
+    assert parts and len(parts) & (len(parts) - 1) == 0, "a power of 2 of parts"
+    while len(parts) > 1:
+        parts = [(a.float() + b.float()).to(a.dtype) for a, b in zip(parts[::2], parts[1::2])]
+    return parts[0]
+
+
+def tree_linear(x: torch.Tensor, weight: torch.Tensor, leaves: int) -> torch.Tensor:
+    """x (..., K) @ weight (N, K)^T as a pairwise tree of `leaves` K chunks (see the module doc)."""
+    from nondet.kernels import ops
+
+    k = weight.shape[1]
+    if k % leaves:
+        raise ValueError(f"a row-parallel linear's K ({k}) does not split into {leaves} equal chunks")
+    c = k // leaves
+    return pairwise_tree([ops.linear(x[..., i * c:(i + 1) * c].contiguous(), weight[:, i * c:(i + 1) * c].contiguous())
+                          for i in range(leaves)])
+
+
+def rowwise_module_names(model) -> list[str]:
+    """Modules the model's tensor-parallel plan shards row-wise (their K is split over ranks)."""
+    plan = dict(getattr(model, "tp_plan", None) or getattr(model.config, "base_model_tp_plan", None) or {})
+    patterns = [p if p.startswith("model.") else f"model.{p}" for p, style in plan.items()
+                if str(style).startswith("rowwise")]
+    return [name for name, _ in model.named_modules() if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+
+
+@contextlib.contextmanager
+def tree_linears(model, leaves: int):
+    """Row-parallel linears of `model` reduce K as a tree of `leaves` chunks (this rank's share)."""
+    import torch.nn.functional as F
+
+    names = rowwise_module_names(model)
+    if not names:
+        raise ValueError("the model has no row-parallel linears in its tensor-parallel plan")
+    original, hooks = F.linear, []
+
+    def linear(x, weight, bias=None):
+        if not _STATE["leaves"]:
+            return original(x, weight, bias)
+        local = weight.to_local() if hasattr(weight, "to_local") else weight  # a TP shard (DTensor)
+        out = tree_linear(x, local, _STATE["leaves"])
+        return out if bias is None else out + bias  # TP hides the bias until after the all-reduce
+
+    def on(_module, _args):
+        _STATE["leaves"] = leaves
+
+    def off(_module, _args, _out):
+        _STATE["leaves"] = 0
+
+    try:
+        F.linear = linear
+        for name in names:
+            module = model.get_submodule(name)
+            hooks += [module.register_forward_pre_hook(on), module.register_forward_hook(off)]
+        yield names
+    finally:
+        F.linear = original
+        _STATE["leaves"] = 0
+        for hook in hooks:
+            hook.remove()

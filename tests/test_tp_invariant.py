@@ -1,0 +1,77 @@
+"""TP-invariance (issue 16 item 4): under the mode with --tp-invariant, TP1 and TP2 give the same bits.
+
+Without the tree the mode is batch-invariant at each degree but TP2 still differs from TP1 from
+the first step (each rank rounds its K slice's partial before the all-reduce): the positive
+control, structural, so it holds on any host. With the tree every degree computes the same
+pairwise K reduction (kernels/tp_tree.py): the negative control.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nondet.kernels import tp_tree
+
+
+def nondet(*args):
+    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=300)
+
+
+def tp_versus(tmp_path, *extra) -> tuple[dict, dict]:
+    out = tmp_path / ("tree" if extra else "plain")
+    r = nondet("probe", "--tp", "1,2", "--prompt", "Tell me about Richard Feynman", "--batch-sizes", "1,2",
+               "--max-new-tokens", "6", "--kernels", "batch-invariant", "--out", str(out), *extra)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    fingerprint = json.loads((out / "fingerprint.json").read_text())
+    (versus,) = summary["tensor_parallel"]["modes"]["batch-invariant"]["vs_reference"]
+    return versus, fingerprint["tensor_parallel"]
+
+
+def test_the_mode_alone_leaves_tp2_off_tp1_and_the_tree_makes_them_bitwise_equal(tmp_path, default_model_dir):
+    plain, fp_plain = tp_versus(tmp_path)
+    assert (plain["tp"], plain["against"]) == (2, 1)
+    assert not plain["bitwise_equal"] and plain["first_numeric_divergence"] == 0  # positive control
+    tree, fp_tree = tp_versus(tmp_path, "--tp-invariant")
+    assert tree["bitwise_equal"] and tree["first_token_divergence"] is None  # negative control
+    assert fp_plain["tp_invariant_leaves"] is None and fp_tree["tp_invariant_leaves"] == 2
+
+
+@pytest.mark.parametrize("args", [["--tp-invariant"], ["--tp", "1,3", "--tp-invariant"]])
+def test_tp_invariant_needs_power_of_two_degrees(tmp_path, args):
+    r = nondet("probe", "--prompt", "x", *args, "--out", str(tmp_path / "r"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "--tp-invariant needs --tp degrees that are powers of 2" in r.stderr
+
+
+def test_a_ranks_subtree_then_the_pairwise_reduce_is_the_whole_tree():
+    """What TP2 computes (each rank: its half of K as a 2-leaf subtree; then the roots pairwise)
+    equals the 4-leaf tree of TP1 bit for bit; one plain product does not (bf16, K = 512)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 512, generator=gen).bfloat16()
+    w = torch.randn(64, 512, generator=gen).bfloat16()
+    whole = tp_tree.tree_linear(x, w, 4)
+    halves = [tp_tree.tree_linear(x[:, i * 256:(i + 1) * 256], w[:, i * 256:(i + 1) * 256], 2) for i in (0, 1)]
+    assert torch.equal(tp_tree.pairwise_tree(halves), whole)
+    assert not torch.equal(torch.nn.functional.linear(x, w), whole)
+    with pytest.raises(ValueError, match="does not split into 3 equal chunks"):
+        tp_tree.tree_linear(x, w, 3)
+
+
+def test_tree_linears_hooks_only_the_row_parallel_modules_and_restores_f_linear(default_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.bfloat16)
+    original = torch.nn.functional.linear
+    with pytest.raises(RuntimeError, match="boom"):
+        with tp_tree.tree_linears(model, 2) as names:
+            assert torch.nn.functional.linear is not original
+            assert names == [f"model.layers.{i}.{m}" for i in range(4) for m in ("self_attn.o_proj", "mlp.down_proj")]
+            raise RuntimeError("boom")
+    assert torch.nn.functional.linear is original
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
