@@ -3,12 +3,18 @@
     python scripts/bench_probe.py                       # issue 17's CPU case: 8 prompts x 300 tokens x 1,2,4,8
     python scripts/bench_probe.py --tokens 200 --batch-sizes 1,2,8   # the README's first command
     python scripts/bench_probe.py --placement ends      # the per-prompt filler sweep (the plan before issue 17)
+    python scripts/bench_probe.py --gpu                 # issue 17's GPU case (needs CUDA), default and mode
 
 Prints one line per figure: wall time (model load excluded: it is the same before and after),
 generate calls, decode steps (one forward of a whole batch; summed over calls) and wall time
 per decode step, plus the verdict's counts so a faster run is seen to find the same things.
 Runs through the library (run_probe) on the embedded default model, so it needs no network.
 It works on trees from before issue 17 too (`--placement ends`), for before/after figures.
+
+The GPU case (issue 17): a random Qwen3 hidden 1024 x 8 layers bf16 built in code, one prompt,
+200 tokens, batch sizes 1..128 with the target at both ends (15 runs), timed once per kernel
+mode after an untimed warm-up probe; plus the memory roofline of a batch-1 decode step (weight
+bytes + KV bytes at the last step) / HBM bandwidth, and the measured step time against it.
 """
 
 import argparse
@@ -19,15 +25,23 @@ import time
 from pathlib import Path
 
 from nondet.probes.corpus import DEMO_PROMPTS
+from nondet.probes.default_model import DefaultModelSpec, default_model_dir
 from nondet.probes.loading import ModelSpec, load_model
 from nondet.probes.probe import ProbeConfig, run_probe
 
 DETLLM_SECONDS = 77.8  # detLLM 0.1.1 on issue 17's CPU case, measured on this kind of machine (issue 17)
 GATE_SECONDS = 111.8  # `nondet gate` on the same case before issue 17 (issue 17)
+GPU_SECONDS = {"default": 80.0, "batch-invariant": 42.0}  # issue 17's GPU case before issue 17, an H200
+GPU_CASE = DefaultModelSpec(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8,
+                            num_attention_heads=16, num_key_value_heads=8, head_dim=64)
+# HBM bandwidth, bytes/s, by device-name fragment (vendor specs: H100 SXM 3.35 TB/s, H200 4.8 TB/s)
+HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
 
 
 def main() -> None:
     args = _parse()
+    if args.gpu:
+        return _main_gpu(args)
     config = _config(args)
     load_model(config.model)  # warm: the first load builds and caches the embedded model
     started = time.perf_counter()
@@ -52,7 +66,61 @@ def _parse():
     p.add_argument("--batch-sizes", default="1,2,4,8")
     p.add_argument("--prompts", type=int, default=len(DEMO_PROMPTS), help="the first N built-in prompts")
     p.add_argument("--placement", default=None, help="default: the tree's own default for several prompts")
+    p.add_argument("--gpu", action="store_true", help="issue 17's GPU case instead (CUDA)")
     return p.parse_args()
+
+
+def _main_gpu(args) -> None:
+    """Issue 17's GPU case: default kernels and the mode, each timed on its own after a warm-up."""
+    import torch
+
+    model = ModelSpec(name=str(default_model_dir(GPU_CASE)), device="cuda")
+    sizes, tokens = (1, 2, 4, 8, 16, 32, 64, 128), 200
+    step_ms = {}
+    print(f"setup: 1 prompt x {tokens} tokens x batch sizes {sizes}, target at both ends, "
+          f"{torch.cuda.get_device_name()}, random Qwen3 hidden 1024 x 8 layers bf16")
+    print("| kernels | wall s | before issue 17 (H200) | speedup | runs | generate calls | decode steps | "
+          "ms per step | distinct completions |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for mode in ("default", "batch-invariant"):
+        _gpu_probe(model, mode, (1, 2), 8)  # warm-up: Triton compiles, CUDA allocates; untimed
+        started = time.perf_counter()
+        result = _gpu_probe(model, mode, sizes, tokens)
+        wall = time.perf_counter() - started
+        calls, steps = _calls_and_steps(result.run_dir)
+        m = result.summary["modes"][mode]
+        print(f"| {mode} | {wall:.1f} | {GPU_SECONDS[mode]} | {GPU_SECONDS[mode] / wall:.2f}x | {m['n_runs']} | "
+              f"{calls} | {steps} | {1000 * wall / steps:.2f} | {m['distinct_completions']} |")
+        started = time.perf_counter()  # batch 1 alone: the step the roofline is for
+        result = _gpu_probe(model, mode, (1,), tokens)
+        step_ms[mode] = 1000 * (time.perf_counter() - started) / _calls_and_steps(result.run_dir)[1]
+    _print_roofline(model, tokens, step_ms)
+
+
+def _gpu_probe(model: ModelSpec, mode: str, sizes, tokens):
+    out = Path(tempfile.mkdtemp(prefix="nondet-bench-gpu-")) / "run"
+    config = ProbeConfig(model=model, batch_sizes=sizes, max_new_tokens=tokens, placement="ends",
+                         kernels=(mode,), out=str(out))
+    return run_probe(config)
+
+
+def _print_roofline(model: ModelSpec, tokens: int, step_ms: dict) -> None:
+    """Batch-1 decode step lower bound: every weight byte and the KV cache read once from HBM."""
+    import torch
+
+    loaded = load_model(model).model
+    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.parameters())
+    cfg = loaded.config
+    kv_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2 * (tokens + 16)  # bf16, ~16-token prompt
+    name = torch.cuda.get_device_name()
+    bandwidth = next((bw for key, bw in HBM_BYTES_PER_S.items() if key in name), None)
+    if bandwidth is None:
+        print(f"roofline: no HBM bandwidth on record for {name}")
+        return
+    roof_ms = 1000 * (weight_bytes + kv_bytes) / bandwidth
+    print(f"roofline at batch 1: ({weight_bytes / 1e6:.1f} MB weights + {kv_bytes / 1e6:.2f} MB KV) / "
+          f"{bandwidth / 1e12:.2f} TB/s = {1000 * roof_ms:.1f} us per step; measured at batch 1 (probe wall time / "
+          f"steps) " + ", ".join(f"{k} {v:.2f} ms = {v / roof_ms:.0f}x" for k, v in step_ms.items()))
 
 
 def _config(args) -> ProbeConfig:

@@ -171,6 +171,25 @@ else:
         padded = triton_attention.attention(q[:2], kp, vp, mask, kv_start=start, cfg=ATT_CFG)
         assert torch.equal(padded[0], solo[0])
 
+    def test_attention_packed_row_cut_into_sequences_gives_each_its_own_bits():
+        # RL trainers pack sequences into one row under a block-diagonal mask. Sequence B starts at
+        # key 40, so inside the row its keys fall into chunks cut at 0, 32, 64 (not 40, 72): other
+        # sums than its own decode. Cut into sequences (packed.py), each gets its own bits.
+        from nondet.kernels import packed
+
+        q, k, v = _qkv(1, 4, 2, 90, 90, 16, torch.bfloat16, seed=9)
+        mask = torch.zeros(1, 1, 90, 90, dtype=torch.bool)
+        mask[..., :40, :40] = torch.ones(40, 40, dtype=torch.bool).tril()
+        mask[..., 40:, 40:] = torch.ones(50, 50, dtype=torch.bool).tril()
+        bounds = packed.segments(mask, 90, 90)
+        assert bounds == [(0, 40), (40, 90)]
+        alone = triton_attention.attention(q[:, :, 40:], k[:, :, 40:], v[:, :, 40:], cfg=ATT_CFG)
+        whole = triton_attention.attention(q, k, v, mask, cfg=ATT_CFG)
+        assert not torch.equal(whole[:, 40:].view(torch.int16), alone.view(torch.int16))  # the hazard is real
+        cut = packed.per_segment(lambda a, b, c: triton_attention.attention(a, b, c, cfg=ATT_CFG), q, k, v, bounds)
+        assert torch.equal(cut[:, 40:].view(torch.int16), alone.view(torch.int16))
+        assert rel(cut, reference.attention(q, k, v, mask)) < TOL[torch.bfloat16] * 2
+
     def test_attention_kv_start_outside_the_cache_is_clamped():
         # issue 11: an unwritten kv_start buffer handed the decode kernel garbage that addressed
         # outside K/V. Below 0 it now means 0, at or past S the row sees nothing (zeros).

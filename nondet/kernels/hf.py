@@ -9,7 +9,7 @@ numerics change only when a model selects it.
 
 import torch
 
-from nondet.kernels import autograd, ops
+from nondet.kernels import autograd, ops, packed
 
 ATTN_IMPLEMENTATION = "nondet_batch_invariant"
 _ENABLED = {"attention": False}  # set by the mode (mode.py) whenever its active op classes change
@@ -44,8 +44,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     # a training forward: the same invariant bits, with a backward (autograd.py)
-    out = (autograd.attention if grads else ops.attention)(query, key, value, attention_mask, scaling, is_causal)
-    return out, None
+    attend = autograd.attention if grads else ops.attention
+    bounds = packed.segments(attention_mask, q_len, key.shape[2]) if is_causal else None
+    if bounds is not None:  # a packed row: each sequence on its own, as its decode computes it
+        out = packed.per_segment(lambda q, k, v: attend(q, k, v, None, scaling, True), query, key, value, bounds)
+        return out, None
+    return attend(query, key, value, attention_mask, scaling, is_causal), None
 
 
 def register() -> None:
