@@ -292,3 +292,22 @@ def test_continuous_sampler_batched_requests_are_bit_identical_under_the_mode(ti
     assert p["n_tokens"] == 24 and p["frac_identical"] == 1.0 and p["kl_exact"] == 0.0
     cond = [c for c in read_conditions(RunDir(result.run_dir)) if c.condition_id == "batch-invariant/sampler/continuous"]
     assert cond and cond[0].load == "rl-continuous" and cond[0].batch_size == 4
+
+
+def test_backward_under_the_mode_takes_the_original_kernels(tiny_model_dir, monkeypatch):
+    """Only the forward must be invariant: the gradients' matmuls go to the original kernels."""
+    import torch
+
+    from nondet.kernels import batch_invariant, ops
+
+    model = load_model(ModelSpec(name=str(tiny_model_dir), dtype="float32")).model
+    calls = []
+    real_mm = ops.mm
+    monkeypatch.setattr(ops, "mm", lambda *a, **k: calls.append("mm") or real_mm(*a, **k))
+    with batch_invariant(model=model):
+        loss = model(input_ids=torch.tensor([[5, 9, 13, 21, 40]]), use_cache=False).logits.float().logsumexp(-1).mean()
+        forward_calls = len(calls)
+        loss.backward()
+    assert forward_calls > 0  # the forward's linears ran through the invariant matmul
+    assert len(calls) == forward_calls  # the backward's did not
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

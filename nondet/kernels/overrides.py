@@ -11,6 +11,11 @@ nn.Linear (aten::linear decomposes to mm / addmm, or to matmul -> mm / bmm), in 
 log_softmax on the logits. LayerNorm and F.rms_norm models go through native_layer_norm
 and _fused_rms_norm. Everything else in those forwards is elementwise or a gather, which is
 batch-invariant already.
+
+Only forwards are made invariant: inside autograd's backward (the gradients of a trainer's
+step, issue 14) the matmuls, row means and softmaxes take the original kernels, since only
+the forward logprobs must match the sampler's and cuBLAS is faster on the backward's shapes
+(weight gradients reduce over all the micro-batch's tokens).
 """
 
 import torch
@@ -24,24 +29,26 @@ def _empty(like: torch.Tensor, dtype=None) -> torch.Tensor:
     return torch.empty(0, dtype=dtype or like.dtype, device=like.device)
 
 
-def _float(*ts: torch.Tensor) -> bool:
-    return all(t.dtype in ops.TRITON_DTYPES for t in ts) and len({t.dtype for t in ts}) == 1
+def _ours(*ts: torch.Tensor) -> bool:
+    """Ours to compute: one float dtype, and not inside a backward pass (module docstring)."""
+    return (all(t.dtype in ops.TRITON_DTYPES for t in ts) and len({t.dtype for t in ts}) == 1
+            and torch._C._current_autograd_node() is None)
 
 
 def mm(self, mat2):
-    if not _float(self, mat2):
+    if not _ours(self, mat2):
         return aten.mm.out(self, mat2, out=_empty(self))
     return ops.mm(self, mat2)
 
 
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
-    if not _float(mat1, mat2) or self.dtype != mat1.dtype:
+    if not _ours(mat1, mat2) or self.dtype != mat1.dtype:
         return aten.addmm.out(self, mat1, mat2, beta=beta, alpha=alpha, out=_empty(mat1))
     return ops.addmm(self, mat1, mat2, beta=beta, alpha=alpha)
 
 
 def bmm(self, mat2):
-    if not _float(self, mat2):
+    if not _ours(self, mat2):
         return aten.bmm.out(self, mat2, out=_empty(self))
     return ops.bmm(self, mat2)
 
@@ -51,27 +58,27 @@ def _is_last(dim, ndim: int) -> bool:
 
 
 def mean_dim(self, dim, keepdim=False, *, dtype=None):
-    if not (_is_last(dim, self.dim()) and _float(self) and self.numel() > 0):
+    if not (_is_last(dim, self.dim()) and _ours(self) and self.numel() > 0):
         return aten.mean.out(self, dim, keepdim, dtype=dtype, out=_empty(self, dtype))
     return ops.mean_last(self, keepdim, dtype)
 
 
 def _softmax(self, dim, half_to_float):
     out_dtype = torch.float32 if half_to_float else self.dtype
-    if not (_is_last([dim], self.dim()) and _float(self) and self.numel() > 0):
+    if not (_is_last([dim], self.dim()) and _ours(self) and self.numel() > 0):
         return aten._softmax.out(self, dim, half_to_float, out=_empty(self, out_dtype))
     return ops.softmax(self, dtype=out_dtype)
 
 
 def _log_softmax(self, dim, half_to_float):
     out_dtype = torch.float32 if half_to_float else self.dtype
-    if not (_is_last([dim], self.dim()) and _float(self) and self.numel() > 0):
+    if not (_is_last([dim], self.dim()) and _ours(self) and self.numel() > 0):
         return aten._log_softmax.out(self, dim, half_to_float, out=_empty(self, out_dtype))
     return ops.log_softmax(self, dtype=out_dtype)
 
 
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
-    if input.is_cuda and _float(input) and input.numel() > 0:
+    if input.is_cuda and _ours(input) and input.numel() > 0:
         from nondet.kernels import triton_rows
 
         n = 1
