@@ -10,8 +10,11 @@
 #               the same bits at every batch size
 #   versus      nondet probe --tp 1,2 --confirm at batch sizes 1,8: TP1-vs-TP2 first divergence with
 #               default kernels and under the mode (TP-invariance: measured, not claimed by the mode)
+#   invariant   the same under the mode with --tp-invariant (issue 16 item 4: the row-parallel K
+#               tree that TP1 and TP2 share): TP1 vs TP2 must be bitwise equal
 #   bench       a TP2 decode step (batch 1, 8, 64; KV cache after a 32-token prompt), default
-#               kernels vs the mode (CUDA-synchronised wall time, median of 30 steps)
+#               kernels vs the mode vs the mode with the TP-invariant tree (CUDA-synchronised wall
+#               time, median of 30 steps)
 #   bisect      where the default run's first divergent condition leaves the prompt alone at TP2
 #               (nondet.probes.tp.bisect on 2 ranks; ablation per op class, "collective" included)
 # Then a Markdown table (stdout and $OUT/tp_acceptance.md); everything else under $OUT.
@@ -50,7 +53,7 @@ step() {  # step NAME CAP RESERVE COMMAND...: run with timeout min(CAP, what is 
   tail -n 25 "$OUT/$name.log"
   if [ $rc -ne 0 ]; then FAILED+=("$name (exit $rc)"); say "$name: FAILED (exit $rc)"; else say "$name: ok"; fi
 }
-rm -rf "$OUT/run-default" "$OUT/run-mode" "$OUT/run-versus" "$OUT/bench.json"  # a rerun must not append to old runs
+rm -rf "$OUT/run-default" "$OUT/run-mode" "$OUT/run-versus" "$OUT/run-invariant" "$OUT/bench.json"  # a rerun must not append to old runs
 
 say "device"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -83,7 +86,9 @@ COMMON=(--model "$MODEL" --device "$DEVICE" --prompt "$PROMPT" --max-new-tokens 
 step default 130 220 python3 -m nondet probe --tp 2 --batch-sizes "$SIZES" "${COMMON[@]}" --out "$OUT/run-default"
 step mode 130 130 python3 -m nondet probe --tp 2 --kernels batch-invariant --batch-sizes "$SIZES" "${COMMON[@]}" \
   --out "$OUT/run-mode"
-step versus 70 80 python3 -m nondet probe --tp 1,2 --confirm --batch-sizes 1,8 "${COMMON[@]}" --out "$OUT/run-versus"
+step versus 70 140 python3 -m nondet probe --tp 1,2 --confirm --batch-sizes 1,8 "${COMMON[@]}" --out "$OUT/run-versus"
+step invariant 60 80 python3 -m nondet probe --tp 1,2 --tp-invariant --kernels batch-invariant --batch-sizes 1,8 \
+  "${COMMON[@]}" --out "$OUT/run-invariant"
 
 cat > "$OUT/tp_decode_bench.py" <<'PY'
 """One TP2 decode step, default kernels vs nondet's batch-invariant mode: 2 spawned ranks, NCCL."""
@@ -117,22 +122,32 @@ def rank_main(rank, world, port, model_dir, out):
     dist.init_process_group("nccl" if CUDA else "gloo", rank=rank, world_size=world)
     from transformers import AutoModelForCausalLM
 
-    from nondet.kernels import batch_invariant
-
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, tp_plan="auto").eval()
     rows = []
     for batch in BATCHES:
         ids = torch.randint(5, 1000, (batch, PROMPT), generator=torch.Generator().manual_seed(batch))
         ids = ids.cuda() if CUDA else ids
-        for mode in ("default", "batch-invariant"):
-            ctx = batch_invariant(model=model) if mode != "default" else contextlib.nullcontext()
-            with ctx, torch.inference_mode():
+        for mode in ("default", "batch-invariant", "tp-invariant"):
+            with scope(mode, model, world), torch.inference_mode():
                 rows.append({"batch": batch, "kernels": mode, "ms": decode_ms(model, ids)})
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"world": world, "prompt_tokens": PROMPT, "steps": ITERS, "rows": rows}, f, indent=1)
         print(json.dumps(rows))
     dist.destroy_process_group()
+
+
+def scope(mode, model, world):
+    """default kernels, the mode, or the mode with the TP-invariant K tree (as --tp-invariant at max degree world)."""
+    from nondet.kernels import batch_invariant, collective, tp_tree
+
+    stack = contextlib.ExitStack()
+    if mode != "default":
+        stack.enter_context(batch_invariant(model=model))
+    if mode == "tp-invariant":
+        stack.enter_context(tp_tree.tree_linears(model, 1))  # max degree / degree leaves per rank
+        stack.enter_context(collective.tree_order())
+    return stack
 
 
 def decode_ms(model, ids):
@@ -195,7 +210,7 @@ def cell(v):
 
 
 fp = {}
-for name in ("run-default", "run-mode", "run-versus"):
+for name in ("run-default", "run-mode", "run-versus", "run-invariant"):
     if (OUT / name / "fingerprint.json").exists():
         fp = json.loads((OUT / name / "fingerprint.json").read_text())
         break
@@ -209,7 +224,7 @@ print(f"torch {fp.get('torch')}, transformers {fp.get('transformers')}, triton {
 print("| run | kernels | TP | runs | distinct completions | first token divergence | first numeric divergence |")
 print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
 versus = []
-for name in ("run-default", "run-mode", "run-versus"):
+for name in ("run-default", "run-mode", "run-versus", "run-invariant"):
     doc, note = summary(name)
     if doc is None:
         print(f"| {name} | — | — | — | — | — | {note} |")
@@ -233,11 +248,12 @@ bench = OUT / "bench.json"
 if bench.exists():
     rows = json.loads(bench.read_text())["rows"]
     ms = {(r["batch"], r["kernels"]): r["ms"] for r in rows}
-    print("\n| TP2 decode step | default ms | batch-invariant ms | cost |")
-    print("| ---: | ---: | ---: | ---: |")
+    print("\n| TP2 decode step | default ms | batch-invariant ms | cost | TP-invariant ms | cost |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for b in sorted({r["batch"] for r in rows}):
-        d, m = ms.get((b, "default")), ms.get((b, "batch-invariant"))
-        print(f"| batch {b} | {d} | {m} | {m / d:.2f}x |" if d and m else f"| batch {b} | {d} | {m} | — |")
+        d, m, t = (ms.get((b, k)) for k in ("default", "batch-invariant", "tp-invariant"))
+        cost = lambda x: f"{x / d:.2f}x" if d and x else "—"
+        print(f"| batch {b} | {d} | {m} | {cost(m)} | {t} | {cost(t)} |")
 else:
     print("\nbench: not run")
 bisect = OUT / "run-default" / "bisect.json"

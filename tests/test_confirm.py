@@ -29,7 +29,9 @@ def test_confirm_default_diverges_and_invariant_does_not(tmp_path):
                       kernels=("default", "batch-invariant"))
     modes = run_probe(cfg).summary["modes"]
     assert modes["default"]["prompts_bits_differ"] == 4  # positive control: every prompt's bits
-    assert modes["default"]["first_numeric_divergence"] == 1  # the first decode step: the split path
+    # by the first decode step (1: the injected norm's split path); on hosts whose own kernels are
+    # batch-variant in the prefill too (an Intel Xeon with torch 2.13's CPU BLAS) already at step 0
+    assert modes["default"]["first_numeric_divergence"] in (0, 1)
     assert modes["batch-invariant"]["distinct_completions"] == 1
     assert modes["batch-invariant"]["prompts_bits_differ"] == 0
     assert modes["batch-invariant"]["first_numeric_divergence"] is None
