@@ -70,13 +70,16 @@ class Lockstep:
 
 def run_lockstep(model, tokenizer, reference: Batch, divergent: Batch, settings: DecodeSettings,
                  kernels: KernelScope = contextlib.nullcontext, stop_at_flip: bool = False,
-                 row: int | None = None) -> Lockstep:
-    """Replay reference then divergent (target row `row`, default divergent.target_rows[0]) and compare."""
+                 row: int | None = None, tap: Callable[..., Tap] = Tap) -> Lockstep:
+    """Replay reference then divergent (target row `row`, default divergent.target_rows[0]) and compare.
+
+    tap(model, row, batch_size, sink): the capture (capture.Tap, or a subclass adding points:
+    probes/tp/collective.TPTap adds each row-parallel linear's all-reduce)."""
     eos = eos_ids(model, tokenizer)
     ref_sink = RecordSink()
     ref_recorder = new_recorder(reference, settings)
     with kernels():
-        _replay(model, tokenizer, reference, settings, Tap(model, reference.target_rows[0], 1, ref_sink),
+        _replay(model, tokenizer, reference, settings, tap(model, reference.target_rows[0], 1, ref_sink),
                 ref_recorder)
     ref_steps = truncate_at_eos(ref_recorder.steps[reference.target_rows[0]], eos)
     tokens = [s["token"] for s in ref_steps]
@@ -85,7 +88,7 @@ def run_lockstep(model, tokenizer, reference: Batch, divergent: Batch, settings:
     force = _Force(recorder, row, tokens)
     sink = CompareSink(ref_sink, lambda step: step in force.flips)
     with kernels():
-        _replay(model, tokenizer, divergent, settings, Tap(model, row, len(divergent.input_ids), sink),
+        _replay(model, tokenizer, divergent, settings, tap(model, row, len(divergent.input_ids), sink),
                 recorder, [force], [_Stop(force, stop_at_flip)])
     sink.flush()
     return Lockstep(ref_steps, recorder.steps[row][: len(tokens)], sink.rows, sink.amplification, sink.first,

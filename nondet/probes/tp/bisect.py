@@ -9,9 +9,10 @@ bisect_modules.csv and ablation.json through bisect's own writer, with "tp_degre
 
 What rank 0 captures: its own shard of every column-parallel output (q/k/v, gate/up), the
 summed output of every row-parallel linear (o_proj, down_proj: after the all-reduce), the rest
-replicated. The ablation adds "collective" (the mode's rank-order all-reduce alone) to the op
-classes, so a divergence born in the all-reduce is named by its causal test; the capture point
-of the all-reduce itself (probes/tp/collective.py) is not yet wired into the lockstep.
+replicated, and around each row-parallel linear's all-reduce its partial (op class matmul) and
+its sum ("<linear>.all_reduce", op class collective; probes/tp/collective.py TPTap), so a first
+difference in the sum with equal partials names the collective. The ablation adds "collective"
+(the mode's rank-order all-reduce alone) to the op classes: its causal test.
 """
 
 import time

@@ -14,6 +14,7 @@ from nondet.probes.bisect.ablation import run_ablation
 from nondet.probes.bisect.bisect import kernel_scope
 from nondet.probes.bisect.lockstep import run_lockstep
 from nondet.probes.replay import DecodeSettings
+from nondet.probes.tp.collective import TPTap
 from nondet.probes.tp.job import BisectTask
 
 
@@ -25,7 +26,7 @@ def bisect_on_rank(rank: int, degree: int, model, tokenizer, task: BisectTask, s
         scope = kernel_scope(task.kernels, task.baseline + (ops or ()), model)
         horizon = dataclasses.replace(settings, max_new_tokens=steps or settings.max_new_tokens)
         return run_lockstep(model, tokenizer, task.reference, task.divergent, horizon, scope, stop_at_flip,
-                            row=task.row)
+                            row=task.row, tap=TPTap)
 
     if rank != 0:
         while (request := _broadcast(None, degree)) is not None:

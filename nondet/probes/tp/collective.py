@@ -13,12 +13,13 @@ equal partials names the collective (or another rank's partial: rank 0 sees only
 K; the ranks run the same shapes, so a batch-dependent matmul shows on rank 0 as well).
 Enter the tap inside the kernels mode of the replay: it wraps the all-reduce in use when it is
 entered (the mode's invariant one, collective.py, or the backend's) and puts it back on exit.
+TPTap is the lockstep's capture with these points added (bisect_rank.py passes it).
 """
 
 import re
 
 from nondet.probes.bisect import classify as cls
-from nondet.probes.bisect.capture import Point, Sink, target_row
+from nondet.probes.bisect.capture import Point, Sink, Tap, target_row
 
 ROW_PARALLEL = ("rowwise", "rowwise_rep", "local_rowwise", "packed_rowwise")  # plan styles that all-reduce after
 
@@ -80,3 +81,27 @@ class CollectiveTap:
             collective = path + cls.COLLECTIVE_SUFFIX
             self.sink(self.step(), Point(collective, cls.classify(collective, module), layer, False), after.clone())
         return result
+
+
+class TPTap(Tap):
+    """capture.Tap plus a CollectiveTap on the same step counter: every module point, and each
+    row-parallel linear's partial and summed row around its all-reduce."""
+
+    def __init__(self, model, row: int, batch_size: int, sink: Sink):
+        super().__init__(model, row, batch_size, sink)
+        self.collective = CollectiveTap(model, row, batch_size, lambda: self.step, sink)
+
+    def __enter__(self) -> "TPTap":
+        super().__enter__()
+        try:
+            self.collective.__enter__()
+        except BaseException:
+            super().__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.collective.__exit__(*exc)
+        finally:
+            super().__exit__(*exc)
