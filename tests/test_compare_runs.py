@@ -1,0 +1,47 @@
+"""scripts/compare_runs.py: two run directories compared stream by stream, bit for bit."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_runs.py"
+
+
+def _run_dir(path: Path, logprobs: list[list[str]], tokens: list[list[int]]) -> str:
+    path.mkdir()
+    records = [{"run_id": i, "condition_id": f"batch-invariant/bs{1 + 7 * i}/ends", "kernels": "batch-invariant",
+                "position": 0, "is_reference": i == 0, "prompt_id": 0,
+                "steps": [{"token": t, "logprob": lp} for t, lp in zip(toks, lps)]}
+               for i, (toks, lps) in enumerate(zip(tokens, logprobs))]
+    (path / "streams.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def _compare(a: str, b: str):
+    proc = subprocess.run([sys.executable, str(SCRIPT), a, b], capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+LPS = [["-0x1.8p-1", "-0x1.0p-2", "-0x1.4p-3"], ["-0x1.8p-1", "-0x1.0p-2", "-0x1.4p-3"]]
+TOKS = [[5, 9, 11], [5, 9, 11]]
+
+
+def test_identical_runs_pass(tmp_path):
+    code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS), _run_dir(tmp_path / "b", LPS, TOKS))
+    assert code == 0 and out.strip() == "2 of 2 streams bitwise equal"
+
+
+def test_one_logprob_bit_and_one_token_are_found(tmp_path):
+    bits = [LPS[0], ["-0x1.8p-1", "-0x1.0000000000001p-2", "-0x1.4p-3"]]  # one ULP at step 1 of the bs8 stream
+    code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS), _run_dir(tmp_path / "b", bits, TOKS))
+    assert code == 1
+    assert "batch-invariant/bs8/ends row 0 prompt 0: first token divergence None, first logprob-bits divergence 1" in out
+    assert out.strip().endswith("1 of 2 streams bitwise equal")
+    code, out = _compare(_run_dir(tmp_path / "c", LPS, TOKS), _run_dir(tmp_path / "d", LPS, [TOKS[0], [5, 9, 12]]))
+    assert code == 1 and "first token divergence 2" in out
+
+
+def test_a_missing_run_directory_is_one_line_exit_2(tmp_path):
+    code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS), str(tmp_path / "nowhere"))
+    assert code == 2 and len(out.strip().splitlines()) == 1 and out.startswith("compare_runs: ")
