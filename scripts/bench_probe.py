@@ -108,10 +108,11 @@ def _print_roofline(model: ModelSpec, tokens: int, step_ms: dict) -> None:
     """Batch-1 decode step lower bound: every weight byte and the KV cache read once from HBM."""
     import torch
 
-    loaded = load_model(model).model
-    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.parameters())
-    cfg = loaded.config
-    kv_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2 * (tokens + 16)  # bf16, ~16-token prompt
+    loaded = load_model(model)
+    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    cfg = loaded.model.config
+    context = len(loaded.tokenizer(ProbeConfig().prompt)["input_ids"]) + tokens  # the last step's KV length
+    kv_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2 * context  # K and V, bf16
     name = torch.cuda.get_device_name()
     bandwidth = next((bw for key, bw in HBM_BYTES_PER_S.items() if key in name), None)
     if bandwidth is None:

@@ -7,8 +7,10 @@
 # step in $OUT (default: both). rl takes ~60 s on an H100; speculative's full case took over 390 s (the
 # draft form runs at ~18 tok/s), so give it a call of its own: its timeout is 540 s.
 source "$(dirname "$0")/gpu_env.sh"
-MODEL=$(python3 -c "from nondet.probes.default_model import DefaultModelSpec as S, default_model_dir as d
-print(d(S(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8, head_dim=64)))" 2>/dev/null | tail -1)
+MODEL=$(python3 -c "import sys; sys.path.insert(0, 'scripts')
+from bench_probe import GPU_CASE
+from nondet.probes.default_model import default_model_dir
+print(default_model_dir(GPU_CASE))" 2>/dev/null | tail -1)
 python3 -c "import json
 from nondet.probes.corpus import DEMO_PROMPTS
 tails = ('', ' and why it matters', ', in a few words', ': a short story')

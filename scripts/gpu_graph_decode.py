@@ -19,23 +19,20 @@ measures whether the probe could take this path (and the mode still hold on it).
 """
 
 import argparse
-import contextlib
 import time
 
 import torch
 
-from nondet.kernels import batch_invariant
+from bench_probe import GPU_CASE  # scripts/ is on sys.path when this runs as a script
+from gpu_profile_decode import scope
 from nondet.probes.default_model import DefaultModelSpec, default_model_dir
 from nondet.probes.loading import ModelSpec, load_model
-
-CASE = DefaultModelSpec(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8,
-                        num_attention_heads=16, num_key_value_heads=8, head_dim=64)
 PROMPT = "Tell me about Richard Feynman"
 
 
 def main() -> None:
     args = _parse()
-    spec = DefaultModelSpec() if args.tiny else CASE
+    spec = DefaultModelSpec() if args.tiny else GPU_CASE
     loaded = load_model(ModelSpec(name=str(default_model_dir(spec)), device=args.device))
     model, tok = loaded.model, loaded.tokenizer
     prompt = tok(PROMPT, return_tensors="pt").input_ids.to(args.device)
@@ -46,7 +43,7 @@ def main() -> None:
     for mode in ("default", "batch-invariant"):
         for batch in args.batches:
             ids = prompt.expand(batch, -1).contiguous()
-            with _scope(mode, model), torch.inference_mode():
+            with scope(mode, model), torch.inference_mode():
                 _compare(mode, batch, model, ids, args)
 
 
@@ -136,12 +133,6 @@ class _Decoder:
 
     def result(self):
         return torch.cat(self.tokens, 1), torch.stack(self.logits, 1)
-
-
-@contextlib.contextmanager
-def _scope(mode, model):
-    with batch_invariant(model=model) if mode != "default" else contextlib.nullcontext():
-        yield
 
 
 def _sync(device: str) -> None:

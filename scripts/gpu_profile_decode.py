@@ -18,12 +18,10 @@ import time
 
 import torch
 
+from bench_probe import GPU_CASE  # scripts/ is on sys.path when this runs as a script
 from nondet.kernels import batch_invariant
-from nondet.probes.default_model import DefaultModelSpec, default_model_dir
+from nondet.probes.default_model import default_model_dir
 from nondet.probes.loading import ModelSpec, load_model
-
-CASE = DefaultModelSpec(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8,
-                        num_attention_heads=16, num_key_value_heads=8, head_dim=64)
 TOKENS = 64
 
 
@@ -53,7 +51,7 @@ def step_table(model, ids) -> None:
 
 
 def main() -> None:
-    loaded = load_model(ModelSpec(name=str(default_model_dir(CASE)), device="cuda"))
+    loaded = load_model(ModelSpec(name=str(default_model_dir(GPU_CASE)), device="cuda"))
     model = loaded.model
     ids = loaded.tokenizer("Tell me about Richard Feynman", return_tensors="pt").input_ids.cuda()
     step_table(model, ids)

@@ -7,8 +7,8 @@ import torch
 from nondet.kernels import hf, ops, packed
 
 
-def _block_causal(lengths, pad_to=None):
-    total = pad_to or sum(lengths)
+def _block_causal(lengths):
+    total = sum(lengths)
     mask = torch.zeros(1, 1, total, total, dtype=torch.bool)
     at = 0
     for n in lengths:
