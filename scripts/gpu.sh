@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The one entry point for work on a lent GPU machine: named steps, one log per step under $OUT.
+#
+#   OUT=dir bash scripts/gpu.sh STEP...          (repository root; default OUT=device-out)
+#
+# Correctness
+#   tests        pytest tests/gpu (kernel bits, invariance, tuning; the e2e Qwen3 tests included)
+#   sanitize     the kernel tests under compute-sanitizer memcheck
+#   attention    scripts/gpu_attention_features.py: sinks, softcap, sliding window, MLA under the mode
+#   family       scripts/gpu_family_matrix.py: every supported model family, invariant under the mode
+#   moe          scripts/gpu_moe.py: a Qwen3-30B-A3B-shaped MoE, default vs the mode, and its step time
+#   compile      scripts/gpu_compile.py: the 8B-shaped model compiled + CUDA graphs, default vs the mode
+#   demo         probe / speculative / rl on the demo model with --confirm
+#   bisect       scripts/gpu_bisect.py: what bisect blames on a GPU model, with and without a baseline
+# Speed (each prints a table)
+#   score        nondet kernels bench --score (ratios to cuBLAS / SDPA, invariance checked in the same run)
+#   probe        scripts/bench_probe.py --gpu (the probe's GPU case and its roofline)
+#   rl           scripts/bench_rl.py (the trainer step under the mode)
+#   speculative  scripts/bench_speculative.py (speedup kept under the mode)
+#   tune         nondet kernels tune, then the score under the tuned table
+# One fleet, one answer (bitwise identical streams under the mode)
+#   tuned        a tuned and an untuned kernel table on this device
+#   cross-record the probe's streams on this device -> $OUT/cross_streams.jsonl
+#   cross-compare the same probe, compared with .cross/cross_streams.jsonl recorded on another kind
+# Tensor parallelism needs 2 GPUs: scripts/gpu_tp.sh.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1 COLUMNS=160 NONDET_CACHE=${NONDET_CACHE:-/tmp/nondet-cache}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.log"
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
+'transformers', transformers.__version__)" | tee -a "$OUT/device.log"
+
+quiet() { grep -v Writing; }  # transformers' save messages
+probe_demo() {  # name, extra args...
+  local name=$1; shift
+  timeout 200 python3 -m nondet probe --device cuda --confirm --out "/tmp/run-$name" "$@" 2>&1 | quiet | tail -30
+}
+tuned_model() {  # a random model with the score set's linear shapes, so the probe's matmuls hit tuned cells
+  python3 -c "from nondet.probes.default_model import DefaultModelSpec as S, default_model_dir as d
+print(d(S(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
+          num_key_value_heads=8, head_dim=128)))" 2>/dev/null | tail -1
+}
+
+run_step() {
+  case "$1" in
+    tests) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu -rA 2>&1 | tail -40 ;;
+    sanitize) timeout 300 compute-sanitizer --tool memcheck --print-limit 10 python3 -m pytest -q -x \
+                -p no:cacheprovider tests/gpu -k "not qwen3" 2>&1 | tail -30 ;;
+    attention) timeout 240 python3 scripts/gpu_attention_features.py 2>&1 | tail -60 ;;
+    family) timeout 300 python3 scripts/gpu_family_matrix.py 2>&1 | tail -60 ;;
+    moe) timeout 300 python3 scripts/gpu_moe.py 2>&1 | quiet | tail -40 ;;
+    compile) timeout 540 python3 scripts/gpu_compile.py 2>&1 | quiet | tail -40 ;;
+    demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4
+          timeout 120 python3 -m nondet rl --device cuda --confirm -n 32 --out /tmp/run-rl 2>&1 | quiet | tail -20 ;;
+    bisect) timeout 480 python3 scripts/gpu_bisect.py 2>&1 | tail -30 ;;
+    score) timeout 420 python3 -m nondet kernels bench --score --out "$OUT/score.md" 2>&1 | tail -60 ;;
+    probe) timeout 300 python3 scripts/bench_probe.py --gpu 2>&1 | tail -12 ;;
+    rl) timeout 120 python3 scripts/bench_rl.py 2>&1 | tail -12 ;;
+    speculative) timeout 540 python3 scripts/bench_speculative.py 2>&1 | tail -14 ;;
+    tune) timeout 300 python3 -m nondet kernels tune --out "$OUT/kernel-tuning.json" 2>&1 | tail -20
+          NONDET_KERNEL_TUNING="$OUT/kernel-tuning.json" timeout 420 python3 -m nondet kernels bench --score \
+            --out "$OUT/score_tuned.md" 2>&1 | tail -20 ;;
+    tuned) local model; model=$(tuned_model)
+           local probe=(python3 -m nondet probe --model "$model" --device cuda --kernels batch-invariant
+                        --batch-sizes 1,16,64 -n 64)
+           NONDET_KERNEL_TUNING=/tmp/no-table.json timeout 150 "${probe[@]}" --out /tmp/run-untuned 2>&1 | tail -3
+           NONDET_KERNEL_TUNING=/tmp/table.json timeout 200 python3 -m nondet kernels tune --out /tmp/table.json \
+             2>&1 | tail -5
+           NONDET_KERNEL_TUNING=/tmp/table.json timeout 150 "${probe[@]}" --out /tmp/run-tuned 2>&1 | tail -3
+           python3 scripts/compare_runs.py /tmp/run-untuned /tmp/run-tuned 2>&1 | tail -12 ;;
+    cross-record) timeout 300 python3 -m nondet probe --device cuda --kernels batch-invariant --batch-sizes 1,2,8 \
+                    --out /tmp/run-cross 2>&1 | tail -4
+                  cp /tmp/run-cross/streams.jsonl "$OUT/cross_streams.jsonl" ;;
+    cross-compare) run_step cross-record
+                   mkdir -p /tmp/run-other && cp .cross/cross_streams.jsonl /tmp/run-other/streams.jsonl
+                   python3 scripts/compare_runs.py /tmp/run-other /tmp/run-cross 2>&1 | tail -20 ;;
+    *) echo "unknown step $1 (see the header of scripts/gpu.sh)"; return 2 ;;
+  esac
+}
+
+for step in "$@"; do
+  echo "=== $step $(date -u +%H:%M:%S)"
+  run_step "$step" 2>&1 | tee "$OUT/$step.log"
+done
+echo "=== done $(date -u +%H:%M:%S)"
