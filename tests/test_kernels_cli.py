@@ -16,7 +16,7 @@ def test_gpu_commands_without_cuda_are_a_usage_error(command, out):
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip(f"a CUDA GPU is visible: {command} runs for real there (scripts/gpu_run.sh)")
+        pytest.skip(f"a CUDA GPU is visible: {command} runs for real there (scripts/gpu.sh score)")
     proc = run(command, "--out", out)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"nondet: error: nondet kernels {command} needs a CUDA GPU; none is visible "

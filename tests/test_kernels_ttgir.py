@@ -4,7 +4,7 @@ A row's softmax denominator used to be `tl.sum(p, axis=1)`, whose order follows 
 Triton gives p, and that layout depended on the binary: with a mask to load, p was summed in
 a blocked layout, without one in the MMA layout (Triton 3.6 on an H100, and Triton 3.9 here),
 so a speculative verification chunk (masked) and a one-token decode (causal) differed by
-1 ULP in 2-3 of 30 shapes (scripts/gpu_attn_rows.py). The kernel now sums with a dot. This
+1 ULP in 2-3 of 30 shapes (docs/benchmarks.md). The kernel now sums with a dot. This
 test compiles the kernel for Hopper and Ampere without a GPU (Triton ships ptxas) for every
 mask kind and asserts every reduction left over a row is a max (exact in any order).
 """

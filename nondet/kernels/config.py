@@ -5,7 +5,7 @@ The reduction order is fixed in ONE place per dtype: for the matmul, `block_k` a
 (K is summed in chunks from zero, each chunk a chain of `tl.dot` steps of `block_k`, chunk sums
 added in order); for attention, `block_n` and `kv_chunk`. The matmul's tile shape, warps and
 stages may change with M (MATMUL_BUCKETS): every bucket of a dtype shares block_k and k_chunk,
-and the device sweep (scripts/gpu_sweep.py, docs/benchmarks.md) and `nondet kernels bench`
+and the device sweeps (docs/benchmarks.md) and `nondet kernels bench`
 check bitwise that all buckets give the same bits for every row.
 """
 
