@@ -3,7 +3,8 @@
 Exit codes (also in the README):
   1  policy violated (nondet gate only)
   2  usage or configuration error (bad flag values, empty prompt, unreadable file)
-  3  could not run: model missing or not loadable, out of memory, server unreachable,
+  3  could not run: model missing or not loadable, a model the batch-invariant mode cannot
+     cover, out of memory, server unreachable,
      a tensor-parallel worker died
   4  bad run directory (missing or malformed files)
   5  server answered, but with an unusable response (HTTP error, malformed JSON)
@@ -24,6 +25,12 @@ class UsageError(NondetError):
 
 class ModelLoadError(NondetError):
     """The model (or tokenizer) could not be found or loaded."""
+
+    exit_code = 3
+
+
+class UnsupportedModelError(NondetError):
+    """The batch-invariant mode cannot cover a module of this model (the message names it)."""
 
     exit_code = 3
 

@@ -14,11 +14,11 @@ def overridden(op: str) -> bool:
 
 
 def state():
-    return active_ops(), {op: overridden(op) for op in ("mm", "addmm", "bmm", "mean.dim", "_softmax", "_log_softmax")}
+    return active_ops(), {op: overridden(op) for op in ("mm", "addmm", "bmm", "mean.dim", "_softmax", "_log_softmax", "topk")}
 
 
 def test_op_classes_and_default_off():
-    assert OP_CLASSES == ("matmul", "norm", "attention", "softmax")
+    assert OP_CLASSES == ("matmul", "norm", "attention", "softmax", "experts", "router")
     assert active_ops() == frozenset() and not is_active()
     assert not any(state()[1].values())
 

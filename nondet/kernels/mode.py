@@ -9,7 +9,12 @@ Inside a context the active op classes are exactly its `ops` (None = all of OP_C
 exit the enclosing context's set is restored, also when the body raises. aten overrides live
 in one torch.library.Library that is rebuilt on every change (destroying a Library removes
 its kernels, so the previous kernels come back); the attention class is the transformers
-attention interface (hf.py). Under tensor parallelism the row-parallel all-reduce finishes a
+attention interface (hf.py); the experts class is transformers' ExpertsInterface (experts.py:
+every MoE experts module of the model points at the invariant experts for the body); the router
+class overrides aten::topk (ties by lowest index) and runs each router module's forward with the
+invariant matmul and softmax, even when those classes are off (router.py), so `ops={"router"}`
+alone makes exactly the routing decisions invariant. On a dense model experts and router change
+nothing. Under tensor parallelism the row-parallel all-reduce finishes a
 matmul's K sum across ranks, so the matmul class also makes it invariant (collective.py);
 "collective" alone switches only that (an ablation). Importing this module changes nothing.
 """
@@ -17,11 +22,11 @@ matmul's K sum across ranks, so the matmul class also makes it invariant (collec
 import contextlib
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from nondet.kernels import collective, hf, overrides
+from nondet.kernels import collective, experts, hf, overrides, router
 
-OP_CLASSES = ("matmul", "norm", "attention", "softmax")
+OP_CLASSES = ("matmul", "norm", "attention", "softmax", "experts", "router")
 EXTRA_CLASSES = ("collective",)  # accepted in ops; on with "matmul" (None = all includes it that way)
 
 
@@ -30,6 +35,8 @@ class _Frame:
     ops: frozenset  # op classes active inside this context
     model: object = None  # the model whose attention implementation this context selected
     previous_impl: str | None = None  # what to put back on the model at exit
+    previous_experts: str | None = None  # the experts implementation to put back at exit
+    routers: list = field(default_factory=list)  # router modules whose forward this context wrapped
 
 
 _STACK: list[_Frame] = []
@@ -62,6 +69,7 @@ def _install(ops: frozenset) -> None:
     attention function (hf.py) whether its class is on."""
     global _LIBRARY
     hf.set_enabled("attention" in ops)
+    experts.set_enabled("experts" in ops)
     collective.set_enabled("matmul" in ops or "collective" in ops)
     if _LIBRARY is not None:
         _LIBRARY._destroy()
@@ -86,25 +94,56 @@ def _install(ops: frozenset) -> None:
 def batch_invariant(ops: Iterable[str] | str | None = None, model=None) -> Iterator[None]:
     """Run the body with batch-invariant kernels for the op classes `ops` (None = all).
 
-    ops: a subset of OP_CLASSES ("matmul", "norm", "attention", "softmax").
-    model: a transformers model; when "attention" is in ops, its attention implementation is
-    switched to the invariant one for the body and restored afterwards.
+    ops: a subset of OP_CLASSES ("matmul", "norm", "attention", "softmax", "experts", "router").
+    model: a transformers model; its attention implementation ("attention") and experts
+    implementation ("experts") are switched to the invariant ones for the body, its routers
+    wrapped ("router"), and all of it restored afterwards. A model with a module the mode cannot
+    make invariant raises coverage.UnsupportedModel (one line naming the module) before anything
+    is switched.
     """
     frame = _Frame(_parse(ops), model)
+    if model is not None:
+        from nondet.kernels import coverage
+
+        coverage.check(model)
     _STACK.append(frame)
     try:
         _install(frame.ops)
-        if model is not None and "attention" in frame.ops:
-            hf.register()
-            previous = model.config._attn_implementation
-            if previous != hf.ATTN_IMPLEMENTATION:
-                hf.select(model, hf.ATTN_IMPLEMENTATION)
-                frame.previous_impl = previous
+        if model is not None:
+            _select_on_model(frame)
         yield
     finally:
         _STACK.pop()
         try:
-            if frame.previous_impl is not None:
-                hf.select(model, frame.previous_impl)
+            _restore_model(frame)
         finally:
             _install(active_ops())
+
+
+def _select_on_model(frame: _Frame) -> None:
+    """Point the model's attention and experts at the invariant implementations; wrap its routers."""
+    model = frame.model
+    if "attention" in frame.ops:
+        hf.register()
+        previous = model.config._attn_implementation
+        if previous != hf.ATTN_IMPLEMENTATION:
+            hf.select(model, hf.ATTN_IMPLEMENTATION)
+            frame.previous_impl = previous
+    if "experts" in frame.ops and experts.experts_modules(model):
+        experts.register()
+        previous = experts.experts_modules(model)[0].config._experts_implementation
+        if previous != experts.EXPERTS_IMPLEMENTATION:
+            experts.select(model, experts.EXPERTS_IMPLEMENTATION)
+            frame.previous_experts = previous
+    if "router" in frame.ops:
+        frame.routers = router.wrap(model, router.router_scope(active_ops, batch_invariant))
+
+
+def _restore_model(frame: _Frame) -> None:
+    try:
+        if frame.previous_impl is not None:
+            hf.select(frame.model, frame.previous_impl)
+    finally:
+        router.unwrap(frame.routers)
+        if frame.previous_experts is not None:
+            experts.select(frame.model, frame.previous_experts)

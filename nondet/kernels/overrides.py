@@ -20,7 +20,7 @@ the forward logprobs must match the sampler's and cuBLAS is faster on the backwa
 
 import torch
 
-from nondet.kernels import ops
+from nondet.kernels import ops, router
 
 aten = torch.ops.aten
 
@@ -118,6 +118,8 @@ OP_TABLE = {
              ("_fused_rms_norm", _fused_rms_norm)],
     "softmax": [("_softmax", _softmax), ("_log_softmax", _log_softmax)],
     "attention": [],  # through transformers' attention interface, not aten
+    "experts": [],  # through transformers' ExpertsInterface (experts.py), not aten
+    "router": [("topk", router.topk)],  # ties by lowest index; the router's forward is wrapped too (router.py)
 }
 
 DISPATCH_KEYS = ("CPU", "CUDA")

@@ -155,12 +155,7 @@ def kernel_scope(mode: str, ops: tuple[str, ...], model):
     if not ops or mode != "default":
         return lambda: kernels_mode(mode, model)
 
-    def invariant():
-        from nondet.kernels import batch_invariant
-
-        return batch_invariant(ops=set(ops), model=model)
-
-    return invariant
+    return lambda: kernels_mode("batch-invariant", model, set(ops))
 
 
 def _ablate(config: BisectConfig, target: Target, main: Lockstep, replay, stage: OnStage) -> Ablation | None:

@@ -12,6 +12,7 @@ StreamRecord whose prompt_id is that row's prompt: it is compared with that prom
 import contextlib
 import time
 
+from nondet.errors import UnsupportedModelError
 from nondet.probes import conditions as cond
 from nondet.probes.batch import build_batch, tokenize_inputs
 from nondet.probes.loading import load_model
@@ -140,13 +141,19 @@ def replay_condition(model, tokenizer, condition: cond.Condition, target: list[i
         return generate_condition(model, tokenizer, batch, settings)
 
 
-def kernels_mode(mode: str, model):
-    """The batch-invariant mode around a call, or nothing for the default kernels."""
-    if mode == "default":
+def kernels_mode(mode: str, model, ops=None):
+    """The batch-invariant mode around a call (all op classes, or `ops`), or nothing for the default
+    kernels. A model the mode cannot cover is UnsupportedModelError (exit 3), one line naming the module."""
+    if mode == "default" and ops is None:
         return contextlib.nullcontext()
     from nondet.kernels import batch_invariant
+    from nondet.kernels.coverage import UnsupportedModel, check
 
-    return batch_invariant(model=model)
+    try:
+        check(model)
+    except UnsupportedModel as exc:
+        raise UnsupportedModelError(str(exc)) from None
+    return batch_invariant(ops=ops, model=model)
 
 
 def step_record(step: dict, piece: str) -> StepRecord:

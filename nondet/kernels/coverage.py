@@ -1,0 +1,48 @@
+"""Which modules of a model the mode cannot make batch-invariant: refuse them, never guess.
+
+The mode reaches a model only through aten overrides (matmul, norm, softmax, top-k), transformers'
+AttentionInterface and its ExpertsInterface. A module that computes some other way (an experts
+module with its own fused kernel, expert parallelism, an attention that bypasses the interface)
+would keep its batch variance while the mode claimed invariance, so `check` raises
+UnsupportedModel, one line naming the first such module and what is missing.
+"""
+
+import torch
+
+from nondet.kernels import experts
+
+
+class UnsupportedModel(ValueError):
+    """The mode cannot make this model batch-invariant; the message names the module."""
+
+
+def uncovered(model) -> list[tuple[str, str]]:
+    """(module path, what is missing) for every module the mode cannot cover, in model order."""
+    found = []
+    for path, module in model.named_modules():
+        reason = _reason(module)
+        if reason:
+            found.append((path or type(module).__name__, reason))
+    return found
+
+
+def _reason(module) -> str | None:
+    kind = type(module).__name__
+    if kind.endswith("Experts") and module.__class__.__module__.startswith("transformers"):
+        if experts.is_dispatched(module):
+            if getattr(module, "_is_expert_parallel", False):
+                return "expert parallelism (experts sharded across ranks) is not supported"
+            return None
+        if not any(isinstance(m, torch.nn.Linear) for m in module.modules()):
+            return (f"{kind} computes its experts outside transformers' ExpertsInterface and without "
+                    "nn.Linear, so the mode cannot reach its matmuls")
+    return None
+
+
+def check(model) -> None:
+    """Raise UnsupportedModel naming the first module the mode cannot cover."""
+    missing = uncovered(model)
+    if missing:
+        path, reason = missing[0]
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise UnsupportedModel(f"the batch-invariant mode cannot cover {path}: {reason}{more}")

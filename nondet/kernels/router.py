@@ -1,0 +1,82 @@
+"""The MoE router under the mode: its arithmetic invariant, and top-k ties broken by expert index.
+
+A router (Qwen3MoeTopKRouter, MixtralTopKRouter, DeepseekV3TopkRouter, GptOssTopKRouter, ...)
+is a linear layer, a softmax or sigmoid and a top-k. A 1-ULP change of its logits can flip a
+token's expert set, so the router is its own op class ("router"): with it on,
+
+- aten::topk takes a defined order: a stable descending sort, so equal values keep ascending
+  index order and the lowest expert index wins a tie. torch.topk's tie order is unspecified and
+  may follow the shape of the call (CUDA picks radix-select or sort by size), so a tie could
+  break differently for a token alone and in a batch;
+- every router module's forward runs with the invariant matmul and softmax as well (a nested
+  mode context), so `ops={"router"}` alone makes exactly the routing decisions invariant: what
+  bisect's ablation needs to tell routing from the experts' arithmetic.
+
+Nothing here runs unless the mode installs it.
+"""
+
+import contextlib
+import functools
+
+import torch
+
+aten = torch.ops.aten
+
+ROUTER_CLASSES = ("matmul", "softmax")  # what a router's own forward computes with
+_WRAPPED_ATTR = "_nondet_router_forward"
+
+
+def topk(self, k, dim=-1, largest=True, sorted=True):
+    """aten::topk with ties broken by the lowest index; same values and indices set as torch.topk."""
+    if self.dim() == 0 or not self.is_floating_point():
+        values, indices = torch.empty(0, dtype=self.dtype, device=self.device), torch.empty(
+            0, dtype=torch.long, device=self.device)
+        return aten.topk.values(self, k, dim, largest, sorted, values=values, indices=indices)
+    ordered, order = torch.sort(self, dim=dim, descending=largest, stable=True)
+    return ordered.narrow(dim, 0, k), order.narrow(dim, 0, k)
+
+
+def is_router(module) -> bool:
+    """A MoE router module: transformers names them *Router (TopKRouter, TopkRouter, Router)."""
+    return "Router" in type(module).__name__
+
+
+def routers(model) -> list:
+    return [m for m in model.modules() if is_router(m)]
+
+
+def wrap(model, scope) -> list:
+    """Run every router's forward inside `scope()` (a context manager factory); returns the modules."""
+    wrapped = []
+    for module in routers(model):
+        if _WRAPPED_ATTR in module.__dict__:
+            continue  # an outer context already wrapped it
+        original = module.forward
+
+        @functools.wraps(original)
+        def forward(*args, _original=original, **kwargs):
+            with scope():
+                return _original(*args, **kwargs)
+
+        module.__dict__[_WRAPPED_ATTR] = True
+        module.forward = forward
+        wrapped.append(module)
+    return wrapped
+
+
+def unwrap(modules: list) -> None:
+    for module in modules:
+        module.__dict__.pop("forward", None)
+        module.__dict__.pop(_WRAPPED_ATTR, None)
+
+
+def router_scope(active_ops, batch_invariant):
+    """A context factory: the router's own classes on top of whatever is active, or nothing when they are."""
+
+    def scope():
+        ops = active_ops()
+        if "router" not in ops or set(ROUTER_CLASSES) <= ops:
+            return contextlib.nullcontext()
+        return batch_invariant(ops=ops | set(ROUTER_CLASSES))
+
+    return scope
