@@ -65,7 +65,7 @@ else:
     from nondet.kernels import triton_attention as ta
 
     MASK_TYPES = {torch.int16: "*i16", torch.int32: "*i32", torch.uint8: "*u8", torch.bool: "*i1"}
-    INTS = ("Q", "S", "H", "KVH", "D", "NC", "s_qb", "s_qh", "s_qq", "s_qd", "s_kb", "s_kh", "s_ks", "s_kd",
+    INTS = ("Q", "S", "H", "KVH", "D", "DV", "NC", "s_qb", "s_qh", "s_qq", "s_qd", "s_kb", "s_kh", "s_ks", "s_kd",
             "s_vb", "s_vh", "s_vs", "s_vd", "s_mb", "s_mq", "s_ms")
 
     def _ttgir(mask_kind: int, arch: int) -> str:
@@ -75,11 +75,12 @@ else:
     @functools.cache
     def _asm(mask_kind: int, arch: int) -> dict:
         """Every stage's text of _attn_kernel compiled for bf16 decode/prefill tiles."""
-        const = dict(G=2, BLOCK_M=16, BLOCK_N=128, BLOCK_D=64, CHUNK=512, SPLIT=False, CAUSAL=mask_kind == 0,
-                     MASK_KIND=mask_kind, PRECISION="tf32", UPCAST=False)
-        sig = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "ws_m", "ws_l", "ws_acc")}
+        const = dict(G=2, BLOCK_M=16, BLOCK_N=128, BLOCK_D=64, BLOCK_DV=64, CHUNK=512, SPLIT=False,
+                     CAUSAL=mask_kind == 0, MASK_KIND=mask_kind, PRECISION="tf32", UPCAST=False, SOFTCAP=False,
+                     SINKS=False, ONE_QUERY=False)
+        sig = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "ws_m", "ws_l", "ws_acc", "sink_ptr")}
         sig.update(mask_ptr=MASK_TYPES[ta.MASK_DTYPE] if mask_kind == 1 else "*bf16", start_ptr="*i32",
-                   qk_scale="fp32")
+                   qk_scale="fp32", cap_in="fp32", cap_out="fp32")
         sig.update({name: "i32" for name in INTS})
         sig.update({name: "constexpr" for name in const})
         names = ta._attn_kernel.arg_names

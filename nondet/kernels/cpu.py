@@ -120,7 +120,8 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-              scale: float, kv_start: list[int]) -> torch.Tensor:
+              scale: float, kv_start: list[int], softcap: float | None = None,
+              sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q (B, H, Q, D), k/v (B, KVH, S, D) -> (B, Q, H, D), one batch row and one query at a time.
 
     Each query is computed alone over the KV positions it may see, [kv_start[b], its last visible
@@ -128,21 +129,26 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     whether it is decoded alone (q_len 1), verified inside a speculative k+1 chunk, or part of a
     prefill, and whatever padding its batch has. A query's scores over a longer, masked KV range
     (a k+1 chunk) or a bmm with M = q_len differ from the decode's in the last bits on MKL.
+    Each query starts at its own first visible position (a sliding window's start), so a
+    sliding-window query meets the shapes of its decode too. softcap: scores become
+    softcap * tanh(scores / softcap) (Gemma 2); sinks (H,): a per-head logit that joins the
+    softmax denominator with no value (gpt-oss). v may have another head dim than q and k (MLA).
     Cost: O(Q) small bmm calls per row, and a copy of the visible KV per query. fp32 inside.
     """
-    bsz, h, nq, d = q.shape
+    bsz, h, nq, _ = q.shape
     s = k.shape[2]
     g = h // k.shape[1]
-    out = torch.zeros((bsz, nq, h, d), dtype=q.dtype, device=q.device)
+    out = torch.zeros((bsz, nq, h, v.shape[-1]), dtype=q.dtype, device=q.device)
     for b in range(bsz):
-        start = kv_start[b]
         ends = _visible_ends(mask, b, nq, s)
-        for i in range(max(0, start - (s - nq)), nq):  # queries before the first real token are padding
-            end = ends[i]
+        starts = _visible_starts(mask, b, nq, s, kv_start[b])
+        for i in range(max(0, kv_start[b] - (s - nq)), nq):  # queries before the first real token are padding
+            start, end = starts[i], ends[i]
             if end <= start:
                 continue  # nothing to attend
             keep = None if mask is None else mask[b if mask.shape[0] > 1 else 0, 0, i, start:end]
-            out[b, i] = _one_query(q[b, :, i:i + 1], k[b, :, start:end], v[b, :, start:end], keep, scale, g)
+            out[b, i] = _one_query(q[b, :, i:i + 1], k[b, :, start:end], v[b, :, start:end], keep, scale, g,
+                                   softcap, sinks)
     return out
 
 
@@ -156,8 +162,19 @@ def _visible_ends(mask: torch.Tensor | None, b: int, nq: int, s: int) -> list[in
     return [int(e) if keep[i].any() else 0 for i, e in enumerate(last.tolist())]
 
 
+def _visible_starts(mask: torch.Tensor | None, b: int, nq: int, s: int, row_start: int) -> list[int]:
+    """Per query, its first visible KV position: the row's start, or later under a sliding window."""
+    if mask is None:
+        return [row_start] * nq
+    rows = mask[b if mask.shape[0] > 1 else 0, 0]  # (Q, S)
+    keep = rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
+    first = keep.to(torch.int32).argmax(-1)  # (Q,): the first True, 0 when none
+    return [max(row_start, int(f)) for f in first.tolist()]
+
+
 def _one_query(qi: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, keep: torch.Tensor | None,
-               scale: float, groups: int) -> torch.Tensor:
+               scale: float, groups: int, softcap: float | None = None,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
     """qi (H, 1, D), kb/vb (KVH, S_i, D) -> (H, D): one query over its visible KV, fp32 inside.
 
     Fresh contiguous copies, so the library calls see one layout for a given S_i; aten .out
@@ -167,10 +184,16 @@ def _one_query(qi: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, keep: torch
     kf = kb.repeat_interleave(groups, dim=0).float().contiguous()
     vf = vb.repeat_interleave(groups, dim=0).float().contiguous()
     scores = aten.bmm.out(qf, kf.transpose(-1, -2), out=torch.empty(0, device=qi.device)) * scale  # (H, 1, S_i)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if keep is not None and keep.dtype == torch.bool:
         scores = scores.masked_fill(~keep, float("-inf"))
     elif keep is not None:
         scores = scores + keep.float()
+    if sinks is not None:  # one more column per head, dropped after the softmax
+        scores = torch.cat([scores, sinks.float().reshape(-1, 1, 1)], dim=-1)
     probs = aten._softmax.out(scores, -1, False, out=torch.empty(0, device=qi.device))
+    if sinks is not None:
+        probs = probs[..., :-1].contiguous()
     probs = torch.nan_to_num(probs, nan=0.0)
     return aten.bmm.out(probs, vf, out=torch.empty(0, device=qi.device))[:, 0].to(qi.dtype)  # (H, D)

@@ -31,8 +31,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, sliding_window=sliding_window, softcap=softcap,
                                       **kwargs)
-    if softcap is not None or kwargs.get("s_aux") is not None:
-        raise ValueError("batch-invariant attention supports no logit softcap and no attention sinks")
+    sinks = kwargs.get("s_aux")  # gpt-oss: a learned logit per head, (H,)
     if dropout:
         raise ValueError("batch-invariant attention is for inference: dropout must be 0")
     is_causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
@@ -47,9 +46,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     attend = autograd.attention if grads else ops.attention
     bounds = packed.segments(attention_mask, q_len, key.shape[2]) if is_causal else None
     if bounds is not None:  # a packed row: each sequence on its own, as its decode computes it
-        out = packed.per_segment(lambda q, k, v: attend(q, k, v, None, scaling, True), query, key, value, bounds)
+        out = packed.per_segment(lambda q, k, v: attend(q, k, v, None, scaling, True, softcap, sinks, False),
+                                 query, key, value, bounds)
         return out, None
-    return attend(query, key, value, attention_mask, scaling, is_causal), None
+    sliding = sliding_window is not None and attention_mask is not None
+    return attend(query, key, value, attention_mask, scaling, is_causal, softcap, sinks, sliding), None
 
 
 def register() -> None:

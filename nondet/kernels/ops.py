@@ -109,13 +109,24 @@ def kv_start_from_mask(mask: torch.Tensor | None, bsz: int, s: int, device) -> t
     return lead.expand(bsz).contiguous()
 
 
+def first_visible(mask: torch.Tensor, bsz: int, device) -> torch.Tensor:
+    """(B, Q) int32: each query's first visible KV position (0 when it sees nothing). On the device."""
+    keep = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    return keep[:, 0].to(torch.int32).argmax(-1).to(torch.int32).expand(bsz, -1)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-              scale: float | None = None, is_causal: bool = True) -> torch.Tensor:
-    """q (B, H, Q, D), k/v (B, KVH, S, D) -> (B, Q, H, D).
+              scale: float | None = None, is_causal: bool = True, softcap: float | None = None,
+              sinks: torch.Tensor | None = None, sliding: bool = False) -> torch.Tensor:
+    """q (B, H, Q, D), k (B, KVH, S, D), v (B, KVH, S, Dv) -> (B, Q, H, Dv).
 
     mask: None (causal when is_causal, query i at KV position S - Q + i; else full), or a bool
     (True = attend) / additive float mask broadcastable to (B, 1, Q, S). Prefill and decode use
     the same per-row arithmetic; left padding is aligned away (see triton_attention).
+    softcap: scores -> softcap * tanh(scores / softcap) before the mask (Gemma 2). sinks (H,): a
+    per-head logit in the softmax denominator with no value (gpt-oss attention sinks). sliding: the
+    mask holds a sliding window, so each query starts at its own first visible position (the CPU
+    path always does).
     Forward only: a training forward goes through autograd.attention (same bits, a backward).
     """
     bsz, _, nq, d = q.shape
@@ -129,5 +140,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     if _triton(q):
         from nondet.kernels import triton_attention
 
-        return triton_attention.attention(q, k, v, mask, scale, kv_start)
-    return cpu.attention(q, k, v, mask, scale, kv_start.tolist())
+        query_start = first_visible(mask, bsz, q.device) if sliding and mask is not None else None
+        return triton_attention.attention(q, k, v, mask, scale, kv_start, softcap=softcap, sinks=sinks,
+                                          query_start=query_start)
+    return cpu.attention(q, k, v, mask, scale, kv_start.tolist(), softcap=softcap, sinks=sinks)

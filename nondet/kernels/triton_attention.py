@@ -41,27 +41,40 @@ def _merge(m, l, acc, m_c, l_c, acc_c):
 
 
 @triton.jit
+def _tanh(x):
+    """tanh from exp, exact at the saturated ends (exp overflow gives +-1), on every backend."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
 def _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
-           qi, qpos, row_ok, offs_d, lo, hi, qk_scale,
-           D, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+           qi, qpos, row_ok, offs_d, offs_dv, lo, hi, qk_scale, cap_in, cap_out,
+           D, DV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
            CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
-           UPCAST: tl.constexpr):
-    """Online softmax over KV positions [lo, hi) for a tile of query rows -> (max, sum, acc)."""
+           UPCAST: tl.constexpr, SOFTCAP: tl.constexpr):
+    """Online softmax over KV positions [lo, hi) for a tile of query rows -> (max, sum, acc).
+
+    Scores are in log2 units (qk_scale = scale * log2 e). With SOFTCAP they are
+    cap * tanh(q.k * scale / cap) first: cap_in = scale / cap, cap_out = cap * log2 e."""
     m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
     l = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
     d_ok = offs_d < D
+    dv_ok = offs_dv < DV
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < hi
         kt = tl.load(k_base + cols[None, :] * s_ks + offs_d[:, None] * s_kd,
                      mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-        v = tl.load(v_base + cols[:, None] * s_vs + offs_d[None, :] * s_vd,
-                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_base + cols[:, None] * s_vs + offs_dv[None, :] * s_vd,
+                    mask=col_ok[:, None] & dv_ok[None, :], other=0.0)
         if UPCAST:  # the CPU interpreter's tl.dot misreads bf16/fp16
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+        if SOFTCAP:
+            s = _tanh(tl.dot(q, kt, input_precision=PRECISION) * cap_in) * cap_out
+        else:
+            s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
         ok = row_ok[:, None] & col_ok[None, :]
         if CAUSAL:
             ok = ok & (cols[None, :] <= qpos[:, None])
@@ -101,24 +114,30 @@ def _row_sum(p, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["Q", "S"])  # one binary for every batch size
-def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, ws_m, ws_l, ws_acc,
-                 Q, S, H, KVH, D, NC, qk_scale,
+def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, sink_ptr, ws_m, ws_l, ws_acc,
+                 Q, S, H, KVH, D, DV, NC, qk_scale, cap_in, cap_out,
                  s_qb, s_qh, s_qq, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
                  s_mb, s_mq, s_ms,
                  G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr,
                  CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr):
+                 UPCAST: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
+                 ONE_QUERY: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // KVH).to(tl.int64)
     kvh = pid_bh % KVH
-    rows = pid_r * BLOCK_M + tl.arange(0, BLOCK_M)  # row = query index * G + head in group
-    row_ok = rows < Q * G
+    if ONE_QUERY:  # a tile holds the G heads of one query: its chunks start at that query's own start
+        rows = pid_r * G + tl.arange(0, BLOCK_M)
+        row_ok = tl.arange(0, BLOCK_M) < G
+    else:
+        rows = pid_r * BLOCK_M + tl.arange(0, BLOCK_M)  # row = query index * G + head in group
+        row_ok = rows < Q * G
     qi = rows // G
     head = kvh * G + rows % G
     qpos = S - Q + qi  # query position in KV coordinates (bottom-right causal alignment)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     q = tl.load(q_ptr + b * s_qb + head[:, None] * s_qh + qi[:, None] * s_qq + offs_d[None, :] * s_qd,
                 mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
     if UPCAST:
@@ -128,11 +147,15 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, ws_m, ws_l, ws
     mask_base = mask_ptr + b * s_mb
     # kv_start comes from device memory, so it is clamped to [0, S] here: a value outside (an
     # unwritten buffer, a caller's bug) must never address outside K/V (issue 11's illegal access)
-    start = tl.minimum(tl.maximum(tl.load(start_ptr + b), 0), S)
+    # ONE_QUERY: one start per (row, query), a sliding window's first visible position
+    start = tl.minimum(tl.maximum(tl.load(start_ptr + (b * Q + pid_r if ONE_QUERY else b)), 0), S)
     # last KV position any row of this tile may see
     last = S - 1
     if CAUSAL:
-        last = tl.minimum(S - Q + (pid_r * BLOCK_M + BLOCK_M - 1) // G, S - 1)
+        if ONE_QUERY:
+            last = S - Q + pid_r
+        else:
+            last = tl.minimum(S - Q + (pid_r * BLOCK_M + BLOCK_M - 1) // G, S - 1)
     if SPLIT:
         c_lo = tl.program_id(2)
         c_hi = c_lo + 1
@@ -141,13 +164,13 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, ws_m, ws_l, ws
         c_hi = tl.cdiv(last + 1 - start, CHUNK)
     m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
     l = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
     for c in range(c_lo, c_hi):
         lo = start + c * CHUNK
         hi = tl.minimum(lo + CHUNK, last + 1)
         m_c, l_c, acc_c = _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
-                                 qi, qpos, row_ok, offs_d, lo, hi, qk_scale, D,
-                                 BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, MASK_KIND, PRECISION, UPCAST)
+                                 qi, qpos, row_ok, offs_d, offs_dv, lo, hi, qk_scale, cap_in, cap_out, D, DV,
+                                 BLOCK_M, BLOCK_N, BLOCK_DV, CAUSAL, MASK_KIND, PRECISION, UPCAST, SOFTCAP)
         if SPLIT:
             m, l, acc = m_c, l_c, acc_c
         else:
@@ -156,17 +179,28 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, ws_m, ws_l, ws
     if SPLIT:
         tl.store(ws_m + row_idx, m, mask=row_ok)
         tl.store(ws_l + row_idx, l, mask=row_ok)
-        tl.store(ws_acc + row_idx[:, None] * BLOCK_D + offs_d[None, :], acc, mask=row_ok[:, None])
+        tl.store(ws_acc + row_idx[:, None] * BLOCK_DV + offs_dv[None, :], acc, mask=row_ok[:, None])
     else:
+        if SINKS:
+            l = _with_sink(l, m, sink_ptr, head, row_ok)
         out = tl.where(l[:, None] > 0, acc / tl.where(l > 0, l, 1.0)[:, None], 0.0)
-        o = o_ptr + ((b * Q + qi[:, None]) * H + head[:, None]) * D + offs_d[None, :]
-        tl.store(o, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
+        o = o_ptr + ((b * Q + qi[:, None]) * H + head[:, None]) * DV + offs_dv[None, :]
+        tl.store(o, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def _with_sink(l, m, sink_ptr, head, row_ok):
+    """The softmax denominator with the head's sink logit (log2 units) added once, after every chunk
+    is merged: one fixed point of the arithmetic for decode, prefill and split-KV alike."""
+    sink = tl.load(sink_ptr + head, mask=row_ok, other=0.0)
+    return l + tl.exp2(sink - m)
 
 
 @triton.jit(do_not_specialize=["B", "Q", "S"])  # one binary for every batch size
-def _combine_kernel(o_ptr, start_ptr, ws_m, ws_l, ws_acc, B, Q, S, H, D, NC,
+def _combine_kernel(o_ptr, start_ptr, sink_ptr, ws_m, ws_l, ws_acc, B, Q, S, H, D, NC,
                     CAUSAL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
-                    BLOCK_D: tl.constexpr, SLICE_D: tl.constexpr):
+                    BLOCK_D: tl.constexpr, SLICE_D: tl.constexpr, SINKS: tl.constexpr,
+                    ONE_QUERY: tl.constexpr):
     # rows are (b, h, qi) flattened; chunks 0..n-1 are merged in order, as the fused kernel does.
     # Program (r, j) owns columns [j * SLICE_D, (j + 1) * SLICE_D) of its rows: the merge is
     # elementwise in d, so slicing d only adds programs (B = 1 has few rows), never changes bits.
@@ -175,7 +209,8 @@ def _combine_kernel(o_ptr, start_ptr, ws_m, ws_l, ws_acc, B, Q, S, H, D, NC,
     b = rows // (H * Q)
     h = (rows // Q) % H
     qi = rows % Q
-    start = tl.minimum(tl.maximum(tl.load(start_ptr + b, mask=row_ok, other=0), 0), S)  # as _attn_kernel
+    start_at = b * Q + qi if ONE_QUERY else b
+    start = tl.minimum(tl.maximum(tl.load(start_ptr + start_at, mask=row_ok, other=0), 0), S)  # as _attn_kernel
     last = S - 1 + qi * 0
     if CAUSAL:
         last = S - Q + qi
@@ -191,6 +226,8 @@ def _combine_kernel(o_ptr, start_ptr, ws_m, ws_l, ws_acc, B, Q, S, H, D, NC,
         l_c = tl.load(ws_l + idx, mask=ok, other=0.0)
         acc_c = tl.load(ws_acc + idx[:, None] * BLOCK_D + offs_d[None, :], mask=ok[:, None], other=0.0)
         m, l, acc = _merge(m, l, acc, m_c, l_c, acc_c)
+    if SINKS:
+        l = _with_sink(l, m, sink_ptr, h, row_ok)
     out = tl.where(l[:, None] > 0, acc / tl.where(l > 0, l, 1.0)[:, None], 0.0)
     o = o_ptr + ((b.to(tl.int64) * Q + qi)[:, None] * H + h[:, None]) * D + offs_d[None, :]
     tl.store(o, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
@@ -203,53 +240,67 @@ def use_split(programs: int, chunks: int, device: torch.device) -> bool:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
               scale: float | None = None, kv_start: torch.Tensor | None = None,
-              split: bool | None = None, cfg: AttentionConfig | None = None) -> torch.Tensor:
-    """Attention for q (B, H, Q, D) over k, v (B, KVH, S, D) -> (B, Q, H, D).
+              split: bool | None = None, cfg: AttentionConfig | None = None,
+              softcap: float | None = None, sinks: torch.Tensor | None = None,
+              query_start: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention for q (B, H, Q, D) over k (B, KVH, S, D), v (B, KVH, S, Dv) -> (B, Q, H, Dv).
 
     mask: None (causal, bottom-right aligned: query i sits at position S - Q + i), a bool mask
     (True = attend) or an additive float mask, broadcastable to (B, 1, Q, S). kv_start: (B,)
     first KV position of each row (left padding); chunks start there. Values outside [0, S] are
     clamped to it on the device (a row starting at S sees nothing and gets zeros).
+    softcap: scores -> softcap * tanh(scores / softcap) before the mask. sinks (H,): a per-head
+    logit added to the softmax denominator once, after all chunks are merged. query_start (B, Q):
+    each query's own first visible position (a sliding window): then a tile holds one query and its
+    chunks start there, so a windowed query's bits do not depend on the other queries of the call.
     """
     bsz, h, nq, d = q.shape
-    kvh, s = k.shape[1], k.shape[2]
-    assert h % kvh == 0 and v.shape == k.shape and k.shape[0] == bsz
+    kvh, s, dv = k.shape[1], k.shape[2], v.shape[3]
+    assert h % kvh == 0 and v.shape[:3] == k.shape[:3] and k.shape[0] == bsz
     cfg = cfg or ATTENTION_CONFIGS[q.dtype]
     g = h // kvh
-    out = torch.empty((bsz, nq, h, d), dtype=q.dtype, device=q.device)
+    out = torch.empty((bsz, nq, h, dv), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
     if kv_start is None:
         kv_start = torch.zeros(bsz, dtype=torch.int32, device=q.device)
+    one_query = query_start is not None
+    if one_query:
+        assert g <= cfg.block_m, "a tile must hold a query's heads"
+        kv_start = query_start.expand(bsz, nq)
     kv_start = kv_start.to(device=q.device, dtype=torch.int32).contiguous()
     mask_kind, mask_t, mstrides = _mask_args(mask, bsz, nq, s, q)
-    block_d = triton.next_power_of_2(d)
+    block_d, block_dv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     chunks = triton.cdiv(s, cfg.kv_chunk)
-    row_tiles = triton.cdiv(nq * g, cfg.block_m)
+    row_tiles = nq if one_query else triton.cdiv(nq * g, cfg.block_m)
     if split is None:
         split = use_split(row_tiles * bsz * kvh, chunks, q.device)
     nc = chunks if split else 1
     if split:
         ws_m = torch.empty((bsz, h, nq, nc), dtype=torch.float32, device=q.device)
         ws_l = torch.empty_like(ws_m)
-        ws_acc = torch.empty((bsz, h, nq, nc, block_d), dtype=torch.float32, device=q.device)
+        ws_acc = torch.empty((bsz, h, nq, nc, block_dv), dtype=torch.float32, device=q.device)
     else:
         ws_m = ws_l = ws_acc = out
     scale = 1.0 / math.sqrt(d) if scale is None else scale
+    cap_in, cap_out = (float(scale) / softcap, softcap * _LOG2E) if softcap else (0.0, 0.0)
+    # sinks in log2 units, fp32, one per head; the output tensor stands in when there are none
+    sink_t = out if sinks is None else (sinks.to(device=q.device, dtype=torch.float32) * _LOG2E).contiguous()
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _attn_kernel[(row_tiles, bsz * kvh, nc)](
-        q, k, v, out, mask_t, kv_start, ws_m, ws_l, ws_acc,
-        nq, s, h, kvh, d, nc, float(scale) * _LOG2E,
+        q, k, v, out, mask_t, kv_start, sink_t, ws_m, ws_l, ws_acc,
+        nq, s, h, kvh, d, dv, nc, float(scale) * _LOG2E, cap_in, cap_out,
         *q.stride(), *k.stride(), *v.stride(), *mstrides,
-        G=g, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, CHUNK=cfg.kv_chunk,
+        G=g, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=cfg.kv_chunk,
         SPLIT=split, CAUSAL=mask_kind == 0, MASK_KIND=mask_kind, PRECISION=precision,
-        UPCAST=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        UPCAST=interpreting(), SOFTCAP=bool(softcap), SINKS=sinks is not None, ONE_QUERY=one_query,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split:
-        block_r, slice_d = 8, min(block_d, 32)
-        _combine_kernel[(triton.cdiv(bsz * h * nq, block_r), block_d // slice_d)](
-            out, kv_start, ws_m, ws_l, ws_acc, bsz, nq, s, h, d, nc,
-            CAUSAL=mask_kind == 0, CHUNK=cfg.kv_chunk, BLOCK_R=block_r, BLOCK_D=block_d, SLICE_D=slice_d,
-            num_warps=2)
+        block_r, slice_d = 8, min(block_dv, 32)
+        _combine_kernel[(triton.cdiv(bsz * h * nq, block_r), block_dv // slice_d)](
+            out, kv_start, sink_t, ws_m, ws_l, ws_acc, bsz, nq, s, h, dv, nc,
+            CAUSAL=mask_kind == 0, CHUNK=cfg.kv_chunk, BLOCK_R=block_r, BLOCK_D=block_dv, SLICE_D=slice_d,
+            SINKS=sinks is not None, ONE_QUERY=one_query, num_warps=2)
     return out
 
 
