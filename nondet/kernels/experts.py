@@ -8,8 +8,10 @@ token's numbers then depend on everything else in the batch. Registered under
 EXPERTS_IMPLEMENTATION, this function computes each token's output so that it depends on that
 token alone:
 
-- each expert's two projections are invariant matmuls (ops.mm: one K order at any M, so an
-  expert that received 1 token or 300 computes a token's row the same way);
+- each expert's two projections are invariant matmuls (the mode's mm: one K order at any M, so an
+  expert that received 1 token or 300 computes a token's row the same way); they go through
+  torch.mm, so autograd records them (an RL trainer's forward) and the mode's override computes
+  them; with the experts class on and the matmul class off (an ablation) the body turns matmul on;
 - a token's expert outputs are weighted and added in fp32, in increasing expert index, whatever
   else is in the batch, then cast once to the input dtype.
 
@@ -18,9 +20,9 @@ points here but the "experts" class is switched off in an inner context (an abla
 previous implementation runs instead.
 """
 
-import torch
+import contextlib
 
-from nondet.kernels import ops
+import torch
 
 EXPERTS_IMPLEMENTATION = "nondet_batch_invariant"
 PREVIOUS_ATTR = "_nondet_previous_experts"  # set on each experts module by the mode: what to fall back to
@@ -38,6 +40,17 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
         return previous_forward(self)(self, hidden_states, top_k_index, top_k_weights)
     if getattr(self, "_is_expert_parallel", False):
         raise ValueError(f"batch-invariant experts do not support expert parallelism ({type(self).__name__})")
+    from nondet.kernels.mode import active_ops, batch_invariant
+
+    ops_now = active_ops()
+    scope = contextlib.nullcontext() if "matmul" in ops_now else batch_invariant(ops=ops_now | {"matmul"})
+    with scope:
+        return _combine(self, hidden_states, top_k_index, top_k_weights)
+
+
+def _combine(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+             top_k_weights: torch.Tensor) -> torch.Tensor:
+    """Each token's experts, weighted and added in fp32 in increasing expert index -> (T, H)."""
     out = torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
     for expert in _experts_hit(top_k_index, self.num_experts):
         token, slot = torch.where(top_k_index == expert)  # each token at most once per expert
@@ -69,7 +82,7 @@ def _expert_rows(self, expert: int, x: torch.Tensor) -> torch.Tensor:
 def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias_name: str, expert: int) -> torch.Tensor:
     """x (n, in) times one expert's weight, stored (out, in), or (in, out) when the module is transposed."""
     w = weight.to(x.dtype)
-    y = ops.mm(x, w if getattr(self, "is_transposed", False) else w.t())
+    y = torch.mm(x, w if getattr(self, "is_transposed", False) else w.t())  # the mode's invariant mm
     if getattr(self, "has_bias", False):
         y = y + getattr(self, bias_name)[expert].to(y.dtype)
     return y
