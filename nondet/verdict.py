@@ -97,3 +97,23 @@ def _confirmed(inv: dict) -> str:
         return "; with batch-invariant kernels: 1 completion, bit-identical logprobs"
     return (f"; with batch-invariant kernels: {inv.get('distinct_completions')} distinct completions, "
             f"first numeric divergence at step {fmt_step(inv.get('first_numeric_divergence'))}")
+
+
+def routing_line(change: dict | None, steps: int) -> str:
+    """bisect on a mixture of experts: where the routing changed first, or that it never did."""
+    if change is None:
+        return f"routing: same experts at every step ({steps} steps); the divergence is arithmetic"
+    k = change["top_k"]
+    margin = "" if change["margin"] is None else (
+        f"; router margin between the {_ordinal(k)} and {_ordinal(k + 1)} expert {change['margin']:.2g}"
+        f" (the reference's k-th and k+1-th router logits)")
+    return (f"routing changed: step {change['step']}, layer {change['layer']}: experts "
+            f"{_set(change['reference_experts'])} -> {_set(change['divergent_experts'])}{margin}")
+
+
+def _set(experts: list[int]) -> str:
+    return "{" + ", ".join(str(e) for e in experts) + "}"
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'tsnrhtdd'[(n // 10 % 10 != 1) * (n % 10 < 4) * n % 10::4]}"

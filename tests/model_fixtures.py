@@ -15,3 +15,25 @@ def save_qwen3(out, tokenizer, hidden: int, layers: int, heads: int, kv_heads: i
     torch.manual_seed(seed)
     Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
     return out
+
+
+def save_qwen3_moe(out, hidden: int = 64, layers: int = 2, seed: int = 0):
+    """tokenizer + a random fp32 Qwen3-MoE (8 experts, top-2, every layer sparse) into `out`; returns `out`."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from nondet.probes.default_model import build_tokenizer
+
+    tokenizer = build_tokenizer(512)
+    tokenizer.save_pretrained(out)
+    cfg = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                         moe_intermediate_size=hidden // 2, num_hidden_layers=layers, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=hidden // 4, num_experts=8, num_experts_per_tok=2,
+                         decoder_sparse_step=1, mlp_only_layers=[], pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(cfg)
+    for layer in model.model.layers:  # spread the routers: random init can leave their weights near zero
+        torch.nn.init.normal_(layer.mlp.gate.weight, 0.0, 0.5)
+    model.save_pretrained(out)
+    return out

@@ -128,6 +128,10 @@ def _run_with_status(config, quiet: bool):
 def print_bisect(b: dict, modules: list[dict], console) -> None:
     from rich.text import Text
 
+    from nondet.verdict import routing_line
+
+    if "routing" in b:  # a mixture of experts: did the tokens go to other experts? (before any op detail)
+        console.print(Text(routing_line(b["routing"], b["steps"]), style="bold"))
     console.print(_origin_line(b))
     if b.get("rl"):
         console.print(_rl_line(b["rl"]))

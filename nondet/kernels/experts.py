@@ -26,11 +26,14 @@ import torch
 
 EXPERTS_IMPLEMENTATION = "nondet_batch_invariant"
 PREVIOUS_ATTR = "_nondet_previous_experts"  # set on each experts module by the mode: what to fall back to
-_ENABLED = {"experts": False}  # set by the mode whenever its active op classes change
+_ENABLED = {"experts": False, "matmul_scope": None}  # set by the mode whenever its active op classes change
 
 
-def set_enabled(experts: bool) -> None:
+def set_enabled(experts: bool, matmul_scope=None) -> None:
+    """Called by the mode. matmul_scope: a context factory that turns the matmul class on for the
+    experts' body (None when it is on already)."""
     _ENABLED["experts"] = experts
+    _ENABLED["matmul_scope"] = matmul_scope
 
 
 def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -40,11 +43,8 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
         return previous_forward(self)(self, hidden_states, top_k_index, top_k_weights)
     if getattr(self, "_is_expert_parallel", False):
         raise ValueError(f"batch-invariant experts do not support expert parallelism ({type(self).__name__})")
-    from nondet.kernels.mode import active_ops, batch_invariant
-
-    ops_now = active_ops()
-    scope = contextlib.nullcontext() if "matmul" in ops_now else batch_invariant(ops=ops_now | {"matmul"})
-    with scope:
+    scope = _ENABLED["matmul_scope"]
+    with scope() if scope is not None else contextlib.nullcontext():
         return _combine(self, hidden_states, top_k_index, top_k_weights)
 
 

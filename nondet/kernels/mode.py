@@ -69,7 +69,8 @@ def _install(ops: frozenset) -> None:
     attention function (hf.py) whether its class is on."""
     global _LIBRARY
     hf.set_enabled("attention" in ops)
-    experts.set_enabled("experts" in ops)
+    matmul_scope = None if "matmul" in ops else (lambda: batch_invariant(ops=ops | {"matmul"}))
+    experts.set_enabled("experts" in ops, matmul_scope)
     collective.set_enabled("matmul" in ops or "collective" in ops)
     if _LIBRARY is not None:
         _LIBRARY._destroy()

@@ -4,6 +4,7 @@ from nondet.fmt import DASH, fmt_float, fmt_margin, fmt_step, is_missing, run_di
 from nondet.reports import figures
 from nondet.reports.blocks import Code, Model, Para, Strong, Table, figure_or_hint
 from nondet.reports.tables import RunTables
+from nondet.verdict import routing_line
 
 
 def bisect_blocks(t: RunTables, no_bisect: list) -> list:
@@ -13,6 +14,8 @@ def bisect_blocks(t: RunTables, no_bisect: list) -> list:
     parts = [f"Bisect replayed run {b.get('run_id')} (", Code(str(b.get("condition_id"))),
              f") in lockstep with the reference (run {b.get('reference_run_id')})."]
     blocks = [Para(parts + _origin_parts(b) + _flip_parts(b))]
+    if "routing" in b:  # a mixture of experts: routing or arithmetic, before anything else
+        blocks.insert(0, Para([Strong(routing_line(b.get("routing"), b.get("steps") or 0))]))
     agreement = b.get("numeric_agreement")
     if isinstance(agreement, dict) and agreement.get("agree") is False:
         blocks.append(Para([f"Probe vs bisect: {agreement.get('note')}."], kind="note"))

@@ -18,6 +18,7 @@ from nondet.probes.batch import Batch, build_batch, tokenize_inputs
 from nondet.probes.bisect.ablation import Ablation, run_ablation
 from nondet.probes.bisect.agreement import numeric_agreement
 from nondet.probes.bisect.choose import Target, choose_target
+from nondet.probes.bisect.classify import ablatable
 from nondet.probes.bisect.lockstep import Lockstep, run_lockstep
 from nondet.probes.bisect.speculative import speculative_part, speculative_replayer
 from nondet.probes.conditions import Condition
@@ -68,9 +69,11 @@ def run_bisect(config: BisectConfig, on_stage: OnStage | None = None) -> BisectR
         replay = _replayer_of(loaded, probe, target, streams, settings, config.baseline)
         stage(f"lockstep replay of {target.condition.condition_id} row {target.position}")
         main = replay(None)
-        ablation = _ablate(config, target, main, replay, stage)
+        ablation = _ablate(config, target, main, replay, stage, loaded.model)
     result = describe(target, main, loaded.tokenizer, ablation, config.baseline)
     result["reference_reproduced"] = _reproduced(main, streams, target.reference_run_id)
+    if "router" in ablatable(loaded.model):  # a mixture of experts: routing before arithmetic
+        result.update(routing=main.routing, routing_changes=main.routing_changes)
     if target.condition.load == "speculative":
         result["speculative"] = speculative_part(_stream(streams, target.run_id), main)
     result["seconds"] = round(time.perf_counter() - started, 2)
@@ -158,12 +161,13 @@ def kernel_scope(mode: str, ops: tuple[str, ...], model):
     return lambda: kernels_mode("batch-invariant", model, set(ops))
 
 
-def _ablate(config: BisectConfig, target: Target, main: Lockstep, replay, stage: OnStage) -> Ablation | None:
+def _ablate(config: BisectConfig, target: Target, main: Lockstep, replay, stage: OnStage,
+            model) -> Ablation | None:
     if not config.ablation or target.condition.kernels != "default" or main.first_diff is None:
         return None
-    from nondet.kernels import OP_CLASSES
+    from nondet.probes.bisect.classify import ablatable
 
-    classes = tuple(c for c in OP_CLASSES if c not in config.baseline)
+    classes = tuple(c for c in ablatable(model) if c not in config.baseline)
     steps = main.steps if main.flip_step is None else main.flip_step + 1  # through the flip
     return run_ablation(lambda ops: replay(ops, steps, True), classes, main.first_diff,
                         lambda ops: stage(f"ablation: batch-invariant {' + '.join(ops)}"))

@@ -27,6 +27,7 @@ class Point:
     op_class: str  # one of classify.OP_CLASSES
     layer: int | None  # decoder layer index, None outside the layers
     block: bool  # True for a decoder layer's output: the residual stream
+    top_k: int | None = None  # a MoE router point: how many experts each token takes
 
 
 Sink = Callable[[int, Point, object], None]  # (step, point, target-row tensor [seq, ...])
@@ -35,11 +36,18 @@ Sink = Callable[[int, Point, object], None]  # (step, point, target-row tensor [
 def capture_points(model) -> list[tuple[Point, object, bool]]:
     """(point, module to hook, hook its input?) for every point, in registration order."""
     points = []
+    inside_experts = ()  # paths of experts modules: their children run once per expert, on its tokens only
     for path, module in model.named_modules():
-        leaf = next(module.children(), None) is None
+        if inside_experts and path.startswith(inside_experts):
+            continue
+        op_class = cls.classify(path, module)
+        if op_class == "experts":
+            inside_experts += (path + ".",)
+        leaf = next(module.children(), None) is None or op_class in FLAT
         if (leaf and not cls.is_skipped(module)) or cls.is_block(path):
-            op_class = "other" if cls.is_block(path) else cls.classify(path, module)
-            points.append((Point(path, op_class, cls.layer_index(path), cls.is_block(path)), module, False))
+            op_class = "other" if cls.is_block(path) else op_class
+            points.append((Point(path, op_class, cls.layer_index(path), cls.is_block(path), _top_k(module, op_class)),
+                           module, False))
         projection = cls.output_projection(path, module)
         if projection:
             core = Point(path + CORE_SUFFIX, "attention", cls.layer_index(path), False)
@@ -85,9 +93,22 @@ class Tap:
         return module.register_forward_hook(lambda m, args, out: self._emit(point, out))
 
     def _emit(self, point: Point, value) -> None:
-        row = target_row(first_tensor(value), self.row, self.batch_size)
+        t = first_tensor(value)
+        if point.op_class in FLAT and t is not None and t.dim() >= 1 and t.shape[0] % self.batch_size == 0:
+            t = t.reshape(self.batch_size, -1, *t.shape[1:])  # tokens back to [batch, seq, ...]
+        row = target_row(t, self.row, self.batch_size)
         if row is not None:
             self.sink(self.step, point, row)
+
+
+FLAT = ("router", "experts")  # points whose tensors are the batch's tokens flattened: (batch * seq, ...)
+
+
+def _top_k(module, op_class: str) -> int | None:
+    if op_class != "router":
+        return None
+    config = getattr(module, "config", None)
+    return getattr(module, "top_k", None) or getattr(config, "num_experts_per_tok", None)
 
 
 def first_tensor(value):

@@ -2,7 +2,8 @@
 
 The classes are the ones a kernel can be blamed for: embedding, norm, matmul, attention
 (the attention core: the SDPA / flash / eager function, captured as its own point, see
-capture.py), softmax, rotary, activation, collective (under tensor parallelism: the
+capture.py), softmax, rotary, activation, router and experts (a mixture of experts' routing
+decision and its expert matmuls), collective (under tensor parallelism: the
 all-reduce after a row-parallel linear, a point named "<linear>.all_reduce", see
 probes/tp/collective.py), and "other" for whatever we do not recognise: an unknown module
 is reported as "other", never guessed. Decoder-layer outputs (the
@@ -11,8 +12,10 @@ residual stream) are "other" too: the residual add is elementwise and batch-inva
 
 import re
 
-OP_CLASSES = ("embedding", "norm", "matmul", "attention", "softmax", "rotary", "activation", "collective", "other")
-ABLATABLE = ("matmul", "norm", "attention", "softmax")  # what nondet.kernels can make invariant
+OP_CLASSES = ("embedding", "norm", "matmul", "attention", "softmax", "rotary", "activation", "router", "experts",
+              "collective", "other")
+ABLATABLE = ("matmul", "norm", "attention", "softmax")  # what nondet.kernels can make invariant on any model
+MOE_ABLATABLE = ("experts", "router")  # and on a mixture-of-experts model
 
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)(?:\.|$)")
 _BLOCK = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.\d+$")
@@ -27,6 +30,10 @@ def classify(path: str, module) -> str:
         return "collective"
     kind = type(module).__name__
     origin = type(module).__module__
+    if "Router" in kind:  # the MoE router: linear + softmax/sigmoid + top-k (Qwen3MoeTopKRouter, ...)
+        return "router"
+    if kind.endswith("Experts"):  # the MoE experts (Qwen3MoeExperts, GptOssExperts, ...)
+        return "experts"
     if "Rotary" in kind:
         return "rotary"
     if "Embedding" in kind:
@@ -40,6 +47,12 @@ def classify(path: str, module) -> str:
     if origin in ("transformers.activations", "torch.nn.modules.activation"):
         return "activation"
     return "other"
+
+
+def ablatable(model) -> tuple[str, ...]:
+    """The op classes bisect's ablation tries on this model: the MoE classes only where they exist."""
+    moe = any(classify(path, m) in MOE_ABLATABLE for path, m in model.named_modules())
+    return ABLATABLE + (MOE_ABLATABLE if moe else ())
 
 
 def layer_index(path: str) -> int | None:

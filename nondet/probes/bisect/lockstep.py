@@ -28,6 +28,7 @@ from nondet.probes.batch import Batch
 from nondet.probes.bisect.capture import Point, Tap
 from nondet.probes.bisect.compare import compare, quick_compare
 from nondet.probes.bisect.lasting import Tracker, judge
+from nondet.probes.bisect.routing import RoutingWatch
 from nondet.probes.recorder import StepRecorder
 from nondet.probes.replay import DecodeSettings, eos_ids, generate, new_recorder, truncate_at_eos
 
@@ -43,6 +44,8 @@ class Lockstep:
     first_diff: dict | None = None  # the first comparison row whose bits differ (the origin)
     lasting: dict | None = None  # where the divergence that enters the KV cache / flips is born
     transients: list[dict] = field(default_factory=list)  # differing steps before it, each absorbed
+    routing: dict | None = None  # the first (step, layer, position) whose MoE expert set differs (routing.py)
+    routing_changes: int = 0  # router calls (step, layer, position) whose expert set differs
 
     @property
     def flip_step(self) -> int | None:
@@ -92,7 +95,7 @@ def run_lockstep(model, tokenizer, reference: Batch, divergent: Batch, settings:
                 recorder, [force], [_Stop(force, stop_at_flip)])
     sink.flush()
     return Lockstep(ref_steps, recorder.steps[row][: len(tokens)], sink.rows, sink.amplification, sink.first,
-                    sink.tracker.result(), sink.tracker.transients)
+                    sink.tracker.result(), sink.tracker.transients, sink.routing.first, sink.routing.changes)
 
 
 def _replay(model, tokenizer, batch: Batch, settings: DecodeSettings, tap: Tap, recorder: StepRecorder,
@@ -170,6 +173,7 @@ class CompareSink:
         self.amplification: list[dict] = []  # {"step", "layer", "max_abs_diff"} of the residual stream
         self.first: dict | None = None
         self.tracker = Tracker()
+        self.routing = RoutingWatch()
         self._calls: Counter = Counter()
         self._pending: list[tuple[int, tuple, Point, object]] = []
 
@@ -199,6 +203,8 @@ class CompareSink:
         if got is None:
             return None
         diff = compare(ref, got) if detail else quick_compare(ref, got)
+        if point.top_k and diff.differs:
+            self.routing.check(step, point, ref, got)
         record = {"step": step, "order": self.order[step][key], "layer": point.layer, "module": point.module,
                   "op_class": point.op_class, **diff.to_row(), "block": point.block}
         if point.block:

@@ -65,7 +65,7 @@ def run_rl_bisect(config: BisectConfig, on_stage=None) -> BisectResult:
     with numerics_scope(rl.get("threads")):
         stage(f"lockstep: sampler decode vs {pair['trainer_condition']}, sequence {target.prompt_id}")
         main = replay(None)
-        ablation = _ablate(config, mode, main, replay, stage)
+        ablation = _ablate(config, mode, main, replay, stage, loaded.model)
     result = describe(target, main, loaded.tokenizer, ablation, baseline)
     for entry in result["ablation"]:  # equal activations imply equal logprobs; say so per entry
         entry["logprobs_match"] = kept[frozenset(entry["ops"])].first_logprob_step is None
@@ -131,12 +131,12 @@ def _sequence(pair: dict, position: int | None) -> int:
     return min(differing)[1] if differing else ids[0]
 
 
-def _ablate(config, mode: str, main, replay, stage):
+def _ablate(config, mode: str, main, replay, stage, model):
     if not config.ablation or mode != "default" or main.first_diff is None:
         return None
-    from nondet.kernels import OP_CLASSES
+    from nondet.probes.bisect.classify import ablatable
 
-    classes = tuple(c for c in OP_CLASSES if c not in config.baseline)
+    classes = tuple(c for c in ablatable(model) if c not in config.baseline)
     return run_ablation(replay, classes, main.first_diff,
                         lambda ops: stage(f"ablation: batch-invariant {' + '.join(ops)}"))
 

@@ -95,7 +95,8 @@ def _replay_in_group(config: BisectConfig, probe: dict, spec: ModelSpec, target:
     tokenizer = load_tokenizer(model_source(spec.name), spec)
     reference, divergent = _batches(tokenizer, probe, target)
     settings = DecodeSettings(replay_horizon(config, probe, target), probe["temperature"], probe["seed"])
-    classes = tuple(c for c in OP_CLASSES + EXTRA_CLASSES if c not in config.baseline)
+    classes = tuple(c for c in OP_CLASSES + EXTRA_CLASSES
+                    if c not in config.baseline and c not in ("experts", "router"))  # TP models here are dense
     task = BisectTask(reference, divergent, target.position, target.condition.kernels, tuple(config.baseline),
                       config.ablation, classes)
     threads = probe.get("threads") or (None if spec.device.startswith("cuda") else 1)

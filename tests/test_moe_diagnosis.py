@@ -1,0 +1,66 @@
+"""Bisect on a mixture of experts: router and experts points, routing changes named first, and the
+MoE op classes in the ablation (only where the model has them)."""
+
+import torch
+
+import family_models as fm
+from nondet.probes.bisect.capture import Point, capture_points
+from nondet.probes.bisect.classify import ABLATABLE, ablatable
+from nondet.probes.bisect.routing import RoutingWatch
+from nondet.verdict import routing_line
+
+ROUTER = Point("model.layers.1.mlp.gate", "router", 1, False, top_k=2)
+
+
+def test_a_near_tie_that_flips_is_a_routing_change_with_its_margin():
+    ref = torch.tensor([[0.1, 2.0, 1.0004, 1.0, -3.0]])  # experts {1, 2}; 2nd vs 3rd margin 0.0004
+    got = torch.tensor([[0.1, 2.0, 0.9999, 1.0, -3.0]])  # 1 ULP-scale change: experts {1, 3}
+    watch = RoutingWatch()
+    watch.check(5, ROUTER, ref, got)
+    assert watch.changes == 1
+    change = watch.first
+    assert (change["step"], change["layer"], change["reference_experts"], change["divergent_experts"]) == (
+        5, 1, [1, 2], [1, 3])
+    assert abs(change["margin"] - 0.0004) < 1e-6
+    assert routing_line(change, 9).startswith("routing changed: step 5, layer 1: experts {1, 2} -> {1, 3}; "
+                                              "router margin between the 2nd and 3rd expert 0.0004")
+
+
+def test_different_bits_with_the_same_experts_is_arithmetic():
+    ref = torch.tensor([[0.1, 2.0, 1.5, 1.0], [3.0, 0.0, 0.0, 2.0]])
+    got = ref + 1e-6
+    watch = RoutingWatch()
+    watch.check(0, ROUTER, ref, got)
+    assert watch.first is None and watch.changes == 0
+    assert routing_line(None, 12) == "routing: same experts at every step (12 steps); the divergence is arithmetic"
+
+
+def test_router_and_experts_are_their_own_points_and_ablation_classes(tmp_path):
+    moe = fm.load(fm.save_family("qwen3-moe", tmp_path / "moe"), torch.float32)
+    classes = {p.module: (p.op_class, p.top_k) for p, _, _ in capture_points(moe)}
+    assert classes["model.layers.0.mlp.gate"] == ("router", 2)
+    assert classes["model.layers.0.mlp.experts"] == ("experts", None)
+    assert ablatable(moe) == ABLATABLE + ("experts", "router")
+    dense = fm.load(fm.save_family("qwen3", tmp_path / "dense"), torch.float32)
+    assert ablatable(dense) == ABLATABLE  # no useless replays on a dense model
+
+
+def test_bisect_on_an_moe_names_routing_first_and_ablates_the_moe_classes(tmp_path):
+    """Probe + bisect of a tiny Qwen3-MoE in fp32 with the batch-variant norm as positive control."""
+    from model_fixtures import save_qwen3_moe
+
+    from nondet.probes.bisect import BisectConfig, run_bisect
+    from nondet.probes.loading import ModelSpec
+    from nondet.probes.probe import ProbeConfig, run_probe
+
+    model_dir = save_qwen3_moe(tmp_path / "model")
+    run = tmp_path / "run"
+    probe = run_probe(ProbeConfig(prompts=("Tell me about Richard Feynman",), batch_sizes=(1, 4), max_new_tokens=6,
+                                  model=ModelSpec(str(model_dir), "float32", inject_variance=True), out=str(run)))
+    assert probe.summary["modes"]["default"]["first_numeric_divergence"] is not None
+    b = run_bisect(BisectConfig(str(run))).bisect
+    assert "routing" in b and "routing_changes" in b
+    assert b["origin"]["op_class"] != "other"
+    ablated = {cls for entry in b["ablation"] for cls in entry["ops"]}
+    assert {"experts", "router"} <= ablated
+    assert b["minimal_set"], "the full mode removes the injected divergence, so a minimal set exists"
