@@ -6,10 +6,10 @@
 # Correctness
 #   tests        pytest tests/gpu (kernel bits, invariance, tuning; the e2e Qwen3 tests included)
 #   sanitize     the kernel tests under compute-sanitizer memcheck
-#   attention    scripts/gpu_attention_features.py: sinks, softcap, sliding window, MLA under the mode
+#   attention    sinks, softcap, sliding window, MLA: tests/test_kernels_attention_features.py on CUDA
 #   family       scripts/gpu_family_matrix.py: every supported model family, invariant under the mode
 #   moe          scripts/gpu_moe.py: a Qwen3-30B-A3B-shaped MoE, default vs the mode, and its step time
-#   compile      scripts/gpu_compile.py: the 8B-shaped model compiled + CUDA graphs, default vs the mode
+
 #   demo         probe / speculative / rl on the demo model with --confirm
 #   bisect       scripts/gpu_bisect.py: what bisect blames on a GPU model, with and without a baseline
 # Speed (each prints a table)
@@ -27,7 +27,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 COLUMNS=160 NONDET_CACHE=${NONDET_CACHE:-/tmp/nondet-cache}
+# a newer transformers carried as a wheel (pip install --target /tmp/site) comes first where present
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=160 NONDET_CACHE=${NONDET_CACHE:-/tmp/nondet-cache}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.log"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
 'transformers', transformers.__version__)" | tee -a "$OUT/device.log"
@@ -48,10 +49,10 @@ run_step() {
     tests) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu -rA 2>&1 | tail -40 ;;
     sanitize) timeout 300 compute-sanitizer --tool memcheck --print-limit 10 python3 -m pytest -q -x \
                 -p no:cacheprovider tests/gpu -k "not qwen3" 2>&1 | tail -30 ;;
-    attention) timeout 240 python3 scripts/gpu_attention_features.py 2>&1 | tail -60 ;;
+    attention) NONDET_ATTN_FEATURES_INNER=1 NONDET_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider \
+                 tests/test_kernels_attention_features.py 2>&1 | tail -30 ;;
     family) timeout 300 python3 scripts/gpu_family_matrix.py 2>&1 | tail -60 ;;
     moe) timeout 300 python3 scripts/gpu_moe.py 2>&1 | quiet | tail -40 ;;
-    compile) timeout 540 python3 scripts/gpu_compile.py 2>&1 | quiet | tail -40 ;;
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4
           timeout 120 python3 -m nondet rl --device cuda --confirm -n 32 --out /tmp/run-rl 2>&1 | quiet | tail -20 ;;
     bisect) timeout 480 python3 scripts/gpu_bisect.py 2>&1 | tail -30 ;;

@@ -76,10 +76,10 @@ def _spread_weights(model) -> None:
                 param.normal_(0.0, 0.5)
 
 
-def load(directory, dtype: torch.dtype):
+def load(directory, dtype: torch.dtype, device: str = "cpu"):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(device).eval()
 
 
 def prompts(seed: int = 1) -> torch.Tensor:

@@ -43,15 +43,16 @@ else:
 
     ATT_CFG = AttentionConfig(block_m=16, block_n=16, kv_chunk=32, num_warps=4, num_stages=1)
     H, KVH = 4, 2
+    DEVICE = os.environ.get("NONDET_TEST_DEVICE", "cpu")  # scripts/gpu.sh attention: "cuda", compiled kernels
 
     def rel(out, ref):
         return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
     def qkv(b, q_len, s, d=16, dv=16, dtype=torch.float32, seed=3):
         g = torch.Generator().manual_seed(seed)
-        return (torch.randn(b, H, q_len, d, generator=g, dtype=dtype) * 2,
-                torch.randn(b, KVH, s, d, generator=g, dtype=dtype) * 2,
-                torch.randn(b, KVH, s, dv, generator=g, dtype=dtype))
+        return (torch.randn(b, H, q_len, d, generator=g, dtype=dtype).mul(2).to(DEVICE),
+                torch.randn(b, KVH, s, d, generator=g, dtype=dtype).mul(2).to(DEVICE),
+                torch.randn(b, KVH, s, dv, generator=g, dtype=dtype).to(DEVICE))
 
     def causal_mask(q_len, s, window=None):
         """Bool (1, 1, Q, S): query i at position S - Q + i sees keys <= it (and > it - window)."""
@@ -60,7 +61,7 @@ else:
         keep = keys <= pos
         if window is not None:
             keep &= keys > pos - window
-        return keep[None, None]
+        return keep[None, None].to(DEVICE)
 
     def module(sinks=None):
         return types.SimpleNamespace(num_key_value_groups=H // KVH, sinks=sinks, training=False, head_dim=16)
@@ -68,13 +69,13 @@ else:
     def gemma2_reference(q, k, v, mask, scale, softcap):
         from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
 
-        additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+        additive = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
         return eager_attention_forward(module(), q, k, v, additive, scaling=scale, softcap=softcap)[0]
 
     def gpt_oss_reference(q, k, v, mask, scale, sinks):
         from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
-        additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+        additive = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
         return eager_attention_forward(module(sinks), q, k, v, additive, scaling=scale)[0]
 
     def run(path, q, k, v, mask=None, softcap=None, sinks=None, split=None, sliding=False):
@@ -104,7 +105,7 @@ else:
     def test_sinks_match_gpt_oss_eager(path, split):
         q, k, v = qkv(2, 7, 66)
         mask = causal_mask(7, 66)
-        sinks = torch.tensor([0.5, 3.0, -1.0, 6.0])  # large sinks soak up much of the mass
+        sinks = torch.tensor([0.5, 3.0, -1.0, 6.0], device=DEVICE)  # large sinks soak up much of the mass
         ref = gpt_oss_reference(q, k, v, mask, 0.25, sinks)
         out = run(path, q, k, v, mask, sinks=sinks, split=split)
         assert rel(out, ref) < 1e-5
@@ -114,7 +115,7 @@ else:
     def test_sliding_window_is_honoured(path, split):
         q, k, v = qkv(1, 6, 50)
         window = causal_mask(6, 50, window=8)
-        ref = gpt_oss_reference(q, k, v, window, 0.25, torch.full((H,), -1e4))  # a sink that takes nothing
+        ref = gpt_oss_reference(q, k, v, window, 0.25, torch.full((H,), -1e4, device=DEVICE))  # a sink that takes nothing
         assert rel(run(path, q, k, v, window, split=split, sliding=True), ref) < 1e-5
         assert rel(run(path, q, k, v, causal_mask(6, 50), split=split), ref) > 1e-2  # ignoring it is wrong
 
@@ -132,7 +133,7 @@ else:
     def test_features_keep_a_row_invariant(path, split, dtype):
         """softcap + sinks + window: row 0 alone == row 0 in a batch; a 5-query chunk == 5 decodes."""
         q, k, v = qkv(3, 5, 45, dtype=dtype)
-        sinks = torch.tensor([0.5, 1.0, -1.0, 2.0])
+        sinks = torch.tensor([0.5, 1.0, -1.0, 2.0], device=DEVICE)
         extra = dict(softcap=4.0, sinks=sinks, split=split)
         for window in (None, 10):
             mask = causal_mask(5, 45, window)
@@ -155,7 +156,7 @@ else:
         """The RL trainer's backward under the mode: softcap (vs Gemma 2 eager) and sinks, whose
         gradient the sinks parameter needs (vs gpt-oss eager)."""
         q, k, v = (t.requires_grad_() for t in qkv(1, 6, 6))
-        sinks = torch.tensor([0.5, 1.0, -1.0, 2.0], requires_grad=True)
+        sinks = torch.tensor([0.5, 1.0, -1.0, 2.0], device=DEVICE, requires_grad=True)
         mask = causal_mask(6, 6)
         ours = grads(lambda: autograd.attention(q, k, v, mask, 0.25, True, 4.0, None), (q, k, v))
         theirs = grads(lambda: gemma2_reference(q, k, v, mask, 0.25, 4.0), (q, k, v))
