@@ -64,3 +64,38 @@ def test_bisect_on_an_moe_names_routing_first_and_ablates_the_moe_classes(tmp_pa
     ablated = {cls for entry in b["ablation"] for cls in entry["ops"]}
     assert {"experts", "router"} <= ablated
     assert b["minimal_set"], "the full mode removes the injected divergence, so a minimal set exists"
+
+
+def _stream(run_id, experts, tokens, reference=False, prompt=0):
+    steps = [{"token": t, "experts": e} for t, e in zip(tokens, experts)]
+    return {"run_id": run_id, "is_reference": reference, "prompt_id": prompt, "steps": steps}
+
+
+def test_the_probe_summary_counts_runs_whose_routing_changed():
+    from nondet.probes.summarize import routing_changes
+
+    same = [[[0, 3], [1, 2]]] * 3  # 3 steps x 2 MoE layers x top-2
+    moved = [[[0, 3], [1, 2]], [[0, 3], [1, 5]], [[0, 3], [1, 2]]]  # step 1, layer 1
+    streams = [_stream(0, same, [7, 8, 9], reference=True), _stream(1, same, [7, 8, 9]),
+               _stream(2, moved, [7, 8, 9]), _stream(3, moved, [7, 4, 9])]
+    assert routing_changes(streams) == {"runs_changed": 2, "runs": 3, "first": {"step": 1, "layer": 1}}
+    assert routing_changes(streams[:2]) == {"runs_changed": 0, "runs": 1, "first": None}  # negative control
+    dense = [{"run_id": 0, "is_reference": True, "steps": [{"token": 1}]}]
+    assert routing_changes(dense) is None  # nothing to say on a dense model
+
+
+def test_the_probe_records_each_target_tokens_experts_on_an_moe_only(tmp_path):
+    from model_fixtures import save_qwen3_moe
+
+    from nondet.probes.loading import ModelSpec
+    from nondet.probes.probe import ProbeConfig, run_probe
+
+    model_dir = save_qwen3_moe(tmp_path / "model")
+    probe = run_probe(ProbeConfig(prompts=("Tell me about Richard Feynman",), batch_sizes=(1, 2), max_new_tokens=4,
+                                  model=ModelSpec(str(model_dir), "float32"), out=str(tmp_path / "run")))
+    routing = probe.summary["modes"]["default"]["routing"]
+    assert routing["runs"] == 2 and 0 <= routing["runs_changed"] <= 2
+    import json
+
+    step = json.loads((tmp_path / "run" / "streams.jsonl").read_text().splitlines()[0])["steps"][0]
+    assert len(step["experts"]) == 2 and all(len(ids) == 2 and ids == sorted(ids) for ids in step["experts"])

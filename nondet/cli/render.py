@@ -20,7 +20,19 @@ def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
     if len(summary["modes"]) > 1:
         console.print(_side_by_side(summary["modes"]))
     console.print(Text(summary["verdict"], style="bold"))
+    for mode, m in summary["modes"].items():
+        if m.get("routing"):
+            console.print(f"{mode}: {routing_count_line(m['routing'])}")
     console.print(f"run directory: {run_dir}")
+
+
+def routing_count_line(r: dict) -> str:
+    """A mixture of experts: how many runs sent a token to other experts than its reference did."""
+    if not r["runs_changed"]:
+        return f"routing: same experts as the reference in all {r['runs']} runs"
+    first = r["first"]
+    return (f"routing changed in {r['runs_changed']} of {r['runs']} runs "
+            f"(first at step {first['step']}, MoE layer {first['layer']})")
 
 
 def _conditions_table(mode: str, m: dict) -> Table:

@@ -12,6 +12,7 @@ from typing import Sequence
 from nondet.errors import OutOfMemoryError, is_out_of_memory
 from nondet.probes.batch import Batch
 from nondet.probes.recorder import StepRecorder
+from nondet.probes.routing_trace import RoutingTrace
 
 
 KV_CACHES = ("dynamic", "static")
@@ -32,9 +33,16 @@ class DecodeSettings:
 def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings) -> dict[int, list[dict]]:
     """Run generate on the batch; {target row: [step record, ...]} truncated after EOS."""
     recorder = new_recorder(batch, settings)
-    generate(model, tokenizer, batch, settings, recorder)
+    trace = RoutingTrace(model, batch.target_rows, len(batch.input_ids))
+    with trace:  # a mixture of experts: each target token's experts, per step (nothing on a dense model)
+        generate(model, tokenizer, batch, settings, recorder)
+    steps_of = recorder.steps
+    if trace.found:
+        for row, experts in trace.experts().items():
+            for step, ids in zip(steps_of[row], experts):
+                step["experts"] = ids
     eos = eos_ids(model, tokenizer)
-    return {row: truncate_at_eos(steps, eos) for row, steps in recorder.steps.items()}
+    return {row: truncate_at_eos(steps, eos) for row, steps in steps_of.items()}
 
 
 def new_recorder(batch: Batch, settings: DecodeSettings) -> StepRecorder:

@@ -17,7 +17,38 @@ def summarize_modes(streams: list[dict], tokenizer=None, prompts: tuple[str, ...
         prompt_ids = list(dict.fromkeys(s.get("prompt_id", 0) for s in of_mode))
         per_prompt = [summarize([s for s in of_mode if s.get("prompt_id", 0) == k], decode) for k in prompt_ids]
         modes[mode] = per_prompt[0] if len(per_prompt) == 1 else merge_prompts(per_prompt, prompt_ids, prompts)
+        routing = routing_changes(of_mode)
+        if routing is not None:
+            modes[mode]["routing"] = routing
     return {"modes": modes, "verdict": verdict(modes)}
+
+
+def routing_changes(streams: list[dict]) -> dict | None:
+    """A mixture of experts' runs: in how many did some token go to other experts than in its prompt's
+    reference, and where first ({"runs_changed", "runs", "first": {"step", "layer"}}); None when the
+    streams carry no routing (a dense model, a server)."""
+    if not any("experts" in step for s in streams for step in s.get("steps", [])[:1]):
+        return None
+    refs = {s.get("prompt_id", 0): s for s in streams if s["is_reference"]}
+    changed, first = 0, None
+    others = [s for s in streams if not s["is_reference"]]
+    for s in others:
+        where = _first_routing_change(refs[s.get("prompt_id", 0)]["steps"], s["steps"])
+        if where is not None:
+            changed += 1
+            first = where if first is None else min(first, where)
+    return {"runs_changed": changed, "runs": len(others),
+            "first": None if first is None else {"step": first[0], "layer": first[1]}}
+
+
+def _first_routing_change(ref_steps: list[dict], steps: list[dict]) -> tuple[int, int] | None:
+    for step, (a, b) in enumerate(zip(ref_steps, steps)):
+        for layer, (x, y) in enumerate(zip(a.get("experts", []), b.get("experts", []))):
+            if x != y:
+                return step, layer
+        if a.get("token") != b.get("token"):
+            return None  # past a token flip the histories differ: routing is no longer comparable
+    return None
 
 
 def as_summary(doc: dict) -> Summary:
