@@ -51,8 +51,8 @@ run_step() {
                 -p no:cacheprovider tests/gpu -k "not qwen3" 2>&1 | tail -30 ;;
     attention) NONDET_ATTN_FEATURES_INNER=1 NONDET_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider \
                  tests/test_kernels_attention_features.py 2>&1 | tail -30 ;;
-    family) timeout 300 python3 scripts/gpu_family_matrix.py 2>&1 | tail -60 ;;
-    moe) timeout 300 python3 scripts/gpu_moe.py 2>&1 | quiet | tail -40 ;;
+    family) timeout 300 python3 scripts/gpu_family_matrix.py 2>&1 | quiet | grep -v "Loading weights" | tail -80 ;;
+    moe) timeout 480 python3 scripts/gpu_moe.py 2>&1 | quiet | grep -v "Loading weights" | tail -150 ;;
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4
           timeout 120 python3 -m nondet rl --device cuda --confirm -n 32 --out /tmp/run-rl 2>&1 | quiet | tail -20 ;;
     bisect) timeout 480 python3 scripts/gpu_bisect.py 2>&1 | tail -30 ;;

@@ -45,12 +45,13 @@ def build(path: Path, layers: int) -> None:
     model.save_pretrained(path)
 
 
-def nondet(*args: str, timeout: int) -> None:
+def nondet(*args: str, timeout: int, head: bool = False) -> None:
+    """Run a nondet command; print its first (head) or last 45 lines."""
     started = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True, timeout=timeout)
         lines = [l for l in (proc.stdout + proc.stderr).splitlines() if "Writing" not in l and "Loading" not in l]
-        print("\n".join(lines[-45:]))
+        print("\n".join(lines[:45] if head else lines[-45:]))
         print(f"[nondet {args[0]}: exit {proc.returncode}, {time.perf_counter() - started:.1f} s]", flush=True)
     except subprocess.TimeoutExpired:
         print(f"[nondet {args[0]}: timed out after {timeout} s]", flush=True)
@@ -101,7 +102,7 @@ def main() -> None:
     run = out / "run"
     nondet("probe", "--model", str(model), "--device", "cuda", "-p", PROMPT, "-b", "1,2,4,8,16,32,64",
            "-n", str(args.tokens), "--confirm", "--out", str(run), timeout=300)
-    nondet("bisect", str(run), timeout=240)
+    nondet("bisect", str(run), timeout=240, head=True)
     timing(model, 32)
 
 
