@@ -55,11 +55,16 @@ FAMILIES = ("llama", "qwen2", "qwen3", "qwen3-moe", "mistral", "mixtral", "gemma
             "gpt-neox", "olmo2", "gpt-oss", "deepseek-v3")
 
 
-def save_family(name: str, directory) -> str:
-    """A tiny random model of the family, saved in fp32 under `directory`; returns the path."""
+def save_family(name: str, directory, tokenizer=None) -> str:
+    """A tiny random model of the family, saved in fp32 under `directory` (with `tokenizer`, whose
+    vocabulary it then takes, for the CLI); returns the path."""
     from transformers import AutoModelForCausalLM
 
     config = _configs()[name]()
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+        config.vocab_size = len(tokenizer)
+        config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     _spread_weights(model)

@@ -58,3 +58,30 @@ def test_an_experts_module_the_mode_cannot_reach_is_refused_in_one_line(family_d
             pass
     message = str(info.value)
     assert "\n" not in message and "model.layers.0.mlp.experts" in message and "ExpertsInterface" in message
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt-oss"])
+def test_softcap_and_sinks_families_end_to_end_through_the_cli(family, tmp_path):
+    """probe --confirm and bisect on Gemma 2 (softcap) and gpt-oss (sinks + MoE): the mode gives one
+    completion with identical bits; the positive control makes default kernels differ."""
+    import json
+    import subprocess
+    import sys
+
+    from nondet.probes.default_model import build_tokenizer
+
+    model = fm.save_family(family, tmp_path / family, tokenizer=build_tokenizer(512))
+    run = tmp_path / "run"
+    probe = subprocess.run([sys.executable, "-m", "nondet", "probe", "--model", model, "--dtype", "float32",
+                            "-p", "Tell me about Richard Feynman", "-b", "1,4", "-n", "8", "--inject-variance",
+                            "--confirm", "--out", str(run)], capture_output=True, text=True, timeout=600)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    modes = json.loads((run / "summary.json").read_text())["modes"]
+    assert modes["batch-invariant"]["distinct_completions"] == 1
+    assert modes["batch-invariant"]["first_numeric_divergence"] is None
+    assert modes["default"]["first_numeric_divergence"] is not None
+    bisect = subprocess.run([sys.executable, "-m", "nondet", "bisect", str(run)], capture_output=True, text=True,
+                            timeout=600)
+    assert bisect.returncode == 0, bisect.stderr[-2000:]
+    result = json.loads((run / "bisect.json").read_text())
+    assert result["origin"]["op_class"] != "other" and result["minimal_set"]
