@@ -57,7 +57,9 @@ def read_targets(prompt: str | None, prompt_file: Path | None, prompts_file: Pat
     if prompts_file is not None:
         if prompt is not None or prompt_file is not None:
             raise UsageError("give either --prompts or --prompt / --prompt-file, not both")
-        return read_lines_file(prompts_file, "prompts")
+        from nondet.prompt_file import read_prompt_file
+
+        return read_prompt_file(prompts_file)
     if prompt is None and prompt_file is None:
         return DEMO_PROMPTS if several_by_default else (DEFAULT_PROMPT,)
     return (read_prompt(prompt, prompt_file, DEFAULT_PROMPT),)

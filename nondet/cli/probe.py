@@ -20,7 +20,9 @@ def probe(
     prompt: o.PromptOpt = None,
     prompt_file: o.PromptFileOpt = None,
     prompts: Annotated[Optional[Path], typer.Option(
-        "--prompts", help="File of target prompts, one per line; each is swept and diffed against itself alone. "
+        "--prompts", help="File of target prompts: JSONL (a JSON string or {\"prompt\": ...} a line, so a prompt "
+                          "may hold newlines; a file whose first line starts with { or \" is JSONL) or plain text, "
+                          "one prompt a line; each is swept and diffed against itself alone. "
                           "Default without --prompt: 8 built-in prompts (static load).")] = None,
     batch_sizes: o.BatchSizesOpt = None,
     positions: Annotated[str, typer.Option(

@@ -16,7 +16,8 @@ def rl(
         metavar="[MODEL]", help="Causal LM: local directory or hub id. Default: the embedded demo model.")] = None,
     model: o.ModelOpt = None,
     prompts: Annotated[Optional[Path], typer.Option(
-        "--prompts", help="JSONL of sampler prompts: a JSON string or {\"prompt\": ...} a line (default: 8 built-in).")] = None,
+        "--prompts", help="Sampler prompts: JSONL (a JSON string or {\"prompt\": ...} a line) or plain text, one "
+                          "prompt a line (default: 8 built-in).")] = None,
     rollouts: Annotated[Optional[Path], typer.Option(
         "--rollouts", help="JSONL of exported rollouts {prompt_ids, completion_ids, logprobs}: trainer side only.")] = None,
     endpoint: Annotated[Optional[str], typer.Option(

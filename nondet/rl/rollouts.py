@@ -80,21 +80,7 @@ def _logprobs(data: dict, where: str) -> list[float]:
 
 
 def read_prompts(path: str) -> tuple[str, ...]:
-    """`--prompts FILE.jsonl`: one prompt a line, a JSON string or {"prompt": "..."}."""
-    try:
-        lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read prompts file {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    prompts = []
-    for i, line in enumerate(lines):
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError:
-            data = None
-        text = data.get("prompt") if isinstance(data, dict) else data
-        if not isinstance(text, str) or not text.strip():
-            raise UsageError(f"prompts {path} line {i + 1}: expected a JSON string or {{\"prompt\": \"...\"}}")
-        prompts.append(text)
-    if not prompts:
-        raise UsageError(f"prompts file {path} has no prompts")
-    return tuple(prompts)
+    """`--prompts FILE`: the one prompt-file format (nondet/prompt_file.py)."""
+    from nondet.prompt_file import read_prompt_file
+
+    return read_prompt_file(path)
