@@ -23,24 +23,25 @@ def finding(m: dict) -> str:
     return BITS if m.get("first_numeric_divergence") is not None else SAME
 
 
-def verdict(modes: dict[str, dict], level: str = "logprobs") -> str:
+def verdict(modes: dict[str, dict], level: str = "logprobs", subject: str | None = None) -> str:
     """summary.json's sentence. `level`: what the runs were compared on ("logprobs"; a server
-    that sent none: "tokenizer" = texts tokenized locally, else "words")."""
+    that sent none: "tokenizer" = texts tokenized locally, else "words"). `subject`: who is
+    judged when it is not our kernels (a live "server", whose kernels are unknown)."""
     if level != "logprobs":
         return _text_verdict(modes["default"], "token" if level == "tokenizer" else "word")
-    return "; ".join(_prompts_clause(name, m) if m.get("n_prompts", 1) > 1 else _mode_clause(name, m)
-                     for name, m in modes.items())
+    return "; ".join(_prompts_clause(subject or f"{name} kernels", m) if m.get("n_prompts", 1) > 1
+                     else _mode_clause(subject or f"{name} kernels", m) for name, m in modes.items())
 
 
 def _mode_clause(name: str, m: dict) -> str:
     found = finding(m)
     if found == TOKENS:
-        return (f"{name} kernels: batch-variant, {m['distinct_completions']} distinct completions "
+        return (f"{name}: batch-variant, {m['distinct_completions']} distinct completions "
                 f"over {m['n_runs']} runs; first token divergence at step {m['first_token_divergence']}")
     if found == BITS:
-        return (f"{name} kernels: same tokens over {m['n_runs']} runs, but logprob bits differ "
+        return (f"{name}: same tokens over {m['n_runs']} runs, but logprob bits differ "
                 f"from step {m['first_numeric_divergence']}")
-    return (f"{name} kernels: batch-invariant, 1 distinct completion over {m['n_runs']} runs, "
+    return (f"{name}: batch-invariant, 1 distinct completion over {m['n_runs']} runs, "
             "bit-identical logprobs")
 
 
@@ -48,13 +49,13 @@ def _prompts_clause(name: str, m: dict) -> str:
     """Several prompts: how many changed tokens, how many only bits."""
     n, flipped, bits = m["n_prompts"], m["prompts_diverged"], m["prompts_bits_differ"]
     if flipped:
-        return (f"{name} kernels: batch-variant, tokens differ on {flipped} of {n} prompts (up to "
+        return (f"{name}: batch-variant, tokens differ on {flipped} of {n} prompts (up to "
                 f"{m['distinct_completions']} distinct completions per prompt over {m['n_runs']} runs); "
                 f"first token divergence at step {m['first_token_divergence']}")
     if bits:
-        return (f"{name} kernels: same tokens on all {n} prompts over {m['n_runs']} runs, but logprob bits "
+        return (f"{name}: same tokens on all {n} prompts over {m['n_runs']} runs, but logprob bits "
                 f"differ on {bits} of {n} prompts from step {m['first_numeric_divergence']}")
-    return (f"{name} kernels: batch-invariant, 1 distinct completion per prompt over {m['n_runs']} runs "
+    return (f"{name}: batch-invariant, 1 distinct completion per prompt over {m['n_runs']} runs "
             f"({n} prompts), bit-identical logprobs")
 
 

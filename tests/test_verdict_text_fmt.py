@@ -55,3 +55,12 @@ def test_formatters_treat_every_missing_value_alike():
     assert not is_missing(0) and fmt_step(0) == "0" and fmt_float(0.123456) == "0.123"
     assert fmt_hex("0x1.8000000000000p-3") == "0.188 (0x1.8p-3)"
     assert fmt_hex_value("0x1.8000000000000p-3") == "0.1875" and fmt_hex_value(None) == "?"
+
+
+def test_a_server_verdict_speaks_of_the_server_not_of_our_kernels():
+    from nondet.verdict import verdict
+
+    m = {"distinct_completions": 1, "n_runs": 8, "first_numeric_divergence": 3, "first_token_divergence": None}
+    assert verdict({"default": m}, subject="server") == (
+        "server: same tokens over 8 runs, but logprob bits differ from step 3")
+    assert verdict({"default": m}).startswith("default kernels: same tokens over 8 runs")
