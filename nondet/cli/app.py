@@ -40,6 +40,9 @@ def _register_commands() -> None:
         except ModuleNotFoundError as exc:
             if exc.name != f"nondet.cli.{optional}":
                 raise
+    from nondet.cli.helptext import reflow_commands
+
+    reflow_commands(app)
 
 
 def main() -> None:
