@@ -43,7 +43,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     # a training forward: the same invariant bits, with a backward (autograd.py)
-    attend = autograd.attention if grads else ops.attention
+    attend = autograd.attention if grads else (_traced_attention if torch.compiler.is_compiling() else ops.attention)
     bounds = packed.segments(attention_mask, q_len, key.shape[2]) if is_causal else None
     if bounds is not None:  # a packed row: each sequence on its own, as its decode computes it
         out = packed.per_segment(lambda q, k, v: attend(q, k, v, None, scaling, True, softcap, sinks, False),
@@ -51,6 +51,15 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         return out, None
     sliding = sliding_window is not None and attention_mask is not None
     return attend(query, key, value, attention_mask, scaling, is_causal, softcap, sinks, sliding), None
+
+
+def _traced_attention(q, k, v, mask, scale, is_causal, softcap=None, sinks=None, sliding=False):
+    """ops.attention as the opaque nondet::attention op, for a graph being traced by torch.compile."""
+    from nondet.kernels import custom_ops
+
+    custom_ops.ensure_registered()
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return torch.ops.nondet.attention(q, k, v, mask, scale, is_causal, softcap, sinks, sliding)
 
 
 def register() -> None:

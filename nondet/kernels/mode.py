@@ -92,7 +92,7 @@ def _install(ops: frozenset) -> None:
 
 
 @contextlib.contextmanager
-def batch_invariant(ops: Iterable[str] | str | None = None, model=None) -> Iterator[None]:
+def batch_invariant(ops: Iterable[str] | str | None = None, model=None, traceable: bool = False) -> Iterator[None]:
     """Run the body with batch-invariant kernels for the op classes `ops` (None = all).
 
     ops: a subset of OP_CLASSES ("matmul", "norm", "attention", "softmax", "experts", "router").
@@ -101,6 +101,9 @@ def batch_invariant(ops: Iterable[str] | str | None = None, model=None) -> Itera
     wrapped ("router"), and all of it restored afterwards. A model with a module the mode cannot
     make invariant raises coverage.UnsupportedModel (one line naming the module) before anything
     is switched.
+    traceable: also route the model's torch functions to nondet:: custom ops (traced.py), so a
+    torch.compile'd forward called in the body keeps the mode's reductions opaque (same bits as
+    eager). Off by default: in eager the aten overrides do the work without the per-call cost.
     """
     frame = _Frame(_parse(ops), model)
     if model is not None:
@@ -108,12 +111,20 @@ def batch_invariant(ops: Iterable[str] | str | None = None, model=None) -> Itera
 
         coverage.check(model)
     _STACK.append(frame)
+    traced = None
     try:
         _install(frame.ops)
         if model is not None:
             _select_on_model(frame)
+        if traceable:
+            from nondet.kernels.traced import TracedMode
+
+            traced = TracedMode(frame.ops)
+            traced.__enter__()
         yield
     finally:
+        if traced is not None:
+            traced.__exit__(None, None, None)
         _STACK.pop()
         try:
             _restore_model(frame)

@@ -1,0 +1,99 @@
+"""The mode inside torch.compile: a TorchFunctionMode that sends the model's reductions to the
+nondet:: custom ops (custom_ops.py), so a traced graph holds them as opaque calls.
+
+torch.compile (dynamo) traces through an active TorchFunctionMode, so the functions a transformers
+model calls (F.linear, torch.matmul, Tensor.mean over the last dim, softmax / log_softmax, F.layer_norm,
+torch.topk) become nondet:: ops in the graph, each computing exactly what the eager mode's aten
+overrides compute. Inductor schedules around them but cannot re-derive their reductions (an RMSNorm's
+mean, a softmax) in its own order. Everything else (elementwise ops, gathers) Inductor compiles as
+usual. Used by `batch_invariant(..., traceable=True)`; in eager the aten overrides do the same work.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from nondet.kernels import custom_ops
+
+nondet = None  # torch.ops.nondet, bound on first use (custom_ops.ensure_registered)
+
+
+def _linear(x, weight, bias=None):
+    rows = x.reshape(-1, x.shape[-1])
+    out = nondet.mm(rows, weight.t()) if bias is None else nondet.addmm(bias, rows, weight.t())
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _matmul(a, b):
+    if a.dim() == 2 and b.dim() == 2:
+        return nondet.mm(a, b)
+    if a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0]:
+        return nondet.bmm(a, b)
+    return None  # another shape: left to the compiler
+
+
+def _last_dim(dim, ndim: int) -> bool:
+    dims = dim if isinstance(dim, (list, tuple)) else [dim]
+    return len(dims) == 1 and dims[0] is not None and dims[0] % ndim == ndim - 1
+
+
+def _mean(x, dim=None, keepdim=False, *, dtype=None):
+    if dim is None or dtype is not None or not _last_dim(dim, x.dim()) or not x.is_floating_point():
+        return None
+    return nondet.mean_last(x, keepdim)
+
+
+def _softmax(log: bool):
+    def call(x, dim=None, _stacklevel=3, dtype=None):
+        if dim is None or not _last_dim(dim, x.dim()):
+            return None
+        return nondet.softmax(x if dtype is None else x.to(dtype), log)
+
+    return call
+
+
+def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if len(normalized_shape) != 1:
+        return None
+    return nondet.layer_norm(x, weight, bias, eps)
+
+
+def _topk(x, k, dim=-1, largest=True, sorted=True):
+    ordered, order = torch.sort(x, dim=dim, descending=largest, stable=True)  # ties: lowest index first
+    return ordered.narrow(dim, 0, k), order.narrow(dim, 0, k)
+
+
+def _table(ops: frozenset) -> dict:
+    table = {}
+    if "matmul" in ops:
+        table.update({F.linear: _linear, torch.matmul: _matmul, torch.Tensor.matmul: _matmul,
+                      torch.Tensor.__matmul__: _matmul, torch.bmm: _matmul, torch.Tensor.bmm: _matmul})
+    if "norm" in ops:
+        table.update({torch.mean: _mean, torch.Tensor.mean: _mean, F.layer_norm: _layer_norm})
+    if "softmax" in ops:
+        table.update({F.softmax: _softmax(False), torch.softmax: _softmax(False), torch.Tensor.softmax: _softmax(False),
+                      F.log_softmax: _softmax(True), torch.log_softmax: _softmax(True),
+                      torch.Tensor.log_softmax: _softmax(True)})
+    if "router" in ops:
+        table.update({torch.topk: _topk, torch.Tensor.topk: _topk})
+    return table
+
+
+class TracedMode(TorchFunctionMode):
+    """Routes the covered torch functions to nondet:: ops for the op classes `ops`."""
+
+    def __init__(self, ops: frozenset):
+        super().__init__()
+        global nondet
+        custom_ops.ensure_registered()
+        nondet = torch.ops.nondet
+        self.table = _table(ops)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        route = self.table.get(func)
+        if route is not None and not torch.is_grad_enabled():  # inference graphs only: no autograd formulas
+            out = route(*args, **kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
