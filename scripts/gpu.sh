@@ -9,6 +9,7 @@
 #   attention    sinks, softcap, sliding window, MLA: tests/test_kernels_attention_features.py on CUDA
 #   family       scripts/gpu_family_matrix.py: every supported model family, invariant under the mode
 #   moe          scripts/gpu_moe.py: a Qwen3-30B-A3B-shaped MoE, default vs the mode, and its step time
+#   compile      scripts/gpu_compile.py: an 8B-shaped Qwen3 decoded on the compiled path, default vs the mode
 
 #   demo         probe / speculative / rl on the demo model with --confirm
 #   bisect       scripts/gpu_bisect.py: what bisect blames on a GPU model, with and without a baseline
@@ -52,6 +53,7 @@ run_step() {
     attention) NONDET_ATTN_FEATURES_INNER=1 NONDET_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider \
                  tests/test_kernels_attention_features.py 2>&1 | tail -30 ;;
     family) timeout 300 python3 scripts/gpu_family_matrix.py 2>&1 | quiet | grep -v "Loading weights" | tail -80 ;;
+    compile) timeout 560 python3 scripts/gpu_compile.py ${COMPILE_ARGS:-} 2>&1 | quiet | tail -40 ;;
     moe) timeout 480 python3 scripts/gpu_moe.py 2>&1 | quiet | grep -v "Loading weights" | tail -150 ;;
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4
           timeout 120 python3 -m nondet rl --device cuda --confirm -n 32 --out /tmp/run-rl 2>&1 | quiet | tail -20 ;;

@@ -1,0 +1,106 @@
+"""The mode on the compiled path: an 8B-shaped random Qwen3 (hidden 4096, 32 / 8 heads, bf16) decoded
+by HF generate with a static cache, which transformers compiles (CUDA graphs) on CUDA.
+
+    python3 scripts/gpu_compile.py [--layers 36] [--tokens 32]
+
+Per kernels mode (default; the mode with traceable=True): compile + warm-up time, ms per decode
+step at B = 1 and B = 32, the weight-read roofline at B = 1, and whether the compiled mode's greedy
+logits equal the eager mode's (dynamic cache, no compile) bit for bit at B = 1 and row 0 of B = 8.
+"""
+
+import argparse
+import time
+
+import torch
+
+HBM = {"H200": 4.8e12, "H100": 3.35e12}
+
+
+def build(layers: int):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=32000, hidden_size=4096, intermediate_size=12288, num_hidden_layers=layers,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
+                      pad_token_id=0, eos_token_id=2, bos_token_id=1)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg).eval()
+    torch.set_default_dtype(torch.float32)
+    return model
+
+
+def generate(model, ids, tokens: int, static: bool, logits: bool = False):
+    kwargs = dict(cache_implementation="static") if static else dict(disable_compile=True)
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
+                          do_sample=False, pad_token_id=0, output_logits=logits, return_dict_in_generate=logits,
+                          **kwargs)
+
+
+def timed(fn) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def step_ms(model, batch: int, tokens: int) -> tuple[float, float]:
+    ids = torch.randint(3, 32000, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    warm = timed(lambda: generate(model, ids, 4, True))  # compiles and captures
+    long_run = timed(lambda: generate(model, ids, tokens + 1, True))
+    short_run = timed(lambda: generate(model, ids, 1, True))
+    return warm, (long_run - short_run) / tokens * 1e3
+
+
+def bits(model) -> str:
+    from nondet.kernels import batch_invariant
+
+    ids = torch.randint(3, 32000, (8, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(2))
+    with torch.no_grad(), batch_invariant(model=model, traceable=True):
+        eager1 = generate(model, ids[:1], 8, False, True).logits
+        comp1 = generate(model, ids[:1], 8, True, True).logits
+        comp8 = generate(model, ids, 8, True, True).logits
+    same = all(torch.equal(a, b) for a, b in zip(eager1, comp1))
+    inv = all(torch.equal(a[0], b[0]) for a, b in zip(comp1, comp8))
+    diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(eager1, comp1))
+    return f"compiled mode == eager mode at B=1: {same} (max |diff| {diff:.3g}); compiled B=1 == row 0 of B=8: {inv}"
+
+
+def main() -> None:
+    from nondet.kernels import batch_invariant
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=36)
+    parser.add_argument("--tokens", type=int, default=32)
+    args = parser.parse_args()
+    name = torch.cuda.get_device_name()
+    print(name, "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), flush=True)
+    model = build(args.layers)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = next((v for k, v in HBM.items() if k in name), 3.35e12)
+    print(f"weights {weight_bytes / 1e9:.1f} GB: {weight_bytes / bandwidth * 1e3:.2f} ms to read at "
+          f"{bandwidth / 1e12:.2f} TB/s", flush=True)
+    print("| kernels | B | compile + warm-up s | ms / decode step | x roofline |", flush=True)
+    print("| --- | ---: | ---: | ---: | ---: |", flush=True)
+    for label in ("default", "mode"):
+        torch._dynamo.reset()  # a fresh compile per kernels mode; B = 32 recompiles for its own shapes
+        for batch in (1, 32):
+            try:
+                with torch.no_grad(), (batch_invariant(model=model, traceable=True) if label == "mode"
+                                       else torch.no_grad()):
+                    warm, ms = step_ms(model, batch, args.tokens)
+                roof = ms / (weight_bytes / bandwidth * 1e3)
+                print(f"| {label} | {batch} | {warm:.1f} | {ms:.2f} | {roof:.1f} |", flush=True)
+            except Exception as exc:  # noqa: BLE001 - record the failure, go on
+                print(f"| {label} | {batch} | FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:120]} | | |",
+                      flush=True)
+    torch._dynamo.reset()
+    try:
+        print(bits(model), flush=True)
+    except Exception as exc:  # noqa: BLE001
+        print(f"bits check FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
