@@ -117,9 +117,9 @@ def batch_invariant(ops: Iterable[str] | str | None = None, model=None, traceabl
         if model is not None:
             _select_on_model(frame)
         if traceable:
-            from nondet.kernels.traced import TracedMode
+            from nondet.kernels.traced import traced_scope
 
-            traced = TracedMode(frame.ops)
+            traced = traced_scope(frame.ops)
             traced.__enter__()
         yield
     finally:

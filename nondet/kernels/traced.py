@@ -7,7 +7,15 @@ torch.topk) become nondet:: ops in the graph, each computing exactly what the ea
 overrides compute. Inductor schedules around them but cannot re-derive their reductions (an RMSNorm's
 mean, a softmax) in its own order. Everything else (elementwise ops, gathers) Inductor compiles as
 usual. Used by `batch_invariant(..., traceable=True)`; in eager the aten overrides do the same work.
+
+Inductor's elementwise code must round like eager too: by default it keeps a fused chain of bf16
+ops in fp32 and picks fusions by shape, so on an H100 row 0 of a compiled Qwen3 differed alone and in
+a batch of 8 (fp32 and bf16) although every reduction was ours. With `emulate_precision_casts` it
+rounds where eager rounds: row 0 invariant in both dtypes and, in bf16, equal to the eager mode's bits
+(fp32: 5e-6 apart, Inductor's own elementwise math). `traced_scope` sets it for the body.
 """
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -97,3 +105,12 @@ class TracedMode(TorchFunctionMode):
             if out is not None:
                 return out
         return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def traced_scope(ops: frozenset):
+    """The TracedMode plus Inductor rounding like eager, for a body that compiles under the mode."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(emulate_precision_casts=True), TracedMode(ops):
+        yield
