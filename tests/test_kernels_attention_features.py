@@ -8,38 +8,25 @@ chunk equals one-token decodes, bit for bit, with the features on.
 """
 
 import os
-import subprocess
-import sys
-
 import pytest
+from interpreter import emulate_mma_rows, rerun_under_interpreter
 
 INNER = os.environ.get("NONDET_ATTN_FEATURES_INNER") == "1"
 
 if not INNER:
 
     def test_attention_features_under_interpreter():
-        env = {**os.environ, "TRITON_INTERPRET": "1", "NONDET_ATTN_FEATURES_INNER": "1"}
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                              env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+        rerun_under_interpreter(__file__, "NONDET_ATTN_FEATURES_INNER")
 
 else:
     import types
 
-    import numpy as np
     import torch
-    import triton.runtime.interpreter as interpreter
 
     from nondet.kernels import autograd, cpu, ops, triton_attention
     from nondet.kernels.config import AttentionConfig
 
-    def _dot_row_by_row(self, a, b, d, input_precision, max_num_imprecise_acc):
-        """tl.dot one row at a time, as a GPU's MMA computes it (see tests/test_kernels_triton.py)."""
-        b_data = np.ascontiguousarray(b.data)
-        rows = [np.matmul(a.data[i:i + 1], b_data, dtype=d.data.dtype) for i in range(a.data.shape[0])]
-        return interpreter.TensorHandle(np.concatenate(rows) + d.data, d.dtype.scalar)
-
-    interpreter.InterpreterBuilder.create_dot = _dot_row_by_row
+    emulate_mma_rows()
 
     ATT_CFG = AttentionConfig(block_m=16, block_n=16, kv_chunk=32, num_warps=4, num_stages=1)
     H, KVH = 4, 2

@@ -7,40 +7,23 @@ variable set; the checks below are collected only there.
 """
 
 import os
-import subprocess
-import sys
-
 import pytest
+from interpreter import emulate_mma_rows, rerun_under_interpreter
 
 INNER = os.environ.get("NONDET_TRITON_INNER") == "1"
 
 if not INNER:
 
     def test_triton_kernels_under_interpreter():
-        env = {**os.environ, "TRITON_INTERPRET": "1", "NONDET_TRITON_INNER": "1"}
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                              env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+        rerun_under_interpreter(__file__, "NONDET_TRITON_INNER")
 
 else:
-    import numpy as np
     import torch
-    import triton.runtime.interpreter as interpreter
 
     from nondet.kernels import reference, triton_attention, triton_matmul, triton_rows
     from nondet.kernels.config import AttentionConfig, MatmulConfig
 
-    def _dot_row_by_row(self, a, b, d, input_precision, max_num_imprecise_acc):
-        """tl.dot one row at a time. The interpreter's np.matmul goes to the host's BLAS, whose
-        sgemm can round a row differently depending on the tile's OTHER rows (seen with numpy
-        2.4.6 on an AMD EPYC: a decode row of attention differed by 1 ULP from the same row in a
-        prefill tile). A GPU's MMA computes each row from that row alone; so must the emulation,
-        or the bitwise tests below would test the host's BLAS instead of our kernels."""
-        b_data = np.ascontiguousarray(b.data)  # a transposed operand (b.T) must not change the order either
-        rows = [np.matmul(a.data[i:i + 1], b_data, dtype=d.data.dtype) for i in range(a.data.shape[0])]
-        return interpreter.TensorHandle(np.concatenate(rows) + d.data, d.dtype.scalar)
-
-    interpreter.InterpreterBuilder.create_dot = _dot_row_by_row
+    emulate_mma_rows()
 
     # Small tiles and a small K chunk keep the interpreter fast and make K=29..200 span chunks,
     # so the split and fused strategies are both exercised.
