@@ -103,6 +103,11 @@ def probe(
         "--kv-cache", help="KV cache of the static batches' generate: dynamic (transformers' default) or static "
                            "(preallocated prompt + max-new-tokens positions, the layout CUDA graphs need; "
                            "never compiled). The mode gives the same bits with either.")] = "dynamic",
+    compile: Annotated[bool, typer.Option(
+        "--compile", help="Decode on the compiled path a deployment uses: transformers' torch.compile'd generate "
+                          "with a static KV cache (CUDA graphs on CUDA), default kernels and the mode alike. "
+                          "Compile and warm-up time are reported apart; a kernels mode that cannot compile runs "
+                          "eager, and the summary says so.")] = False,
 ) -> None:
     """Replay one prompt under varying batch sizes and positions; find where outputs diverge.
 
@@ -116,6 +121,7 @@ def probe(
     Two deployments:  nondet probe --endpoint http://127.0.0.1:8000 --against http://127.0.0.1:8001
     Speculative decoding:  nondet probe --speculative ngram:4,self:4 --confirm
     In a time budget:  nondet probe --batch-sizes 1,2,4,8,16 --budget 60
+    Compiled, as deployed:  nondet probe --compile --confirm --device cuda
     Tensor parallelism:  nondet probe --tp 1,2 --batch-sizes 1,2,8 --confirm
     """
     from nondet.cli.options import read_lines_file, read_targets
@@ -134,6 +140,7 @@ def probe(
         ragged=ragged, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
         kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads, speculative=speculative,
         budget=budget, kv_cache=kv_cache, tp_invariant=tp_invariant, **_tp_fields(tp),
+        compile_backend="inductor" if compile else None,
     )
     result = run_keeping_streams(config, quiet=json_output)
     write_report_if_available(result.run_dir)

@@ -23,7 +23,23 @@ def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
     for mode, m in summary["modes"].items():
         if m.get("routing"):
             console.print(f"{mode}: {routing_count_line(m['routing'])}")
+    if summary.get("decode_path"):
+        for line in decode_path_lines(summary["decode_path"]):
+            console.print(line)
     console.print(f"run directory: {run_dir}")
+
+
+def decode_path_lines(d: dict) -> list[str]:
+    """--compile: per kernels mode, the path it decoded on and the time spent compiling apart from decoding."""
+    lines = []
+    for mode, m in d["modes"].items():
+        if m["path"] == "compiled":
+            lines.append(f"{mode}: {d['compiled']}; compile + warm-up {m['warmup_s']:.1f} s, "
+                         f"decode {m['measured_s']:.1f} s over {m['conditions']} calls")
+        else:
+            lines.append(f"{mode}: eager, static KV cache (could not compile: {m['reason']}); "
+                         f"decode {m['measured_s']:.1f} s")
+    return lines
 
 
 def routing_count_line(r: dict) -> str:

@@ -65,6 +65,10 @@ class ProbeConfig:
     # static load: the KV cache generate decodes with, dynamic | static (probes/replay.py
     # DecodeSettings); recorded in config.json, as every field is
     kv_cache: str = "dynamic"
+    # static load: decode on the compiled path with this torch.compile backend ("inductor" from
+    # --compile; "aot_eager" traces without Inductor, for tests), each kernels mode labelled with the
+    # path it took (probes/compiled.py); None = eager
+    compile_backend: str | None = None
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -181,6 +185,10 @@ def validate_config(config: ProbeConfig) -> None:
     if config.kv_cache not in KV_CACHES or (config.kv_cache != "dynamic" and config.load.mode != "static"):
         raise UsageError(f"--kv-cache must be one of {', '.join(KV_CACHES)} (static batches only), "
                          f"not {config.kv_cache!r}")
+    if config.compile_backend and (config.load.mode != "static" or config.speculative or config.tp
+                                   or config.budget is not None):
+        raise UsageError("--compile decodes static batches in this process; drop --load / --endpoint / "
+                         "--speculative / --tp / --budget")
     if config.tp_invariant and (not config.tp or any(d & (d - 1) for d in config.tp)):
         raise UsageError("--tp-invariant needs --tp degrees that are powers of 2, e.g. --tp 1,2")
     if config.tp and min(config.tp) < 1:

@@ -28,6 +28,9 @@ class DecodeSettings:
     # attention spans all of it under a mask. Never compiled here: transformers would
     # auto-compile a static cache on CUDA, and a compiled model may pick other kernels.
     kv_cache: str = "dynamic"
+    # the compiled path (probes/compiled.py): torch.compile backend of transformers' compiled decode
+    # with a static cache (kv_cache is then ignored); None = eager
+    compile_backend: str | None = None
 
 
 def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings) -> dict[int, list[dict]]:
@@ -91,7 +94,7 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
         eos_token_id=eos_ids(model, tokenizer) or None,
         return_dict_in_generate=assist is not None,
         output_logits=assist is not None,
-        **_cache_fields(settings.kv_cache),
+        **_cache_fields(settings, device.type),
         **fields,
     )
     try:
@@ -111,9 +114,13 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
                                "lower --batch-sizes or --max-new-tokens") from exc
 
 
-def _cache_fields(kv_cache: str) -> dict:
-    """GenerationConfig fields of a KV cache kind (see DecodeSettings.kv_cache)."""
-    if kv_cache == "static":
+def _cache_fields(settings: DecodeSettings, device_type: str) -> dict:
+    """GenerationConfig fields of the KV cache kind and the decode path (see DecodeSettings)."""
+    if settings.compile_backend:
+        from nondet.probes.compiled import generation_fields
+
+        return generation_fields(settings.compile_backend, device_type)
+    if settings.kv_cache == "static":
         return {"cache_implementation": "static", "disable_compile": True}
     return {}
 

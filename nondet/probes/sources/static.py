@@ -11,6 +11,7 @@ StreamRecord whose prompt_id is that row's prompt: it is compared with that prom
 
 import contextlib
 import time
+from dataclasses import replace
 
 from nondet.errors import UnsupportedModelError
 from nondet.probes import conditions as cond
@@ -18,7 +19,7 @@ from nondet.probes.batch import build_batch, tokenize_inputs
 from nondet.probes.loading import load_model
 from nondet.probes.numerics import fingerprint
 from nondet.probes.pieces import token_piece
-from nondet.probes.replay import DecodeSettings, generate_condition
+from nondet.probes.replay import DecodeSettings, generate, generate_condition
 from nondet.probes.sources.base import Emit, Opened, Planned
 from nondet.probes.summarize import as_summary, summarize_modes
 from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord
@@ -35,12 +36,20 @@ class StaticSource:
         self.run_ids = 0
         self.started = time.perf_counter()  # --budget counts from open() (model load included)
         self.budget_note: dict | None = None  # summary.json "budget" (--budget only)
+        self.paths = None  # --compile: compiled.DecodePaths, set in open() once the device is known
 
     def open(self) -> Opened:
         self.started = time.perf_counter()
         self.loaded = self.loaded or load_model(self.config.model)
         self.inputs = [tokenize_inputs(self.loaded.tokenizer, p, self.config.fillers) for p in self.config.targets]
-        return Opened(fingerprint(self.loaded.description, ",".join(self.config.kernels)))
+        env = fingerprint(self.loaded.description, ",".join(self.config.kernels))
+        env["decode_path"] = f"eager, {self.config.kv_cache} KV cache"
+        if self.config.compile_backend:
+            from nondet.probes.compiled import DecodePaths, label
+
+            self.paths = DecodePaths(self.config.compile_backend, self.loaded.model.device.type)
+            env["decode_path"] = label(self.paths.backend, self.paths.device_type)
+        return Opened(env)
 
     def attach(self, writer) -> None:
         pass  # nothing to amend: the header is complete when the run starts
@@ -94,18 +103,43 @@ class StaticSource:
     def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
         condition: cond.Condition = planned.plan
         target, fillers = self.inputs[condition.prompt_id]
-        settings = DecodeSettings(self.config.max_new_tokens, self.config.temperature, self.config.seed,
-                                  self.config.kv_cache)
         prompts = [ids for ids, _ in self.inputs]
-        for row, steps in replay_condition(self.loaded.model, self.loaded.tokenizer, condition, target, fillers,
-                                           settings, prompts).items():
+
+        def run(settings: DecodeSettings, warm: bool = False) -> dict[int, list[dict]]:
+            return replay_condition(self.loaded.model, self.loaded.tokenizer, condition, target, fillers,
+                                    settings, prompts, warm)
+
+        for row, steps in self._decode(condition.kernels, run).items():
             prompt_id = condition.row_prompts[row] if condition.row_prompts else condition.prompt_id
             emit(self._stream(condition, row, steps, prompt_id, len(prompts[prompt_id])))
         return condition_record(condition)
 
+    def _decode(self, mode: str, run) -> dict[int, list[dict]]:
+        """One condition's streams through `run(settings, warm)`: eager, or on the compiled path
+        (a warm-up call first, timed apart; compiled.DecodePaths)."""
+        c = self.config
+        settings = DecodeSettings(c.max_new_tokens, c.temperature, c.seed, c.kv_cache)
+        if self.paths is None:
+            return run(settings)
+        from nondet.probes.compiled import compile_scope
+
+        compiled = replace(settings, compile_backend=c.compile_backend)
+        with compile_scope():
+            if self.paths.compiles(mode):
+                self.paths.warm_up(mode, lambda: run(compiled, warm=True))
+            chosen = compiled if self.paths.compiles(mode) else replace(settings, kv_cache="static")
+            started = time.perf_counter()
+            rows = run(chosen)
+        self.paths.measured(mode, time.perf_counter() - started)
+        return rows
+
     def summarize(self, streams: list[dict]):
         doc = summarize_modes(streams, self.loaded.tokenizer, self.config.targets)
-        return as_summary({**doc, "budget": self.budget_note} if self.budget_note else doc)
+        if self.budget_note:
+            doc["budget"] = self.budget_note
+        if self.paths is not None:
+            doc["decode_path"] = self.paths.as_summary()
+        return as_summary(doc)
 
     def close(self) -> None:
         pass
@@ -132,18 +166,27 @@ def plan_static(config, placement: str, lengths: list[int]) -> list[cond.Conditi
 
 
 def replay_condition(model, tokenizer, condition: cond.Condition, target: list[int], fillers: list[list[int]],
-                     settings: DecodeSettings, prompts: list[list[int]] | None = None) -> dict[int, list[dict]]:
+                     settings: DecodeSettings, prompts: list[list[int]] | None = None,
+                     warm: bool = False) -> dict[int, list[dict]]:
     """One condition: build its batch, generate under its kernels; {target row: step dicts}.
-    prompts: every prompt's token ids, for a condition with a prompt in each row."""
+    prompts: every prompt's token ids, for a condition with a prompt in each row.
+    warm: a warm-up call of the compiled path: the same batch and cache length, stopped after
+    compiled.WARM_STEPS decode steps, nothing recorded ({})."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batch = build_batch(condition, target, fillers, pad_id or 0, prompts)
-    with kernels_mode(condition.kernels, model):
-        return generate_condition(model, tokenizer, batch, settings)
+    with kernels_mode(condition.kernels, model, traceable=settings.compile_backend is not None):
+        if not warm:
+            return generate_condition(model, tokenizer, batch, settings)
+        from nondet.probes.compiled import warm_up_stop
+
+        generate(model, tokenizer, batch, settings, None, stopping=[warm_up_stop(len(batch.input_ids[0]))])
+        return {}
 
 
-def kernels_mode(mode: str, model, ops=None):
+def kernels_mode(mode: str, model, ops=None, traceable: bool = False):
     """The batch-invariant mode around a call (all op classes, or `ops`), or nothing for the default
-    kernels. A model the mode cannot cover is UnsupportedModelError (exit 3), one line naming the module."""
+    kernels. A model the mode cannot cover is UnsupportedModelError (exit 3), one line naming the module.
+    traceable: the body runs a torch.compile'd forward (kernels/traced.py)."""
     if mode == "default" and ops is None:
         return contextlib.nullcontext()
     from nondet.kernels import batch_invariant
@@ -153,7 +196,7 @@ def kernels_mode(mode: str, model, ops=None):
         check(model)
     except UnsupportedModel as exc:
         raise UnsupportedModelError(str(exc)) from None
-    return batch_invariant(ops=ops, model=model)
+    return batch_invariant(ops=ops, model=model, traceable=traceable)
 
 
 def step_record(step: dict, piece: str) -> StepRecord:

@@ -1,0 +1,122 @@
+"""The compiled decode path (`probe --compile`): transformers' own compiled generate, per kernels mode.
+
+A user who deploys a compiled model decodes with a static KV cache and a torch.compile'd forward
+(on CUDA: Inductor with CUDA graphs, transformers' `CompileConfig` default "reduce-overhead"). Its
+numerics are those of Inductor's kernels, not eager's, so the compiled path is a labelled path of its
+own: each kernels mode's streams come from one path only, its reference included, and the summary
+says which (`DecodePaths.as_summary`). On the CPU Inductor compiles too (no CUDA graphs there).
+
+Each condition is warmed up first: the same batch, the same cache length, stopped after WARM_STEPS
+decode steps, so the compile and the CUDA-graph capture of that shape fall in the warm-up, and the
+condition's own call is timed apart from it. A kernels mode whose first warm-up cannot compile runs
+eager with the static cache instead, and the summary names the reason; a later failure is an error,
+because one comparison must never mix the two paths.
+"""
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from nondet.errors import NondetError
+
+WARM_STEPS = 4  # decode steps: dynamo compiles on the 1st, cudagraph trees warm up on the 2nd, record on the 3rd
+RECOMPILE_LIMIT = 256  # one graph per batch shape and cache length per kernels mode; dynamo's default stops at 8
+COMPILED, EAGER = "compiled", "eager"
+
+
+def generation_fields(backend: str, device_type: str) -> dict:
+    """GenerationConfig fields of the compiled path: a static cache, and transformers' compile config
+    (CUDA: its default mode, CUDA graphs; other devices: Inductor's default mode, forced on)."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(backend=backend, mode="reduce-overhead" if device_type == "cuda" else "default")
+    if device_type != "cuda":
+        config._compile_all_devices = True  # transformers compiles generate on CUDA-like devices only
+    return {"cache_implementation": "static", "compile_config": config}
+
+
+def warm_up_stop(prompt_tokens: int):
+    """A stopping criterion that ends a warm-up call after WARM_STEPS new tokens (the call still
+    allocates the full cache: its length comes from max_new_tokens, so the shapes are the real ones)."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class StopAfterWarmUp(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            done = input_ids.shape[-1] >= prompt_tokens + WARM_STEPS
+            return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+    return StopAfterWarmUp()
+
+
+@contextlib.contextmanager
+def compile_scope():
+    """Dynamo allowed one graph per shape (every batch size and prompt length is a new one)."""
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        yield
+
+
+def label(backend: str, device_type: str) -> str:
+    """The compiled path in words, for the fingerprint and the report."""
+    graphs = ", CUDA graphs" if device_type == "cuda" else ""
+    return f"torch.compile ({backend}{graphs}), static KV cache"
+
+
+@dataclass
+class ModePath:
+    """One kernels mode's decode path and where its time went (seconds)."""
+
+    path: str = COMPILED
+    reason: str | None = None  # why a mode fell back to eager
+    warmup_s: float = 0.0  # compile + CUDA-graph capture + warm-up calls
+    measured_s: float = 0.0  # the conditions' own generate calls
+    conditions: int = 0
+
+
+@dataclass
+class DecodePaths:
+    """The compiled path's bookkeeping across a probe: which path each kernels mode took, and time."""
+
+    backend: str
+    device_type: str
+    modes: dict[str, ModePath] = field(default_factory=dict)
+
+    def compiles(self, mode: str) -> bool:
+        """Whether the mode's conditions still run compiled (True until a first warm-up fails)."""
+        return self.modes.setdefault(mode, ModePath()).path == COMPILED
+
+    def warm_up(self, mode: str, warm) -> None:
+        """Run `warm()` (a short generate of the condition's shape), timed as warm-up. A failure at the
+        mode's first condition switches the mode to eager; a later one is an error."""
+        entry = self.modes.setdefault(mode, ModePath())
+        started = time.perf_counter()
+        try:
+            warm()
+        except NondetError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - dynamo / Inductor / CUDA-graph failures have no common base
+            if entry.conditions:
+                raise NondetError(f"--compile: {mode} kernels failed to compile a later batch shape "
+                                  f"({_first_line(exc)}); rerun without --compile") from exc
+            entry.path, entry.reason = EAGER, _first_line(exc)
+        finally:
+            entry.warmup_s += time.perf_counter() - started
+
+    def measured(self, mode: str, seconds: float) -> None:
+        entry = self.modes.setdefault(mode, ModePath())
+        entry.measured_s += seconds
+        entry.conditions += 1
+
+    def as_summary(self) -> dict:
+        """summary.json "decode_path": the compiled label and, per kernels mode, its path and time."""
+        return {"compiled": label(self.backend, self.device_type),
+                "modes": {m: {"path": e.path, "reason": e.reason, "warmup_s": round(e.warmup_s, 3),
+                              "measured_s": round(e.measured_s, 3), "conditions": e.conditions}
+                          for m, e in self.modes.items()}}
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:160] if text else ''}"

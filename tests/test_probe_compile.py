@@ -1,0 +1,94 @@
+"""`probe --compile`: every condition decoded by transformers' compiled generate (static cache), each
+kernels mode labelled with the path it took, compile time apart from decode time.
+
+Most tests use the "aot_eager" backend (torch.compile's tracing and graphs, the aten kernels eager
+uses: fast on 2 cores); one CLI test runs Inductor itself, the path `--compile` takes. Positive
+control: the injected batch-variant norm is still found on the compiled path; negative: the mode's
+compiled streams equal its eager ones bit for bit, one distinct completion.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from nondet.errors import NondetError
+from nondet.probes.compiled import DecodePaths
+from nondet.probes.loading import ModelSpec
+from nondet.probes.probe import ProbeConfig, run_probe
+
+PROMPT = "Tell me about Richard Feynman"
+
+
+def probe(tmp_path, name, kernels=("batch-invariant",), backend="aot_eager", inject=False, kv_cache="dynamic"):
+    config = ProbeConfig(prompt=PROMPT, model=ModelSpec(inject_variance=inject), batch_sizes=(1, 2, 3),
+                         max_new_tokens=10, kernels=kernels, kv_cache=kv_cache, compile_backend=backend,
+                         out=str(tmp_path / name))
+    result = run_probe(config)
+    streams = [json.loads(line) for line in (result.run_dir / "streams.jsonl").read_text().splitlines()]
+    return result, {(s["kernels"], s["condition_id"]): s["steps"] for s in streams}
+
+
+def test_the_compiled_mode_gives_the_eager_modes_bits(tmp_path, default_model_dir):
+    compiled, compiled_steps = probe(tmp_path, "compiled")
+    eager, eager_steps = probe(tmp_path, "eager", backend=None, kv_cache="static")
+    mode = compiled.summary["modes"]["batch-invariant"]
+    assert mode["distinct_completions"] == 1 and mode["first_numeric_divergence"] is None
+    assert compiled_steps == eager_steps  # tokens, logprob bits, top-k, margins: every condition
+    path = compiled.summary["decode_path"]["modes"]["batch-invariant"]
+    assert path["path"] == "compiled" and path["conditions"] == 3 and path["warmup_s"] > 0
+    env = json.loads((compiled.run_dir / "fingerprint.json").read_text())
+    assert env["decode_path"] == "torch.compile (aot_eager), static KV cache"
+    assert json.loads((eager.run_dir / "fingerprint.json").read_text())["decode_path"] == "eager, static KV cache"
+    assert "decode_path" not in eager.summary
+
+
+def test_the_compiled_path_still_finds_injected_variance_and_the_mode_removes_it(tmp_path, default_model_dir):
+    result, _ = probe(tmp_path, "inject", kernels=("default", "batch-invariant"), inject=True)
+    default, mode = result.summary["modes"]["default"], result.summary["modes"]["batch-invariant"]
+    assert default["first_numeric_divergence"] is not None and default["first_numeric_divergence"] <= 1
+    assert mode["first_numeric_divergence"] is None and mode["distinct_completions"] == 1
+    assert {m["path"] for m in result.summary["decode_path"]["modes"].values()} == {"compiled"}
+
+
+def test_a_mode_that_cannot_compile_runs_eager_and_says_why(tmp_path, default_model_dir):
+    result, steps = probe(tmp_path, "fallback", backend="no_such_backend")
+    path = result.summary["decode_path"]["modes"]["batch-invariant"]
+    assert path["path"] == "eager" and "no_such_backend" in path["reason"]
+    assert len(steps) == 3 and all(len(s) == 10 for s in steps.values())  # every condition ran, eager
+
+
+def test_a_later_compile_failure_is_an_error_not_a_mixed_comparison():
+    paths = DecodePaths("inductor", "cpu")
+    paths.warm_up("default", lambda: None)
+    paths.measured("default", 0.1)
+
+    def fails():
+        raise RuntimeError("graph break storm\ndetails")
+
+    with pytest.raises(NondetError, match="default kernels failed to compile a later batch shape "
+                                          r"\(RuntimeError: graph break storm\)"):
+        paths.warm_up("default", fails)
+    paths.warm_up("batch-invariant", fails)  # a mode's first condition: falls back, no error
+    assert paths.as_summary()["modes"]["batch-invariant"]["path"] == "eager"
+    assert paths.as_summary()["modes"]["default"]["path"] == "compiled"
+
+
+def test_cli_compile_with_inductor_prints_each_modes_path(tmp_path, default_model_dir):
+    r = subprocess.run([sys.executable, "-m", "nondet", "probe", "-p", PROMPT, "-b", "1,2", "-n", "6", "--confirm",
+                        "--compile", "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for mode in ("default", "batch-invariant"):
+        assert f"{mode}: torch.compile (inductor), static KV cache; compile + warm-up" in r.stdout, r.stdout
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["modes"]["batch-invariant"]["distinct_completions"] == 1
+
+
+@pytest.mark.parametrize("args", [["--endpoint", "http://127.0.0.1:9"], ["--load", "continuous"],
+                                  ["--budget", "30"]])
+def test_compile_outside_static_batches_is_one_line_exit_2(tmp_path, args):
+    r = subprocess.run([sys.executable, "-m", "nondet", "probe", "-p", PROMPT, "--compile", *args,
+                        "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--compile decodes static batches in this process" in r.stderr and "Traceback" not in r.stderr
