@@ -1,20 +1,23 @@
 """Benchmark the static probe: wall time and time per decode step for a fixed setup.
 
-    python scripts/bench_probe.py                       # issue 17's CPU case: 8 prompts x 300 tokens x 1,2,4,8
+    python scripts/bench_probe.py                       # the CPU case: 8 prompts x 300 tokens x 1,2,4,8
     python scripts/bench_probe.py --tokens 200 --batch-sizes 1,2,8   # the README's first command
-    python scripts/bench_probe.py --placement ends      # the per-prompt filler sweep (the plan before issue 17)
-    python scripts/bench_probe.py --gpu                 # issue 17's GPU case (needs CUDA), default and mode
+    python scripts/bench_probe.py --placement ends      # the per-prompt filler sweep
+    python scripts/bench_probe.py --gpu [--compile]     # the GPU case (needs CUDA), default and mode
 
 Prints one line per figure: wall time (model load excluded: it is the same before and after),
 generate calls, decode steps (one forward of a whole batch; summed over calls) and wall time
 per decode step, plus the verdict's counts so a faster run is seen to find the same things.
 Runs through the library (run_probe) on the embedded default model, so it needs no network.
-It works on trees from before issue 17 too (`--placement ends`), for before/after figures.
+`--placement ends` also runs on older trees, for before/after figures.
 
-The GPU case (issue 17): a random Qwen3 hidden 1024 x 8 layers bf16 built in code, one prompt,
-200 tokens, batch sizes 1..128 with the target at both ends (15 runs), timed once per kernel
-mode after an untimed warm-up probe; plus the memory roofline of a batch-1 decode step (weight
-bytes + KV bytes at the last step) / HBM bandwidth, and the measured step time against it.
+The GPU case: a random Qwen3 hidden 1024 x 8 layers bf16 built in code, one prompt, 200 tokens,
+batch sizes 1..128 with the target at both ends (15 runs), timed once per kernel mode after an
+untimed warm-up probe; plus the memory roofline of a batch-1 decode step (weight bytes + KV bytes
+at the last step) / HBM bandwidth, and the measured step time against it. With `--compile` every
+condition decodes on the compiled path (`probe --compile`): the table then splits each mode's wall
+time into compile + warm-up and the decoding itself, and compares the decoding with the eager
+figures of the same case on an H200 (EAGER_H200_SECONDS).
 """
 
 import argparse
@@ -29,9 +32,12 @@ from nondet.probes.default_model import DefaultModelSpec, default_model_dir
 from nondet.probes.loading import ModelSpec, load_model
 from nondet.probes.probe import ProbeConfig, run_probe
 
-DETLLM_SECONDS = 77.8  # detLLM 0.1.1 on issue 17's CPU case, measured on this kind of machine (issue 17)
-GATE_SECONDS = 111.8  # `nondet gate` on the same case before issue 17 (issue 17)
-GPU_SECONDS = {"default": 80.0, "batch-invariant": 42.0}  # issue 17's GPU case before issue 17, an H200
+DETLLM_SECONDS = 77.8  # detLLM 0.1.1 on the CPU case, measured on this kind of machine (2026-11)
+GATE_SECONDS = 111.8  # `nondet gate` on the same case, before the probe planned rows (2026-11)
+GPU_SECONDS = {"default": 80.0, "batch-invariant": 42.0}  # the GPU case before the row plan, an H200
+# the GPU case eager (dynamic cache), H200, torch 2.11, transformers 5.17, 2026-11-23: the figures the
+# compiled path is measured against (docs/benchmarks.md)
+EAGER_H200_SECONDS = {"default": 114.7, "batch-invariant": 58.0}
 GPU_CASE = DefaultModelSpec(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8,
                             num_attention_heads=16, num_key_value_heads=8, head_dim=64)
 # HBM bandwidth, bytes/s, by device-name fragment (vendor specs: H100 SXM 3.35 TB/s, H200 4.8 TB/s)
@@ -56,7 +62,7 @@ def main() -> None:
     print(f"time per decode step: {1000 * wall / steps:.2f} ms")
     print(f"prompts whose tokens differ: {m.get('prompts_diverged', '-')} of {m.get('n_prompts', 1)}; "
           f"first token divergence {m['first_token_divergence']}, numeric {m['first_numeric_divergence']}")
-    print(f"for comparison (issue 17, same kind of machine): detLLM {DETLLM_SECONDS} s, "
+    print(f"for comparison (same kind of machine): detLLM {DETLLM_SECONDS} s, "
           f"nondet gate before {GATE_SECONDS} s")
 
 
@@ -66,20 +72,23 @@ def _parse():
     p.add_argument("--batch-sizes", default="1,2,4,8")
     p.add_argument("--prompts", type=int, default=len(DEMO_PROMPTS), help="the first N built-in prompts")
     p.add_argument("--placement", default=None, help="default: the tree's own default for several prompts")
-    p.add_argument("--gpu", action="store_true", help="issue 17's GPU case instead (CUDA)")
+    p.add_argument("--gpu", action="store_true", help="the GPU case instead (CUDA)")
+    p.add_argument("--compile", action="store_true", help="with --gpu: decode on the compiled path")
     return p.parse_args()
 
 
 def _main_gpu(args) -> None:
-    """Issue 17's GPU case: default kernels and the mode, each timed on its own after a warm-up."""
+    """The GPU case: default kernels and the mode, each timed on its own after a warm-up."""
     import torch
 
     model = ModelSpec(name=str(default_model_dir(GPU_CASE)), device="cuda")
     sizes, tokens = (1, 2, 4, 8, 16, 32, 64, 128), 200
+    if args.compile:
+        return _main_gpu_compiled(model, sizes, tokens)
     step_ms = {}
     print(f"setup: 1 prompt x {tokens} tokens x batch sizes {sizes}, target at both ends, "
           f"{torch.cuda.get_device_name()}, random Qwen3 hidden 1024 x 8 layers bf16")
-    print("| kernels | wall s | before issue 17 (H200) | speedup | runs | generate calls | decode steps | "
+    print("| kernels | wall s | before the row plan (H200) | speedup | runs | generate calls | decode steps | "
           "ms per step | distinct completions |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for mode in ("default", "batch-invariant"):
@@ -97,10 +106,32 @@ def _main_gpu(args) -> None:
     _print_roofline(model, tokens, step_ms)
 
 
-def _gpu_probe(model: ModelSpec, mode: str, sizes, tokens):
+def _main_gpu_compiled(model: ModelSpec, sizes, tokens) -> None:
+    """The GPU case on the compiled path: per mode, compile + warm-up apart from the decoding."""
+    import torch
+
+    print(f"setup: 1 prompt x {tokens} tokens x batch sizes {sizes}, target at both ends, compiled path, "
+          f"{torch.cuda.get_device_name()}, random Qwen3 hidden 1024 x 8 layers bf16")
+    print("| kernels | path | wall s | compile + warm-up s | decoding s | eager on an H200 s | speedup of the "
+          "decoding | decode steps | ms per step | distinct completions | first numeric divergence |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for mode in ("default", "batch-invariant"):
+        started = time.perf_counter()
+        result = _gpu_probe(model, mode, sizes, tokens, compile_backend="inductor")
+        wall = time.perf_counter() - started
+        path = result.summary["decode_path"]["modes"][mode]
+        _, steps = _calls_and_steps(result.run_dir)
+        m = result.summary["modes"][mode]
+        eager = EAGER_H200_SECONDS[mode]
+        print(f"| {mode} | {path['path']} | {wall:.1f} | {path['warmup_s']:.1f} | {path['measured_s']:.2f} | {eager} "
+              f"| {eager / path['measured_s']:.1f}x | {steps} | {1000 * path['measured_s'] / steps:.2f} | "
+              f"{m['distinct_completions']} | {m['first_numeric_divergence']} |", flush=True)
+
+
+def _gpu_probe(model: ModelSpec, mode: str, sizes, tokens, compile_backend: str | None = None):
     out = Path(tempfile.mkdtemp(prefix="nondet-bench-gpu-")) / "run"
     config = ProbeConfig(model=model, batch_sizes=sizes, max_new_tokens=tokens, placement="ends",
-                         kernels=(mode,), out=str(out))
+                         kernels=(mode,), out=str(out), compile_backend=compile_backend)
     return run_probe(config)
 
 

@@ -10,12 +10,14 @@
 #   family       scripts/gpu_family_matrix.py: every supported model family, invariant under the mode
 #   moe          scripts/gpu_moe.py: a Qwen3-30B-A3B-shaped MoE, default vs the mode, and its step time
 #   compile      scripts/gpu_compile.py: an 8B-shaped Qwen3 decoded on the compiled path, default vs the mode
+#   compile-profile  the same model: prefill of 512 tokens and a B=32 decode step's GPU time by kernel
 
 #   demo         probe / speculative / rl on the demo model with --confirm
 #   bisect       scripts/gpu_bisect.py: what bisect blames on a GPU model, with and without a baseline
 # Speed (each prints a table)
 #   score        nondet kernels bench --score (ratios to cuBLAS / SDPA, invariance checked in the same run)
 #   probe        scripts/bench_probe.py --gpu (the probe's GPU case and its roofline)
+#   probe-compile scripts/bench_probe.py --gpu --compile (the same case on the compiled path)
 #   rl           scripts/bench_rl.py (the trainer step under the mode)
 #   speculative  scripts/bench_speculative.py (speedup kept under the mode)
 #   tune         nondet kernels tune, then the score under the tuned table
@@ -54,12 +56,14 @@ run_step() {
                  tests/test_kernels_attention_features.py 2>&1 | tail -30 ;;
     family) timeout 300 python3 scripts/gpu_family_matrix.py 2>&1 | quiet | grep -v "Loading weights" | tail -80 ;;
     compile) timeout 560 python3 scripts/gpu_compile.py ${COMPILE_ARGS:-} 2>&1 | quiet | tail -40 ;;
+    compile-profile) timeout 400 python3 scripts/gpu_compile.py --profile ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
     moe) timeout 480 python3 scripts/gpu_moe.py 2>&1 | quiet | grep -v "Loading weights" | tail -150 ;;
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4
           timeout 120 python3 -m nondet rl --device cuda --confirm -n 32 --out /tmp/run-rl 2>&1 | quiet | tail -20 ;;
     bisect) timeout 480 python3 scripts/gpu_bisect.py 2>&1 | tail -30 ;;
     score) timeout 420 python3 -m nondet kernels bench --score --out "$OUT/score.md" 2>&1 | tail -60 ;;
     probe) timeout 300 python3 scripts/bench_probe.py --gpu 2>&1 | tail -12 ;;
+    probe-compile) timeout 560 python3 scripts/bench_probe.py --gpu --compile 2>&1 | quiet | tail -12 ;;
     rl) timeout 120 python3 scripts/bench_rl.py 2>&1 | tail -12 ;;
     speculative) timeout 540 python3 scripts/bench_speculative.py 2>&1 | tail -14 ;;
     tune) timeout 300 python3 -m nondet kernels tune --out "$OUT/kernel-tuning.json" 2>&1 | tail -20

@@ -6,6 +6,9 @@ by HF generate with a static cache, which transformers compiles (CUDA graphs) on
 Per kernels mode (default; the mode with traceable=True): compile + warm-up time, ms per decode
 step at B = 1 and B = 32, the weight-read roofline at B = 1, and whether the compiled mode's greedy
 logits equal the eager mode's (dynamic cache, no compile) bit for bit at B = 1 and row 0 of B = 8.
+Then the prefill of 512 tokens (transformers compiles decode steps only: prefill runs eager), and
+the GPU time of a B = 32 decode step by kernel, default vs the mode (`--profile`), which names the
+kernels the mode's step loses its time in.
 """
 
 import argparse
@@ -68,12 +71,54 @@ def bits(model) -> str:
     return f"compiled mode == eager mode at B=1: {same} (max |diff| {diff:.3g}); compiled B=1 == row 0 of B=8: {inv}"
 
 
+def prefill_ms(model, tokens: int = 512, repeats: int = 5) -> float:
+    """One eager forward over a [1, tokens] prompt (no cache), ms, best of `repeats` after a warm-up."""
+    ids = torch.randint(3, 32000, (1, tokens), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    forward = lambda: model(ids, use_cache=False)  # noqa: E731
+    forward()
+    return min(timed(forward) for _ in range(repeats)) * 1e3
+
+
+def profile_step(model, batch: int = 32, tokens: int = 8, top: int = 8) -> list[tuple[str, float]]:
+    """GPU ms per decode step by kernel (eager static cache: the kernels the compiled graph replays,
+    minus Inductor's fused elementwise ones), the `top` heaviest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = torch.randint(3, 32000, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(4))
+    run = lambda: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,  # noqa: E731
+                                 min_new_tokens=tokens, do_sample=False, pad_token_id=0,
+                                 cache_implementation="static", disable_compile=True)
+    run()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+    rows = [(e.key, e.device_time_total / 1e3 / tokens) for e in prof.key_averages()
+            if e.device_time_total > 0 and not e.key.startswith(("cudaGraph", "Memcpy", "Memset"))]
+    return sorted(rows, key=lambda r: -r[1])[:top]
+
+
+def print_prefill_and_profile(model) -> None:
+    from nondet.kernels import batch_invariant
+
+    with torch.no_grad():
+        default = prefill_ms(model)
+        with batch_invariant(model=model):
+            mode = prefill_ms(model)
+    print(f"prefill 512 tokens (eager): default {default:.2f} ms, mode {mode:.2f} ms: "
+          f"{default / mode:.2f}x of default (target >= 0.85x)", flush=True)
+    for label in ("default", "mode"):
+        with torch.no_grad(), (batch_invariant(model=model) if label == "mode" else torch.no_grad()):
+            rows = profile_step(model)
+        print(f"B=32 decode step, GPU ms by kernel, {label}: "
+              + "; ".join(f"{name[:60]} {ms:.3f}" for name, ms in rows), flush=True)
+
+
 def main() -> None:
     from nondet.kernels import batch_invariant
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=36)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--profile", action="store_true", help="prefill and the per-kernel profile only")
     args = parser.parse_args()
     name = torch.cuda.get_device_name()
     print(name, "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), flush=True)
@@ -82,6 +127,8 @@ def main() -> None:
     bandwidth = next((v for k, v in HBM.items() if k in name), 3.35e12)
     print(f"weights {weight_bytes / 1e9:.1f} GB: {weight_bytes / bandwidth * 1e3:.2f} ms to read at "
           f"{bandwidth / 1e12:.2f} TB/s", flush=True)
+    if args.profile:
+        return print_prefill_and_profile(model)
     print("| kernels | B | compile + warm-up s | ms / decode step | x roofline |", flush=True)
     print("| --- | ---: | ---: | ---: | ---: |", flush=True)
     for label in ("default", "mode"):

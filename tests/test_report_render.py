@@ -1,5 +1,6 @@
 """report.md and report.html from synthetic run directories: structure, numbers, escaping, hints."""
 
+import json
 import re
 from pathlib import Path
 
@@ -208,3 +209,31 @@ def test_short_hex_keeps_the_value():
     for h in ("0x1.0000000000000p-7", "-0x1.6900080000000p+2", "0x0.0p+0", "inf"):
         assert float.fromhex(short_hex(h)) == float.fromhex(h)
     assert short_hex("0x1.8000000000000p-3") == "0x1.8p-3"
+
+
+def test_the_decode_path_is_named_per_kernels_mode(tmp_path):
+    run = write_run(tmp_path / "run", confirm=True)
+    env = json.loads((run / "fingerprint.json").read_text())
+    (run / "fingerprint.json").write_text(json.dumps({**env, "decode_path": "torch.compile (inductor, CUDA graphs), "
+                                                                            "static KV cache"}))
+    summary = json.loads((run / "summary.json").read_text())
+    summary["decode_path"] = {"compiled": "torch.compile (inductor, CUDA graphs), static KV cache", "modes": {
+        "default": {"path": "compiled", "reason": None, "warmup_s": 41.0, "measured_s": 3.2, "conditions": 5},
+        "batch-invariant": {"path": "eager", "reason": "InductorError: <boom>", "warmup_s": 2.0,
+                            "measured_s": 9.5, "conditions": 5}}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    md, html = (p.read_text() for p in write_report(run))
+    assert ("Decode path: torch.compile (inductor, CUDA graphs), static KV cache; default kernels compiled (compile "
+            "+ warm-up 41.0 s, decoding 3.2 s); batch-invariant kernels eager (could not compile: InductorError: "
+            "&lt;boom&gt;; decoding 9.5 s).") in md
+    assert "&lt;boom&gt;" in html and "<boom>" not in html
+
+
+def test_an_eager_run_names_its_path(tmp_path):
+    run = write_run(tmp_path / "run")
+    env = json.loads((run / "fingerprint.json").read_text())
+    (run / "fingerprint.json").write_text(json.dumps({**env, "decode_path": "eager, dynamic KV cache"}))
+    md, _ = write_report(run)
+    assert "Decode path: eager, dynamic KV cache." in md.read_text()
+    bare = write_run(tmp_path / "bare")
+    assert "Decode path" not in write_report(bare)[0].read_text()  # an old run directory: nothing claimed

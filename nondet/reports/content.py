@@ -26,7 +26,7 @@ MAX_TREE_NODES = 30                      # branch points drawn before the tree i
 
 def build_report(t: RunTables) -> Report:
     sections = [
-        Section("Verdict", "verdict", [_verdict(t), *_gate_note(t), *_model_note(t)]),
+        Section("Verdict", "verdict", [_verdict(t), *_gate_note(t), *_model_note(t), *_decode_path_note(t)]),
         Section("Conditions", "conditions", _conditions(t)),
         *speculative_sections(t),
         *tensor_parallel_sections(t),
@@ -68,6 +68,20 @@ def _model_note(t: RunTables) -> list[Para]:
         return [Para(["Model: the embedded demonstration model (", Code(str(name)), ", random weights built in "
                       f"code, {dtype} on {device}). Its text is meaningless; the numerics are real."], kind="note")]
     return [Para(["Model: ", Code(str(name)), f", {dtype} on {device}."], kind="note")]
+
+
+def _decode_path_note(t: RunTables) -> list[Para]:
+    """Which decode path the numbers come from: eager, or the compiled one (`probe --compile`), per
+    kernels mode, since a compiled model rounds as Inductor's kernels do, not as eager's."""
+    path = t.fingerprint.get("decode_path")
+    compiled = t.summary.get("decode_path") or {}
+    if not path or not compiled:
+        return [Para([f"Decode path: {path}."], kind="note")] if path else []
+    modes = [f"{mode} kernels " + (f"compiled (compile + warm-up {m['warmup_s']:.1f} s, decoding {m['measured_s']:.1f} s)"
+                                   if m["path"] == "compiled" else
+                                   f"eager (could not compile: {m['reason']}; decoding {m['measured_s']:.1f} s)")
+             for mode, m in compiled["modes"].items()]
+    return [Para([f"Decode path: {compiled['compiled']}; " + "; ".join(modes) + "."], kind="note")]
 
 
 # -- conditions -------------------------------------------------------------------------
