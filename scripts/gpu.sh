@@ -63,7 +63,7 @@ run_step() {
     bisect) timeout 480 python3 scripts/gpu_bisect.py 2>&1 | tail -30 ;;
     score) timeout 420 python3 -m nondet kernels bench --score --out "$OUT/score.md" 2>&1 | tail -60 ;;
     probe) timeout 300 python3 scripts/bench_probe.py --gpu 2>&1 | tail -12 ;;
-    probe-compile) timeout 560 python3 scripts/bench_probe.py --gpu --compile 2>&1 | quiet | tail -12 ;;
+    probe-compile) timeout 470 python3 scripts/bench_probe.py --gpu --compile 2>&1 | quiet | tail -12 ;;
     rl) timeout 120 python3 scripts/bench_rl.py 2>&1 | tail -12 ;;
     speculative) timeout 540 python3 scripts/bench_speculative.py 2>&1 | tail -14 ;;
     tune) timeout 300 python3 -m nondet kernels tune --out "$OUT/kernel-tuning.json" 2>&1 | tail -20
