@@ -1,4 +1,4 @@
-"""One prompt-file format for every command (probe --prompts, rl --prompts, the pytest plugin).
+"""One prompt-file format for every command (probe, rl and gate --prompts, gate's prompts-file, the pytest plugin).
 
 A file is JSONL when its first non-blank line starts with `{` or `"`: each non-blank line is then
 a JSON string or {"prompt": "..."}, so a prompt may hold newlines (code prompts). Any other file

@@ -6,13 +6,16 @@
                                batch_sizes=(1, 8, 16), max_new_tokens=100,
                                kernels="batch-invariant")
 
-or, without the fixture, `from nondet.pytest_plugin import assert_batch_invariant`.
+`prompts_file="prompts.jsonl"` reads the prompts instead in the one prompt-file format of
+`nondet probe --prompts` (JSONL, so a prompt may hold newlines, or plain text one a line).
+Or, without the fixture, `from nondet.pytest_plugin import assert_batch_invariant`.
 A violation raises AssertionError whose message names each failing condition's first
 divergence and branch tokens. `assert_speculative_equivalent` (fixture of the same name)
 asserts that speculative decoding gives plain greedy decoding's tokens and logprob bits. This module loads in every pytest run of an environment
 where nondet is installed, so it imports no torch (nor anything heavy) at import time.
 """
 
+from pathlib import Path
 from typing import Sequence
 
 import pytest
@@ -20,11 +23,13 @@ import pytest
 DEFAULT_PROMPTS = ("Tell me about Richard Feynman",)
 
 
-def assert_batch_invariant(model, tokenizer, prompts: Sequence[str] = DEFAULT_PROMPTS,
+def assert_batch_invariant(model, tokenizer, prompts: Sequence[str] | None = None,
                            batch_sizes: Sequence[int] = (1, 8, 16), max_new_tokens: int = 64,
-                           kernels: str = "default", require: str = "identical"):
+                           kernels: str = "default", require: str = "identical",
+                           prompts_file: Path | str | None = None):
     """Probe (model, tokenizer) in memory under the policy; AssertionError on a violation.
 
+    prompts: the prompts (default: one built-in), or prompts_file: a prompt file (JSONL or lines).
     kernels: "default" (the model as it is) or "batch-invariant" (nondet's kernels).
     require: "identical" or one of "max-distinct = N", "min-divergence-step = S",
     "max-logprob-diff = X" (see nondet gate). Returns the verdicts when the policy is met.
@@ -35,7 +40,7 @@ def assert_batch_invariant(model, tokenizer, prompts: Sequence[str] = DEFAULT_PR
 
     policy = Policy.parse(require)
     verdicts = []
-    for prompt in prompts:
+    for prompt in prompts_of(prompts, prompts_file):
         config = ProbeConfig(prompt=prompt, batch_sizes=tuple(sorted({1, *batch_sizes})),
                              max_new_tokens=max_new_tokens, kernels=(kernels,))
         result = probe_model(model, tokenizer, config)
@@ -44,6 +49,17 @@ def assert_batch_invariant(model, tokenizer, prompts: Sequence[str] = DEFAULT_PR
     if failed:
         raise AssertionError(failure_message(failed))
     return verdicts
+
+
+def prompts_of(prompts: Sequence[str] | None, prompts_file: Path | str | None) -> Sequence[str]:
+    """The prompts given, or those of prompts_file read as every command reads one (nondet/prompt_file.py)."""
+    if prompts_file is None:
+        return DEFAULT_PROMPTS if prompts is None else prompts
+    if prompts is not None:
+        raise ValueError("give either prompts or prompts_file, not both")
+    from nondet.prompt_file import read_prompt_file
+
+    return read_prompt_file(prompts_file)
 
 
 def failure_message(verdicts) -> str:
@@ -55,15 +71,16 @@ def failure_message(verdicts) -> str:
     return "\n".join(lines)
 
 
-def assert_speculative_equivalent(model, tokenizer, prompts: Sequence[str] = DEFAULT_PROMPTS, k: int = 4,
+def assert_speculative_equivalent(model, tokenizer, prompts: Sequence[str] | None = None, k: int = 4,
                                   forms: Sequence[str] = ("self",), max_new_tokens: int = 64,
-                                  kernels: str = "default") -> list[dict]:
+                                  kernels: str = "default", prompts_file: Path | str | None = None) -> list[dict]:
     """Speculative decoding of each prompt must equal plain greedy decoding, token and logprob bits.
 
     forms: "self" (the model as its own draft: every token through the k+1 verification pass),
     "ngram" (prompt lookup), each drafting k tokens a round; or full forms ("draft:DIR:2").
-    kernels: "default" or "batch-invariant". AssertionError naming the prompt, the form and the
-    first differing step; returns one {"prompt", "form", "steps", "acceptance_rate"} per pair.
+    kernels: "default" or "batch-invariant"; prompts_file as in assert_batch_invariant.
+    AssertionError naming the prompt, the form and the first differing step; returns one
+    {"prompt", "form", "steps", "acceptance_rate"} per pair.
 
         assert_speculative_equivalent(model, tokenizer, prompts=["Tell me about Feynman"], k=4,
                                       kernels="batch-invariant")
@@ -72,7 +89,7 @@ def assert_speculative_equivalent(model, tokenizer, prompts: Sequence[str] = DEF
 
     names = tuple(f if ":" in f else f"{f}:{k}" for f in forms)
     failures, passed = [], []
-    for prompt in prompts:
+    for prompt in prompts_of(prompts, prompts_file):
         config = ProbeConfig(prompt=prompt, batch_sizes=(1,), max_new_tokens=max_new_tokens, kernels=(kernels,),
                              speculative=names)
         streams = _speculative_streams(model, tokenizer, config)

@@ -28,6 +28,10 @@ def gate(
         "--config", help="Config file (nondet.toml, or a pyproject.toml with \\[tool.nondet]). Default: found from the working directory up.")] = None,
     prompt: Annotated[Optional[list[str]], typer.Option(
         "--prompt", "-p", help="Target prompt; repeat for several (each is its own probe).")] = None,
+    prompts_file: Annotated[Optional[Path], typer.Option(
+        "--prompts", help="File of target prompts, the format of nondet probe --prompts: JSONL (a JSON string or "
+                          "{\"prompt\": ...} a line, so a prompt may hold newlines) or plain text, one prompt a line.")
+    ] = None,
     batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", "-b", help="Batch sizes, e.g. 1,8,16 (default 1,8,16).")] = None,
     positions: Annotated[Optional[str], typer.Option(help="Target rows per batch: auto (every row a target with several prompts, else ends) | rows | padded | ends | first | last | all.")] = None,
     runs: Annotated[Optional[int], typer.Option(help="Spread N target replays over the batches.")] = None,
@@ -104,7 +108,8 @@ def gate(
     from nondet.gate.config import find_config, load_config, resolve
     from nondet.gate.run import GateOutputs, run_targets
 
-    flags = {"model": model, "prompts": prompt or None, "batch-sizes": batch_sizes, "positions": positions,
+    flags = {"model": model, "prompts": prompt or None, "prompts-file": str(prompts_file) if prompts_file else None,
+             "batch-sizes": batch_sizes, "positions": positions,
              "runs": runs, "max-new-tokens": max_new_tokens, "kernels": kernels, "require": require,
              "max-distinct": max_distinct, "min-divergence-step": min_divergence_step,
              "max-logprob-diff": max_logprob_diff, "dtype": dtype, "device": device, "threads": threads,

@@ -6,7 +6,8 @@ repository root (a directory holding `.git`). `nondet.toml` wins when both sit i
 directory. Keys (TOML, kebab-case):
 
     model = "path/or/hub-id"          # relative paths are relative to the config file
-    prompts = ["Tell me about Richard Feynman"]   # or prompt = "..."
+    prompts = ["Tell me about Richard Feynman"]   # or prompt = "...", or prompts-file = "prompts.jsonl"
+                                      #   (the format of `nondet probe --prompts`, relative to this file)
     batch-sizes = [1, 8, 16]          # or "1,8,16" / "1-16"
     positions = "auto"                # auto | rows | padded | ends | first | last | all (auto: every
                                       #   row a target with several prompts, one probe; else ends)
@@ -54,7 +55,8 @@ AXIS_KEYS = {  # axis -> the keys (file) or flags that name it
     "rl": ("rl", "max-kl"),
 }
 DEFAULT_FORMS = "ngram:4,self:4"  # prompt lookup and the model as its own draft (issue 13's acceptance)
-KEYS = ("model", "prompt", "prompts", "batch-sizes", "positions", "runs", "max-new-tokens", "kernels",
+PROMPT_KEYS = ("prompt", "prompts", "prompts-file")  # one of them per layer (flags: --prompt or --prompts)
+KEYS = ("model", *PROMPT_KEYS, "batch-sizes", "positions", "runs", "max-new-tokens", "kernels",
         "dtype", "device", "threads", "load", "endpoint", "rate", "concurrency", "inject-variance", "require",
         *THRESHOLDS, "speculative", "speculative-forms", "rl", "max-kl", "micro-batch", "sampler-batch")
 
@@ -119,7 +121,7 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
         values["model"] = _relative_to(file_values["model"], source.parent)
     return GateSettings(
         model=_typed(values, "model", str, label),
-        prompts=_prompts(values, label),
+        prompts=_prompts(given, file_values, source, label),
         batch_sizes=_batch_sizes(values.get("batch-sizes"), label),
         positions=_typed(values, "positions", str, label) or "auto",
         runs=_typed(values, "runs", int, label),
@@ -211,20 +213,41 @@ def _positive(values: dict[str, Any], key: str, default: int, label: _Labels) ->
     return default if value is None else value
 
 
-def _prompts(values: dict[str, Any], label: _Labels) -> tuple[str, ...]:
-    """prompts = [...] or prompt = "..." in the file; --prompt (repeatable) replaces both."""
-    if "prompt" in values and "prompts" in values and "prompts" not in label.flag_keys:
-        raise UsageError(f"{label.where}: give either prompt or prompts, not both")
-    key = "prompts" if "prompts" in values else "prompt"
-    value = values.get(key)
-    if value is None:
+def _prompts(flags: dict[str, Any], file_values: dict[str, Any], source: Path | None,
+             label: _Labels) -> tuple[str, ...]:
+    """The flags' prompts (--prompt, repeatable, or --prompts FILE) replace the file's (prompt,
+    prompts or prompts-file); each layer gives them one way."""
+    if flags.get("prompts") is not None and flags.get("prompts-file") is not None:
+        raise UsageError("give either --prompt or --prompts FILE, not both")
+    from_flags = any(flags.get(k) is not None for k in PROMPT_KEYS)
+    layer = flags if from_flags else file_values
+    named = [k for k in PROMPT_KEYS if layer.get(k) is not None]
+    if len(named) > 1:
+        raise UsageError(f"{label.where}: give one of prompt, prompts, prompts-file, not {' and '.join(named)}")
+    if not named:
         return ()
+    if named[0] == "prompts-file":  # a file's path is relative to that file, a flag's to the cwd
+        base = source.parent if source is not None and not from_flags else Path()
+        return _prompts_file(layer["prompts-file"], base, label)
+    return _prompt_list(named[0], layer[named[0]], from_flags, label)
+
+
+def _prompts_file(value, base: Path, label: _Labels) -> tuple[str, ...]:
+    """The one prompt-file reader of every command (nondet/prompt_file.py): JSONL or plain lines."""
+    from nondet.prompt_file import read_prompt_file
+
+    if not isinstance(value, str) or not value.strip():
+        raise UsageError(f"{label('prompts-file')} must be a file path, not {value!r}")
+    return read_prompt_file(base / value)
+
+
+def _prompt_list(key: str, value, from_flags: bool, label: _Labels) -> tuple[str, ...]:
     prompts = [value] if key == "prompt" and isinstance(value, str) else value
-    if not isinstance(prompts, list) or not all(isinstance(p, str) and p.strip() for p in prompts):
-        if key in label.flag_keys:
-            raise UsageError("--prompt is empty")
-        raise UsageError(f"{label(key)} must be " + ("non-empty text" if key == "prompt" else "a list of non-empty strings"))
-    return tuple(prompts)
+    if isinstance(prompts, list) and all(isinstance(p, str) and p.strip() for p in prompts):
+        return tuple(prompts)
+    if from_flags:
+        raise UsageError("--prompt is empty")
+    raise UsageError(f"{label(key)} must be " + ("non-empty text" if key == "prompt" else "a list of non-empty strings"))
 
 
 def _batch_sizes(value, label: _Labels) -> tuple[int, ...]:

@@ -1,0 +1,131 @@
+"""gate and the pytest plugin read prompt files with the one reader of probe and rl (nondet/prompt_file.py):
+a JSONL prompt's newlines reach the probe intact, a bad line is one file:line usage error (exit 2)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nondet.errors import UsageError
+from nondet.gate.config import load_config, resolve
+
+CODE = "def fibonacci(n):\n    a, b = 0, 1\n    return a"
+BAD_LINE_ERROR = ('{path}:2: not valid JSON (Expecting property name enclosed in double quotes); a line is a JSON '
+                  'string or {{"prompt": "..."}}')
+
+
+def jsonl(path: Path, *prompts) -> Path:
+    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    return path
+
+
+def gate(*args, cwd: Path):
+    (cwd / ".git").mkdir(exist_ok=True)  # a repository root: no config file above it is read
+    return subprocess.run([sys.executable, "-m", "nondet", "gate", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "GITHUB_ACTIONS": ""}, timeout=600)
+
+
+def test_prompts_flag_keeps_a_jsonl_prompts_newlines_in_the_probe_config(tmp_path):
+    from nondet.cli.gate import probe_configs
+
+    f = jsonl(tmp_path / "p.jsonl", {"prompt": CODE})
+    settings = resolve({"prompts-file": str(f)}, {})
+    assert settings.prompts == (CODE,)
+    [config] = probe_configs(settings, str(tmp_path / "run"))
+    assert config.prompt == CODE
+
+
+def test_config_key_is_relative_to_the_config_file(tmp_path):
+    (tmp_path / "cfg").mkdir()
+    jsonl(tmp_path / "cfg" / "p.jsonl", {"prompt": CODE}, "second")
+    source = tmp_path / "cfg" / "nondet.toml"
+    source.write_text('prompts-file = "p.jsonl"\n')
+    assert resolve({}, load_config(source), source).prompts == (CODE, "second")
+
+
+def test_plain_text_file_is_one_prompt_a_line(tmp_path):
+    # negative control: a file that is not JSONL is not parsed as JSON, braces and all
+    f = tmp_path / "p.txt"
+    f.write_text("first prompt\n\nsecond {not json}\n")
+    assert resolve({"prompts-file": str(f)}, {}).prompts == ("first prompt", "second {not json}")
+
+
+def test_flags_replace_the_files_prompts(tmp_path):
+    source = tmp_path / "nondet.toml"
+    source.write_text('prompts = ["from the file"]\n')
+    f = jsonl(tmp_path / "p.jsonl", "from the flag")
+    assert resolve({"prompts-file": str(f)}, load_config(source), source).prompts == ("from the flag",)
+
+
+@pytest.mark.parametrize("flags, text, message", [
+    ({"prompts": ["a"], "prompts-file": "p.jsonl"}, "", "give either --prompt or --prompts FILE, not both"),
+    ({}, 'prompts = ["a"]\nprompts-file = "p.jsonl"\n',
+     "{source}: give one of prompt, prompts, prompts-file, not prompts and prompts-file"),
+    ({}, "prompts-file = 3\n", "{source}: prompts-file must be a file path, not 3"),
+    ({}, 'prompts-file = "missing.jsonl"\n', "cannot read prompts file {dir}/missing.jsonl: No such file or directory"),
+])
+def test_bad_prompt_sources_are_one_usage_error(tmp_path, flags, text, message):
+    source = tmp_path / "nondet.toml"
+    source.write_text(text)
+    with pytest.raises(UsageError) as err:
+        resolve(flags, load_config(source), source)
+    assert str(err.value) == message.format(source=source, dir=tmp_path)
+
+
+def test_cli_malformed_line_is_one_line_naming_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('"fine"\n{oops\n')
+    r = gate("--prompts", str(bad), cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == "nondet: error: " + BAD_LINE_ERROR.format(path=bad) + "\n"
+    assert r.stdout == ""
+
+
+def test_cli_malformed_line_from_the_config_file(tmp_path):
+    (tmp_path / "bad.jsonl").write_text('"fine"\n{oops\n')
+    (tmp_path / "nondet.toml").write_text('prompts-file = "bad.jsonl"\n')
+    r = gate(cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == "nondet: error: " + BAD_LINE_ERROR.format(path=tmp_path / "bad.jsonl") + "\n"
+
+
+def test_cli_gate_probes_the_jsonl_prompt_with_its_newlines(tmp_path, tiny_model_dir):
+    jsonl(tmp_path / "p.jsonl", {"prompt": CODE})
+    (tmp_path / "nondet.toml").write_text(f'model = {json.dumps(str(tiny_model_dir))}\nprompts-file = "p.jsonl"\n')
+    r = gate("-b", "1,2", "-n", "3", "--require", "min-divergence-step = 0", "--no-bisect", "--out", "run",
+             cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-1500:]
+    config = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
+    assert config["prompt"] == CODE  # the newlines reached the gate's probe
+
+
+# -- the pytest plugin ----------------------------------------------------------------------
+
+
+def test_plugin_reads_a_prompts_file_with_newlines(tmp_path, tiny_model_dir):
+    from nondet.probes.loading import ModelSpec, load_model
+    from nondet.pytest_plugin import assert_batch_invariant
+
+    loaded = load_model(ModelSpec(str(tiny_model_dir)))
+    f = jsonl(tmp_path / "p.jsonl", {"prompt": CODE})
+    verdicts = assert_batch_invariant(loaded.model, loaded.tokenizer, prompts_file=f, batch_sizes=(1, 2),
+                                      max_new_tokens=2, require="min-divergence-step = 0")
+    assert [v.name for v in verdicts] == [f"prompt {CODE!r}"]  # the whole prompt, newlines and all
+
+
+def test_plugin_prompts_file_errors(tmp_path):
+    from nondet.pytest_plugin import prompts_of
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('"fine"\n{oops\n')
+    with pytest.raises(UsageError) as err:
+        prompts_of(None, bad)
+    assert str(err.value) == BAD_LINE_ERROR.format(path=bad)
+    with pytest.raises(ValueError, match="^give either prompts or prompts_file, not both$"):
+        prompts_of(["a"], bad)
+    plain = tmp_path / "p.txt"
+    plain.write_text("one\ntwo {x}\n")
+    assert prompts_of(None, plain) == ("one", "two {x}")
