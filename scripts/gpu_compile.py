@@ -80,7 +80,10 @@ def prefill_ms(model, tokens: int = 512, repeats: int = 5) -> float:
 
 
 def compiled_prefill_ms(model, mode: bool, tokens: int = 512, repeats: int = 5) -> float:
-    """The same prefill through torch.compile (Inductor, no CUDA graphs), the mode traceable."""
+    """The same prefill through torch.compile (Inductor, no CUDA graphs), the mode traceable; prints
+    the compiled prefill's GPU time by kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
     from nondet.kernels import batch_invariant
 
     torch._dynamo.reset()
@@ -89,7 +92,15 @@ def compiled_prefill_ms(model, mode: bool, tokens: int = 512, repeats: int = 5) 
     with torch.no_grad(), (batch_invariant(model=model, traceable=True) if mode else torch.no_grad()):
         forward(ids, use_cache=False)
         forward(ids, use_cache=False)
-        return min(timed(lambda: forward(ids, use_cache=False)) for _ in range(repeats)) * 1e3
+        best = min(timed(lambda: forward(ids, use_cache=False)) for _ in range(repeats)) * 1e3
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            forward(ids, use_cache=False)
+            torch.cuda.synchronize()
+    rows = sorted(((e.key, e.device_time_total / 1e3, e.cpu_time_total / 1e3, e.count) for e in prof.key_averages()),
+                  key=lambda r: -max(r[1], r[2]))[:12]
+    print(f"compiled prefill, {'mode' if mode else 'default'}, by op (name, GPU ms, CPU ms, calls): "
+          + "; ".join(f"{n[:50]} {g:.2f} {c:.2f} {k}" for n, g, c, k in rows), flush=True)
+    return best
 
 
 def profile_step(model, batch: int = 32, tokens: int = 8, top: int = 8) -> list[tuple[str, float]]:
