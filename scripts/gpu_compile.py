@@ -103,6 +103,24 @@ def compiled_prefill_ms(model, mode: bool, tokens: int = 512, repeats: int = 5) 
     return best
 
 
+def print_graph_breaks(model, tokens: int = 512) -> None:
+    """Why the mode's compiled prefill splits into several graphs (torch._dynamo.explain)."""
+    from nondet.kernels import batch_invariant
+
+    torch._dynamo.reset()
+    ids = torch.randint(3, 32000, (1, tokens), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    try:
+        with torch.no_grad(), batch_invariant(model=model, traceable=True):
+            explained = torch._dynamo.explain(model.forward)(ids, use_cache=False)
+    except Exception as exc:  # noqa: BLE001 - torch 2.11's explain fails on some resumed frames: say so, go on
+        print(f"mode prefill under dynamo: explain failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        return
+    print(f"mode prefill under dynamo: {explained.graph_count} graphs, {explained.graph_break_count} breaks", flush=True)
+    for reason in explained.break_reasons[:6]:
+        where = " <- ".join(str(frame).strip()[:120] for frame in reason.user_stack[-2:])
+        print(f"  break: {str(reason.reason).strip()[:300]} at {where}", flush=True)
+
+
 def profile_step(model, batch: int = 32, tokens: int = 8, top: int = 8) -> list[tuple[str, float]]:
     """GPU ms per decode step by kernel (eager static cache: the kernels the compiled graph replays,
     minus Inductor's fused elementwise ones), the `top` heaviest."""
@@ -129,6 +147,7 @@ def print_prefill_and_profile(model) -> None:
             mode = prefill_ms(model)
     print(f"prefill 512 tokens (eager): default {default:.2f} ms, mode {mode:.2f} ms: "
           f"{default / mode:.2f}x of default (target >= 0.85x)", flush=True)
+    print_graph_breaks(model)
     default, mode = compiled_prefill_ms(model, False), compiled_prefill_ms(model, True)
     print(f"prefill 512 tokens (torch.compile): default {default:.2f} ms, mode {mode:.2f} ms: "
           f"{default / mode:.2f}x of default", flush=True)
