@@ -7,6 +7,9 @@ import pytest
 
 _CACHE = tempfile.mkdtemp(prefix="nondet-test-cache-")
 os.environ.setdefault("NONDET_CACHE", _CACHE)
+# the default model of tests is the random-weight demo (fast, every test's expectations are set on it);
+# tests/test_demo_trained.py runs the trained one end to end
+os.environ.setdefault("NONDET_DEMO_MODEL", "random")
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,7 @@ def bisect(
     device: o.DeviceOpt = "cpu",
     attn_implementation: o.AttnOpt = None,
     trust_remote_code: o.TrustOpt = False,
-    inject_variance: o.InjectOpt = False,
+    inject_variance: o.InjectOpt = None,
     threads: o.ThreadsOpt = None,
     out: o.OutOpt = None,
     json_output: o.JsonOpt = False,

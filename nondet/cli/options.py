@@ -13,9 +13,11 @@ AttnOpt = Annotated[Optional[str], typer.Option(
     "--attn-implementation", help="transformers attention implementation (sdpa, eager, ...). Default: the model's.")]
 TrustOpt = Annotated[bool, typer.Option(
     "--trust-remote-code", help="Allow the model repository's own Python code to run (off by default).")]
-InjectOpt = Annotated[bool, typer.Option(
-    "--inject-variance", help="Positive control: make one RMSNorm of the model batch-variant on purpose "
-                              "(nondet's batch-invariant norm fixes it), to check that a divergence is caught.")]
+InjectOpt = Annotated[Optional[bool], typer.Option(
+    "--inject-variance/--no-inject-variance",
+    help="Positive control: make one RMSNorm of the model batch-variant on purpose (nondet's batch-invariant "
+         "norm fixes it), to check that a divergence is caught. On by default for the trained demo model only, "
+         "so its effect shows on any CPU; --no-inject-variance probes it with this host's own kernels.")]
 PromptOpt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="The target prompt text.")]
 PromptFileOpt = Annotated[Optional[Path], typer.Option("--prompt-file", help="Read the target prompt from a file.")]
 BatchSizesOpt = Annotated[Optional[str], typer.Option(

@@ -37,7 +37,8 @@ def probe(
         help="File of filler prompts, one per line (default: a built-in multilingual set).")] = None,
     ragged: Annotated[bool, typer.Option(
         "--ragged", help="Also run left-padded batches of unequal lengths (a separate, labelled condition).")] = False,
-    max_new_tokens: o.MaxNewTokensOpt = 200,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        "--max-new-tokens", "-n", help="Tokens generated per request (default 200; 64 on the trained demo model).")] = None,
     temperature: Annotated[float, typer.Option(help="0 = greedy. >0 samples; each request has its own seeded generator.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of each request's generator when sampling.")] = 0,
     kernels: o.KernelsOpt = "default",
@@ -47,7 +48,7 @@ def probe(
     device: o.DeviceOpt = "cpu",
     attn_implementation: o.AttnOpt = None,
     trust_remote_code: o.TrustOpt = False,
-    inject_variance: o.InjectOpt = False,
+    inject_variance: o.InjectOpt = None,
     threads: o.ThreadsOpt = None,
     out: o.OutOpt = None,
     json_output: o.JsonOpt = False,
@@ -72,7 +73,11 @@ def probe(
              "completions and first divergence from its own request alone; across: distinct completions, the "
              "first token where B alone leaves A alone, and the first step whose logprob bits differ where both "
              "return logprobs.")] = None,
-    chat: Annotated[bool, typer.Option("--chat", help="Use /v1/chat/completions instead of /v1/completions.")] = False,
+    chat: Annotated[bool, typer.Option("--chat", help="Format each prompt as a chat turn: in process through the "
+                                                      "tokenizer's chat template (the ids a server's chat endpoint "
+                                                      "gives the model); with --endpoint, /v1/chat/completions.")] = False,
+    system: Annotated[Optional[str], typer.Option(
+        "--system", help="With --chat: the system message (default: the chat template's own).")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(
         help="Tokenizer (dir or hub id) for comparing a server's texts token by token when it returns no logprobs.")] = None,
     api_key_env: Annotated[str, typer.Option(
@@ -125,22 +130,24 @@ def probe(
     Tensor parallelism:  nondet probe --tp 1,2 --batch-sizes 1,2,8 --confirm
     """
     from nondet.cli.options import read_lines_file, read_targets
-    from nondet.cli.probe_config import build_load_config, build_probe_config
+    from nondet.cli.probe_config import build_load_config, build_probe_config, demo_defaults
     from nondet.probes.corpus import FILLERS
 
     load_config = build_load_config(load, endpoint, resume, rate=rate, concurrency=concurrency,
                                     filler_requests=filler_requests, chat=chat, tokenizer=tokenizer,
                                     api_key_env=api_key_env, timeout=timeout, against=against)
     targets = read_targets(prompt, prompt_file, prompts, several_by_default=load_config.mode == "static")
+    if model is None and load_config.mode == "static" and not (prompt or prompt_file or prompts or speculative or tp):
+        targets, chat, batch_sizes, max_new_tokens = demo_defaults(targets, chat, batch_sizes, max_new_tokens)
     config = build_probe_config(
         "probe", targets, model=model, dtype=dtype, device=device, attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code, inject_variance=inject_variance, batch_sizes=batch_sizes, out=out,
         load=load_config, placement=positions, runs=runs,
         fillers=read_lines_file(fillers, "fillers") if fillers else FILLERS,
-        ragged=ragged, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+        ragged=ragged, max_new_tokens=max_new_tokens or 200, temperature=temperature, seed=seed,
         kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads, speculative=speculative,
         budget=budget, kv_cache=kv_cache, tp_invariant=tp_invariant, **_tp_fields(tp),
-        compile_backend="inductor" if compile else None,
+        compile_backend="inductor" if compile else None, chat=chat, system=system,
     )
     result = run_keeping_streams(config, quiet=json_output)
     write_report_if_available(result.run_dir)
@@ -161,7 +168,24 @@ def probe(
     print_speculative(result.summary, console)
     print_against(result.summary, console)
     print_tp_lines(result.summary, console)
+    print_model_note(result.run_dir, console)
     console.print(f"wall time: {result.seconds:.1f} s")
+
+
+def print_model_note(run_dir, console) -> None:
+    """Which model the numbers came from when it was not the user's: the demo, and the variance
+    built into it on purpose (a reader must not take that for this host's kernels)."""
+    from pathlib import Path
+
+    path = Path(run_dir) / "fingerprint.json"
+    model = (json.loads(path.read_text()).get("model") or {}) if path.exists() else {}
+    if not model.get("embedded_default"):
+        return
+    line = f"model: the demo model {model.get('name')} ({'trained' if model.get('demo') == 'trained' else 'random weights'})"
+    if model.get("injected_variance"):
+        line += (f", with {model['injected_variance']} made batch-variant on purpose, as a split-reduction kernel "
+                 "is on a busy GPU server; --no-inject-variance probes this host's own kernels, --model DIR yours")
+    console.print(line)
 
 
 def _tp_fields(tp: str | None) -> dict:

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 def build_probe_config(command: str, prompts: Sequence[str] = (), *, model: str | None = None,
                        dtype: str = "bfloat16", device: str = "cpu", attn_implementation: str | None = None,
-                       trust_remote_code: bool = False, inject_variance: bool = False,
+                       trust_remote_code: bool = False, inject_variance: bool | None = None,
                        batch_sizes: str | Sequence[int] | None = None, out: str | Path | None = None,
                        load: "LoadConfig | None" = None, speculative: str | None = None,
                        **fields) -> "ProbeConfig":
@@ -80,3 +80,14 @@ def _batch_sizes(value: str | Sequence[int] | None, prompts: tuple[str, ...]) ->
     if value is None or isinstance(value, str):
         return parse_batch_sizes(value or default_batch_sizes(prompts))
     return tuple(value)
+
+
+def demo_defaults(targets: tuple[str, ...], chat: bool, batch_sizes: str | None,
+                  max_new_tokens: int | None) -> tuple[tuple[str, ...], bool, str | None, int | None]:
+    """No model and no prompt given: on the trained demo model, its chat-formatted questions, batch
+    sizes and length (probes/demo_model.py), where the user left them unset; else unchanged."""
+    from nondet.probes.demo_model import DEMO_BATCH_SIZES, DEMO_MAX_NEW_TOKENS, DEMO_QUESTIONS, demo_kind
+
+    if demo_kind() != "trained":
+        return targets, chat, batch_sizes, max_new_tokens
+    return DEMO_QUESTIONS, True, batch_sizes or DEMO_BATCH_SIZES, max_new_tokens or DEMO_MAX_NEW_TOKENS

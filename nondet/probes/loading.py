@@ -19,7 +19,9 @@ class ModelSpec:
     device: str = "cpu"
     attn_implementation: str | None = None  # None = transformers' default (sdpa)
     trust_remote_code: bool = False  # off unless the user asks: model code is untrusted
-    inject_variance: bool = False  # positive control: one RMSNorm made batch-variant on purpose
+    # positive control: one RMSNorm made batch-variant on purpose; None = on for the trained demo model
+    # only (so its effect shows on any CPU, labelled as such), off for every other model
+    inject_variance: bool | None = None
 
 
 @dataclass
@@ -37,9 +39,18 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     model, tokenizer = _from_pretrained(source, spec)
     _ensure_pad_token(tokenizer)
     description = _describe(model, spec)
-    if spec.inject_variance:
+    if injects_variance(spec):
         description["injected_variance"] = inject(model)
     return LoadedModel(model, tokenizer, description)
+
+
+def injects_variance(spec: ModelSpec) -> bool:
+    """Whether the model gets the batch-variant norm: as asked, else only for the trained demo."""
+    if spec.inject_variance is not None:
+        return spec.inject_variance
+    from nondet.probes.demo_model import demo_kind
+
+    return spec.name is None and demo_kind() == "trained"
 
 
 def inject(model) -> str:
@@ -78,9 +89,9 @@ def check_device(device: str) -> None:
 
 def _resolve_source(name: str | None) -> str:
     if name is None:
-        from nondet.probes.default_model import default_model_dir
+        from nondet.probes.demo_model import resolve_demo_dir
 
-        return str(default_model_dir())
+        return str(resolve_demo_dir())
     looks_local = name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
     if looks_local and not Path(name).expanduser().is_dir():
         raise ModelLoadError(f"model directory not found: {name}")
@@ -122,9 +133,15 @@ def _ensure_pad_token(tokenizer) -> None:
 
 def _describe(model, spec: ModelSpec) -> dict:
     cfg = model.config
+    demo = None
+    if spec.name is None:
+        from nondet.probes.demo_model import DEMO_NAME, demo_kind
+
+        demo = demo_kind()
     return {
-        "name": spec.name or "nondet-default",
+        "name": spec.name or (DEMO_NAME if demo == "trained" else "nondet-default"),
         "embedded_default": spec.name is None,
+        "demo": demo,  # "trained" (SmolLM2) | "random" | None (a user's model)
         "architecture": type(model).__name__,
         "layers": getattr(cfg, "num_hidden_layers", None),
         "hidden": getattr(cfg, "hidden_size", None),

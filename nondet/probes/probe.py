@@ -69,6 +69,10 @@ class ProbeConfig:
     # --compile; "aot_eager" traces without Inductor, for tests), each kernels mode labelled with the
     # path it took (probes/compiled.py); None = eager
     compile_backend: str | None = None
+    # in process: each prompt through the tokenizer's chat template (probes/chat.py), the ids a server's
+    # /v1/chat/completions gives the model; a server load: load.chat sends messages instead
+    chat: bool = False
+    system: str | None = None  # the system message of chat-formatted prompts (None = the template's own default)
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -189,6 +193,12 @@ def validate_config(config: ProbeConfig) -> None:
                                    or config.budget is not None):
         raise UsageError("--compile decodes static batches in this process; drop --load / --endpoint / "
                          "--speculative / --tp / --budget")
+    if config.system and not config.chat:
+        raise UsageError("--system is the system message of --chat prompts; add --chat")
+    if config.chat and config.load.mode == "static" and (config.speculative or config.tp):
+        raise UsageError("--chat formats prompts for static batches and servers; drop --speculative / --tp")
+    if config.chat and config.load.mode == "continuous":
+        raise UsageError("--chat formats prompts for static batches and servers; drop --load continuous")
     if config.tp_invariant and (not config.tp or any(d & (d - 1) for d in config.tp)):
         raise UsageError("--tp-invariant needs --tp degrees that are powers of 2, e.g. --tp 1,2")
     if config.tp and min(config.tp) < 1:

@@ -112,15 +112,19 @@ def _replayer_of(loaded, probe: dict, target: Target, streams: list[dict], setti
     """The replay of the target's condition: a static batch, or a speculative run's rounds."""
     mode = target.condition.kernels
     if target.condition.load == "speculative":
-        prompt = _prompts(probe)[target.prompt_id]
+        prompt = _prompts(probe, loaded.tokenizer)[target.prompt_id]
         return speculative_replayer(loaded, prompt, _stream(streams, target.run_id), settings.max_new_tokens,
                                     lambda ops: kernel_scope(mode, baseline + (ops or ()), loaded.model))
     ref, div = _batches(loaded.tokenizer, probe, target)
     return _replayer(loaded, ref, div, target.position, settings, mode, baseline)
 
 
-def _prompts(probe: dict) -> list[str]:
-    return probe.get("prompts") or [probe["prompt"]]  # a probe of several prompts lists them all
+def _prompts(probe: dict, tokenizer) -> list[str]:
+    """The probe's prompts as its model read them (several listed; chat-formatted under --chat)."""
+    from nondet.probes.chat import model_texts
+
+    return model_texts(tokenizer, probe.get("prompts") or [probe["prompt"]], probe.get("chat", False),
+                       probe.get("system"))
 
 
 def _stream(streams: list[dict], run_id: int) -> dict:
@@ -130,7 +134,7 @@ def _stream(streams: list[dict], run_id: int) -> dict:
 def _batches(tokenizer, probe: dict, target: Target) -> tuple[Batch, Batch]:
     """The reference (prompt alone) and the divergent batch exactly as the probe built it
     (all its target rows too: when sampling, each target samples with the probe's seed)."""
-    texts = _prompts(probe)
+    texts = _prompts(probe, tokenizer)
     ids, fillers = tokenize_inputs(tokenizer, texts[target.prompt_id], probe["fillers"])
     pad = tokenizer.pad_token_id
     reference = build_batch(Condition("bisect/ref", target.condition.kernels, 1, (0,), "none"), ids, fillers, pad)

@@ -259,7 +259,9 @@ def _payload(config, model: str | None, prompt: str, max_tokens: int) -> dict:
     if model:
         body["model"] = model
     if config.load.chat:
-        body.update(messages=[{"role": "user", "content": prompt}], logprobs=True, top_logprobs=5)
+        from nondet.probes.chat import chat_messages
+
+        body.update(messages=chat_messages(prompt, config.system), logprobs=True, top_logprobs=5)
     else:
         body.update(prompt=prompt, logprobs=5)
     return body

@@ -16,6 +16,7 @@ from dataclasses import replace
 from nondet.errors import UnsupportedModelError
 from nondet.probes import conditions as cond
 from nondet.probes.batch import build_batch, tokenize_inputs
+from nondet.probes.chat import model_texts
 from nondet.probes.loading import load_model
 from nondet.probes.numerics import fingerprint
 from nondet.probes.pieces import token_piece
@@ -41,7 +42,7 @@ class StaticSource:
     def open(self) -> Opened:
         self.started = time.perf_counter()
         self.loaded = self.loaded or load_model(self.config.model)
-        self.inputs = [tokenize_inputs(self.loaded.tokenizer, p, self.config.fillers) for p in self.config.targets]
+        self.inputs = [tokenize_inputs(self.loaded.tokenizer, p, self.config.fillers) for p in self.prompt_texts()]
         env = fingerprint(self.loaded.description, ",".join(self.config.kernels))
         env["decode_path"] = f"eager, {self.config.kv_cache} KV cache"
         if self.config.compile_backend:
@@ -50,6 +51,10 @@ class StaticSource:
             self.paths = DecodePaths(self.config.compile_backend, self.loaded.model.device.type)
             env["decode_path"] = label(self.paths.backend, self.paths.device_type)
         return Opened(env)
+
+    def prompt_texts(self) -> list[str]:
+        """The targets as the model reads them: chat-formatted with --chat (probes/chat.py)."""
+        return model_texts(self.loaded.tokenizer, self.config.targets, self.config.chat, self.config.system)
 
     def attach(self, writer) -> None:
         pass  # nothing to amend: the header is complete when the run starts

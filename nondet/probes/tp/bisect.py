@@ -114,7 +114,10 @@ def _replay_in_group(config: BisectConfig, probe: dict, spec: ModelSpec, target:
 
 def _batches(tokenizer, probe: dict, target: Target) -> tuple[Batch, Batch]:
     """The prompt alone and the divergent batch exactly as the probe built them."""
-    texts = probe.get("prompts") or [probe["prompt"]]
+    from nondet.probes.chat import model_texts
+
+    texts = model_texts(tokenizer, probe.get("prompts") or [probe["prompt"]], probe.get("chat", False),
+                        probe.get("system"))
     ids, fillers = tokenize_inputs(tokenizer, texts[target.prompt_id], probe["fillers"])
     pad = tokenizer.pad_token_id
     reference = build_batch(Condition("bisect/ref", target.condition.kernels, 1, (0,), "none"), ids, fillers, pad)

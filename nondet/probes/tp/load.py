@@ -11,7 +11,7 @@ from_pretrained needs tp_plan passed in.
 from pathlib import Path
 
 from nondet.errors import ModelLoadError, OutOfMemoryError, UsageError, is_out_of_memory
-from nondet.probes.loading import LoadedModel, ModelSpec, inject
+from nondet.probes.loading import LoadedModel, ModelSpec, inject, injects_variance
 
 
 def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
@@ -34,7 +34,7 @@ def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
             raise OutOfMemoryError(f"out of memory loading {source} at --tp {degree} on {device}") from exc
         raise ModelLoadError(f"cannot load model {source!r} at --tp {degree}: {_first_line(exc)}") from exc
     description = _describe(model, spec, device, degree)
-    if spec.inject_variance:
+    if injects_variance(spec):
         description["injected_variance"] = inject(model)
     return LoadedModel(model, tokenizer, description)
 
