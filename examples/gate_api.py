@@ -1,7 +1,7 @@
 """`nondet gate` from Python: probe, judge under a policy, write JUnit, pick an exit code.
 
-    python examples/gate_api.py                 # the embedded demo model
-    python examples/gate_api.py ./my-model      # a local Hugging Face causal LM
+    python examples/gate_api.py                         # the embedded demo model
+    python examples/gate_api.py --model ./my-model      # a local Hugging Face causal LM (as nondet's --model)
 
 Probes the model with its own kernels and with nondet's batch-invariant kernels, judges
 both under the `identical` policy, writes nondet-api-junit.xml and exits 0 only when the
@@ -9,6 +9,7 @@ batch-invariant run meets the policy. On the demo model the default kernels fail
 flips near step 93 at batch size 8) and the batch-invariant ones pass.
 """
 
+import argparse
 import dataclasses
 import sys
 
@@ -27,7 +28,9 @@ def gate(model: str | None, kernels: str, policy: Policy) -> Verdict:
 
 
 def main(argv: list[str]) -> int:
-    model = argv[1] if len(argv) > 1 else None
+    parser = argparse.ArgumentParser(description="nondet gate from Python, on both kernel modes.")
+    parser.add_argument("--model", "-m", help="local directory or hub id (default: the embedded demo model)")
+    model = parser.parse_args(argv[1:]).model
     policy = Policy("identical")  # or Policy("max-distinct", 2), Policy.parse("min-divergence-step = 50")
     verdicts = [gate(model, kernels, policy) for kernels in ("default", "batch-invariant")]
     for verdict in verdicts:

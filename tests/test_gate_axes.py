@@ -179,7 +179,7 @@ RL_FLAGS = ["-p", "Tell me about Richard Feynman", "-p", "Hello there", "-n", "4
 def rl_violated(tmp_path_factory, tiny_model_dir):
     work = tmp_path_factory.mktemp("gate-rl")
     (work / "nondet.toml").write_text('rl = "identical"\n')
-    return gate(str(tiny_model_dir), *RL_FLAGS, "--junit", "junit.xml", "--out", "run", cwd=work), work
+    return gate("--model", str(tiny_model_dir), *RL_FLAGS, "--junit", "junit.xml", "--out", "run", cwd=work), work
 
 
 def test_rl_positive_control_exits_1_naming_the_micro_batch(rl_violated):
@@ -207,7 +207,8 @@ def test_read_tables_reads_the_rl_run(rl_violated):
 
 
 def test_rl_negative_control_batch_invariant_exits_0(tmp_path, tiny_model_dir):
-    r = gate(str(tiny_model_dir), *RL_FLAGS, "--rl", "--kernels", "batch-invariant", "--out", "run", cwd=tmp_path)
+    r = gate("--model", str(tiny_model_dir), *RL_FLAGS, "--rl", "--kernels", "batch-invariant", "--out", "run",
+             cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert VERDICT.search(r.stdout).group() == \
         "nondet gate: policy met (rl: identical): 2 condition(s) agree with the sampler"
@@ -217,11 +218,11 @@ def test_rl_negative_control_batch_invariant_exits_0(tmp_path, tiny_model_dir):
 
 
 def test_rl_max_kl_zero_fails_and_a_loose_bound_passes(tmp_path, tiny_model_dir):
-    r = gate(str(tiny_model_dir), *RL_FLAGS, "--max-kl", "0", "--out", "run0", cwd=tmp_path)
+    r = gate("--model", str(tiny_model_dir), *RL_FLAGS, "--max-kl", "0", "--out", "run0", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     assert re.search(r"^nondet gate: policy violated \(rl: max-kl = 0\.0\): 2 of 2 condition\(s\) fail; "
                      r"default/trainer/mb1/right: exact KL \S+ > 0 at micro-batch 1", r.stdout, re.M), r.stdout
-    r = gate(str(tiny_model_dir), *RL_FLAGS, "--max-kl", "1", "--out", "run1", cwd=tmp_path)
+    r = gate("--model", str(tiny_model_dir), *RL_FLAGS, "--max-kl", "1", "--out", "run1", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "nondet gate: policy met (rl: max-kl = 1.0): 2 condition(s) agree with the sampler" in r.stdout
 

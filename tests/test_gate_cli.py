@@ -95,7 +95,7 @@ def test_met_policy_with_batch_invariant_kernels_exits_0(tmp_path, default_model
 
 def test_missing_model_exits_3(tmp_path):
     missing = tmp_path / "no-such-model"
-    r = gate(str(missing), cwd=tmp_path)
+    r = gate("--model", str(missing), cwd=tmp_path)
     assert r.returncode == 3
     assert r.stderr == f"nondet: error: model directory not found: {missing}\n"
 
@@ -129,7 +129,7 @@ def test_help_documents_the_exit_codes_and_imports_no_torch():
 
 def test_several_prompts_share_batches_in_one_run_directory(tmp_path, tiny_model_dir):
     # the default (positions auto): every row a target, so one probe whose batches hold both prompts
-    r = gate(str(tiny_model_dir), "-p", "first prompt", "-p", "second <prompt>", "-b", "1,2", "-n", "4",
+    r = gate("--model", str(tiny_model_dir), "-p", "first prompt", "-p", "second <prompt>", "-b", "1,2", "-n", "4",
              "--min-divergence-step", "0", "--junit", "junit.xml", "--out", "run", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -153,7 +153,7 @@ def test_several_prompts_in_rows_gate_the_injected_variance(tmp_path, default_mo
 
 def test_several_prompts_get_a_run_directory_and_a_testsuite_each(tmp_path, tiny_model_dir):
     # min-divergence-step = 0 holds for any run: this checks the plumbing, not the model.
-    r = gate(str(tiny_model_dir), "-p", "first prompt", "-p", "second <prompt>", "-b", "1,3", "-n", "4",
+    r = gate("--model", str(tiny_model_dir), "-p", "first prompt", "-p", "second <prompt>", "-b", "1,3", "-n", "4",
              "--positions", "ends", "--min-divergence-step", "0", "--junit", "junit.xml", "--out", "run",
              cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -119,11 +119,11 @@ def test_tables_round_trip_with_and_without_arrow_strings(probed, storage):
 
 def test_gate_runs_end_to_end(bpe_model_dir, tmp_path):
     (tmp_path / ".git").mkdir()
-    r = nondet("gate", str(bpe_model_dir), "-p", "naïve 北京 🚀", "-b", "1,4", "-n", "16", "--inject-variance",
-               "--junit", "junit.xml", "--out", "run", cwd=tmp_path)
+    r = nondet("gate", "--model", str(bpe_model_dir), "-p", "naïve 北京 🚀", "-b", "1,4", "-n", "16",
+               "--inject-variance", "--junit", "junit.xml", "--out", "run", cwd=tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr  # the control makes the policy fail
     assert "nondet gate: policy violated (identical)" in r.stdout
     assert (tmp_path / "junit.xml").is_file() and (tmp_path / "run" / "report.html").is_file()
-    r = nondet("gate", str(bpe_model_dir), "-p", "naïve 北京 🚀", "-b", "1,4", "-n", "16", "--inject-variance",
-               "--kernels", "batch-invariant", "--out", "run2", cwd=tmp_path)
+    r = nondet("gate", "--model", str(bpe_model_dir), "-p", "naïve 北京 🚀", "-b", "1,4", "-n", "16",
+               "--inject-variance", "--kernels", "batch-invariant", "--out", "run2", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr  # and the mode's norm class fixes it

@@ -48,6 +48,6 @@ def test_probe_and_rl_read_a_jsonl_prompt_with_a_newline(tmp_path, tiny_model_di
     assert config["prompt"] == CODE  # the newlines reached the probe
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{oops\n")
-    rl = subprocess.run([sys.executable, "-m", "nondet", "rl", str(tiny_model_dir), "--prompts", str(bad)],
+    rl = subprocess.run([sys.executable, "-m", "nondet", "rl", "--model", str(tiny_model_dir), "--prompts", str(bad)],
                         capture_output=True, text=True, timeout=300)
     assert rl.returncode == 2 and "bad.jsonl:1: not valid JSON" in rl.stderr

@@ -182,7 +182,7 @@ def test_rollouts_with_mismatched_lengths(tmp_path):
 def test_rollouts_with_tokens_out_of_vocabulary(tiny_model_dir, tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps({"prompt_ids": [1, 2], "completion_ids": [3, 99999], "logprobs": [-0.1, -0.2]}) + "\n")
-    code, err = nondet("rl", str(tiny_model_dir), "--rollouts", str(path), "--out", str(tmp_path / "run"))
+    code, err = nondet("rl", "--model", str(tiny_model_dir), "--rollouts", str(path), "--out", str(tmp_path / "run"))
     assert code == 2
     assert err.startswith(f"nondet: error: rollouts {path} rollout 1: completion token 99999 is out of the "
                           "model's vocabulary (")
@@ -199,7 +199,7 @@ def test_report_has_the_rl_section_and_histogram(controls):
 
 
 def test_cli_prints_the_table(tiny_model_dir, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "nondet", "rl", str(tiny_model_dir), "--inject-variance",
+    proc = subprocess.run([sys.executable, "-m", "nondet", "rl", "--model", str(tiny_model_dir), "--inject-variance",
                            "--max-new-tokens", "3", "--sampler-batch", "1", "--micro-batch", "2", "--kernels",
                            "batch-invariant", "--out", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=300)
@@ -262,8 +262,8 @@ def test_endpoint_without_logprobs_exits_5_in_one_line(tiny_model_dir, tmp_path)
     from stub_server import StubServer
 
     with StubServer(mode="nologprobs") as stub:
-        proc = subprocess.run([sys.executable, "-m", "nondet", "rl", str(tiny_model_dir), "--endpoint", stub.url,
-                               "--max-new-tokens", "3", "--out", str(tmp_path / "run")],
+        proc = subprocess.run([sys.executable, "-m", "nondet", "rl", "--model", str(tiny_model_dir), "--endpoint",
+                               stub.url, "--max-new-tokens", "3", "--out", str(tmp_path / "run")],
                               capture_output=True, text=True, timeout=300)
     assert proc.returncode == 5
     assert proc.stderr.strip() == (f"nondet: error: the server at {stub.url} returned no logprobs: nondet rl needs "

@@ -12,6 +12,7 @@ import typer
 
 from nondet.cli import options as o
 from nondet.cli.app import app
+from nondet.cli.deprecated_model import HiddenArgumentsCommand, ModelArg, model_of
 
 if TYPE_CHECKING:
     from nondet.gate.config import GateSettings
@@ -20,10 +21,10 @@ if TYPE_CHECKING:
     from nondet.rl.config import RLConfig
 
 
-@app.command("gate")
+@app.command("gate", cls=HiddenArgumentsCommand)
 def gate(
-    model: Annotated[Optional[str], typer.Argument(
-        help="Hugging Face causal LM: local directory or hub id. Default: \\[tool.nondet] model, else the embedded demo model.")] = None,
+    model_arg: ModelArg = None,
+    model: o.ModelOpt = None,
     config: Annotated[Optional[Path], typer.Option(
         "--config", help="Config file (nondet.toml, or a pyproject.toml with \\[tool.nondet]). Default: found from the working directory up.")] = None,
     prompt: Annotated[Optional[list[str]], typer.Option(
@@ -49,7 +50,7 @@ def gate(
     load: Annotated[Optional[str], typer.Option(
         "--load", help="static (batched generate) | continuous (continuous batching in process).")] = None,
     endpoint: Annotated[Optional[str], typer.Option(
-        help="Probe a live OpenAI-compatible server at this base URL; MODEL names the served model.")] = None,
+        help="Probe a live OpenAI-compatible server at this base URL; --model names the served model.")] = None,
     rate: Annotated[Optional[float], typer.Option(help="Filler arrival rate under load (see nondet probe).")] = None,
     concurrency: Annotated[Optional[int], typer.Option(help="Fillers in the engine / copies in flight.")] = None,
     speculative: Annotated[Optional[str], typer.Option(
@@ -73,7 +74,8 @@ def gate(
     r"""Fail CI when a model's answers depend on the batch: a probe under a policy.
 
     Probes each prompt (settings: flags, else \[tool.nondet] in the repository's
-    pyproject.toml or a nondet.toml, else defaults) and checks every condition
+    pyproject.toml or a nondet.toml, else defaults: the embedded demo model, one
+    built-in prompt) and checks every condition
     against the prompt alone at batch size 1. The requirement is ONE of:
     identical (default: same tokens, bit-identical logprobs), --max-distinct N,
     --min-divergence-step S or --max-logprob-diff X.
@@ -101,17 +103,18 @@ def gate(
     Examples:
       nondet gate --junit junit.xml             # demo model: exits 1
       nondet gate --kernels batch-invariant     # nondet's kernels: exits 0
-      nondet gate ./my-model -b 1,8 --max-distinct 2
+      nondet gate --model ./my-model -b 1,8 --max-distinct 2
+      nondet gate --prompts prompts.jsonl       # JSONL or plain lines, as probe
       nondet gate --speculative ngram:4,self:4  # speculative vs plain greedy
       nondet gate --rl --micro-batch 1,4 --kernels batch-invariant
     """
     from nondet.gate.config import find_config, load_config, resolve
     from nondet.gate.run import GateOutputs, run_targets
 
-    flags = {"model": model, "prompts": prompt or None, "prompts-file": str(prompts_file) if prompts_file else None,
-             "batch-sizes": batch_sizes, "positions": positions,
-             "runs": runs, "max-new-tokens": max_new_tokens, "kernels": kernels, "require": require,
-             "max-distinct": max_distinct, "min-divergence-step": min_divergence_step,
+    flags = {"model": model_of(model_arg, model), "prompts": prompt or None,
+             "prompts-file": str(prompts_file) if prompts_file else None, "batch-sizes": batch_sizes,
+             "positions": positions, "runs": runs, "max-new-tokens": max_new_tokens, "kernels": kernels,
+             "require": require, "max-distinct": max_distinct, "min-divergence-step": min_divergence_step,
              "max-logprob-diff": max_logprob_diff, "dtype": dtype, "device": device, "threads": threads,
              "load": load, "endpoint": endpoint, "rate": rate, "concurrency": concurrency,
              "inject-variance": inject_variance, "speculative-forms": speculative, "rl": rl, "max-kl": max_kl,

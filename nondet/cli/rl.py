@@ -8,12 +8,12 @@ import typer
 
 from nondet.cli import options as o
 from nondet.cli.app import app
+from nondet.cli.deprecated_model import HiddenArgumentsCommand, ModelArg, model_of
 
 
-@app.command("rl")
+@app.command("rl", cls=HiddenArgumentsCommand)
 def rl(
-    model_arg: Annotated[Optional[str], typer.Argument(
-        metavar="[MODEL]", help="Causal LM: local directory or hub id. Default: the embedded demo model.")] = None,
+    model_arg: ModelArg = None,
     model: o.ModelOpt = None,
     prompts: Annotated[Optional[Path], typer.Option(
         "--prompts", help="Sampler prompts: JSONL (a JSON string or {\"prompt\": ...} a line) or plain text, one "
@@ -22,7 +22,7 @@ def rl(
         "--rollouts", help="JSONL of exported rollouts {prompt_ids, completion_ids, logprobs}: trainer side only.")] = None,
     endpoint: Annotated[Optional[str], typer.Option(
         "--endpoint", help="A live OpenAI-compatible server samples (must return logprobs and token ids, e.g. "
-        "vLLM); MODEL is the trainer's copy of its weights.")] = None,
+        "vLLM); --model is the trainer's copy of its weights.")] = None,
     max_new_tokens: o.MaxNewTokensOpt = 32,
     temperature: Annotated[float, typer.Option(help="Sampling temperature (> 0), replayed by the trainer.")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", help="Keep the k largest logits; 0 = off.")] = 0,
@@ -66,8 +66,8 @@ def rl(
     With --kernels batch-invariant on both sides, every logprob should be bit-identical.
 
     Example:  nondet rl --micro-batch 1,4,8 --confirm
-    Rollouts:  nondet rl MODEL_DIR --rollouts rollouts.jsonl --temperature 1
-    Server:    nondet rl MODEL_DIR --endpoint http://127.0.0.1:8000 --micro-batch 4
+    Rollouts:  nondet rl --model MODEL_DIR --rollouts rollouts.jsonl --temperature 1
+    Server:    nondet rl --model MODEL_DIR --endpoint http://127.0.0.1:8000 --micro-batch 4
     Engine:    nondet rl --load continuous --confirm
     """
     from nondet.errors import UsageError
@@ -75,12 +75,10 @@ def rl(
     from nondet.rl.config import RLConfig
     from nondet.rl.rollouts import read_prompts
 
-    if model_arg and model:
-        raise UsageError("give the model either as MODEL or as --model, not both")
     if prompts and rollouts:
         raise UsageError("give either --prompts (sample here) or --rollouts (trainer side only), not both")
     config = RLConfig(
-        model=ModelSpec(name=model_arg or model, dtype=dtype, device=device, attn_implementation=attn_implementation,
+        model=ModelSpec(name=model_of(model_arg, model), dtype=dtype, device=device, attn_implementation=attn_implementation,
                         trust_remote_code=trust_remote_code, inject_variance=inject_variance),
         prompts=read_prompts(str(prompts)) if prompts else (), rollouts=str(rollouts) if rollouts else None,
         endpoint=endpoint,
