@@ -1,0 +1,93 @@
+"""The trained demo model end to end, as a new user meets it: `nondet probe --confirm` with no options,
+then bisect, the report and the gate, on SmolLM2-135M-Instruct (scripts/setup.sh installs its GGUF).
+
+The rest of the suite runs on the random-weight demo (conftest.py sets NONDET_DEMO_MODEL=random);
+these tests ask for the trained one. It carries the batch-variant norm on purpose, so the effect
+shows on any CPU (positive control); the batch-invariant mode must remove it (negative control).
+Measured on a 2-core AMD EPYC (AVX2), 2026-11-24: the probe 34 s per kernels mode, bisect 38 s.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from nondet.probes import demo_model
+
+TRAINED = {"NONDET_DEMO_MODEL": "trained"}
+
+
+def nondet(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, **TRAINED, "COLUMNS": "200"}, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def confirmed(tmp_path_factory):
+    assert demo_model.available(), f"the trained demo model is not installed: {demo_model.INSTALL_HINT}"
+    run = tmp_path_factory.mktemp("demo") / "run"
+    return nondet("probe", "--confirm", "--out", str(run)), run
+
+
+def test_the_demo_probe_shows_readable_branches_and_the_mode_removes_them(confirmed):
+    r, run = confirmed
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    default, mode = summary["modes"]["default"], summary["modes"]["batch-invariant"]
+    assert max(p["distinct_completions"] for p in default["prompts"]) >= 2
+    assert all(p["distinct_completions"] == 1 and p["first_numeric_divergence"] is None for p in mode["prompts"])
+    branch = next(line for line in r.stdout.splitlines() if ": branch at step " in line)
+    assert re.search(r"[A-Za-z]+ [A-Za-z]+ [A-Za-z]+", branch), branch  # English words, not byte soup
+    assert "model: the demo model SmolLM2-135M-Instruct (trained), with model.layers.1.post_attention_layernorm " \
+           "made batch-variant on purpose" in r.stdout.replace("\n", " ")
+    config = json.loads((run / "config.json").read_text())["config"]
+    assert config["chat"] is True and config["prompts"][0] == "Tell me about Richard Feynman."
+
+
+def test_bisect_blames_the_norm_and_the_report_names_the_model(confirmed):
+    _, run = confirmed
+    r = nondet("bisect", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "minimal set that removes the divergence: norm" in r.stdout
+    assert nondet("report", str(run)).returncode == 0
+    report = (run / "report.md").read_text()
+    assert "SmolLM2-135M-Instruct" in report and "Branch tree" in report
+
+
+def test_the_gate_fails_the_variant_demo_and_passes_it_under_the_mode(tmp_path):
+    quick = ("-p", "Tell me about Richard Feynman.", "-b", "1,4", "-n", "24", "--inject-variance", "--no-bisect")
+    variant = nondet("gate", *quick, "--out", str(tmp_path / "variant"))
+    assert variant.returncode == 1, variant.stdout + variant.stderr
+    fixed = nondet("gate", *quick, "--kernels", "batch-invariant", "--out", str(tmp_path / "fixed"))
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+
+
+def test_chat_ids_are_the_chat_templates(tmp_path):
+    """`--chat` in process feeds the ids apply_chat_template(tokenize=True) gives: what transformers
+    serve's /v1/chat/completions feeds the model for the same messages."""
+    from transformers import AutoTokenizer
+
+    from nondet.probes.batch import tokenize_inputs
+    from nondet.probes.chat import chat_messages, model_texts
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_model.demo_model_dir())
+    for system in (None, "You answer in one sentence."):
+        text = model_texts(tokenizer, ["Why is the sky blue?\nAnswer briefly."], True, system)[0]
+        served = tokenizer.apply_chat_template(chat_messages("Why is the sky blue?\nAnswer briefly.", system),
+                                               tokenize=True, add_generation_prompt=True)
+        served = served["input_ids"] if isinstance(served, dict) or hasattr(served, "keys") else served
+        assert tokenize_inputs(tokenizer, text, ())[0] == list(served)
+    assert model_texts(tokenizer, ["raw"], False) == ["raw"]  # no --chat: the text as given
+
+
+def test_without_the_package_the_demo_falls_back_in_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("NONDET_DEMO_MODEL", "trained")
+    monkeypatch.setattr(demo_model, "available", lambda: False)
+    path = demo_model.resolve_demo_dir()
+    assert (path / "nondet-default.json").exists()  # the random-weight model
+    ours = [line for line in capsys.readouterr().err.splitlines() if line.startswith("nondet")]  # not transformers'
+    assert ours == [f"nondet: the trained demo model needs `{demo_model.INSTALL_HINT}` (scripts/setup.sh installs "
+                   "it); using the random-weight demo model"]
