@@ -92,3 +92,14 @@ def test_compile_outside_static_batches_is_one_line_exit_2(tmp_path, args):
                         "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "--compile decodes static batches in this process" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_gate_compile_judges_the_compiled_path(tmp_path, default_model_dir):
+    r = subprocess.run([sys.executable, "-m", "nondet", "gate", "-p", PROMPT, "-b", "1,2", "-n", "6", "--compile",
+                        "--kernels", "batch-invariant", "--out", str(tmp_path / "g")], capture_output=True, text=True,
+                       timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = json.loads((tmp_path / "g" / "fingerprint.json").read_text())
+    assert env["decode_path"] == "torch.compile (inductor), static KV cache"
+    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    assert summary["decode_path"]["modes"]["batch-invariant"]["path"] == "compiled"

@@ -66,7 +66,12 @@ def gate(
     sampler_batch: Annotated[Optional[int], typer.Option(
         "--sampler-batch", help="rl axis: prompts per batched sampler call (default 8).")] = None,
     inject_variance: Annotated[Optional[bool], typer.Option(
-        "--inject-variance", help="Self-test: make one RMSNorm batch-variant on purpose; the gate must then fail.")] = None,
+        "--inject-variance/--no-inject-variance",
+        help="Self-test: make one RMSNorm batch-variant on purpose; the gate must then fail. On by default for the "
+             "trained demo model only (so the demo fails on any CPU); --no-inject-variance judges this host's "
+             "own kernels.")] = None,
+    compile: Annotated[Optional[bool], typer.Option(
+        "--compile", help="Decode on the compiled path a deployment uses (see nondet probe --compile).")] = None,
     junit: Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit XML here (one test case per condition).")] = None,
     bisect: Annotated[bool, typer.Option("--bisect/--no-bisect", help="Bisect the first failing condition.")] = True,
     out: o.OutOpt = None,
@@ -118,7 +123,7 @@ def gate(
              "max-logprob-diff": max_logprob_diff, "dtype": dtype, "device": device, "threads": threads,
              "load": load, "endpoint": endpoint, "rate": rate, "concurrency": concurrency,
              "inject-variance": inject_variance, "speculative-forms": speculative, "rl": rl, "max-kl": max_kl,
-             "micro-batch": micro_batch, "sampler-batch": sampler_batch}
+             "micro-batch": micro_batch, "sampler-batch": sampler_batch, "compile": compile}
     source = config if config is not None else find_config(Path.cwd())
     settings = resolve(flags, load_config(source) if source else {}, source)
     outputs = GateOutputs(str(junit) if junit else None, bisect)
@@ -171,7 +176,8 @@ def probe_configs(settings: "GateSettings", out: str | None, speculative: str | 
                                batch_sizes=None if speculative else settings.batch_sizes, out=run_dir, load=load,
                                speculative=speculative, placement=settings.positions, runs=settings.runs,
                                max_new_tokens=settings.max_new_tokens, kernels=(settings.kernels,),
-                               threads=settings.threads)
+                               threads=settings.threads,
+                               compile_backend="inductor" if settings.compile and not speculative else None)
             for prompts, run_dir in groups]
 
 

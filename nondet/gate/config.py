@@ -54,10 +54,11 @@ AXIS_KEYS = {  # axis -> the keys (file) or flags that name it
     "speculative": ("speculative", "speculative-forms"),
     "rl": ("rl", "max-kl"),
 }
-DEFAULT_FORMS = "ngram:4,self:4"  # prompt lookup and the model as its own draft (issue 13's acceptance)
+DEFAULT_FORMS = "ngram:4,self:4"  # prompt lookup and the model as its own draft
 PROMPT_KEYS = ("prompt", "prompts", "prompts-file")  # one of them per layer (flags: --prompt or --prompts)
 KEYS = ("model", *PROMPT_KEYS, "batch-sizes", "positions", "runs", "max-new-tokens", "kernels",
-        "dtype", "device", "threads", "load", "endpoint", "rate", "concurrency", "inject-variance", "require",
+        "dtype", "device", "threads", "load", "endpoint", "rate", "concurrency", "inject-variance", "compile",
+        "require",
         *THRESHOLDS, "speculative", "speculative-forms", "rl", "max-kl", "micro-batch", "sampler-batch")
 
 
@@ -77,7 +78,9 @@ class GateSettings:
     endpoint: str | None = None  # a live OpenAI-compatible server to probe (the "server" load)
     rate: float | None = None  # filler arrival rate under load (None = the probe's default)
     concurrency: int | None = None  # fillers in the engine / copies in flight (None = default)
-    inject_variance: bool = False  # self-test: one norm made batch-variant on purpose; the gate must fail
+    # self-test: one norm made batch-variant on purpose, the gate must fail; None = on for the trained
+    # demo model only (as in nondet probe), off for every other model
+    inject_variance: bool | None = None
     policy: Policy = field(default_factory=Policy)  # the batch axis's requirement
     axes: tuple[str, ...] = ("batch",)  # what the gate checks, in this order: batch, speculative, rl
     speculative_forms: str = DEFAULT_FORMS  # the forms the speculative axis probes, as --speculative
@@ -85,6 +88,7 @@ class GateSettings:
     rl_policy: Policy = field(default_factory=lambda: Policy(axis="rl"))
     micro_batches: tuple[int, ...] = (1, 4, 8)  # rl trainer micro-batch sizes, one condition each
     sampler_batch: int = 8  # rl sampler prompts per batched generate call
+    compile: bool = False  # decode on the compiled path (probe --compile); the batch axis's static batches
     source: str = ""  # the config file the settings came from ("" = flags and defaults only)
 
 
@@ -134,7 +138,8 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
         endpoint=_typed(values, "endpoint", str, label),
         rate=_typed(values, "rate", float, label),
         concurrency=_typed(values, "concurrency", int, label),
-        inject_variance=_flag(values, "inject-variance", label),
+        inject_variance=_flag(values, "inject-variance", label) if "inject-variance" in values else None,
+        compile=_flag(values, "compile", label),
         policy=_policy(given, file_values, label.where),
         axes=_axes(given, file_values),
         speculative_forms=_forms(values, label),
