@@ -64,3 +64,14 @@ def test_a_graph_compiled_under_the_mode_is_not_reused_outside_it(qwen3):
             compiled(ids)
         outside = compiled(ids).logits
         assert torch.equal(outside, qwen3(ids).logits)  # default kernels' bits, not the mode's graph
+
+
+def test_a_masked_prefill_traces_as_one_graph_under_the_mode(qwen3):
+    """A one-row prefill with its causal mask must not break the graph: the packed-row search reads
+    the mask's contents (nonzero), which under compile broke every layer's graph and synced the host
+    (seen on an H100)."""
+    ids = fm.prompts()[:1]
+    torch._dynamo.reset()
+    with torch.no_grad(), batch_invariant(model=qwen3, traceable=True):
+        explained = torch._dynamo.explain(qwen3.forward)(ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons

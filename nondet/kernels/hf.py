@@ -42,9 +42,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         # Our kernels align bottom-right; the two agree once the keys no query sees are dropped.
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    compiling = torch.compiler.is_compiling()
     # a training forward: the same invariant bits, with a backward (autograd.py)
-    attend = autograd.attention if grads else (_traced_attention if torch.compiler.is_compiling() else ops.attention)
-    bounds = packed.segments(attention_mask, q_len, key.shape[2]) if is_causal else None
+    attend = autograd.attention if grads else (_traced_attention if compiling else ops.attention)
+    # Packed rows (several sequences in one row, as trainers pack a micro-batch) are found from the
+    # mask's contents (nonzero: a host sync and, under torch.compile, a graph break in every layer). A
+    # compiled forward is transformers' static-cache generate, which never packs rows: skip the search there.
+    bounds = packed.segments(attention_mask, q_len, key.shape[2]) if is_causal and not compiling else None
     if bounds is not None:  # a packed row: each sequence on its own, as its decode computes it
         out = packed.per_segment(lambda q, k, v: attend(q, k, v, None, scaling, True, softcap, sinks, False),
                                  query, key, value, bounds)
