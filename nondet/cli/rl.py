@@ -1,4 +1,4 @@
-"""`nondet rl`: sampler vs trainer logprobs of the same sampled tokens (true on-policy RL, issue 14)."""
+"""`nondet rl`: sampler vs trainer logprobs of the same sampled tokens (true on-policy RL)."""
 
 import json
 from pathlib import Path

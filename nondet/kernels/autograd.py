@@ -1,4 +1,4 @@
-"""Autograd for the invariant attention: a training forward under the mode (issue 14).
+"""Autograd for the invariant attention: a training forward under the mode.
 
 The invariant attention paths (cpu.attention, triton_attention) call `.out` kernels and
 Triton launches, which autograd cannot trace. A trainer's teacher-forced forward needs

@@ -108,7 +108,7 @@ def _bench(fn) -> float:
     # do_bench_cudagraph runs fn on a fresh side stream that does not wait for the default
     # stream. Without this, fn can read inputs whose torch.randn / torch.zeros have not run yet:
     # in one process, recycled blocks then hand the decode kernel a garbage kv_start, which
-    # addressed outside K/V (the illegal memory access of issue 11).
+    # addressed outside K/V (an illegal memory access).
     torch.cuda.synchronize()
     return triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
 

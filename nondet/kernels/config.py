@@ -44,7 +44,7 @@ class AttentionConfig:
 
 # fp16/bf16 use the tensor cores; fp32 uses IEEE fma (input_precision="ieee", never TF32).
 # bf16/fp16: chosen on an H200 from a CUDA-graph-timed sweep (docs/benchmarks.md) of 128x128 and
-# 128x256 tiles with 1024 / 2048 / no K chunks; 128x256x64 was best over the shapes.
+# 128x256 tiles with 1024 / 2048 / no K chunks; 128x256x64 was best over the benchmark's shapes.
 MATMUL_CONFIGS = {
     torch.bfloat16: MatmulConfig(128, 256, 64, 1024, 8, 8, 3),
     torch.float16: MatmulConfig(128, 256, 64, 1024, 8, 8, 3),
@@ -52,7 +52,7 @@ MATMUL_CONFIGS = {
 }
 
 # M buckets for fp16/bf16, (largest M, config), chosen on an H200 from three CUDA-graph-timed
-# sweeps (docs/benchmarks.md, 2026-11-23; geometric mean over the three (K, N) per M).
+# sweeps (docs/benchmarks.md, 2026-11-23; geometric mean over bench.MATMUL_KN's three (K, N) per M).
 # Every bucket keeps block_k 64 and k_chunk 1024 (the K order above); the sweeps found each
 # candidate bitwise equal to the 128x256 pointer kernel at every M on four (K, N) shapes.
 # 16-row tiles use mma.sync, 64+ rows wgmma: the per-element chain of k16 steps is the same.

@@ -13,7 +13,7 @@ and _fused_rms_norm. Everything else in those forwards is elementwise or a gathe
 batch-invariant already.
 
 Only forwards are made invariant: inside autograd's backward (the gradients of a trainer's
-step, issue 14) the matmuls, row means and softmaxes take the original kernels, since only
+step) the matmuls, row means and softmaxes take the original kernels, since only
 the forward logprobs must match the sampler's and cuBLAS is faster on the backward's shapes
 (weight gradients reduce over all the micro-batch's tokens).
 """

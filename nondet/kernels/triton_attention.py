@@ -146,7 +146,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, sink_ptr, ws_m
     v_base = v_ptr + b * s_vb + kvh * s_vh
     mask_base = mask_ptr + b * s_mb
     # kv_start comes from device memory, so it is clamped to [0, S] here: a value outside (an
-    # unwritten buffer, a caller's bug) must never address outside K/V (issue 11's illegal access)
+    # unwritten buffer, a caller's bug) must never address outside K/V (an illegal memory access)
     # ONE_QUERY: one start per (row, query), a sliding window's first visible position
     start = tl.minimum(tl.maximum(tl.load(start_ptr + (b * Q + pid_r if ONE_QUERY else b)), 0), S)
     # last KV position any row of this tile may see

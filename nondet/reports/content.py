@@ -1,4 +1,4 @@
-"""RunTables -> Report: what the report says, in the order issue 5 fixes.
+"""RunTables -> Report: what the report says, in this order:
 
 verdict, conditions, branch tree, token diff, figures (first divergence, distinct by
 batch size, bisect heatmap, amplification, before/after kernels), ablation, environment,

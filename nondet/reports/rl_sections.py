@@ -1,4 +1,4 @@
-"""The report of a `nondet rl` run: sampler vs trainer logprob metrics, a |dlogp| histogram (issue 14).
+"""The report of a `nondet rl` run: sampler vs trainer logprob metrics, a |dlogp| histogram.
 
 Reads the run directory through nondet.rundir only (no probes, no torch): summary.json's
 "rl" pairs for the table, streams.jsonl for the per-token differences behind the figure.

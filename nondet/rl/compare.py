@@ -1,4 +1,4 @@
-"""Sampler vs trainer logprobs of the same sampled tokens, as RL people read them (issue 14).
+"""Sampler vs trainer logprobs of the same sampled tokens, as RL people read them.
 
     from nondet.rl import compare
     metrics = compare(batch["sampler_logprobs"], trainer_logprobs, batch["completion_mask"])

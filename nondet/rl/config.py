@@ -1,4 +1,4 @@
-"""RLConfig: what `nondet rl` runs, frozen and written to config.json (issue 14)."""
+"""RLConfig: what `nondet rl` runs, frozen and written to config.json."""
 
 from dataclasses import dataclass, field
 

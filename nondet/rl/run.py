@@ -1,4 +1,4 @@
-"""`nondet rl` as a library call: sampler side, then trainer side, one run directory (issue 14).
+"""`nondet rl` as a library call: sampler side, then trainer side, one run directory.
 
     load the model once -> sampler streams (sampled in-process, or --rollouts read) ->
     trainer streams per kernels mode x micro-batch (teacher-forced, backward) ->
