@@ -1,15 +1,16 @@
-"""Time `nondet gate` on issue 17's CPU case, in this tree or another checkout, side by side.
+"""Time `nondet gate` on its CPU benchmark case, in this tree or another checkout, side by side.
 
     python scripts/bench_gate.py                          # this tree: 8 prompts x 300 tokens x 1,2,4,8
     python scripts/bench_gate.py --tree /tmp/before       # another checkout (e.g. git worktree add
-                                                          #   /tmp/before a671323~1: before issue 17)
+                                                          #   /tmp/before REVISION)
     python scripts/bench_gate.py --kernels batch-invariant
 
 Runs the gate in a subprocess with PYTHONPATH pointing at the tree, the 8 built-in demo
 prompts passed as --prompt (so older trees get the same work), --no-bisect (bisect is a
 diagnosis after the verdict, not part of it). The embedded model is built before the clock
 starts. Prints wall time, exit code (1 = batch-variant, 0 = policy met) and the verdict line,
-next to issue 17's figures for `nondet gate` before (111.8 s) and detLLM 0.1.1 (77.8 s).
+next to reference figures for `nondet gate` before the row plan (2026-11-23: 111.8 s) and
+detLLM 0.1.1 (77.8 s).
 """
 
 import argparse
@@ -22,8 +23,8 @@ from pathlib import Path
 
 from nondet.probes.corpus import DEMO_PROMPTS
 
-GATE_BEFORE_SECONDS = 111.8  # issue 17: nondet gate on this case before issue 17
-DETLLM_SECONDS = 77.8  # issue 17: detLLM 0.1.1 on the same model, prompts and sizes
+GATE_BEFORE_SECONDS = 111.8  # nondet gate on this case before the row plan (2026-11-23)
+DETLLM_SECONDS = 77.8  # detLLM 0.1.1 on the same model, prompts and sizes
 
 
 def main() -> None:
@@ -45,7 +46,7 @@ def main() -> None:
           f"{args.batch_sizes}, kernels {args.kernels}")
     print(f"wall time: {wall:.1f} s, exit code {proc.returncode}")
     print(f"verdict: {verdict[:200]}")
-    print(f"issue 17's figures on this kind of machine: nondet gate before {GATE_BEFORE_SECONDS} s, "
+    print(f"reference figures on this kind of machine: nondet gate before the row plan {GATE_BEFORE_SECONDS} s, "
           f"detLLM {DETLLM_SECONDS} s")
 
 

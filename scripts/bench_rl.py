@@ -1,6 +1,6 @@
 """The cost of true on-policy RL: trainer forward+backward step time, batch-invariant mode vs default kernels.
 
-    python scripts/bench_rl.py                  # issue 14's GPU case: random Qwen3 hidden 1024 x 8 layers bf16,
+    python scripts/bench_rl.py                  # the GPU case: random Qwen3 hidden 1024 x 8 layers bf16,
                                                 # micro-batch 1/4/8 x (32 prompt + 256 completion) tokens
     python scripts/bench_rl.py --tiny           # a tiny model on the CPU (the CI smoke test)
 
@@ -9,7 +9,7 @@ dropout 0, a teacher-forced forward over prompt + completion, fp32 log-softmax o
 that predict the completion, loss = -mean(logprob of the given tokens), loss.backward(). Each
 (micro-batch, kernels) is timed after warm-up steps (Triton compiles on the first), as the
 median of --reps steps, synchronized on CUDA. Prints one row per micro-batch: step times and
-the throughput ratio default / batch-invariant time (issue 14's target: >= 0.7x).
+the throughput ratio default / batch-invariant time (target: >= 0.7x).
 The model is built in code with seeded random weights (like nondet/probes/default_model.py):
 nothing is downloaded; only its shapes matter for time.
 """
@@ -21,12 +21,12 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-TARGET_RATIO = 0.7  # issue 14: the mode's trainer throughput at least 0.7x the default kernels'
+TARGET_RATIO = 0.7  # target: the mode's trainer throughput at least 0.7x the default kernels'
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    hidden: int = 1024  # issue 14's GPU case
+    hidden: int = 1024  # the GPU case
     layers: int = 8
     heads: int = 16  # head dim 64
     kv_heads: int = 8  # GQA, as Qwen3
@@ -36,7 +36,7 @@ class BenchConfig:
     device: str = "cuda"
     micro_batches: tuple[int, ...] = (1, 4, 8)
     prompt_tokens: int = 32
-    completion_tokens: int = 256  # "256 sampled tokens" of issue 14's GPU case
+    completion_tokens: int = 256  # 256 sampled tokens, as in the GPU case
     warmup: int = 2  # untimed steps first: Triton's compile, cuBLAS's heuristics, the allocator
     reps: int = 5  # timed steps; the median is reported
     seed: int = 0

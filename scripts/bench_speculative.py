@@ -1,6 +1,6 @@
 """Speculative decoding under the batch-invariant mode: divergence and the cost of invariance.
 
-    python scripts/bench_speculative.py                 # issue 13's GPU case (needs CUDA)
+    python scripts/bench_speculative.py                 # the GPU case (needs CUDA)
     python scripts/bench_speculative.py --tiny --device cpu --tokens 16 --prompts 2   # smoke run
 
 The GPU case: a random Qwen3 (hidden 1024, 8 layers, 16 heads / 8 KV heads, bf16) and its own
@@ -10,7 +10,7 @@ default kernels and under the mode (one probe with --confirm). A short warm-up p
 first so Triton compilation and CUDA start-up are not timed. Prints one row per form and
 mode: prompts whose tokens differ from plain greedy, first divergences, acceptance, tokens/s
 with and without speculation, and the speedup; then, per form, the speedup under the mode as
-a fraction of the speedup under default kernels (issue 13's target: >= 0.8).
+a fraction of the speedup under default kernels (target: >= 0.8).
 """
 
 import argparse

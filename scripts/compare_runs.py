@@ -1,4 +1,4 @@
-"""Are two probe runs bit for bit the same? (issue 15: an H100 and an H200 under the mode, tuned vs untuned)
+"""Are two probe runs bit for bit the same? (e.g. an H100 and an H200 under the mode, tuned vs untuned)
 
     python scripts/compare_runs.py RUN_A RUN_B
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16's GPU acceptance: nondet probe under tensor parallelism on 2 GPUs (NCCL).
+# GPU acceptance: nondet probe under tensor parallelism on 2 GPUs (NCCL).
 #
 # Model: a random Qwen3 (hidden 1024, 8 layers, 16 heads / 8 KV heads, head_dim 64, bf16, seed 0)
 # with the embedded default's tokenizer, built here (nothing downloaded).
@@ -10,7 +10,7 @@
 #               the same bits at every batch size
 #   versus      nondet probe --tp 1,2 --confirm at batch sizes 1,8: TP1-vs-TP2 first divergence with
 #               default kernels and under the mode (TP-invariance: measured, not claimed by the mode)
-#   invariant   the same under the mode with --tp-invariant (issue 16 item 4: the row-parallel K
+#   invariant   the same under the mode with --tp-invariant (the row-parallel K
 #               tree that TP1 and TP2 share): TP1 vs TP2 must be bitwise equal
 #   bench       a TP2 decode step (batch 1, 8, 64; KV cache after a 32-token prompt), default
 #               kernels vs the mode vs the mode with the TP-invariant tree (CUDA-synchronised wall
