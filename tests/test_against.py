@@ -1,4 +1,4 @@
-"""`nondet probe --endpoint A --against B`: two deployments of one model compared (issue 13 item 5).
+"""`nondet probe --endpoint A --against B`: two deployments of one model compared.
 
 The logprob path runs against two stub servers (tests/stub_server.py) started with different
 answers: a positive control whose logprob bits (or tokens) differ at a known step, and a

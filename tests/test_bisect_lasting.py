@@ -1,4 +1,4 @@
-"""bisect tells a transient difference (absorbed) from the lasting divergence (issue 11, section 3).
+"""bisect tells a transient difference (absorbed) from the lasting divergence.
 
 The tiny Qwen3 runs under nondet's batch-invariant kernels (so the host BLAS cannot
 interfere), except for layer 0's mlp.down_proj, replaced by a projection that is

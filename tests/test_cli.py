@@ -71,8 +71,8 @@ def test_probe_json_summary(tmp_path):
 
     data = json.loads(r.stdout)
     # No --prompt: the 8 built-in prompts, each alone, then every row a target at batch size 2
-    # (prompts of equal token length share a batch): 8 references + 8 batched rows (issue 17; it
-    # was 8 + 2 copies x 8 = 24 when each prompt had its own batches).
+    # (prompts of equal token length share a batch): 8 references + 8 batched rows (it
+    # would be 8 + 2 copies x 8 = 24 if each prompt had its own batches).
     m = data["modes"]["default"]
     assert (m["n_prompts"], m["n_runs"]) == (8, 16) and data["run_dir"] == str(tmp_path / "r")
     assert sum(r["condition_id"].startswith("default/bs2/rows/") for r in m["runs"]) == 8

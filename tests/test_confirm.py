@@ -1,4 +1,4 @@
-"""Issue 3 acceptance on the CPU: the embedded default is batch-invariant under the mode.
+"""Acceptance on the CPU: the embedded default is batch-invariant under the mode.
 
 Without the mode the same probe diverges (positive control); with it, batch sizes 1..32 with
 the target in every row give one completion and bit-identical logprobs at every step.

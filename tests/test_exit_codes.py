@@ -1,4 +1,4 @@
-"""Issue 11, section 4: each new-user reproducer gives its exit code and its exact one-line message.
+"""Common new-user mistakes: each gives its exit code and its exact one-line message.
 
 stderr is compared whole (never stripped): an error on a non-terminal stderr is one line, with no
 blank line before it.

@@ -1,4 +1,4 @@
-"""The gate's speculative and rl axes (issue 13 item 6, issue 14 item 5): policy, config, end to end.
+"""The gate's speculative and rl axes: policy, config, end to end.
 
 Positive controls on every host: --inject-variance makes one RMSNorm batch-variant on purpose
 (kernels/variant.py), so a k+1 verification chunk, or a teacher-forced prefill, takes another

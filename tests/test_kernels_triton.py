@@ -174,7 +174,7 @@ else:
         assert rel(cut, reference.attention(q, k, v, mask)) < TOL[torch.bfloat16] * 2
 
     def test_attention_kv_start_outside_the_cache_is_clamped():
-        # issue 11: an unwritten kv_start buffer handed the decode kernel garbage that addressed
+        # an unwritten kv_start buffer handed the decode kernel garbage that addressed
         # outside K/V. Below 0 it now means 0, at or past S the row sees nothing (zeros).
         q, k, v = _qkv(3, 4, 2, 1, 70, 16)
         zero = triton_attention.attention(q, k, v, kv_start=torch.zeros(3, dtype=torch.int32), cfg=ATT_CFG)

@@ -1,4 +1,4 @@
-"""`nondet probe --budget` (issue 17): plan the sweep to fit, say what was left out."""
+"""`nondet probe --budget`: plan the sweep to fit, say what was left out."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Recording on the device (issue 17): the batched recorder's records equal, bit for bit, the
+"""Recording on the device: the batched recorder's records equal, bit for bit, the
 per-row computation (`step_record` on each row's [1, vocab] logits) on the same batch."""
 
 import pytest
@@ -7,7 +7,7 @@ from nondet.probes.recorder import StepRecorder, step_record
 
 
 class _PerRow:
-    """The recorder before issue 17: each target row's step computed alone, every step."""
+    """The per-row recorder: each target row's step computed alone, every step."""
 
     def __init__(self, rows):
         self.rows, self.steps = rows, {r: [] for r in rows}

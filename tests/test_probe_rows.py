@@ -1,4 +1,4 @@
-"""Every row a target (issue 17): with several prompts the other rows of a batch are the other
+"""Every row a target: with several prompts the other rows of a batch are the other
 prompts, so a batch size B takes about ceil(P/B) generate calls and every row is a compared
 stream, each against its own prompt alone at batch size 1."""
 

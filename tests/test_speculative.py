@@ -1,4 +1,4 @@
-"""Speculative decoding: the one-row decode vs k+1-row verification axis (issue 13)."""
+"""Speculative decoding: the one-row decode vs k+1-row verification axis."""
 
 import json
 import os

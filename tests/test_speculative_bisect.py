@@ -1,4 +1,4 @@
-"""bisect on a speculative condition, and assert_speculative_equivalent (issue 13 items 3 and 6).
+"""bisect on a speculative condition, and assert_speculative_equivalent.
 
 The positive control does not depend on this host's BLAS: --inject-variance makes one RMSNorm
 take a split path whenever several rows share the call (kernels/variant.py), as a k+1

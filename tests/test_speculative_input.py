@@ -1,4 +1,4 @@
-"""Bad input for the speculative axis (issue 13): one line, exit 2 or 3, never a traceback.
+"""Bad input for the speculative axis: one line, exit 2 or 3, never a traceback.
 
 tests/test_speculative.py covers an unknown form, K < 1, a draft whose vocabulary has another
 size and a draft directory that does not exist. Here: a draft that exists but cannot load, a

@@ -1,4 +1,4 @@
-"""Issue 16: `nondet probe --tp` on the CPU (gloo, 2 processes, transformers' tp_plan="auto").
+"""`nondet probe --tp` on the CPU (gloo, 2 processes, transformers' tp_plan="auto").
 
 One `--tp 1,2 --confirm --inject-variance` run carries the acceptance: one run directory from
 two worker groups, the report's TP1-vs-TP2 comparison, a positive control that fires on any

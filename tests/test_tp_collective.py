@@ -1,4 +1,4 @@
-"""Issue 16 item 2 and 3 without processes: the collective op class, the capture of a row-parallel
+"""Without processes: the collective op class, the capture of a row-parallel
 linear's all-reduce (partial, then sum), and the mode's invariant all-reduce switch."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""TP-invariance (issue 16 item 4): under the mode with --tp-invariant, TP1 and TP2 give the same bits.
+"""TP-invariance: under the mode with --tp-invariant, TP1 and TP2 give the same bits.
 
 Without the tree the mode is batch-invariant at each degree but TP2 still differs from TP1 from
 the first step (each rank rounds its K slice's partial before the all-reduce): the positive

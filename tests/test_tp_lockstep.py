@@ -1,4 +1,4 @@
-"""The lockstep with TPTap names an all-reduce that makes the batch's sums differ (issue 16 item 2).
+"""The lockstep with TPTap names an all-reduce that makes the batch's sums differ.
 
 One process: a row-parallel all-reduce stood in for by a forward hook on each row-parallel linear
 that calls torch.distributed.all_reduce, itself stood in for by a batch-VARIANT sum (the partials

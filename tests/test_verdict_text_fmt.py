@@ -1,4 +1,4 @@
-"""One verdict builder, one text-visibility function, one set of formatters (issue 12 s4)."""
+"""One verdict builder, one text-visibility function, one set of formatters."""
 
 import math
 

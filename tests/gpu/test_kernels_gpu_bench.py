@@ -1,4 +1,4 @@
-"""GPU regressions for issues 11 and 15: the illegal memory access of `nondet kernels bench` in
+"""GPU regressions: the illegal memory access of `nondet kernels bench` in
 one process, and the M-bucketed matmul giving every row the same bits at every M."""
 
 import pytest
@@ -53,7 +53,7 @@ def test_matmul_every_m_bucket_gives_the_bits_of_the_largest_m(k, n):
 
 
 def test_bench_sections_run_in_one_process():
-    # issue 11: matmul, rmsnorm and decode in one process ended in an illegal memory access
+    # matmul, rmsnorm and decode in one process once ended in an illegal memory access
     report = bench.run("test", quick=True, sections=("matmul", "rmsnorm", "decode"))
     torch.cuda.synchronize()
     assert report.checks and all(c.ok for c in report.checks), [c for c in report.checks if not c.ok]

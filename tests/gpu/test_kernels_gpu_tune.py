@@ -1,4 +1,4 @@
-"""`nondet kernels tune` on the device: a tuned table never changes a row's bits (issue 15)."""
+"""`nondet kernels tune` on the device: a tuned table never changes a row's bits."""
 
 import pytest
 
