@@ -67,6 +67,15 @@ def _text_verdict(m: dict, unit: str) -> str:
             f"first divergence at {unit} {m['first_token_divergence']}")
 
 
+def cross_engine_clause(section: dict) -> str:
+    """`--against` with two engines (summary.json "against" with "cross_engine"): what is compared,
+    and why a difference between the sides is no batch variance."""
+    a, b = (s.get("engine") or "an unrecognized engine" for s in section["sides"])
+    return (f"cross-engine comparison, not batch variance: A is {a}, B is {b}; different engines compute with "
+            "different kernels and arithmetic (and may read other weight formats), so their logits are expected "
+            "to differ from step 0")
+
+
 def report_verdict(modes: dict[str, dict], mode: str, minimal_set: Sequence[str] = ()) -> str:
     """The report's headline about `mode`: variance found or not, where, and what fixes it."""
     m = modes[mode]

@@ -8,6 +8,9 @@ answers like "ok" without logprobs (as `transformers serve` does). `drop_after=K
 server dying mid-run). Answers are deterministic: text and logprobs depend on nothing but the
 stub's settings: `words` (the completion's tokens) and `logprobs` (their values), so two stubs
 started with different settings stand for two deployments that differ (`--against` tests).
+`engine="llama.cpp"` answers as llama.cpp's server does: `Server: llama.cpp`, models owned by
+"llamacpp", a `system_fingerprint`, and /v1/completions' logprobs in the chat shape
+(`logprobs.content`, one object per token).
 """
 
 import json
@@ -27,9 +30,9 @@ class Answer:
 
 class StubServer:
     def __init__(self, mode: str = "ok", drop_after: int | None = None, hang_seconds: float = 10.0,
-                 fail_first: int = 0, answer: Answer = Answer()):
+                 fail_first: int = 0, answer: Answer = Answer(), engine: str | None = None):
         self.mode, self.drop_after, self.hang_seconds, self.fail_first = mode, drop_after, hang_seconds, fail_first
-        self.answer = answer
+        self.answer, self.engine = answer, engine
         self.answered = 0  # completions answered with 200
         self.received: list[dict] = []  # completion request bodies, in arrival order
         self.auth: list[str | None] = []  # Authorization header of each completion request
@@ -73,16 +76,29 @@ def completion_body(n: int, body: dict, answer: Answer = Answer()) -> dict:
             "usage": {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)}}
 
 
+def as_llama_cpp(answer: dict) -> dict:
+    """An answer of completion_body as llama.cpp's server words it: logprobs in the chat shape."""
+    lp = answer["choices"][0]["logprobs"]
+    content = [{"id": i, "token": w, "logprob": v, "top_logprobs": [{"token": t, "logprob": x} for t, x in top.items()]}
+               for i, (w, v, top) in enumerate(zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]))]
+    answer["choices"][0]["logprobs"] = {"content": content}
+    return {**answer, "system_fingerprint": "b0-stub"}
+
+
 def _handler(stub: StubServer):
     class Handler(BaseHTTPRequestHandler):
         server_version = "nondet-stub/1.0"
+
+        def version_string(self) -> str:
+            return "llama.cpp" if stub.engine == "llama.cpp" else super().version_string()
 
         def log_message(self, *args) -> None:  # quiet
             pass
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") == "/v1/models":
-                return self._send(200, json.dumps({"object": "list", "data": [{"id": "stub-model"}]}).encode())
+                model = {"id": "stub-model", **({"owned_by": "llamacpp"} if stub.engine == "llama.cpp" else {})}
+                return self._send(200, json.dumps({"object": "list", "data": [model]}).encode())
             if self.path == "/health":
                 return self._send(200, b'{"status": "ok"}')
             self._send(404, b'{"error": "not found"}')
@@ -95,6 +111,8 @@ def _handler(stub: StubServer):
             if action.startswith(("ok:", "nologprobs:")):
                 kind, n = action.split(":")
                 answer = completion_body(int(n), body, stub.answer)
+                if stub.engine == "llama.cpp":
+                    answer = as_llama_cpp(answer)
                 if kind == "nologprobs":
                     answer["choices"][0]["logprobs"] = None
                 return self._send(200, json.dumps(answer).encode(), {"x-request-id": f"stub-{n}"})

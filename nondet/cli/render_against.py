@@ -3,7 +3,7 @@
 from rich.console import Console
 from rich.table import Table
 
-from nondet.fmt import fmt_step
+from nondet.fmt import DASH, fmt_step
 
 CAPTION = ("texts: distinct completions; token / bits: first step whose token / logprob bits differ from the "
            "side's own request sent alone (across: B alone vs A alone, the run's reference)")
@@ -16,14 +16,17 @@ def print_against(summary: dict, console: Console) -> None:
 
 
 def against_table(section: dict) -> Table:
-    table = Table(title=f"two deployments, compared at level {section['compare_level']}", caption=CAPTION)
-    for col in ("side", "endpoint", "runs", "texts", "token", "bits"):
-        table.add_column(col, justify="left" if col in ("side", "endpoint") else "right")
+    what = ("two engines (a cross-engine comparison: expected to differ from step 0, not batch variance)"
+            if section.get("cross_engine") else "two deployments")
+    table = Table(title=f"{what}, compared at level {section['compare_level']}", caption=CAPTION)
+    for col in ("side", "endpoint", "engine", "runs", "texts", "token", "bits"):
+        table.add_column(col, justify="left" if col in ("side", "endpoint", "engine") else "right")
     for s in section["sides"]:
-        table.add_row(s["side"], s["endpoint"], str(s["n_runs"]), str(s["distinct_completions"]),
-                      fmt_step(s["first_token_divergence"]), _bits(s["first_numeric_divergence"], section))
+        table.add_row(s["side"], s["endpoint"], s.get("engine") or DASH, str(s["n_runs"]),
+                      str(s["distinct_completions"]), fmt_step(s["first_token_divergence"]),
+                      _bits(s["first_numeric_divergence"], section))
     across = section["across"]
-    table.add_row("A vs B", "alone vs alone", "", str(across["distinct_completions"]),
+    table.add_row("A vs B", "alone vs alone", "", "", str(across["distinct_completions"]),
                   fmt_step(across["first_token_divergence"]), _bits(across["first_logprob_divergence"], section))
     return table
 

@@ -13,6 +13,7 @@ from nondet.fmt import DASH, fmt_hex, fmt_margin, fmt_step, run_dir_arg
 from nondet.reports import figures
 from nondet.reports.blocks import (Branch, BranchPoint, Code, CodeBlock, Model, Para, Report, Section, Strong,
                                    Table, TokenDiff, figure_or_hint)
+from nondet.reports.against import against_sections
 from nondet.reports.bisect_sections import ablation_blocks, bisect_blocks
 from nondet.reports.speculative import speculative_sections
 from nondet.reports.tables import RunTables
@@ -30,6 +31,7 @@ def build_report(t: RunTables) -> Report:
         Section("Conditions", "conditions", _conditions(t)),
         *speculative_sections(t),
         *tensor_parallel_sections(t),
+        *against_sections(t),
         Section("Branch tree", "branch-tree", _tree(t)),
         Section("Token diff", "token-diff", _token_diffs(t)),
         Section("Figures", "figures", []),
@@ -45,6 +47,9 @@ def build_report(t: RunTables) -> Report:
 
 
 def _verdict(t: RunTables) -> Para:
+    if t.summary.get("against"):  # two servers: the sentence that compares them (it names a cross-engine one)
+        sentence = t.summary["verdict"]
+        return Para([sentence[:1].upper() + sentence[1:] + "."], kind="verdict")
     return Para([report_verdict(t.modes, t.primary_mode, t.minimal_set)], kind="verdict")
 
 

@@ -17,6 +17,11 @@ ITS OWN answer alone, and across the sides the distinct
 completions, the first token where B alone leaves A alone, and, where both return logprobs,
 the first step whose logprob bits differ. Answers are compared at the lowest level any of
 them allows (a server without logprobs: texts, tokenized with --tokenizer when given).
+
+Two engines (say transformers serve and llama.cpp's server, traffic/engines.py) are a
+cross-engine comparison: other kernels, often other weight formats, so A and B are expected to
+differ from the first steps; the summary and the report say so instead of calling it batch
+variance. Each side's own distinct completions under load are still that engine's batch variance.
 """
 
 from dataclasses import replace
@@ -58,7 +63,8 @@ class AgainstSource:
     def summarize(self, streams: list[dict]) -> Summary:
         doc = diff_answers(streams, self.sides["A"].tokenizer)
         level = doc.pop("compare_level")
-        section = against_section(streams, self.endpoints, level)
+        engines = {name: side.engine for name, side in self.sides.items()}  # traffic/engines.py
+        section = against_section(streams, self.endpoints, level, engines)
         load = {"mode": "server", "compare_level": level, "endpoint": self.endpoints["A"],
                 "against": self.endpoints["B"], **load_settings(self.config), "notes": _notes(level)}
         return Summary(doc["modes"], against_verdict(section), extra={"load": load, "against": section})

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from nondet.errors import ModelLoadError, NondetError, RunDirError, ServerResponseError, UsageError
 from nondet.probes.traffic import arrivals, compare
 from nondet.probes.traffic.client import Client, ClientSettings, public_headers
+from nondet.probes.traffic.engines import engine_of
 from nondet.probes.sources.config import LoadConfig
 from nondet.probes.traffic.responses import parse_completion
 from nondet.probes.traffic.tally import Tally
@@ -60,6 +61,7 @@ class ServerSource:
         self.side = side
         self.on_progress = on_progress
         self.writer = self.client = self.tally = self.model = self.tokenizer = None
+        self.engine: str | None = None  # the engine the server names (traffic/engines.py), once identified
         self.done: set[int] = set()  # request indices already answered on disk (a resume)
         self.lock = threading.Lock()
 
@@ -77,6 +79,7 @@ class ServerSource:
             self.model = _stored_model(RunDir(resume))
             return Opened(None, run_dir=resume)
         identity = identify(self.client)
+        self.engine = identity["engine"]
         self.model = config.model.name or (identity["models"][0] if identity["models"] else None)
         return Opened(_fingerprint(config, identity, self.model))
 
@@ -176,6 +179,7 @@ class ServerSource:
         """The answer alone's headers join this side's server identity; the reference's model name the run's."""
         load = fp["load"] if self.side.lone else fp["load"]["sides"][self.side.name]
         add_reply_identity(load, fp["model"] if self.side.reference else None, reply)
+        self.engine = load["server"].get("engine")
 
 
 def summarize_server(streams: list[dict], config, tokenizer) -> dict:
@@ -231,14 +235,17 @@ def level_notes(level: str) -> list[str]:
 
 
 def identify(client: Client) -> dict:
-    """/v1/models where it answers; its response headers. Unreachable = error; a failing /v1/models is recorded."""
+    """/v1/models where it answers (ids, owners); its response headers; the engine they name
+    (traffic/engines.py). Unreachable = error; a failing /v1/models is recorded."""
     try:
         reply = client.get("/v1/models")
     except ServerResponseError as exc:  # answered, but not usefully: recorded, not fatal
-        return {"models": [], "models_error": str(exc), "headers": {}}
+        return {"models": [], "models_error": str(exc), "headers": {}, "engine": None}
     data = reply.body.get("data")
-    ids = [m.get("id") for m in data if isinstance(m, dict) and m.get("id")] if isinstance(data, list) else []
-    return {"models": ids, "headers": public_headers(reply.headers)}
+    entries = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+    owners = sorted({m["owned_by"] for m in entries if isinstance(m.get("owned_by"), str)})
+    return {"models": [m["id"] for m in entries if m.get("id")], "owned_by": owners,
+            "headers": public_headers(reply.headers), "engine": engine_of(owners, reply.headers)}
 
 
 def _fingerprint(config, identity: dict, model: str | None) -> dict:
@@ -333,6 +340,10 @@ def add_reply_identity(load: dict, model: dict | None, reply) -> None:
     side's), and its model name the fingerprint's `model` when given and unnamed (some servers
     fail /v1/models, or list nothing for a model they were started with)."""
     load["server"]["completion_headers"] = public_headers(reply.headers)
+    if load["server"].get("engine") is None:  # e.g. /v1/models failed: the answer's headers may name it
+        load["server"]["engine"] = engine_of(load["server"].get("owned_by", []), reply.headers)
+    if isinstance(reply.body.get("system_fingerprint"), str) and reply.body["system_fingerprint"]:
+        load["server"]["system_fingerprint"] = reply.body["system_fingerprint"]  # llama.cpp: its build
     if model is not None and not model["name"] and isinstance(reply.body.get("model"), str):
         model["name"] = reply.body["model"]
 

@@ -2,7 +2,7 @@
 
 /v1/completions puts logprobs in `choices[0].logprobs` as parallel lists (`tokens`,
 `token_logprobs`, `top_logprobs` dicts); /v1/chat/completions as `choices[0].logprobs.content`,
-one object per token. Servers that ignore the `logprobs` field (transformers serve) return
+one object per token, and so does llama.cpp's server (`llama-server`) on /v1/completions too. Servers that ignore the `logprobs` field (transformers serve) return
 none; then only the text is compared.
 """
 
@@ -35,6 +35,8 @@ def parse_completion(body: dict, chat: bool, where: str) -> ServerCompletion:
 
 def _completion_tokens(choice: dict) -> list[list] | None:
     lp = choice.get("logprobs")
+    if isinstance(lp, dict) and lp.get("content"):  # llama-server: the chat shape on /v1/completions
+        return _chat_tokens(choice)
     if not isinstance(lp, dict) or not lp.get("tokens") or not lp.get("token_logprobs"):
         return None
     tops = lp.get("top_logprobs") or [None] * len(lp["tokens"])
