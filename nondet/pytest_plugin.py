@@ -7,7 +7,9 @@
                                kernels="batch-invariant")
 
 `prompts_file="prompts.jsonl"` reads the prompts instead in the one prompt-file format of
-`nondet probe --prompts` (JSONL, so a prompt may hold newlines, or plain text one a line).
+`nondet probe --prompts` (JSONL, so a prompt may hold newlines, or plain text one a line). A
+{"messages": [...]} line (or a nondet.prompt.Chat in `prompts`) is probed through the tokenizer's
+chat template; speculative decoding takes plain-text prompts only and refuses it in one line.
 Or, without the fixture, `from nondet.pytest_plugin import assert_batch_invariant`.
 A violation raises AssertionError whose message names each failing condition's first
 divergence and branch tokens. `assert_speculative_equivalent` (fixture of the same name)
@@ -16,20 +18,24 @@ where nondet is installed, so it imports no torch (nor anything heavy) at import
 """
 
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pytest
+
+if TYPE_CHECKING:
+    from nondet.prompt import Prompt
 
 DEFAULT_PROMPTS = ("Tell me about Richard Feynman",)
 
 
-def assert_batch_invariant(model, tokenizer, prompts: Sequence[str] | None = None,
+def assert_batch_invariant(model, tokenizer, prompts: "Sequence[Prompt] | None" = None,
                            batch_sizes: Sequence[int] = (1, 8, 16), max_new_tokens: int = 64,
                            kernels: str = "default", require: str = "identical",
                            prompts_file: Path | str | None = None):
     """Probe (model, tokenizer) in memory under the policy; AssertionError on a violation.
 
-    prompts: the prompts (default: one built-in), or prompts_file: a prompt file (JSONL or lines).
+    prompts: the prompts, text or nondet.prompt.Chat (default: one built-in), or prompts_file: a
+    prompt file (JSONL or lines).
     kernels: "default" (the model as it is) or "batch-invariant" (nondet's kernels).
     require: "identical" or one of "max-distinct = N", "min-divergence-step = S",
     "max-logprob-diff = X" (see nondet gate). Returns the verdicts when the policy is met.
@@ -37,6 +43,7 @@ def assert_batch_invariant(model, tokenizer, prompts: Sequence[str] | None = Non
     from nondet.probes.inmemory import probe_model
     from nondet.probes.probe import ProbeConfig
     from nondet.gate.policy import Policy, evaluate
+    from nondet.prompt import label
 
     policy = Policy.parse(require)
     verdicts = []
@@ -44,14 +51,14 @@ def assert_batch_invariant(model, tokenizer, prompts: Sequence[str] | None = Non
         config = ProbeConfig(prompt=prompt, batch_sizes=tuple(sorted({1, *batch_sizes})),
                              max_new_tokens=max_new_tokens, kernels=(kernels,))
         result = probe_model(model, tokenizer, config)
-        verdicts.append(evaluate(result.summary, result.streams, policy, name=f"prompt {prompt[:60]!r}"))
+        verdicts.append(evaluate(result.summary, result.streams, policy, name=f"prompt {label(prompt)[:60]!r}"))
     failed = [v for v in verdicts if not v.passed]
     if failed:
         raise AssertionError(failure_message(failed))
     return verdicts
 
 
-def prompts_of(prompts: Sequence[str] | None, prompts_file: Path | str | None) -> Sequence[str]:
+def prompts_of(prompts: "Sequence[Prompt] | None", prompts_file: Path | str | None) -> "Sequence[Prompt]":
     """The prompts given, or those of prompts_file read as every command reads one (nondet/prompt_file.py)."""
     if prompts_file is None:
         return DEFAULT_PROMPTS if prompts is None else prompts

@@ -28,3 +28,16 @@ def tiny_model_dir(tmp_path_factory):
 
     return save_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), build_tokenizer(512), hidden=64, layers=2, heads=4,
                       kv_heads=2, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model_dir(tmp_path_factory):
+    """tiny_model_dir's model with a chat template (model_fixtures.CHAT_TEMPLATE) in its tokenizer."""
+    from model_fixtures import CHAT_TEMPLATE, save_qwen3
+
+    from nondet.probes.default_model import build_tokenizer
+
+    tokenizer = build_tokenizer(512)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return save_qwen3(tmp_path_factory.mktemp("tiny-chat-qwen3"), tokenizer, hidden=64, layers=2, heads=4,
+                      kv_heads=2, seed=1)

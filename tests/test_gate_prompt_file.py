@@ -1,5 +1,6 @@
 """gate and the pytest plugin read prompt files with the one reader of probe and rl (nondet/prompt_file.py):
-a JSONL prompt's newlines reach the probe intact, a bad line is one file:line usage error (exit 2)."""
+a JSONL prompt's newlines reach the probe intact, a {"messages": [...]} line is probed as a chat, a bad
+line is one file:line usage error (exit 2)."""
 
 import json
 import os
@@ -14,7 +15,9 @@ from nondet.gate.config import load_config, resolve
 
 CODE = "def fibonacci(n):\n    a, b = 0, 1\n    return a"
 BAD_LINE_ERROR = ('{path}:2: not valid JSON (Expecting property name enclosed in double quotes); a line is a JSON '
-                  'string or {{"prompt": "..."}}')
+                  'string, {{"prompt": "..."}} or {{"messages": [...]}}')
+MESSAGES = [{"role": "system", "content": "You answer briefly."},
+            {"role": "user", "content": "Why is the sky blue?\nOne sentence."}]
 
 
 def jsonl(path: Path, *prompts) -> Path:
@@ -102,6 +105,43 @@ def test_cli_gate_probes_the_jsonl_prompt_with_its_newlines(tmp_path, tiny_model
     assert config["prompt"] == CODE  # the newlines reached the gate's probe
 
 
+def test_cli_gate_probes_a_messages_line_as_a_chat(tmp_path, tiny_chat_model_dir):
+    from transformers import AutoTokenizer
+
+    from nondet.probes.chat import prompt_token_ids
+    from nondet.prompt import as_prompt
+
+    jsonl(tmp_path / "p.jsonl", {"messages": MESSAGES})
+    (tmp_path / "nondet.toml").write_text(f'model = {json.dumps(str(tiny_chat_model_dir))}\nprompts-file = "p.jsonl"\n')
+    r = gate("-b", "1,2", "-n", "3", "--require", "min-divergence-step = 0", "--no-bisect", "--out", "run",
+             cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["config"]["prompt"] == {"messages": MESSAGES}
+    streams = [json.loads(line) for line in (tmp_path / "run" / "streams.jsonl").read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_chat_model_dir)
+    chat_ids = prompt_token_ids(tokenizer, as_prompt({"messages": MESSAGES}))  # == apply_chat_template's (test_prompt_file)
+    assert {s["prompt_tokens"] for s in streams} == {len(chat_ids)}
+
+
+def test_cli_gate_malformed_messages_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('"fine"\n{"messages": [{"role": "user", "content": ""}]}\n')
+    r = gate("--prompts", str(bad), cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == f"nondet: error: {bad}:2: message 1: content must be non-empty text\n"
+
+
+def test_a_messages_prompt_on_the_speculative_axis_is_refused_before_any_axis_runs(tmp_path):
+    from nondet.cli.gate import gate_targets
+
+    f = jsonl(tmp_path / "p.jsonl", {"messages": MESSAGES})
+    settings = resolve({"prompts-file": str(f), "require": "identical", "speculative-forms": "ngram:2"}, {})
+    assert settings.axes == ("batch", "speculative")
+    with pytest.raises(UsageError, match=r"^a \{\"messages\": \[\.\.\.\]\} prompt runs on static batches and servers; "
+                                         r"speculative decoding, --tp and --load continuous take plain-text prompts$"):
+        gate_targets(settings, str(tmp_path / "run"))
+
+
 # -- the pytest plugin ----------------------------------------------------------------------
 
 
@@ -129,3 +169,15 @@ def test_plugin_prompts_file_errors(tmp_path):
     plain = tmp_path / "p.txt"
     plain.write_text("one\ntwo {x}\n")
     assert prompts_of(None, plain) == ("one", "two {x}")
+
+
+def test_plugin_probes_a_messages_line_through_the_chat_template(tmp_path, tiny_chat_model_dir):
+    from nondet.probes.loading import ModelSpec, load_model
+    from nondet.pytest_plugin import assert_batch_invariant
+
+    loaded = load_model(ModelSpec(str(tiny_chat_model_dir)))
+    f = jsonl(tmp_path / "p.jsonl", {"messages": MESSAGES})
+    verdicts = assert_batch_invariant(loaded.model, loaded.tokenizer, prompts_file=f, batch_sizes=(1, 2),
+                                      max_new_tokens=2, require="min-divergence-step = 0")
+    turns = "system: You answer briefly.\nuser: Why is the sky blue?\nOne sentence."
+    assert [v.name for v in verdicts] == [f"prompt {turns[:60]!r}"]  # the turns, cut as every name is

@@ -9,7 +9,7 @@ from report_fixtures import write_run
 
 from nondet.reports import write_report
 
-HEADINGS = ["# nondet report: run", "## Verdict", "## Conditions", "## Branch tree", "## Token diff",
+HEADINGS = ["# nondet report: run", "## Verdict", "## Prompts", "## Conditions", "## Branch tree", "## Token diff",
             "## Figures", "### First divergence steps", "### Distinct completions by batch size",
             "### Bisect: where the difference is born", "### Bisect: amplification",
             "### Before / after: batch-invariant kernels", "## Ablation", "## Environment", "## Reproduce"]
@@ -237,3 +237,25 @@ def test_an_eager_run_names_its_path(tmp_path):
     assert "Decode path: eager, dynamic KV cache." in md.read_text()
     bare = write_run(tmp_path / "bare")
     assert "Decode path" not in write_report(bare)[0].read_text()  # an old run directory: nothing claimed
+
+
+def test_a_chat_prompt_is_one_row_per_turn_escaped(tmp_path):
+    run = write_run(tmp_path / "run")
+    header = json.loads((run / "config.json").read_text())
+    messages = [{"role": "system", "content": "Be <b>brief</b>."}, {"role": "user", "content": "Line one\nline | two"}]
+    header["config"].update(prompts=[{"messages": messages}, "plain <i>text</i>"], chat=False)
+    (run / "config.json").write_text(json.dumps(header))
+    md, html = (path.read_text() for path in write_report(run))
+    assert ("| prompt | role | text |\n| --- | --- | --- |\n| p0 | system | `Be <b>brief</b>.` |\n"
+            "|  | user | `Line one\\nline \\| two` |\n| p1 | — | `plain <i>text</i>` |") in md
+    assert "Be &lt;b&gt;brief&lt;/b&gt;." in html and "<b>brief" not in html
+    assert "plain &lt;i&gt;text&lt;/i&gt;" in html
+
+
+def test_plain_prompts_under_chat_show_the_turns_sent(tmp_path):
+    run = write_run(tmp_path / "run")
+    header = json.loads((run / "config.json").read_text())
+    header["config"].update(prompt="Why?", chat=True, system="Be brief.")
+    (run / "config.json").write_text(json.dumps(header))
+    md = write_report(run)[0].read_text()
+    assert "| p0 | system | `Be brief.` |\n|  | user | `Why?` |" in md

@@ -31,7 +31,8 @@ def gate(
         "--prompt", "-p", help="Target prompt; repeat for several (each is its own probe).")] = None,
     prompts_file: Annotated[Optional[Path], typer.Option(
         "--prompts", help="File of target prompts, the format of nondet probe --prompts: JSONL (a JSON string or "
-                          "{\"prompt\": ...} a line, so a prompt may hold newlines) or plain text, one prompt a line.")
+                          "{\"prompt\": ...} a line, so a prompt may hold newlines, or {\"messages\": [...]}: a "
+                          "chat, sent through the chat template) or plain text, one prompt a line.")
     ] = None,
     batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", "-b", help="Batch sizes, e.g. 1,8,16 (default 1,8,16).")] = None,
     positions: Annotated[Optional[str], typer.Option(help="Target rows per batch: auto (every row a target with several prompts, else ends) | rows | padded | ends | first | last | all.")] = None,
@@ -136,6 +137,7 @@ def gate_targets(settings: "GateSettings", out: str | None) -> "list[GateTarget]
     OUT/prompt-N when prompts are probed one by one, see probe_configs); several: OUT/AXIS (or
     OUT/AXIS/prompt-N). All configs are built, so checked, before any model loads."""
     from nondet.gate.run import GateTarget
+    from nondet.prompt import label
 
     several = len(settings.axes) > 1
     base = out or _default_run_dir()
@@ -149,7 +151,7 @@ def gate_targets(settings: "GateSettings", out: str | None) -> "list[GateTarget]
         configs = probe_configs(settings, where, settings.speculative_forms if axis == "speculative" else None)
         for config in configs:
             names = ([axis] if several or axis != "batch" else []) + (
-                [f"prompt {config.prompt[:60]!r}"] if len(configs) > 1 else [])
+                [f"prompt {label(config.prompt)[:60]!r}"] if len(configs) > 1 else [])
             targets.append(GateTarget(config, policy, ": ".join(names)))
     return targets
 
@@ -165,20 +167,24 @@ def probe_configs(settings: "GateSettings", out: str | None, speculative: str | 
     speculative: the forms to probe (batch size 1), or None for the batch sizes."""
     from nondet.cli.probe_config import build_load_config, build_probe_config
     from nondet.gate.run import prompt_dirs
+    from nondet.probes.probe import validate_config, with_chat_endpoint
 
     load = build_load_config(settings.load, settings.endpoint, rate=settings.rate, concurrency=settings.concurrency)
     if _every_row_a_target(settings, speculative, load):  # one run: the other rows are the other prompts
         groups = [(settings.prompts, out or _default_run_dir())]
     else:
         groups = [((prompt,) if prompt else (), run_dir) for prompt, run_dir in prompt_dirs(settings.prompts, out)]
-    return [build_probe_config("gate", prompts, model=settings.model, dtype=settings.dtype,
-                               device=settings.device, inject_variance=settings.inject_variance,
-                               batch_sizes=None if speculative else settings.batch_sizes, out=run_dir, load=load,
-                               speculative=speculative, placement=settings.positions, runs=settings.runs,
-                               max_new_tokens=settings.max_new_tokens, kernels=(settings.kernels,),
-                               threads=settings.threads,
-                               compile_backend="inductor" if settings.compile and not speculative else None)
-            for prompts, run_dir in groups]
+    configs = [build_probe_config("gate", prompts, model=settings.model, dtype=settings.dtype,
+                                  device=settings.device, inject_variance=settings.inject_variance,
+                                  batch_sizes=None if speculative else settings.batch_sizes, out=run_dir, load=load,
+                                  speculative=speculative, placement=settings.positions, runs=settings.runs,
+                                  max_new_tokens=settings.max_new_tokens, kernels=(settings.kernels,),
+                                  threads=settings.threads,
+                                  compile_backend="inductor" if settings.compile and not speculative else None)
+               for prompts, run_dir in groups]
+    for config in configs:  # now, before any axis runs: e.g. a chat prompt on an axis that takes plain text
+        validate_config(with_chat_endpoint(config))
+    return configs
 
 
 def _every_row_a_target(settings: "GateSettings", speculative: str | None, load) -> bool:

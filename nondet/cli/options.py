@@ -1,9 +1,12 @@
 """Options shared by several commands, defined once as Annotated aliases."""
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from nondet.prompt import Prompt
 
 ModelOpt = Annotated[Optional[str], typer.Option(
     "--model", "-m", help="Hugging Face causal LM: local directory or hub id (cached). Default: the embedded demo model.")]
@@ -49,7 +52,7 @@ def read_prompt(prompt: str | None, prompt_file: Path | None, default: str) -> s
 
 
 def read_targets(prompt: str | None, prompt_file: Path | None, prompts_file: Path | None,
-                 several_by_default: bool) -> tuple[str, ...]:
+                 several_by_default: bool) -> "tuple[Prompt, ...]":
     """The target prompts: --prompts FILE, else --prompt / --prompt-file, else the built-in ones
     (the demo's several prompts where the load can take them, else the one default prompt)."""
     from nondet.errors import UsageError

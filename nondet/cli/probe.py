@@ -20,10 +20,11 @@ def probe(
     prompt: o.PromptOpt = None,
     prompt_file: o.PromptFileOpt = None,
     prompts: Annotated[Optional[Path], typer.Option(
-        "--prompts", help="File of target prompts: JSONL (a JSON string or {\"prompt\": ...} a line, so a prompt "
-                          "may hold newlines; a file whose first line starts with { or \" is JSONL) or plain text, "
-                          "one prompt a line; each is swept and diffed against itself alone. "
-                          "Default without --prompt: 8 built-in prompts (static load).")] = None,
+        "--prompts", help="File of target prompts: JSONL, a line a JSON string or {\"prompt\": ...} (text, newlines "
+                          "allowed) or {\"messages\": [{\"role\": ..., \"content\": ...}, ...]} (a chat, always "
+                          "sent through the chat template; text lines stay text unless --chat), when the first line "
+                          "starts with { or \"; else plain text, one prompt a line. Each is swept and diffed against "
+                          "itself alone. Default without --prompt: 8 built-in prompts (static load).")] = None,
     batch_sizes: o.BatchSizesOpt = None,
     positions: Annotated[str, typer.Option(
         help="Target rows in each batch: auto (rows with several prompts, else ends) | ends (first and last) | "
@@ -73,11 +74,14 @@ def probe(
              "completions and first divergence from its own request alone; across: distinct completions, the "
              "first token where B alone leaves A alone, and the first step whose logprob bits differ where both "
              "return logprobs.")] = None,
-    chat: Annotated[bool, typer.Option("--chat", help="Format each prompt as a chat turn: in process through the "
-                                                      "tokenizer's chat template (the ids a server's chat endpoint "
-                                                      "gives the model); with --endpoint, /v1/chat/completions.")] = False,
+    chat: Annotated[bool, typer.Option("--chat", help="Format each plain-text prompt as a chat turn: in process "
+                                                      "through the tokenizer's chat template (the ids a server's chat "
+                                                      "endpoint gives the model); with --endpoint, "
+                                                      "/v1/chat/completions. A {\"messages\": ...} prompt is sent "
+                                                      "as a chat without it.")] = False,
     system: Annotated[Optional[str], typer.Option(
-        "--system", help="With --chat: the system message (default: the chat template's own).")] = None,
+        "--system", help="With --chat: the system message of plain-text prompts (default: the chat template's "
+                         "own); a {\"messages\": ...} prompt keeps its own messages.")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(
         help="Tokenizer (dir or hub id) for comparing a server's texts token by token when it returns no logprobs.")] = None,
     api_key_env: Annotated[str, typer.Option(

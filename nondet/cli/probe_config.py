@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Sequence
 if TYPE_CHECKING:
     from nondet.probes.sources.config import LoadConfig
     from nondet.probes.probe import ProbeConfig
+    from nondet.prompt import Prompt
 
 
-def build_probe_config(command: str, prompts: Sequence[str] = (), *, model: str | None = None,
+def build_probe_config(command: str, prompts: "Sequence[Prompt]" = (), *, model: str | None = None,
                        dtype: str = "bfloat16", device: str = "cpu", attn_implementation: str | None = None,
                        trust_remote_code: bool = False, inject_variance: bool | None = None,
                        batch_sizes: str | Sequence[int] | None = None, out: str | Path | None = None,
@@ -54,7 +55,7 @@ def build_load_config(load: str = "static", endpoint: str | None = None, resume:
     return LoadConfig(mode=mode, endpoint=endpoint, resume=str(resume) if resume else None, **fields)
 
 
-def _speculative(text: str, batch_sizes, prompts: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+def _speculative(text: str, batch_sizes, prompts: "tuple[Prompt, ...]") -> tuple[tuple[str, ...], tuple[int, ...]]:
     """The parsed forms and batch size 1; a usage error for a bad form or a batch size > 1."""
     from nondet.errors import UsageError
     from nondet.probes.sources.speculation import parse_speculative
@@ -68,13 +69,13 @@ def _speculative(text: str, batch_sizes, prompts: tuple[str, ...]) -> tuple[tupl
     return tuple(f.name for f in forms), (1,)
 
 
-def default_batch_sizes(prompts: Sequence[str]) -> str:
+def default_batch_sizes(prompts: "Sequence[Prompt]") -> str:
     """One prompt: the full sweep. Several: fewer sizes each, so the demo's 8 prompts take
     about the time of one prompt's full sweep (docs: README "What it shows")."""
     return "1,2,4,8,16" if len(prompts) <= 1 else "1,2,8"
 
 
-def _batch_sizes(value: str | Sequence[int] | None, prompts: tuple[str, ...]) -> tuple[int, ...]:
+def _batch_sizes(value: str | Sequence[int] | None, prompts: "tuple[Prompt, ...]") -> tuple[int, ...]:
     from nondet.probes.conditions import parse_batch_sizes
 
     if value is None or isinstance(value, str):

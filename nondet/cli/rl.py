@@ -16,8 +16,9 @@ def rl(
     model_arg: ModelArg = None,
     model: o.ModelOpt = None,
     prompts: Annotated[Optional[Path], typer.Option(
-        "--prompts", help="Sampler prompts: JSONL (a JSON string or {\"prompt\": ...} a line) or plain text, one "
-                          "prompt a line (default: 8 built-in).")] = None,
+        "--prompts", help="Sampler prompts: JSONL (a JSON string or {\"prompt\": ...} a line, or {\"messages\": "
+                          "[...]}: a chat, sampled from its chat template's ids) or plain text, one prompt a line "
+                          "(default: 8 built-in).")] = None,
     rollouts: Annotated[Optional[Path], typer.Option(
         "--rollouts", help="JSONL of exported rollouts {prompt_ids, completion_ids, logprobs}: trainer side only.")] = None,
     endpoint: Annotated[Optional[str], typer.Option(

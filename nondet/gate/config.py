@@ -46,6 +46,7 @@ from typing import Any
 
 from nondet.errors import UsageError
 from nondet.gate.policy import Policy
+from nondet.prompt import Prompt
 
 THRESHOLDS = ("max-distinct", "min-divergence-step", "max-logprob-diff")
 CONFIG_NAMES = ("nondet.toml", "pyproject.toml")
@@ -65,7 +66,9 @@ KEYS = ("model", *PROMPT_KEYS, "batch-sizes", "positions", "runs", "max-new-toke
 @dataclass(frozen=True)
 class GateSettings:
     model: str | None = None  # local dir or hub id; None = the embedded demo model
-    prompts: tuple[str, ...] = ()  # () = the probe's default prompt; each prompt is its own probe
+    # () = the probe's default prompt; each prompt is its own probe; a Chat (a prompts file's {"messages": ...}
+    # line) is probed through the chat template
+    prompts: tuple[Prompt, ...] = ()
     batch_sizes: tuple[int, ...] = (1, 8, 16)  # the demo model's tokens flip at bs 8/16 near step 93
     positions: str = "auto"  # target rows: auto = every row a target with several prompts (rows), else ends
     runs: int | None = None  # N target replays spread over the batches (overrides positions)
@@ -219,7 +222,7 @@ def _positive(values: dict[str, Any], key: str, default: int, label: _Labels) ->
 
 
 def _prompts(flags: dict[str, Any], file_values: dict[str, Any], source: Path | None,
-             label: _Labels) -> tuple[str, ...]:
+             label: _Labels) -> tuple[Prompt, ...]:
     """The flags' prompts (--prompt, repeatable, or --prompts FILE) replace the file's (prompt,
     prompts or prompts-file); each layer gives them one way."""
     if flags.get("prompts") is not None and flags.get("prompts-file") is not None:
@@ -237,7 +240,7 @@ def _prompts(flags: dict[str, Any], file_values: dict[str, Any], source: Path | 
     return _prompt_list(named[0], layer[named[0]], from_flags, label)
 
 
-def _prompts_file(value, base: Path, label: _Labels) -> tuple[str, ...]:
+def _prompts_file(value, base: Path, label: _Labels) -> tuple[Prompt, ...]:
     """The one prompt-file reader of every command (nondet/prompt_file.py): JSONL or plain lines."""
     from nondet.prompt_file import read_prompt_file
 

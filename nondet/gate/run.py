@@ -28,6 +28,7 @@ from nondet.gate.junit import write_junit
 from nondet.gate.policy import Policy, Verdict, evaluate
 
 if TYPE_CHECKING:
+    from nondet.prompt import Prompt
     from nondet.probes.probe import ProbeConfig, ProbeResult
     from nondet.rl.config import RLConfig
     from nondet.rl.run import RLResult
@@ -89,9 +90,11 @@ class GateResult:
 def run_gate(configs: "Sequence[ProbeConfig]", policy: Policy, outputs: GateOutputs = GateOutputs(),
              hooks: GateHooks = GateHooks()) -> GateResult:
     """Probe every config, judge, write the CI outputs, bisect, report; result.passed when the policy is met."""
+    from nondet.prompt import label
+
     several = len(configs) > 1
-    return run_targets([GateTarget(c, policy, f"prompt {c.prompt[:60]!r}" if several else "") for c in configs],
-                       outputs, hooks)
+    return run_targets([GateTarget(c, policy, f"prompt {label(c.prompt)[:60]!r}" if several else "")
+                        for c in configs], outputs, hooks)
 
 
 def run_targets(targets: Sequence[GateTarget], outputs: GateOutputs = GateOutputs(),
@@ -112,7 +115,7 @@ def run_targets(targets: Sequence[GateTarget], outputs: GateOutputs = GateOutput
     return result
 
 
-def prompt_dirs(prompts: Sequence[str], out: str | None) -> list[tuple[str | None, str]]:
+def prompt_dirs(prompts: "Sequence[Prompt]", out: str | None) -> "list[tuple[Prompt | None, str]]":
     """(prompt, run directory) pairs: the run directory itself, or prompt-N below it.
     No prompts: one pair (None, run directory), None meaning the probe's default prompt."""
     from nondet.probes.probe import default_run_dir

@@ -1,28 +1,49 @@
 """Chat formatting of a prompt, as a server formats /v1/chat/completions: the tokenizer's chat template
-with an optional system message, rendered with the assistant's turn opened.
+rendered with the assistant's turn opened.
 
-In process (`probe --chat`) the rendered text is tokenized without special tokens (the template holds
-them), which gives the ids `apply_chat_template(..., tokenize=True)` gives: what transformers serve
-feeds the model for the same messages. A server probe sends `chat_messages` as they are.
+Two prompts are chat-formatted: a Chat (a {"messages": [...]} line of a prompt file, nondet/prompt.py),
+always, with its messages as written; and plain text under `probe --chat`, as one user turn after
+an optional system message. In process the rendered text is tokenized without special tokens (the
+template holds them), which gives the ids `apply_chat_template(..., tokenize=True)` gives: what
+transformers serve feeds the model for the same messages. A server probe sends `chat_messages` as
+they are.
 """
 
 from nondet.errors import UsageError
+from nondet.prompt import Chat, Prompt, as_prompt
 
 
-def chat_messages(prompt: str, system: str | None = None) -> list[dict]:
-    """The user's prompt (after a system message, when given) as chat messages."""
+def chat_messages(prompt: Prompt, system: str | None = None) -> list[dict]:
+    """A Chat's messages as written; plain text as the user's turn, after a system message when given."""
+    if isinstance(prompt, Chat):
+        return prompt.as_messages()
     system_turn = [{"role": "system", "content": system}] if system else []
     return [*system_turn, {"role": "user", "content": prompt}]
 
 
-def chat_text(tokenizer, prompt: str, system: str | None = None) -> str:
+def chat_text(tokenizer, prompt: Prompt, system: str | None = None) -> str:
     """The prompt through the tokenizer's chat template; a one-line error when it has none."""
     if not getattr(tokenizer, "chat_template", None):
+        if isinstance(prompt, Chat):
+            raise UsageError("a {\"messages\": [...]} prompt is sent through the model's chat template, and its "
+                             "tokenizer has none; give the prompt as plain text")
         raise UsageError("--chat: the model's tokenizer has no chat template; drop --chat to send raw text")
     return tokenizer.apply_chat_template(chat_messages(prompt, system), tokenize=False, add_generation_prompt=True)
 
 
+def model_text(tokenizer, prompt, chat: bool = False, system: str | None = None) -> str:
+    """One prompt as the model reads it: a Chat (or its config.json form) always chat-formatted, plain
+    text chat-formatted under `chat` (probe --chat), else as given."""
+    prompt = as_prompt(prompt)
+    return chat_text(tokenizer, prompt, system) if chat or isinstance(prompt, Chat) else prompt
+
+
 def model_texts(tokenizer, prompts, chat: bool, system: str | None = None) -> list[str]:
-    """The prompts as the model reads them: chat-formatted when `chat` (probe --chat), else as given.
-    The probe and bisect's replay both build their batches from this."""
-    return [chat_text(tokenizer, p, system) for p in prompts] if chat else list(prompts)
+    """The prompts as the model reads them (model_text). The probe and bisect's replay, which reads
+    them from config.json, both build their batches from this."""
+    return [model_text(tokenizer, p, chat, system) for p in prompts]
+
+
+def prompt_token_ids(tokenizer, prompt: Prompt) -> list[int]:
+    """The token ids nondet rl samples from: a Chat through the chat template, plain text as it is."""
+    return tokenizer(model_text(tokenizer, prompt), add_special_tokens=False)["input_ids"]

@@ -14,14 +14,16 @@ gate and bisect read it the same way:
 """
 
 from nondet.probes.diff import earliest
+from nondet.prompt import Prompt
+from nondet.prompt import record as prompt_record
 
 PER_PROMPT_KEYS = ("n_runs", "distinct_completions", "first_token_divergence", "first_numeric_divergence",
                    "reference_run_id", "branch_tree")
 
 
-def merge_prompts(summaries: list[dict], prompt_ids: list[int], texts: tuple[str, ...] = ()) -> dict:
+def merge_prompts(summaries: list[dict], prompt_ids: list[int], texts: tuple[Prompt, ...] = ()) -> dict:
     """One mode's summary over several prompts; summaries[i] is prompt prompt_ids[i] alone,
-    texts[prompt_id] its text (shown in tables; empty when unknown)."""
+    texts[prompt_id] its prompt (its text shown in tables, a chat's messages kept; empty when unknown)."""
     runs, completions = [], []
     for prompt_id, s in zip(prompt_ids, summaries):
         offset = len(completions)
@@ -46,7 +48,7 @@ def merge_prompts(summaries: list[dict], prompt_ids: list[int], texts: tuple[str
         "completions": completions,
         "branch_tree": first_split["branch_tree"] if first_split else None,
         "branch_prompt_id": prompt_ids[summaries.index(first_split)] if first_split else None,
-        "prompts": [{"prompt_id": k, "prompt": texts[k] if k < len(texts) else "",
+        "prompts": [{"prompt_id": k, **prompt_record(texts[k] if k < len(texts) else ""),
                      **{key: s[key] for key in PER_PROMPT_KEYS}}
                     for k, s in zip(prompt_ids, summaries)],
     }

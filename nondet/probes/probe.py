@@ -8,7 +8,7 @@ Sources (probes/sources/) produce the records; the run directory's one writer
 """
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +20,7 @@ from nondet.probes.loading import ModelSpec
 from nondet.probes.numerics import numerics_scope
 from nondet.probes.replay import KV_CACHES
 from nondet.probes.sources.base import Planned, Source
+from nondet.prompt import Chat, Prompt, as_prompt
 from nondet.rundir import RunDir
 from nondet.rundir.reader import read_streams
 from nondet.rundir.records import to_json
@@ -31,8 +32,9 @@ DEFAULT_PROMPT = "Tell me about Richard Feynman"
 
 @dataclass(frozen=True)
 class ProbeConfig:
-    prompt: str = DEFAULT_PROMPT  # the target request
-    prompts: tuple[str, ...] = ()  # several targets, each swept and diffed on its own (overrides prompt)
+    # the target request: text, or a Chat (chat turns, always chat-formatted; nondet/prompt.py)
+    prompt: Prompt = DEFAULT_PROMPT
+    prompts: tuple[Prompt, ...] = ()  # several targets, each swept and diffed on its own (overrides prompt)
     model: ModelSpec = field(default_factory=ModelSpec)
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)  # batch sizes swept; 1 = the reference
     # target rows: auto (rows with several prompts, else ends) | ends | first | last | all (every row a
@@ -69,13 +71,21 @@ class ProbeConfig:
     # --compile; "aot_eager" traces without Inductor, for tests), each kernels mode labelled with the
     # path it took (probes/compiled.py); None = eager
     compile_backend: str | None = None
-    # in process: each prompt through the tokenizer's chat template (probes/chat.py), the ids a server's
-    # /v1/chat/completions gives the model; a server load: load.chat sends messages instead
+    # in process: each plain-text prompt through the tokenizer's chat template (probes/chat.py), the ids
+    # a server's /v1/chat/completions gives the model; a server load: load.chat sends messages instead.
+    # A Chat prompt is chat-formatted with or without it
     chat: bool = False
-    system: str | None = None  # the system message of chat-formatted prompts (None = the template's own default)
+    # the system message of chat-formatted plain-text prompts (None = the template's own default); a
+    # Chat keeps its own messages
+    system: str | None = None
+
+    def __post_init__(self) -> None:
+        # prompts read back from config.json (a server probe's --resume) hold a Chat as {"messages": [...]}
+        object.__setattr__(self, "prompt", as_prompt(self.prompt))
+        object.__setattr__(self, "prompts", tuple(as_prompt(p) for p in self.prompts))
 
     @property
-    def targets(self) -> tuple[str, ...]:
+    def targets(self) -> tuple[Prompt, ...]:
         """The target prompts, in order; prompt_id indexes this."""
         return self.prompts or (self.prompt,)
 
@@ -92,6 +102,7 @@ OnCondition = Callable[[Planned, int, int], None]  # (condition, index, total), 
 
 def run_probe(config: ProbeConfig, on_condition: OnCondition | None = None, on_progress=None) -> ProbeResult:
     """Run the probe the config describes and write its run directory; on_progress: server request counts."""
+    config = with_chat_endpoint(config)
     validate_config(config)
     started = time.perf_counter()
     source = make_source(config, on_progress)
@@ -122,6 +133,13 @@ def run_streams(source: Source, writer: RunWriter | None, on_condition: OnCondit
         if writer:
             writer.append_condition(record)
     return streams
+
+
+def with_chat_endpoint(config: ProbeConfig) -> ProbeConfig:
+    """A server probe of a Chat prompt goes to /v1/chat/completions (load.chat), --chat or not."""
+    if config.load.mode != "server" or config.load.chat or not any(isinstance(p, Chat) for p in config.targets):
+        return config
+    return replace(config, load=replace(config.load, chat=True))
 
 
 def make_source(config: ProbeConfig, on_progress=None) -> Source:
@@ -167,7 +185,7 @@ def default_run_dir(command: str) -> str:
 
 
 def validate_config(config: ProbeConfig) -> None:
-    if not all(p.strip() for p in config.targets):
+    if not all(isinstance(p, Chat) or p.strip() for p in config.targets):
         raise UsageError("a prompt is empty; pass --prompt TEXT or --prompt-file FILE")
     if len(config.targets) > 1 and config.load.mode != "static":
         raise UsageError(f"--load {config.load.mode} probes one prompt; pass --prompt TEXT")
@@ -195,6 +213,7 @@ def validate_config(config: ProbeConfig) -> None:
                          "--speculative / --tp / --budget")
     if config.system and not config.chat:
         raise UsageError("--system is the system message of --chat prompts; add --chat")
+    _validate_chat_prompts(config)
     if config.chat and config.load.mode == "static" and (config.speculative or config.tp):
         raise UsageError("--chat formats prompts for static batches and servers; drop --speculative / --tp")
     if config.chat and config.load.mode == "continuous":
@@ -206,6 +225,19 @@ def validate_config(config: ProbeConfig) -> None:
     if config.tp and (config.load.mode != "static" or config.speculative or config.budget is not None):
         raise UsageError("--tp runs static batches in worker processes; drop --load / --endpoint / --speculative / "
                          "--budget")
+
+
+def _validate_chat_prompts(config: ProbeConfig) -> None:
+    """Chat prompts ({"messages": [...]}) run where chat formatting exists: static batches and servers."""
+    chats = sum(isinstance(p, Chat) for p in config.targets)
+    if not chats:
+        return
+    if config.system and chats == len(config.targets):
+        raise UsageError("--system is the system message of plain-text --chat prompts; every prompt here is "
+                         "{\"messages\": [...]}: put the system message in its messages")
+    if config.speculative or config.tp or config.load.mode == "continuous":
+        raise UsageError("a {\"messages\": [...]} prompt runs on static batches and servers; speculative decoding, "
+                         "--tp and --load continuous take plain-text prompts")
 
 
 def _validate_speculative(config: ProbeConfig) -> None:

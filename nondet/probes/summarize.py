@@ -5,10 +5,11 @@ Pure Python over the on-disk stream dicts (no torch), shared by every source.
 
 from nondet.probes.diff import summarize, verdict
 from nondet.probes.diff_prompts import merge_prompts
+from nondet.prompt import Prompt
 from nondet.rundir.records import Summary
 
 
-def summarize_modes(streams: list[dict], tokenizer=None, prompts: tuple[str, ...] = ()) -> dict:
+def summarize_modes(streams: list[dict], tokenizer=None, prompts: tuple[Prompt, ...] = ()) -> dict:
     """{"modes": {mode: diff}, "verdict": sentence}; each prompt's runs against its own reference."""
     decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
     modes = {}

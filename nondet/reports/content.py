@@ -1,6 +1,6 @@
 """RunTables -> Report: what the report says, in this order:
 
-verdict, conditions, branch tree, token diff, figures (first divergence, distinct by
+verdict, prompts, conditions, branch tree, token diff, figures (first divergence, distinct by
 batch size, bisect heatmap, amplification, before/after kernels), ablation, environment,
 reproduce. A section without data becomes one line saying how to produce it.
 """
@@ -15,6 +15,7 @@ from nondet.reports.blocks import (Branch, BranchPoint, Code, CodeBlock, Model, 
                                    Table, TokenDiff, figure_or_hint)
 from nondet.reports.against import against_sections
 from nondet.reports.bisect_sections import ablation_blocks, bisect_blocks
+from nondet.reports.prompts import prompt_blocks
 from nondet.reports.speculative import speculative_sections
 from nondet.reports.tables import RunTables
 from nondet.reports.tensor_parallel import tensor_parallel_sections
@@ -28,6 +29,7 @@ MAX_TREE_NODES = 30                      # branch points drawn before the tree i
 def build_report(t: RunTables) -> Report:
     sections = [
         Section("Verdict", "verdict", [_verdict(t), *_gate_note(t), *_model_note(t), *_decode_path_note(t)]),
+        Section("Prompts", "prompts", prompt_blocks(t.config.get("config") or {})),
         Section("Conditions", "conditions", _conditions(t)),
         *speculative_sections(t),
         *tensor_parallel_sections(t),

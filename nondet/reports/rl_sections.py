@@ -10,6 +10,7 @@ import numpy as np
 
 from nondet.fmt import fmt_float
 from nondet.reports.blocks import Code, CodeBlock, Figure, Para, Report, Section, Table
+from nondet.reports.prompts import prompt_blocks
 from nondet.rundir import RunDir
 from nondet.rundir.reader import read_header, read_streams, read_summary
 from nondet.rundir.records import to_json
@@ -27,6 +28,7 @@ def rl_report(run_dir) -> Report:
     streams = [to_json(s) for s in read_streams(rd)]
     sections = [
         Section("Verdict", "verdict", [Para([summary.get("verdict", "")], kind="verdict")]),
+        *([Section("Prompts", "prompts", prompt_blocks(header.config))] if header.config.get("prompts") else []),
         Section("Sampler vs trainer", "rl", [metrics_table(pairs), Para([NOTE], kind="note")]),
         Section("Logprob differences", "rl-histogram", _figure(pairs, streams)),
         *_bisect(rd),

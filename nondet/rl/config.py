@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 from nondet.errors import UsageError
 from nondet.probes.loading import ModelSpec
+from nondet.prompt import Chat, Prompt
 
 PADDINGS = ("right", "left", "packed")  # how the trainer lays out a micro-batch: padded rows, or one packed row
 KERNEL_MODES = ("default", "batch-invariant")
@@ -13,7 +14,8 @@ LOADS = ("static", "continuous")  # the in-process sampler: batched generate cal
 @dataclass(frozen=True)
 class RLConfig:
     model: ModelSpec = field(default_factory=ModelSpec)
-    prompts: tuple[str, ...] = ()  # sampler prompts (empty = the built-in demo prompts)
+    # sampler prompts (empty = the built-in demo prompts); a Chat is sampled from its chat template's ids
+    prompts: tuple[Prompt, ...] = ()
     rollouts: str | None = None  # JSONL of exported rollouts: the trainer side only
     endpoint: str | None = None  # a live server samples (OpenAI-compatible, must return logprobs + token ids)
     max_new_tokens: int = 32  # sampled tokens per prompt (fewer where EOS comes first)
@@ -55,5 +57,5 @@ def validate(config: RLConfig) -> None:
         raise UsageError("--load continuous runs the sampler here; it does not combine with --endpoint or --rollouts")
     if config.endpoint and config.rollouts:
         raise UsageError("give either --endpoint (a server samples) or --rollouts (exported samples), not both")
-    if not config.rollouts and not all(p.strip() for p in config.prompts):
+    if not config.rollouts and not all(isinstance(p, Chat) or p.strip() for p in config.prompts):
         raise UsageError("a prompt is empty; every line of --prompts needs text")

@@ -16,6 +16,7 @@ per-token KL reaches the run directory (probes/sources/rl_kl.py).
 from dataclasses import dataclass
 
 from nondet.probes.batch import Batch
+from nondet.probes.chat import prompt_token_ids
 from nondet.probes.numerics import fingerprint
 from nondet.probes.pieces import token_piece
 from nondet.probes.replay import DecodeSettings, eos_ids, generate, truncate_at_eos
@@ -72,7 +73,7 @@ class RLSamplerSource:
 
     def open(self) -> Opened:
         tok = self.loaded.tokenizer
-        self.prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in self.config.prompts]
+        self.prompt_ids = [prompt_token_ids(tok, p) for p in self.config.prompts]  # a Chat: its template's ids
         return Opened(fingerprint(self.loaded.description, ",".join(self.config.kernels)))
 
     def attach(self, writer) -> None:

@@ -12,6 +12,7 @@ A server that returns no logprobs gives nothing to compare: one line, exit 5
 """
 
 from nondet.errors import ServerResponseError
+from nondet.probes.chat import prompt_token_ids
 from nondet.probes.sources.base import Emit, Opened, Planned
 from nondet.probes.sources.rl_rollouts import EXTERNAL
 from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord, Summary
@@ -33,7 +34,7 @@ class RLServerSamplerSource:
         from nondet.probes.numerics import fingerprint
 
         tok = self.loaded.tokenizer
-        self.prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in self.config.prompts]
+        self.prompt_ids = [prompt_token_ids(tok, p) for p in self.config.prompts]  # a Chat: its template's ids
         return Opened(fingerprint(self.loaded.description, f"{EXTERNAL} ({self.config.endpoint})"))
 
     def attach(self, writer) -> None:
