@@ -6,7 +6,8 @@ by HF generate with a static cache, which transformers compiles (CUDA graphs) on
 Per kernels mode (default; the mode with traceable=True): compile + warm-up time, ms per decode
 step at B = 1 and B = 32, the weight-read roofline at B = 1, and whether the compiled mode's greedy
 logits equal the eager mode's (dynamic cache, no compile) bit for bit at B = 1 and row 0 of B = 8.
-Then the prefill of 512 tokens (transformers compiles decode steps only: prefill runs eager), and
+Then the prefill of 512 tokens (eager, as transformers runs it; compiled; compiled and replayed as
+a CUDA graph, with the compiled mode's logits checked against the eager mode's), and
 the GPU time of a B = 32 decode step by kernel, default vs the mode (`--profile`), which names the
 kernels the mode's step loses its time in.
 """
@@ -79,20 +80,28 @@ def prefill_ms(model, tokens: int = 512, repeats: int = 5) -> float:
     return min(timed(forward) for _ in range(repeats)) * 1e3
 
 
-def compiled_prefill_ms(model, mode: bool, tokens: int = 512, repeats: int = 5) -> float:
-    """The same prefill through torch.compile (Inductor, no CUDA graphs), the mode traceable; prints
-    the compiled prefill's GPU time by kernel."""
+def compiled_prefill_ms(model, mode: bool, graphs: bool = False, tokens: int = 512, repeats: int = 5) -> float:
+    """The same prefill through torch.compile (Inductor; with `graphs`, replayed as a CUDA graph,
+    mode="reduce-overhead", as engines capture their batch shapes), the mode traceable; checks the
+    compiled mode's logits against the eager mode's and prints the GPU / CPU time by op."""
     from torch.profiler import ProfilerActivity, profile
 
     from nondet.kernels import batch_invariant
 
     torch._dynamo.reset()
-    forward = torch.compile(model.forward, dynamic=False)
+    forward = torch.compile(model.forward, dynamic=False, mode="reduce-overhead" if graphs else None)
     ids = torch.randint(3, 32000, (1, tokens), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
     with torch.no_grad(), (batch_invariant(model=model, traceable=True) if mode else torch.no_grad()):
-        forward(ids, use_cache=False)
+        first = forward(ids, use_cache=False).logits.clone()
+        if mode:  # the compiled mode's prefill against the eager mode's, bit for bit
+            eager = model(ids, use_cache=False).logits
+            print(f"compiled mode prefill{' (CUDA graphs)' if graphs else ''} == eager mode prefill: "
+                  f"{torch.equal(first, eager)} (max |diff| {(first.float() - eager.float()).abs().max().item():.3g})",
+                  flush=True)
         forward(ids, use_cache=False)
         best = min(timed(lambda: forward(ids, use_cache=False)) for _ in range(repeats)) * 1e3
+        if graphs:
+            return best
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             forward(ids, use_cache=False)
             torch.cuda.synchronize()
@@ -150,6 +159,9 @@ def print_prefill_and_profile(model) -> None:
     print_graph_breaks(model)
     default, mode = compiled_prefill_ms(model, False), compiled_prefill_ms(model, True)
     print(f"prefill 512 tokens (torch.compile): default {default:.2f} ms, mode {mode:.2f} ms: "
+          f"{default / mode:.2f}x of default", flush=True)
+    default, mode = compiled_prefill_ms(model, False, graphs=True), compiled_prefill_ms(model, True, graphs=True)
+    print(f"prefill 512 tokens (torch.compile + CUDA graphs): default {default:.2f} ms, mode {mode:.2f} ms: "
           f"{default / mode:.2f}x of default", flush=True)
     for label in ("default", "mode"):
         with torch.no_grad(), (batch_invariant(model=model) if label == "mode" else torch.no_grad()):

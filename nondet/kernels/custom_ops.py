@@ -7,6 +7,14 @@ original kernels). Under compile the mode's numerics must enter the graph as ops
 look into: these. Each runs the same function as nondet.kernels.ops (the same bits as eager under
 the mode) and has a fake implementation for tracing. Registration happens on first use
 (`ensure_registered`), never at import.
+
+On CUDA the matmuls and the row reductions are registered a second time as
+`torch.library.triton_op`s (name suffix `_gpu`, GPU_OPS): Inductor traces their bodies down to our Triton launches (launch.py) and calls
+the kernels from its generated code, so a compiled step pays no Python call per op. The bodies
+run the same kernels with the same arguments, so the same bits (checked on the device:
+scripts/gpu_compile.py). `op(name, *tensors)` picks the one for the tensors at hand. The CPU and
+the Triton interpreter keep the opaque custom ops: there a traced body would be plain aten ops
+that Inductor re-derives.
 """
 
 import torch
@@ -79,4 +87,79 @@ def ensure_registered() -> None:
     def _(q, k, v, mask, scale, is_causal, softcap, sinks, sliding):
         return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[3]))
 
-    _REGISTERED.update(mm=mm, addmm=addmm, layer_norm=layer_norm, bmm=bmm, mean_last=mean_last, softmax=softmax, attention=attention)
+    _REGISTERED.update(mm=mm, addmm=addmm, layer_norm=layer_norm, bmm=bmm, mean_last=mean_last, softmax=softmax,
+                       attention=attention)
+    _register_gpu_ops(ops)
+
+
+def _register_gpu_ops(ops) -> None:
+    """The `_gpu` triton_ops: the same bodies, traceable down to the kernel launches."""
+    triton_op = torch.library.triton_op
+
+    @triton_op("nondet::mm_gpu", mutates_args=())
+    def mm_gpu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return ops.mm(a, b)
+
+    @triton_op("nondet::addmm_gpu", mutates_args=())
+    def addmm_gpu(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return ops.addmm(bias, a, b)
+
+    @triton_op("nondet::bmm_gpu", mutates_args=())
+    def bmm_gpu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return ops.bmm(a, b)
+
+    @triton_op("nondet::mean_last_gpu", mutates_args=())
+    def mean_last_gpu(x: torch.Tensor, keepdim: bool) -> torch.Tensor:
+        return ops.mean_last(x, keepdim)
+
+    @triton_op("nondet::softmax_gpu", mutates_args=())
+    def softmax_gpu(x: torch.Tensor, log: bool) -> torch.Tensor:
+        return (ops.log_softmax if log else ops.softmax)(x)
+
+    # Attention's kernel stays opaque (not a triton_op: see GPU_OPS); what it needs from the mask
+    # (kv_start, query_start) is computed in the graph (ops.attention_inputs), where Inductor fuses
+    # those small index ops instead of dispatching each from Python on every call.
+    @torch.library.custom_op("nondet::attention_kernel", mutates_args=())
+    def attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                         kv_start: torch.Tensor, query_start: torch.Tensor | None, scale: float,
+                         softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
+        from nondet.kernels import triton_attention
+
+        return triton_attention.attention(q, k, v, mask, scale, kv_start, softcap=softcap, sinks=sinks,
+                                          query_start=query_start)
+
+    @attention_kernel.register_fake
+    def _(q, k, v, mask, kv_start, query_start, scale, softcap, sinks):
+        return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[3]))
+
+
+# The ops whose Inductor-launched kernels were checked bitwise equal to the eager launch (H200,
+# torch 2.11, triton 3.6). layer_norm gave other bits under Inductor and attention did not compile
+# there (Inductor specializes its arguments differently from the JIT): both stay opaque custom ops.
+GPU_OPS = frozenset({"mm", "addmm", "bmm", "mean_last", "softmax"})
+
+
+def op(name: str, *tensors: torch.Tensor):
+    """torch.ops.nondet.<name>, or its `_gpu` triton_op where there is one and the Triton kernels
+    would run on these tensors (CUDA, a Triton dtype, operands of one dtype, not the interpreter)."""
+    from nondet.kernels.launch import interpreting
+    from nondet.kernels.ops import TRITON_DTYPES
+
+    ensure_registered()
+    first = tensors[0]
+    gpu = (name in GPU_OPS and first.is_cuda and first.dtype in TRITON_DTYPES and not interpreting()
+           and all(t.dtype == first.dtype for t in tensors[1:]))
+    return getattr(torch.ops.nondet, f"{name}_gpu" if gpu else name)
+
+
+def attention(q, k, v, mask, scale: float, is_causal: bool, softcap, sinks, sliding: bool) -> torch.Tensor:
+    """ops.attention for a graph being traced: on the Triton path its mask arithmetic in the graph
+    and the kernel as nondet::attention_kernel; elsewhere the opaque nondet::attention."""
+    from nondet.kernels import ops
+    from nondet.kernels.launch import interpreting
+
+    ensure_registered()
+    if not (ops._triton(q) and not interpreting()):
+        return torch.ops.nondet.attention(q, k, v, mask, scale, is_causal, softcap, sinks, sliding)
+    mask, kv_start, query_start = ops.attention_inputs(q, k, mask, is_causal, sliding)
+    return torch.ops.nondet.attention_kernel(q, k, v, mask, kv_start, query_start, scale, softcap, sinks)

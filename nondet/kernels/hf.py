@@ -61,9 +61,8 @@ def _traced_attention(q, k, v, mask, scale, is_causal, softcap=None, sinks=None,
     """ops.attention as the opaque nondet::attention op, for a graph being traced by torch.compile."""
     from nondet.kernels import custom_ops
 
-    custom_ops.ensure_registered()
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return torch.ops.nondet.attention(q, k, v, mask, scale, is_causal, softcap, sinks, sliding)
+    return custom_ops.attention(q, k, v, mask, scale, is_causal, softcap, sinks, sliding)
 
 
 def register() -> None:

@@ -129,18 +129,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     path always does).
     Forward only: a training forward goes through autograd.attention (same bits, a backward).
     """
-    bsz, _, nq, d = q.shape
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    mask, kv_start, query_start = attention_inputs(q, k, mask, is_causal, sliding)
+    if _triton(q):
+        from nondet.kernels import triton_attention
+
+        return triton_attention.attention(q, k, v, mask, scale, kv_start, softcap=softcap, sinks=sinks,
+                                          query_start=query_start)
+    return cpu.attention(q, k, v, mask, scale, kv_start.tolist(), softcap=softcap, sinks=sinks)
+
+
+def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+                     sliding: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """(mask cut to the keys, kv_start (B,), query_start (B, Q) or None) for the kernels: index
+    arithmetic on the mask, no reduction over values. A compiled graph computes it as plain ops
+    (Inductor fuses them) and passes it to the opaque attention kernel (custom_ops)."""
+    bsz, _, nq, _ = q.shape
     s = k.shape[2]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
     if mask is None and not is_causal:
         mask = torch.ones((1, 1, nq, s), dtype=torch.bool, device=q.device)
     if mask is not None:
         mask = mask[..., :s]
     kv_start = kv_start_from_mask(mask, bsz, s, q.device)
-    if _triton(q):
-        from nondet.kernels import triton_attention
-
-        query_start = first_visible(mask, bsz, q.device) if sliding and mask is not None else None
-        return triton_attention.attention(q, k, v, mask, scale, kv_start, softcap=softcap, sinks=sinks,
-                                          query_start=query_start)
-    return cpu.attention(q, k, v, mask, scale, kv_start.tolist(), softcap=softcap, sinks=sinks)
+    query_start = first_visible(mask, bsz, q.device) if sliding and mask is not None else None
+    return mask, kv_start, query_start

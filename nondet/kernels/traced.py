@@ -23,20 +23,23 @@ from torch.overrides import TorchFunctionMode
 
 from nondet.kernels import custom_ops
 
-nondet = None  # torch.ops.nondet, bound on first use (custom_ops.ensure_registered)
+op = custom_ops.op  # the nondet:: op for these tensors (its _gpu triton_op on CUDA)
 
 
 def _linear(x, weight, bias=None):
     rows = x.reshape(-1, x.shape[-1])
-    out = nondet.mm(rows, weight.t()) if bias is None else nondet.addmm(bias, rows, weight.t())
+    if bias is None:
+        out = op("mm", rows, weight)(rows, weight.t())
+    else:
+        out = op("addmm", rows, weight)(bias, rows, weight.t())
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _matmul(a, b):
     if a.dim() == 2 and b.dim() == 2:
-        return nondet.mm(a, b)
+        return op("mm", a, b)(a, b)
     if a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0]:
-        return nondet.bmm(a, b)
+        return op("bmm", a, b)(a, b)
     return None  # another shape: left to the compiler
 
 
@@ -48,14 +51,15 @@ def _last_dim(dim, ndim: int) -> bool:
 def _mean(x, dim=None, keepdim=False, *, dtype=None):
     if dim is None or dtype is not None or not _last_dim(dim, x.dim()) or not x.is_floating_point():
         return None
-    return nondet.mean_last(x, keepdim)
+    return op("mean_last", x)(x, keepdim)
 
 
 def _softmax(log: bool):
     def call(x, dim=None, _stacklevel=3, dtype=None):
         if dim is None or not _last_dim(dim, x.dim()):
             return None
-        return nondet.softmax(x if dtype is None else x.to(dtype), log)
+        x = x if dtype is None else x.to(dtype)
+        return op("softmax", x)(x, log)
 
     return call
 
@@ -63,7 +67,7 @@ def _softmax(log: bool):
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     if len(normalized_shape) != 1:
         return None
-    return nondet.layer_norm(x, weight, bias, eps)
+    return op("layer_norm", x)(x, weight, bias, eps)
 
 
 def _topk(x, k, dim=-1, largest=True, sorted=True):
@@ -92,9 +96,7 @@ class TracedMode(TorchFunctionMode):
 
     def __init__(self, ops: frozenset):
         super().__init__()
-        global nondet
         custom_ops.ensure_registered()
-        nondet = torch.ops.nondet
         self.table = _table(ops)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):

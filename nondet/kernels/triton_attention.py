@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from nondet.kernels.config import ATTENTION_CONFIGS, AttentionConfig
-from nondet.kernels.triton_matmul import sm_count, interpreting
+from nondet.kernels.launch import interpreting, launch
+from nondet.kernels.triton_matmul import sm_count
 
 MASK_DTYPE = torch.int16  # what a bool mask is loaded as (see _mask_args)
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: exp2(_NEG - m) is an exact 0
@@ -287,7 +288,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     # sinks in log2 units, fp32, one per head; the output tensor stands in when there are none
     sink_t = out if sinks is None else (sinks.to(device=q.device, dtype=torch.float32) * _LOG2E).contiguous()
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    _attn_kernel[(row_tiles, bsz * kvh, nc)](
+    launch(_attn_kernel, (row_tiles, bsz * kvh, nc), out)(
         q, k, v, out, mask_t, kv_start, sink_t, ws_m, ws_l, ws_acc,
         nq, s, h, kvh, d, dv, nc, float(scale) * _LOG2E, cap_in, cap_out,
         *q.stride(), *k.stride(), *v.stride(), *mstrides,
@@ -297,7 +298,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split:
         block_r, slice_d = 8, min(block_dv, 32)
-        _combine_kernel[(triton.cdiv(bsz * h * nq, block_r), block_dv // slice_d)](
+        launch(_combine_kernel, (triton.cdiv(bsz * h * nq, block_r), block_dv // slice_d), out)(
             out, kv_start, sink_t, ws_m, ws_l, ws_acc, bsz, nq, s, h, dv, nc,
             CAUSAL=mask_kind == 0, CHUNK=cfg.kv_chunk, BLOCK_R=block_r, BLOCK_D=block_dv, SLICE_D=slice_d,
             SINKS=sinks is not None, ONE_QUERY=one_query, num_warps=2)

@@ -18,13 +18,13 @@ the same bits (asserted on the device for M = 1..8192 and under the CPU interpre
 """
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from nondet.kernels.config import MatmulConfig, k_chunk_for, matmul_config
+from nondet.kernels.launch import aligned16, interpreting, launch
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -169,11 +169,6 @@ def _chunk_sum_kernel(ws_ptr, c_ptr, bias_ptr, M, N, K,
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=out_mask)
 
 
-def interpreting() -> bool:
-    """True under TRITON_INTERPRET=1 (kernels run on the CPU, in numpy)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 @functools.lru_cache(maxsize=None)
 def sm_count(device: torch.device) -> int:
     if device.type == "cuda":
@@ -221,7 +216,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
         _mm_tma(a[0], b[0], c[0], None if not has_bias else bias_t[0], alpha, beta, unit, k_chunk, cfg)
         return c
     ws = torch.empty((chunks, nb, m, n), dtype=torch.float32, device=a.device) if split else c
-    _mm_kernel[(tiles, nb, chunks if split else 1)](
+    launch(_mm_kernel, (tiles, nb, chunks if split else 1), c)(
         a, b, c, bias_t, ws, m, n, k,
         a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
         c.stride(0), c.stride(1), c.stride(2),
@@ -232,7 +227,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
     if split:
         grid = (triton.cdiv(m, 32), triton.cdiv(n, 128), nb)
-        _chunk_sum_kernel[grid](
+        launch(_chunk_sum_kernel, grid, c)(
             ws, c, bias_t, m, n, k, c.stride(0), c.stride(1), c.stride(2),
             bias_t.stride(0), bias_t.stride(1), bias_t.stride(2), float(alpha), float(beta),
             BLOCK_M=32, BLOCK_N=128, K_CHUNK=k_chunk, num_warps=4, **common)
@@ -240,13 +235,17 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
 
 
 def _tma_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """One (M, K) row-major A and a weight stored (N, K), 16-byte aligned, on Hopper or newer."""
-    if a.shape[0] != 1 or a.dtype not in (torch.bfloat16, torch.float16):
+    """One (M, K) row-major A and a weight stored (N, K), 16-byte aligned, on Hopper or newer,
+    outside a trace: Inductor (torch 2.11) fails on host TMA descriptors built in a triton_op's
+    body, so a compiled graph takes the fused kernel (the same bits)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if a.shape[0] != 1 or a.dtype not in (torch.bfloat16, torch.float16) or is_fake(a):
         return False
     if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device)[0] < 9:
         return False
     a2, b2 = a[0], b[0]
-    aligned = all(t.data_ptr() % 16 == 0 for t in (a2, b2)) and (a2.shape[1] * a2.element_size()) % 16 == 0
+    aligned = aligned16(a2) and aligned16(b2) and (a2.shape[1] * a2.element_size()) % 16 == 0
     return aligned and a2.stride(1) == 1 and a2.stride(0) == a2.shape[1] and b2.stride(0) == 1 \
         and b2.stride(1) == b2.shape[0]
 
@@ -259,7 +258,7 @@ def _mm_tma(a, b, c, bias, alpha, beta, unit, k_chunk, cfg):
     b_desc = TensorDescriptor.from_tensor(b.t(), [cfg.block_n, cfg.block_k])  # the weight as stored, (N, K)
     programs = min(sm_count(a.device), triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
     bias_t = bias if bias is not None else c
-    _mm_tma_kernel[(programs,)](
+    launch(_mm_tma_kernel, (programs,), c)(
         a_desc, b_desc, c, bias_t, m, n, a.shape[1], c.stride(0), c.stride(1),
         bias_t.stride(0), bias_t.stride(1), float(alpha), float(beta),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk, GROUP_M=cfg.group_m,

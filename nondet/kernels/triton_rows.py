@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from nondet.kernels.config import ROW_BLOCK_MAX
+from nondet.kernels.launch import aligned16, launch
 
 
 def _block(n: int) -> tuple[int, int]:
@@ -119,7 +120,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _dense_aligned(t: torch.Tensor) -> torch.Tensor:
-    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+    if t.is_contiguous() and aligned16(t):
         return t
     return t.clone(memory_format=torch.contiguous_format)  # fresh storage is aligned
 
@@ -136,7 +137,7 @@ def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None 
     y = torch.empty(rows.shape[0], dtype=dtype or x.dtype, device=x.device)
     block, warps = _block(n)
     if rows.shape[0]:
-        _mean_kernel[(rows.shape[0],)](rows, y, n, rows.stride(0), BLOCK=block, num_warps=warps)
+        launch(_mean_kernel, (rows.shape[0],), y)(rows, y, n, rows.stride(0), BLOCK=block, num_warps=warps)
     shape = (*x.shape[:-1], 1) if keepdim else x.shape[:-1]
     return y.reshape(shape)
 
@@ -148,7 +149,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     y = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     block, warps = _block(n)
     if rows.shape[0]:
-        _rms_norm_kernel[(rows.shape[0],)](rows, _weight(weight, rows), y, n,
+        launch(_rms_norm_kernel, (rows.shape[0],), y)(rows, _weight(weight, rows), y, n,
                                            rows.stride(0), y.stride(0), float(eps),
                                            HAS_W=weight is not None, BLOCK=block, num_warps=warps)
     return y.reshape(x.shape)
@@ -165,7 +166,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     rstd = torch.empty(r, dtype=torch.float32, device=x.device)
     block, warps = _block(n)
     if r:
-        _layer_norm_kernel[(r,)](rows, _weight(weight, rows), _weight(bias, rows), y, mean, rstd, n,
+        launch(_layer_norm_kernel, (r,), y)(rows, _weight(weight, rows), _weight(bias, rows), y, mean, rstd, n,
                                  rows.stride(0), y.stride(0), float(eps), HAS_W=weight is not None,
                                  HAS_B=bias is not None, BLOCK=block, num_warps=warps)
     stat_shape = (*x.shape[:-1], 1)
@@ -179,6 +180,6 @@ def softmax(x: torch.Tensor, log: bool = False, dtype: torch.dtype | None = None
     y = torch.empty(rows.shape, dtype=dtype or x.dtype, device=x.device)
     block, warps = _block(n)
     if rows.shape[0] and n:
-        _softmax_kernel[(rows.shape[0],)](rows, y, n, rows.stride(0), y.stride(0), LOG=log,
+        launch(_softmax_kernel, (rows.shape[0],), y)(rows, y, n, rows.stride(0), y.stride(0), LOG=log,
                                           BLOCK=block, num_warps=warps)
     return y.reshape(x.shape)
