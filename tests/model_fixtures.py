@@ -1,9 +1,10 @@
 """Random Qwen3 models saved with save_pretrained, for tests: the real from_pretrained path."""
 
-# A chat template for the tiny test tokenizer (build_tokenizer has none): each turn its role and
-# text between the tokenizer's own special tokens; add_generation_prompt opens the assistant's turn.
-CHAT_TEMPLATE = ("{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content'] }}<|eos|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|bos|>assistant\n{% endif %}")
+# A chat template for the tiny test tokenizer (build_tokenizer has none): Qwen's ChatML layout (its
+# markers tokenized as text here), which transformers serve parses a Qwen3 model's answer by;
+# add_generation_prompt opens the assistant's turn.
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def save_qwen3(out, tokenizer, hidden: int, layers: int, heads: int, kv_heads: int, seed: int,

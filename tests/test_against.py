@@ -143,7 +143,7 @@ def test_two_real_transformers_serve_deployments(tmp_path, tiny_model_dir):
     model's weights (the positive control: a deployment that truly differs). transformers serve
     returns no logprobs, so texts are compared, tokenized with the model's tokenizer."""
     from model_fixtures import save_qwen3
-    from test_load_server import transformers_serve
+    from serve_fixtures import transformers_serve
 
     from nondet.probes.default_model import build_tokenizer
 
