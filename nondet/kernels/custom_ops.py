@@ -137,17 +137,24 @@ def _register_gpu_ops(ops) -> None:
 # torch 2.11, triton 3.6). layer_norm gave other bits under Inductor and attention did not compile
 # there (Inductor specializes its arguments differently from the JIT): both stay opaque custom ops.
 GPU_OPS = frozenset({"mm", "addmm", "bmm", "mean_last", "softmax"})
+# Row counts up to a decode batch keep the opaque op: a decode step runs as a CUDA graph, which
+# replays it without host cost, and Inductor compiling our kernels per shape tripled the compile
+# time of the 8B shape's decode (43 -> 137 s, H200). Above it (a prefill, not replayed as a graph
+# by transformers) the launch from Inductor's code saves the Python call per op.
+DECODE_ROWS = 128
 
 
 def op(name: str, *tensors: torch.Tensor):
-    """torch.ops.nondet.<name>, or its `_gpu` triton_op where there is one and the Triton kernels
-    would run on these tensors (CUDA, a Triton dtype, operands of one dtype, not the interpreter)."""
+    """torch.ops.nondet.<name>, or its `_gpu` triton_op where there is one, the first tensor has more
+    rows than a decode batch and the Triton kernels would run on these tensors (CUDA, a Triton
+    dtype, operands of one dtype, not the interpreter)."""
     from nondet.kernels.launch import interpreting
     from nondet.kernels.ops import TRITON_DTYPES
 
     ensure_registered()
     first = tensors[0]
-    gpu = (name in GPU_OPS and first.is_cuda and first.dtype in TRITON_DTYPES and not interpreting()
+    rows = first.numel() // max(first.shape[-1], 1) if first.dim() else 1
+    gpu = (name in GPU_OPS and rows > DECODE_ROWS and first.is_cuda and first.dtype in TRITON_DTYPES and not interpreting()
            and all(t.dtype == first.dtype for t in tensors[1:]))
     return getattr(torch.ops.nondet, f"{name}_gpu" if gpu else name)
 
