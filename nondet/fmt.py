@@ -48,13 +48,14 @@ def fmt_times(v, missing: str = DASH) -> str:
 
 
 def fmt_hex(h: str | None, missing: str = DASH) -> str:
-    """A stored float.hex value as a short decimal, with the exact value beside it."""
-    return missing if h is None else f"{hex_to_float(h):.3g} ({short_hex(h)})"
+    """A stored float.hex value as a short decimal, with the exact value beside it; a table cell
+    without one (a server that sent no logprobs beside one that did) is `missing`."""
+    return missing if is_missing(h) else f"{hex_to_float(h):.3g} ({short_hex(h)})"
 
 
 def fmt_margin(h: str | None) -> str:
     """A top1-top2 logit margin; zero is an exact tie, broken by token order alone."""
-    return "0 (exact tie)" if h is not None and hex_to_float(h) == 0 else fmt_hex(h)
+    return "0 (exact tie)" if not is_missing(h) and hex_to_float(h) == 0 else fmt_hex(h)
 
 
 def fmt_hex_value(h: str | None, digits: int = 4, missing: str = "?") -> str:

@@ -106,3 +106,15 @@ def test_negative_two_servers_of_one_engine_are_two_deployments(tmp_path):
     report = write_report(tmp_path / "run")[0].read_text()
     assert "**The deployments differ: B's answer alone leaves A's at token 0" in report
     assert "ross-engine" not in report and "Batch-variant" not in report
+
+
+def test_the_report_of_an_engine_without_logprobs_against_one_with_them(tmp_path):
+    """transformers serve's shape (no logprobs) against llama.cpp's: the run directory keeps each
+    side's steps as answered, so the report's tables hold logprobs on one side only."""
+    with StubServer(mode="nologprobs") as a, StubServer(engine="llama.cpp", answer=OTHER_FIRST_TOKEN) as b:
+        r = nondet("probe", "--endpoint", a.url, "--against", b.url, "--runs", "1", "-n", "4", "--rate", "50",
+                   "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "**Cross-engine comparison, not batch variance: A is an unrecognized engine" in report
+    assert "reference chose `  alpha ` (logprob —, top1−top2 margin —)" in report
