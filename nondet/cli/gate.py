@@ -189,7 +189,7 @@ def probe_configs(settings: "GateSettings", out: str | None, speculative: str | 
 
 def _every_row_a_target(settings: "GateSettings", speculative: str | None, load) -> bool:
     """Several prompts on the batch axis, static batches, a row placement: ONE probe whose batches
-    hold the prompts themselves (issue 17: ceil(P/B) generate calls per batch size, not P)."""
+    hold the prompts themselves: ceil(P/B) generate calls per batch size, not P."""
     from nondet.probes.conditions import ROW_PLACEMENTS, resolve_placement
 
     if speculative or load.mode != "static" or len(settings.prompts) <= 1:

@@ -8,7 +8,7 @@ Two ways to fill a batch (the placement):
 - one target prompt per batch, fillers around it (ends | first | last | all): the per-prompt
   filler sweep, P prompts x sizes generate calls. The fillers are cut or repeated to the
   target's token length, so no row is padded.
-- every row a target (rows | padded, issue 17): the other rows of a batch are the other
+- every row a target (rows | padded): the other rows of a batch are the other
   prompts, each the target of its own row, so a batch size B takes about ceil(P/B) calls
   and every row is a compared stream.
   `rows` (the default with several prompts) groups prompts of equal token length, so no row

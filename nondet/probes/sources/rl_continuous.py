@@ -1,4 +1,4 @@
-"""The RL sampler side under continuous batching: `nondet rl --load continuous` (issue 14).
+"""The RL sampler side under continuous batching: `nondet rl --load continuous`.
 
 All prompts go into transformers' continuous-batching engine at once (the probe's stepped
 engine, probes/traffic/engine.py): FIFO scheduling, chunked prefill mixed with other

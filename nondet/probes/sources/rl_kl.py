@@ -1,4 +1,4 @@
-"""Exact per-token KL(sampler || trainer) from both sides' whole processed distributions (issue 14).
+"""Exact per-token KL(sampler || trainer) from both sides' whole processed distributions.
 
     KL_t = sum_v p_s(v) * (log p_s(v) - log p_t(v)),   p_s = exp(sampler log-distribution)
 

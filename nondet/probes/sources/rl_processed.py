@@ -1,4 +1,4 @@
-"""The processed distribution both RL sides take logprobs over (issue 14).
+"""The processed distribution both RL sides take logprobs over.
 
 vLLM's "processed" logprobs are those of the distribution it samples from: logits divided by
 the temperature, truncated by top-k and top-p, renormalised. Sampler and trainer both call

@@ -1,4 +1,4 @@
-"""The RL sampler side (issue 14): sampled completions of a prompt set, batched, left-padded.
+"""The RL sampler side: sampled completions of a prompt set, batched, left-padded.
 
 Per kernels mode the prompts run in batches of `sampler_batch` through the probe's one
 generate call (probes/replay.py). A logits processor samples every request from the

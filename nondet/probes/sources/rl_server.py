@@ -1,4 +1,4 @@
-"""The RL sampler side on a live server: `nondet rl MODEL --endpoint URL` (issue 14).
+"""The RL sampler side on a live server: `nondet rl --model MODEL --endpoint URL`.
 
 Each prompt is sent alone to the server's OpenAI-compatible /v1/completions as token ids,
 sampled with the run's temperature, top-k, top-p and a per-request seed (seed + prompt index),

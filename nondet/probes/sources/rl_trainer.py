@@ -1,4 +1,4 @@
-"""The RL trainer side (issue 14): teacher-forced forwards over prompt + completion, as trainers run them.
+"""The RL trainer side: teacher-forced forwards over prompt + completion, as trainers run them.
 
 Per kernels mode and micro-batch size, one condition: the sequences the sampler produced (or
 the rollouts) in micro-batches, padded right or left (position ids from the mask, as
