@@ -85,3 +85,24 @@ def test_model_option_with_run_dir(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip() == ("nondet: error: --model, --prompt, --prompt-file and --out apply only without "
                                 "RUN_DIR (bisect reloads the probe's model and prompt from RUN_DIR/config.json)")
+
+
+def test_bisect_without_run_dir_probes_the_trained_demo_as_probe_does(monkeypatch, tmp_path):
+    """No RUN_DIR, no model, no prompt: the probe first is `nondet probe`'s demo probe (its chat-formatted
+    questions, batch sizes and length), not the one-prompt sweep of another model."""
+    import nondet.cli.probe as probe_cli
+    from nondet.cli.bisect import _probe_first
+    from nondet.probes import demo_model
+
+    seen = []
+    monkeypatch.setattr(demo_model, "demo_kind", lambda: "trained")
+    monkeypatch.setattr(probe_cli, "run_with_progress", lambda config, quiet: seen.append(config) or 1 / 0)
+    options = dict(dtype="bfloat16", device="cpu", attn_implementation=None, trust_remote_code=False,
+                   inject_variance=None, threads=None, out=tmp_path / "run")
+    try:
+        _probe_first(None, None, True, model=None, batch_sizes=None, max_new_tokens=None, **options)
+    except ZeroDivisionError:
+        pass
+    config = seen[0]
+    assert (config.prompt, *config.prompts[1:]) == demo_model.DEMO_QUESTIONS and config.chat
+    assert config.batch_sizes == (1, 4) and config.max_new_tokens == demo_model.DEMO_MAX_NEW_TOKENS

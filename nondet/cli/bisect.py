@@ -29,8 +29,9 @@ def bisect(
     model: o.ModelOpt = None,
     prompt: o.PromptOpt = None,
     prompt_file: o.PromptFileOpt = None,
-    batch_sizes: o.BatchSizesOpt = "1,2,4,8,16",
-    max_new_tokens: o.MaxNewTokensOpt = 200,
+    batch_sizes: o.BatchSizesOpt = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        "--max-new-tokens", "-n", help="Tokens generated per request (default 200; 64 on the trained demo model).")] = None,
     dtype: o.DtypeOpt = "bfloat16",
     device: o.DeviceOpt = "cpu",
     attn_implementation: o.AttnOpt = None,
@@ -91,14 +92,19 @@ def bisect(
     console.print(f"wall time: {result.seconds:.1f} s")
 
 
-def _probe_first(prompt, prompt_file, quiet: bool, **options) -> Path:
-    """No RUN_DIR: run the probe (same options as `nondet probe`) to find a divergent condition."""
+def _probe_first(prompt, prompt_file, quiet: bool, *, model, batch_sizes, max_new_tokens, **options) -> Path:
+    """No RUN_DIR: run the probe (same options and defaults as `nondet probe` with one prompt; on the
+    trained demo model, its questions) to find a divergent condition."""
     from nondet.cli.options import read_prompt
     from nondet.cli.probe import run_with_progress
-    from nondet.cli.probe_config import build_probe_config
+    from nondet.cli.probe_config import build_probe_config, demo_defaults
     from nondet.probes.probe import DEFAULT_PROMPT
 
-    config = build_probe_config("bisect", (read_prompt(prompt, prompt_file, DEFAULT_PROMPT),), **options)
+    targets, chat = (read_prompt(prompt, prompt_file, DEFAULT_PROMPT),), False
+    if model is None and prompt is None and prompt_file is None:
+        targets, chat, batch_sizes, max_new_tokens = demo_defaults(targets, chat, batch_sizes, max_new_tokens)
+    config = build_probe_config("bisect", targets, model=model, batch_sizes=batch_sizes,
+                                max_new_tokens=max_new_tokens or 200, chat=chat, **options)
     result = run_with_progress(config, quiet=quiet)
     if not quiet:
         from rich.console import Console
