@@ -259,3 +259,14 @@ def test_plain_prompts_under_chat_show_the_turns_sent(tmp_path):
     (run / "config.json").write_text(json.dumps(header))
     md = write_report(run)[0].read_text()
     assert "| p0 | system | `Be brief.` |\n|  | user | `Why?` |" in md
+
+
+def test_model_note_names_the_trained_demo_and_its_injected_norm(tmp_path):
+    run = write_run(tmp_path / "run")
+    fp = json.loads((run / "fingerprint.json").read_text())
+    fp["model"].update(name="SmolLM2-135M-Instruct", demo="trained",
+                       injected_variance="model.layers.1.post_attention_layernorm")
+    (run / "fingerprint.json").write_text(json.dumps(fp))
+    md = write_report(run)[0].read_text()
+    assert "Model: the demo model (`SmolLM2-135M-Instruct`, trained, " in md and "random weights" not in md
+    assert "`model.layers.1.post_attention_layernorm` was made batch-variant on purpose" in md

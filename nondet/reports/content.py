@@ -68,13 +68,22 @@ def _gate_note(t: RunTables) -> list[Para]:
 
 
 def _model_note(t: RunTables) -> list[Para]:
+    """Which model, and the variance built into it on purpose (never to be taken for the host's kernels)."""
     model = t.fingerprint.get("model") or {}
     name = model.get("name", "unknown model")
     dtype, device = t.fingerprint.get("dtype", "?"), t.fingerprint.get("device", "?")
-    if model.get("embedded_default"):
-        return [Para(["Model: the embedded demonstration model (", Code(str(name)), ", random weights built in "
-                      f"code, {dtype} on {device}). Its text is meaningless; the numerics are real."], kind="note")]
-    return [Para(["Model: ", Code(str(name)), f", {dtype} on {device}."], kind="note")]
+    if model.get("embedded_default") and model.get("demo") == "trained":
+        parts = ["Model: the demo model (", Code(str(name)), f", trained, {dtype} on {device})."]
+    elif model.get("embedded_default"):
+        parts = ["Model: the embedded demonstration model (", Code(str(name)), ", random weights built in "
+                 f"code, {dtype} on {device}). Its text is meaningless; the numerics are real."]
+    else:
+        parts = ["Model: ", Code(str(name)), f", {dtype} on {device}."]
+    if model.get("injected_variance"):
+        parts += [" ", Code(str(model["injected_variance"])), " was made batch-variant on purpose (a positive "
+                  "control: its reduction changes strategy with the number of rows, as a split-reduction kernel "
+                  "does on a busy GPU server); without it (--no-inject-variance) only this host's own kernels vary."]
+    return [Para(parts, kind="note")]
 
 
 def _decode_path_note(t: RunTables) -> list[Para]:
