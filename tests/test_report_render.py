@@ -270,3 +270,29 @@ def test_model_note_names_the_trained_demo_and_its_injected_norm(tmp_path):
     md = write_report(run)[0].read_text()
     assert "Model: the demo model (`SmolLM2-135M-Instruct`, trained, " in md and "random weights" not in md
     assert "`model.layers.1.post_attention_layernorm` was made batch-variant on purpose" in md
+
+
+def test_token_diff_compares_each_completion_with_its_own_prompts_reference():
+    """Several prompts: a divergent completion of p1 is diffed against p1 alone, not against p0."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from nondet.reports.content import _token_diffs
+
+    def rows(run_id, words):
+        return [{"run_id": run_id, "step": i, "token": hash(w) % 1000, "piece": w, "logprob_hex": "-0x1p-1",
+                 "margin_hex": "0x0p+0", "top_ids": []} for i, w in enumerate(words)]
+
+    streams = pd.DataFrame(rows(0, ["Feynman", "was", "born"]) + rows(1, ["The", "sky", "is"])
+                           + rows(2, ["The", "sky", "looks"]))
+    mode = {"reference_run_id": 0,
+            "prompts": [{"prompt_id": 0, "reference_run_id": 0}, {"prompt_id": 1, "reference_run_id": 1}],
+            "completions": [{"completion_id": 0, "count": 1, "is_reference": True, "prompt_id": 0},
+                            {"completion_id": 1, "count": 1, "is_reference": True, "prompt_id": 1},
+                            {"completion_id": 2, "count": 1, "is_reference": False, "prompt_id": 1}],
+            "runs": [{"run_id": 2, "completion_id": 2, "condition_id": "default/bs2/rows/0", "position": 1}]}
+    t = SimpleNamespace(primary_mode="default", modes={"default": mode}, streams=streams)
+    diff = _token_diffs(t)[1]
+    assert diff.step == 2 and diff.before == ["The", "sky"] and diff.ref_after == ["is"]
+    assert "1 of p1's 2 runs" in "".join(x for x in diff.title if isinstance(x, str))

@@ -218,31 +218,46 @@ def _token_diffs(t: RunTables) -> list:
     if not divergent:
         return [Para(["No divergent completion: every run matches the reference token for token."], kind="hint")]
     steps = _run_steps(t)
-    ref = steps.get(m.get("reference_run_id"))
-    if ref is None:
+    refs = _reference_runs(m)  # prompt id -> its reference run (the prompt alone)
+    if any(r not in steps for r in refs.values()):
         return [Para(["The reference run's stream is missing from streams.jsonl: rerun `nondet probe`."], kind="hint")]
-    out = [Para([f"The reference against each distinct divergent completion ({mode} kernels), aligned at the "
-                 "first differing token (highlighted)."], kind="note")]
+    several = len(refs) > 1
+    whose = ("Each prompt's reference against each distinct divergent completion of that prompt" if several
+             else "The reference against each distinct divergent completion")
+    out = [Para([f"{whose} ({mode} kernels), aligned at the first differing token (highlighted)."], kind="note")]
     for c in divergent[:MAX_DIFFS]:
         run = next((r for r in m.get("runs", []) if r.get("completion_id") == c["completion_id"]), None)
-        if run is not None and run["run_id"] in steps:
-            out.append(_one_diff(c, run, ref, steps[run["run_id"]], sum(x["count"] for x in m["completions"])))
+        prompt = c.get("prompt_id", 0)
+        if run is not None and run["run_id"] in steps and prompt in refs:
+            n_runs = sum(x["count"] for x in m["completions"] if x.get("prompt_id", 0) == prompt)
+            out.append(_one_diff(c, run, steps[refs[prompt]], steps[run["run_id"]], n_runs,
+                                 f"p{prompt}" if several else None))
     if len(divergent) > MAX_DIFFS:
         out.append(Para([f"{len(divergent) - MAX_DIFFS} more divergent completions not shown "
                          "(all are in summary.json and `nondet.reports.read_tables`)."], kind="note"))
     return out
 
 
+def _reference_runs(m: dict) -> dict[int, int]:
+    """Prompt id -> the run id of that prompt alone (one prompt: the mode's reference run)."""
+    prompts = m.get("prompts") or []
+    if prompts:
+        return {p["prompt_id"]: p["reference_run_id"] for p in prompts}
+    return {0: m.get("reference_run_id")}
+
+
 def _split(a: list, b: list) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _one_diff(c: dict, run: dict, ref: pd.DataFrame, alt: pd.DataFrame, n_runs: int) -> TokenDiff:
+def _one_diff(c: dict, run: dict, ref: pd.DataFrame, alt: pd.DataFrame, n_runs: int,
+              prompt: str | None = None) -> TokenDiff:
     rt, at = ref.token.tolist(), alt.token.tolist()
     k = _split(rt, at)
     rp, ap = ref.piece.tolist(), alt.piece.tolist()
     lo = max(0, k - CONTEXT_BEFORE)
-    title = [Strong(f"Completion {c['completion_id']}"), f": {c['count']} of {n_runs} runs, e.g. run "
+    of = f" of {prompt}'s" if prompt else " of"
+    title = [Strong(f"Completion {c['completion_id']}"), f": {c['count']}{of} {n_runs} runs, e.g. run "
              f"{run['run_id']} (", Code(run["condition_id"]), f", position {run['position']}); splits at step {k}"]
     return TokenDiff(title=title, step=k, before=rp[lo:k], ref_after=rp[k:k + CONTEXT_AFTER],
                      alt_after=ap[k:k + CONTEXT_AFTER], ref_label="reference",
