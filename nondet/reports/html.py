@@ -37,7 +37,8 @@ code { background: var(--bg-soft); padding: .05em .3em; border-radius: 3px; over
 pre { background: var(--bg-soft); padding: .8em 1em; border-radius: 4px; overflow-x: auto; white-space: pre-wrap; }
 .table-wrap { overflow-x: auto; }
 table { border-collapse: collapse; margin: .6em 0; font-size: .9em; }
-th, td { border: 1px solid var(--line); padding: .3em .6em; text-align: left; vertical-align: top; }
+th, td { border: 1px solid var(--line); padding: .3em .6em; text-align: left; vertical-align: top;
+         overflow-wrap: anywhere; }  /* a long module path breaks instead of widening the table */
 th { background: var(--bg-soft); font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .esc { color: #8e44ad; background: #f4ecf7; border-radius: 2px; padding: 0 .1em; font-weight: 600; }
