@@ -131,7 +131,8 @@ def ablation_blocks(t: RunTables) -> list:
     if "lasting" in t.ablation.columns:  # ablation entries since lasting divergences are told apart
         header.append("lasting divergence born at")
         rows = [row + [_point(r.lasting)] for row, r in zip(rows, t.ablation.itertuples())]
-    out = [Table(header, rows, [False, False, False, True, True, False, False][: len(header)])]
+    out = [Table(header, rows, [False, False, False, True, True, False, False][: len(header)],
+                 [False] * 5 + [True] * (len(header) - 5))]
     if t.minimal_set:
         out.append(Para(["Minimal set that removes the divergence: ", Strong(" + ".join(t.minimal_set)), "."]))
     else:

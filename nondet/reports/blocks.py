@@ -36,6 +36,7 @@ class Table:
     header: list[str]
     rows: list[list]  # each cell: an Inline or a list of Inline
     numeric: list[bool] = field(default_factory=list)  # right-align these columns
+    wrap: list[bool] = field(default_factory=list)  # HTML: these columns may break long words (module paths)
 
 
 @dataclass

@@ -37,8 +37,8 @@ code { background: var(--bg-soft); padding: .05em .3em; border-radius: 3px; over
 pre { background: var(--bg-soft); padding: .8em 1em; border-radius: 4px; overflow-x: auto; white-space: pre-wrap; }
 .table-wrap { overflow-x: auto; }
 table { border-collapse: collapse; margin: .6em 0; font-size: .9em; }
-th, td { border: 1px solid var(--line); padding: .3em .6em; text-align: left; vertical-align: top;
-         overflow-wrap: anywhere; }  /* a long module path breaks instead of widening the table */
+th, td { border: 1px solid var(--line); padding: .3em .6em; text-align: left; vertical-align: top; }
+td.wrap { overflow-wrap: anywhere; min-width: 12em; }  /* a long module path breaks instead of widening the table */
 th { background: var(--bg-soft); font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .esc { color: #8e44ad; background: #f4ecf7; border-radius: 2px; padding: 0 .1em; font-weight: 600; }
@@ -126,8 +126,10 @@ def _block(block) -> str:
 def _table(t: Table) -> str:
     numeric = t.numeric or [False] * len(t.header)
     head = "".join(f"<th>{escape(h)}</th>" for h in t.header)
-    rows = "".join("<tr>" + "".join(f'<td{" class=num" if n else ""}>{_inline(c)}</td>' for c, n in zip(row, numeric))
-                   + "</tr>\n" for row in t.rows)
+    wrap = t.wrap or [False] * len(t.header)
+    cls = [" class=num" if n else " class=wrap" if w else "" for n, w in zip(numeric, wrap)]
+    rows = "".join("<tr>" + "".join(f"<td{c}>{_inline(cell)}</td>" for cell, c in zip(row, cls)) + "</tr>\n"
+                   for row in t.rows)
     return f'<div class="table-wrap"><table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}</tbody></table></div>'
 
 
