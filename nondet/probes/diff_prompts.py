@@ -31,6 +31,7 @@ def merge_prompts(summaries: list[dict], prompt_ids: list[int], texts: tuple[Pro
         completions += [{**c, "prompt_id": prompt_id, "completion_id": c["completion_id"] + offset}
                         for c in s["completions"]]
     first_split = _first_split(summaries)
+    conditions = _merge_conditions([c for s in summaries for c in s["conditions"]])
     return {
         "kernels": summaries[0]["kernels"],
         "reference_run_id": summaries[0]["reference_run_id"],
@@ -38,13 +39,13 @@ def merge_prompts(summaries: list[dict], prompt_ids: list[int], texts: tuple[Pro
         "prompts_diverged": sum(s["distinct_completions"] > 1 for s in summaries),
         "prompts_bits_differ": sum(s["first_numeric_divergence"] is not None for s in summaries),
         "n_runs": sum(s["n_runs"] for s in summaries),
-        "n_conditions": sum(s["n_conditions"] for s in summaries),
+        "n_conditions": len(conditions),  # a batch holding several prompts counts once
         "distinct_completions": max(s["distinct_completions"] for s in summaries),
         "most_common_count": max(s["most_common_count"] for s in summaries),
         "first_token_divergence": earliest(s["first_token_divergence"] for s in summaries),
         "first_numeric_divergence": earliest(s["first_numeric_divergence"] for s in summaries),
         "runs": runs,
-        "conditions": _merge_conditions([c for s in summaries for c in s["conditions"]]),
+        "conditions": conditions,
         "completions": completions,
         "branch_tree": first_split["branch_tree"] if first_split else None,
         "branch_prompt_id": prompt_ids[summaries.index(first_split)] if first_split else None,
