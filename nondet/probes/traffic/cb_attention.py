@@ -15,13 +15,19 @@ CB_ATTN_IMPLEMENTATION = "nondet_cb_batch_invariant"
 
 def cb_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                          scaling: float | None = None, cache=None, **kwargs):
-    """query (1, H, Tq, D) packed, key/value (1, KVH, Tq, D) new tokens -> (1, Tq, H, D)."""
+    """query (1, H, Tq, D) packed; key/value (1, KVH, Tq, D) new tokens, or already the gathered
+    cache (1, KVH, Tk, D) when `cache` is None -> (1, Tq, H, D)."""
     import torch
 
     from nondet.kernels import attention
 
-    assert cache is not None, "only for transformers' continuous-batching engine (a paged cache)"
-    key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
+    assert "cu_seq_lens_q" in kwargs, "only for transformers' continuous-batching engine (packed requests)"
+    if cache is not None:
+        # transformers <= 5.23 hands the engine's paged cache to the attention function to update
+        key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
+    # transformers >= 5.24 updates it in the attention layer and hands over the gathered keys; a block
+    # table instead means the keys stay in the paged cache for a flash kernel to read, not ours
+    assert kwargs.get("block_table") is None, "the paged cache's block-table layout is flash-only"
     cu_q = kwargs["cu_seq_lens_q"].tolist()  # request i's queries: [cu_q[i], cu_q[i+1])
     cu_k = _for_layer(kwargs["cu_seq_lens_k"], module).tolist()  # its keys in the gathered cache
     parts = [attention(query[:, :, q0:q1], key[:, :, k0:k1], value[:, :, k0:k1], None, scale=scaling, is_causal=True)
