@@ -296,3 +296,39 @@ def test_token_diff_compares_each_completion_with_its_own_prompts_reference():
     diff = _token_diffs(t)[1]
     assert diff.step == 2 and diff.before == ["The", "sky"] and diff.ref_after == ["is"]
     assert "1 of p1's 2 runs" in "".join(x for x in diff.title if isinstance(x, str))
+
+
+def test_branch_tree_shows_each_prompt_that_split():
+    """Several prompts: one tree per prompt that split, each following that prompt's own runs."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from nondet.reports.blocks import BranchPoint, Para
+    from nondet.reports.content import _tree
+
+    def rows(run_id, words):
+        return [{"run_id": run_id, "step": i, "token": sum(map(ord, w)), "piece": w} for i, w in enumerate(words)]
+
+    # p0's and p1's divergent runs both take "x" at step 1: each tree must continue with its own run.
+    streams = pd.DataFrame(rows(0, ["a", "b", "p0ref"]) + rows(1, ["a", "x", "p0alt"])
+                           + rows(2, ["c", "d", "p1ref"]) + rows(3, ["c", "x", "p1alt"]))
+
+    def tree(ref_tok, alt_tok, prefix):
+        return {"step": 1, "count": 2, "prefix_text": prefix, "alternatives": [
+            {"token": ref_tok, "piece": "ref", "count": 1, "is_reference": True, "margin": None},
+            {"token": alt_tok, "piece": "x", "count": 1, "margin": None}]}
+
+    mode = {"branch_tree": tree(sum(map(ord, "b")), sum(map(ord, "x")), "a"),
+            "prompts": [{"prompt_id": 0, "branch_tree": tree(sum(map(ord, "b")), sum(map(ord, "x")), "a")},
+                        {"prompt_id": 1, "branch_tree": tree(sum(map(ord, "d")), sum(map(ord, "x")), "c")},
+                        {"prompt_id": 2, "branch_tree": None}],
+            "runs": [{"run_id": 0, "prompt_id": 0}, {"run_id": 1, "prompt_id": 0},
+                     {"run_id": 2, "prompt_id": 1}, {"run_id": 3, "prompt_id": 1}]}
+    parts = _tree(SimpleNamespace(primary_mode="default", modes={"default": mode}, streams=streams))
+    labels = [p.parts[0] for p in parts if isinstance(p, Para) and p.kind == "p"]
+    points = [p for p in parts if isinstance(p, BranchPoint)]
+    assert labels == ["Prompt p0:", "Prompt p1:"]
+    assert [p.prefix for p in points] == ["a", "c"]
+    assert [a.continuation for a in points[0].alternatives] == ["p0ref", "p0alt"]
+    assert [a.continuation for a in points[1].alternatives] == ["p1ref", "p1alt"]

@@ -174,18 +174,30 @@ def _mode_runs(t: RunTables, mode: str) -> list[dict]:
 
 def _tree(t: RunTables) -> list:
     mode = t.primary_mode
-    node = t.modes[mode].get("branch_tree")
-    if not node:
+    m = t.modes[mode]
+    # One tree per prompt that split (several prompts: each prompt's own tree, labelled).
+    trees = [(p["prompt_id"], p["branch_tree"]) for p in m.get("prompts", []) if p.get("branch_tree")]
+    if not trees and m.get("branch_tree"):
+        trees = [(None, m["branch_tree"])]
+    if not trees:
         return [Para(["No branch point: every run produced the reference completion."], kind="hint")]
     steps = _run_steps(t)
-    tokens = {r["run_id"]: steps[r["run_id"]].token.tolist() for r in _mode_runs(t, mode) if r["run_id"] in steps}
     budget = {"left": MAX_TREE_NODES, "cut": False}
-    root = _branch_point(node, [], tokens, steps, budget)
-    parts = [Para([f"Runs with {mode} kernels share a prefix until a branch point; each alternative shows the "
-                   "token taken there, how many runs took it, the top1−top2 logit margin there, and the "
-                   "text that follows."], kind="note"), root]
+    parts: list = [Para([f"Runs with {mode} kernels share a prefix until a branch point; each alternative shows "
+                         "the token taken there, how many runs took it, the top1−top2 logit margin there, and "
+                         "the text that follows."], kind="note")]
+    for prompt, node in trees:
+        if budget["left"] <= 0:
+            budget["cut"] = True
+            break
+        # The prompt's own runs only: another prompt's run may hold the same token at a step.
+        tokens = {r["run_id"]: steps[r["run_id"]].token.tolist() for r in _mode_runs(t, mode)
+                  if r["run_id"] in steps and (prompt is None or r.get("prompt_id", 0) == prompt)}
+        if prompt is not None:
+            parts.append(Para([f"Prompt p{prompt}:"]))
+        parts.append(_branch_point(node, [], tokens, steps, budget))
     if budget["cut"]:
-        parts.append(Para([f"Deeper branch points left out (more than {MAX_TREE_NODES})."], kind="note"))
+        parts.append(Para([f"Further branch points left out (more than {MAX_TREE_NODES})."], kind="note"))
     return parts
 
 
@@ -294,10 +306,10 @@ def _figure_sections(t: RunTables) -> list[Section]:
             ["Per run: the first step whose logprob bits differ from the reference, and the first step "
              "whose token differs. Numeric divergence comes first; the token flips later, at a near-tie."],
             ["No run diverged from the reference: nothing to plot."]), level=3),
-        Section("Distinct completions by batch size", "fig-batch-size", figure_or_hint(
-            "distinct_by_batch_size.png", figures.distinct_by_batch_size(t), "Distinct completions by batch size",
+        Section("Completions by batch size", "fig-batch-size", figure_or_hint(
+            "distinct_by_batch_size.png", figures.distinct_by_batch_size(t), "Completions by batch size",
             ["Every run at each batch size, coloured by the completion it produced (green: the reference's); "
-             "the number on top counts the distinct completions there."],
+             "the number on top counts the runs whose completion differs from their prompt's reference."],
             ["No runs with a batch size and completion id: rerun `nondet probe`."]), level=3),
         Section("Bisect: where the difference is born", "fig-bisect", bisect_blocks(t, no_bisect), level=3),
         Section("Bisect: amplification", "fig-amplification", figure_or_hint(
