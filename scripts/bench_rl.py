@@ -3,13 +3,17 @@
     python scripts/bench_rl.py                  # the GPU case: random Qwen3 hidden 1024 x 8 layers bf16,
                                                 # micro-batch 1/4/8 x (32 prompt + 256 completion) tokens
     python scripts/bench_rl.py --tiny           # a tiny model on the CPU (the CI smoke test)
+    python scripts/bench_rl.py --compile        # the forward through torch.compile (Inductor), both kernels
 
 One trainer step is what `nondet rl`'s trainer side does per micro-batch: model.train() with
 dropout 0, a teacher-forced forward over prompt + completion, fp32 log-softmax of the logits
 that predict the completion, loss = -mean(logprob of the given tokens), loss.backward(). Each
 (micro-batch, kernels) is timed after warm-up steps (Triton compiles on the first), as the
 median of --reps steps, synchronized on CUDA. Prints one row per micro-batch: step times and
-the throughput ratio default / batch-invariant time (target: >= 0.7x).
+the throughput ratio default / batch-invariant time (target: >= 0.7x). With --compile the model's
+forward is torch.compile'd (Inductor, a fresh compile per kernels mode and micro-batch; the mode
+traceable, its ops with backward formulas: kernels/custom_grads.py); the first step, compile
+included, is reported apart.
 The model is built in code with seeded random weights (like nondet/probes/default_model.py):
 nothing is downloaded; only its shapes matter for time.
 """
@@ -40,6 +44,7 @@ class BenchConfig:
     warmup: int = 2  # untimed steps first: Triton's compile, cuBLAS's heuristics, the allocator
     reps: int = 5  # timed steps; the median is reported
     seed: int = 0
+    compile: bool = False  # the forward through torch.compile (Inductor)
 
 
 TINY = BenchConfig(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512, dtype="float32",
@@ -58,33 +63,38 @@ def build_model(c: BenchConfig):
     return Qwen3ForCausalLM(config).to(device=c.device, dtype=getattr(torch, c.dtype))
 
 
-def trainer_step(model, ids, prompt_tokens: int) -> None:
+def trainer_step(model, forward, ids, prompt_tokens: int) -> None:
     """One RL trainer step on ids [mb, P + C]: forward, logprobs of the completion's tokens, backward."""
     import torch
 
     from nondet.probes.sources.rl_trainer import backward
 
-    logits = model(input_ids=ids, use_cache=False).logits  # [mb, T, vocab]
+    logits = forward(input_ids=ids, use_cache=False).logits  # [mb, T, vocab]
     targets = ids[:, prompt_tokens:]  # the completion tokens, predicted by the logits one before
     lp = torch.log_softmax(logits[:, prompt_tokens - 1:-1].float(), -1).gather(-1, targets[..., None])
     backward(model, lp.flatten())
 
 
-def time_steps(model, ids, mode: str, c: BenchConfig) -> float:
-    """Median seconds of one trainer step under a kernels mode."""
+def time_steps(model, ids, mode: str, c: BenchConfig) -> tuple[float, float]:
+    """(median seconds of one trainer step, seconds of the first step) under a kernels mode."""
+    import torch
+
     from nondet.probes.sources.rl_trainer import training
     from nondet.probes.sources.static import kernels_mode
 
+    forward = model.forward
+    if c.compile:
+        torch._dynamo.reset()  # a fresh compile: no graph of the other kernels mode is reused
+        forward = torch.compile(model.forward)
     times = []
-    with training(model), kernels_mode(mode, model):
-        for i in range(c.warmup + c.reps):
+    with training(model), kernels_mode(mode, model, traceable=c.compile):
+        for _ in range(c.warmup + c.reps):
             _sync(c)
             started = time.perf_counter()
-            trainer_step(model, ids, c.prompt_tokens)
+            trainer_step(model, forward, ids, c.prompt_tokens)
             _sync(c)
-            if i >= c.warmup:
-                times.append(time.perf_counter() - started)
-    return statistics.median(times)
+            times.append(time.perf_counter() - started)
+    return statistics.median(times[c.warmup:]), times[0]
 
 
 def _sync(c: BenchConfig) -> None:
@@ -102,18 +112,21 @@ def bench(c: BenchConfig) -> list[dict]:
     rows = []
     for mb in c.micro_batches:
         ids = torch.randint(0, c.vocab, (mb, c.prompt_tokens + c.completion_tokens), generator=g).to(c.device)
-        default = time_steps(model, ids, "default", c)
-        invariant = time_steps(model, ids, "batch-invariant", c)
+        default, default_first = time_steps(model, ids, "default", c)
+        invariant, invariant_first = time_steps(model, ids, "batch-invariant", c)
         rows.append({"micro_batch": mb, "tokens": int(ids.numel()), "default_ms": default * 1e3,
-                     "batch_invariant_ms": invariant * 1e3, "throughput_ratio": default / invariant})
+                     "batch_invariant_ms": invariant * 1e3, "throughput_ratio": default / invariant,
+                     "default_first_s": default_first, "batch_invariant_first_s": invariant_first})
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'micro-batch':>11} {'tokens':>7} {'default ms':>11} {'batch-invariant ms':>19} {'throughput':>11}"]
+    lines = [f"{'micro-batch':>11} {'tokens':>7} {'default ms':>11} {'batch-invariant ms':>19} {'throughput':>11}"
+             f" {'first step s (default / mode)':>30}"]
     for r in rows:
+        first = f"{r['default_first_s']:.1f} / {r['batch_invariant_first_s']:.1f}"
         lines.append(f"{r['micro_batch']:>11} {r['tokens']:>7} {r['default_ms']:>11.2f} "
-                     f"{r['batch_invariant_ms']:>19.2f} {r['throughput_ratio']:>10.2f}x")
+                     f"{r['batch_invariant_ms']:>19.2f} {r['throughput_ratio']:>10.2f}x {first:>30}")
     return "\n".join(lines)
 
 
@@ -130,6 +143,8 @@ def main() -> None:
     c = TINY if args.tiny else BenchConfig()
     if args.micro_batch:
         c = BenchConfig(**{**asdict(c), "micro_batches": tuple(int(x) for x in args.micro_batch.split(","))})
+    if args.compile:
+        c = BenchConfig(**{**asdict(c), "compile": True})
     import torch
 
     if c.device.startswith("cuda") and not torch.cuda.is_available():
@@ -138,7 +153,8 @@ def main() -> None:
     print(f"setup: random Qwen3 hidden {c.hidden} x {c.layers} layers {c.dtype}, vocab {c.vocab}, "
           f"{c.prompt_tokens} prompt + {c.completion_tokens} completion tokens per sequence, "
           f"median of {c.reps} steps after {c.warmup} warm-up; {device_name(c)}, torch {torch.__version__}")
-    print("trainer step = forward + fp32 log-softmax + backward (model.train(), dropout 0)")
+    path = "torch.compile'd forward (Inductor)" if c.compile else "eager"
+    print(f"trainer step = forward + fp32 log-softmax + backward (model.train(), dropout 0); {path}")
     print(table(rows))
     worst = min(r["throughput_ratio"] for r in rows)
     print(f"throughput ratio = default / batch-invariant step time; worst {worst:.2f}x "
@@ -152,6 +168,7 @@ def _parse():
     p.add_argument("--tiny", action="store_true", help="a tiny fp32 model on the CPU (CI smoke run)")
     p.add_argument("--micro-batch", help="micro-batch sizes, e.g. 1,4,8 (default: 1,4,8)")
     p.add_argument("--json", action="store_true", help="also print the rows as one JSON line")
+    p.add_argument("--compile", action="store_true", help="the forward through torch.compile (Inductor)")
     return p.parse_args()
 
 

@@ -19,6 +19,8 @@ that Inductor re-derives.
 
 import torch
 
+from nondet.kernels import custom_grads
+
 _REGISTERED = {}
 
 
@@ -89,10 +91,11 @@ def ensure_registered() -> None:
 
     _REGISTERED.update(mm=mm, addmm=addmm, layer_norm=layer_norm, bmm=bmm, mean_last=mean_last, softmax=softmax,
                        attention=attention)
-    _register_gpu_ops(ops)
+    _REGISTERED.update(_register_gpu_ops(ops))
+    custom_grads.register({name: op for name, op in _REGISTERED.items() if name != "attention_kernel"})
 
 
-def _register_gpu_ops(ops) -> None:
+def _register_gpu_ops(ops) -> dict:
     """The `_gpu` triton_ops: the same bodies, traceable down to the kernel launches."""
     triton_op = torch.library.triton_op
 
@@ -132,6 +135,9 @@ def _register_gpu_ops(ops) -> None:
     def _(q, k, v, mask, kv_start, query_start, scale, softcap, sinks):
         return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[3]))
 
+    return dict(mm_gpu=mm_gpu, addmm_gpu=addmm_gpu, bmm_gpu=bmm_gpu, mean_last_gpu=mean_last_gpu,
+                softmax_gpu=softmax_gpu, attention_kernel=attention_kernel)
+
 
 # The ops whose Inductor-launched kernels were checked bitwise equal to the eager launch (H200,
 # torch 2.11, triton 3.6). layer_norm gave other bits under Inductor and attention did not compile
@@ -166,7 +172,9 @@ def attention(q, k, v, mask, scale: float, is_causal: bool, softcap, sinks, slid
     from nondet.kernels.launch import interpreting
 
     ensure_registered()
-    if not (ops._triton(q) and not interpreting()):
+    # A training forward takes the whole op, which has a backward (custom_grads); the bare kernel has none.
+    grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
+    if grads or not (ops._triton(q) and not interpreting()):
         return torch.ops.nondet.attention(q, k, v, mask, scale, is_causal, softcap, sinks, sliding)
     mask, kv_start, query_start = ops.attention_inputs(q, k, mask, is_causal, sliding)
     return torch.ops.nondet.attention_kernel(q, k, v, mask, kv_start, query_start, scale, softcap, sinks)

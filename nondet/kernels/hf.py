@@ -44,7 +44,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     compiling = torch.compiler.is_compiling()
     # a training forward: the same invariant bits, with a backward (autograd.py)
-    attend = autograd.attention if grads else (_traced_attention if compiling else ops.attention)
+    # (compiled: the custom op, whose backward custom_grads.py gives; eager: autograd.py's Function)
+    attend = _traced_attention if compiling else (autograd.attention if grads else ops.attention)
     # Packed rows (several sequences in one row, as trainers pack a micro-batch) are found from the
     # mask's contents (nonzero: a host sync and, under torch.compile, a graph break in every layer). A
     # compiled forward is transformers' static-cache generate, which never packs rows: skip the search there.

@@ -102,7 +102,7 @@ class TracedMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         route = self.table.get(func)
-        if route is not None and not torch.is_grad_enabled():  # inference graphs only: no autograd formulas
+        if route is not None:  # training graphs too: the ops have backward formulas (custom_grads.py)
             out = route(*args, **kwargs)
             if out is not None:
                 return out
