@@ -45,6 +45,7 @@ class BenchConfig:
     reps: int = 5  # timed steps; the median is reported
     seed: int = 0
     compile: bool = False  # the forward through torch.compile (Inductor)
+    profile: bool = False  # after timing, one more step under the profiler: GPU time by kernel
 
 
 TINY = BenchConfig(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512, dtype="float32",
@@ -94,7 +95,26 @@ def time_steps(model, ids, mode: str, c: BenchConfig) -> tuple[float, float]:
             trainer_step(model, forward, ids, c.prompt_tokens)
             _sync(c)
             times.append(time.perf_counter() - started)
+        if c.profile:
+            _profile(model, forward, ids, mode, c)
     return statistics.median(times[c.warmup:]), times[0]
+
+
+def _profile(model, forward, ids, mode: str, c: BenchConfig, top: int = 12) -> None:
+    """Print one step's GPU time by kernel (where the mode's step goes, against the default's)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        trainer_step(model, forward, ids, c.prompt_tokens)
+        _sync(c)
+    from torch.autograd import DeviceType
+
+    kernels = sorted((e for e in prof.key_averages() if e.device_type == DeviceType.CUDA),
+                     key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in kernels)  # us
+    print(f"profile {mode}, micro-batch {ids.shape[0]}: {total / 1e3:.2f} ms of GPU kernel time in one step")
+    for e in kernels[:top]:
+        print(f"  {e.self_device_time_total / 1e3:8.2f} ms {e.count:5d}x  {e.key[:110]}")
 
 
 def _sync(c: BenchConfig) -> None:
@@ -143,8 +163,8 @@ def main() -> None:
     c = TINY if args.tiny else BenchConfig()
     if args.micro_batch:
         c = BenchConfig(**{**asdict(c), "micro_batches": tuple(int(x) for x in args.micro_batch.split(","))})
-    if args.compile:
-        c = BenchConfig(**{**asdict(c), "compile": True})
+    if args.compile or args.profile:
+        c = BenchConfig(**{**asdict(c), "compile": args.compile, "profile": args.profile})
     import torch
 
     if c.device.startswith("cuda") and not torch.cuda.is_available():
@@ -169,6 +189,7 @@ def _parse():
     p.add_argument("--micro-batch", help="micro-batch sizes, e.g. 1,4,8 (default: 1,4,8)")
     p.add_argument("--json", action="store_true", help="also print the rows as one JSON line")
     p.add_argument("--compile", action="store_true", help="the forward through torch.compile (Inductor)")
+    p.add_argument("--profile", action="store_true", help="print one step's GPU time by kernel per kernels mode")
     return p.parse_args()
 
 

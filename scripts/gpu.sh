@@ -19,6 +19,8 @@
 #   probe        scripts/bench_probe.py --gpu (the probe's GPU case and its roofline)
 #   probe-compile scripts/bench_probe.py --gpu --compile (the same case on the compiled path)
 #   rl           scripts/bench_rl.py (the trainer step under the mode)
+#   rl-compile   scripts/bench_rl.py --compile (the same step with a torch.compile'd forward)
+#   compile-tests tests/gpu/test_compile_gpu.py (compiled vs eager bits: prefill, decode, a training forward)
 #   speculative  scripts/bench_speculative.py (speedup kept under the mode)
 #   tune         nondet kernels tune, then the score under the tuned table
 # One fleet, one answer (bitwise identical streams under the mode)
@@ -65,6 +67,8 @@ run_step() {
     probe) timeout 300 python3 scripts/bench_probe.py --gpu 2>&1 | tail -12 ;;
     probe-compile) timeout 470 python3 scripts/bench_probe.py --gpu --compile 2>&1 | quiet | tail -12 ;;
     rl) timeout 120 python3 scripts/bench_rl.py 2>&1 | tail -12 ;;
+    rl-compile) timeout 420 python3 scripts/bench_rl.py --compile 2>&1 | tail -12 ;;
+    compile-tests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compile_gpu.py -rA 2>&1 | tail -15 ;;
     speculative) timeout 540 python3 scripts/bench_speculative.py 2>&1 | tail -14 ;;
     tune) timeout 300 python3 -m nondet kernels tune --out "$OUT/kernel-tuning.json" 2>&1 | tail -20
           NONDET_KERNEL_TUNING="$OUT/kernel-tuning.json" timeout 420 python3 -m nondet kernels bench --score \
