@@ -45,6 +45,7 @@ class BenchConfig:
     reps: int = 5  # timed steps; the median is reported
     seed: int = 0
     compile: bool = False  # the forward through torch.compile (Inductor)
+    compile_mode: str | None = None  # torch.compile's mode, e.g. "reduce-overhead" (CUDA graphs)
     profile: bool = False  # after timing, one more step under the profiler: GPU time by kernel
 
 
@@ -86,7 +87,7 @@ def time_steps(model, ids, mode: str, c: BenchConfig) -> tuple[float, float]:
     forward = model.forward
     if c.compile:
         torch._dynamo.reset()  # a fresh compile: no graph of the other kernels mode is reused
-        forward = torch.compile(model.forward)
+        forward = torch.compile(model.forward, mode=c.compile_mode)
     times = []
     with training(model), kernels_mode(mode, model, traceable=c.compile):
         for _ in range(c.warmup + c.reps):
@@ -163,8 +164,9 @@ def main() -> None:
     c = TINY if args.tiny else BenchConfig()
     if args.micro_batch:
         c = BenchConfig(**{**asdict(c), "micro_batches": tuple(int(x) for x in args.micro_batch.split(","))})
-    if args.compile or args.profile:
-        c = BenchConfig(**{**asdict(c), "compile": args.compile, "profile": args.profile})
+    if args.compile or args.compile_mode or args.profile:
+        c = BenchConfig(**{**asdict(c), "compile": args.compile or bool(args.compile_mode),
+                           "compile_mode": args.compile_mode, "profile": args.profile})
     import torch
 
     if c.device.startswith("cuda") and not torch.cuda.is_available():
@@ -173,7 +175,7 @@ def main() -> None:
     print(f"setup: random Qwen3 hidden {c.hidden} x {c.layers} layers {c.dtype}, vocab {c.vocab}, "
           f"{c.prompt_tokens} prompt + {c.completion_tokens} completion tokens per sequence, "
           f"median of {c.reps} steps after {c.warmup} warm-up; {device_name(c)}, torch {torch.__version__}")
-    path = "torch.compile'd forward (Inductor)" if c.compile else "eager"
+    path = f"torch.compile'd forward (Inductor{', ' + c.compile_mode if c.compile_mode else ''})" if c.compile else "eager"
     print(f"trainer step = forward + fp32 log-softmax + backward (model.train(), dropout 0); {path}")
     print(table(rows))
     worst = min(r["throughput_ratio"] for r in rows)
@@ -189,6 +191,7 @@ def _parse():
     p.add_argument("--micro-batch", help="micro-batch sizes, e.g. 1,4,8 (default: 1,4,8)")
     p.add_argument("--json", action="store_true", help="also print the rows as one JSON line")
     p.add_argument("--compile", action="store_true", help="the forward through torch.compile (Inductor)")
+    p.add_argument("--compile-mode", help="torch.compile mode (implies --compile), e.g. reduce-overhead")
     p.add_argument("--profile", action="store_true", help="print one step's GPU time by kernel per kernels mode")
     return p.parse_args()
 

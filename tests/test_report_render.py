@@ -10,7 +10,7 @@ from report_fixtures import write_run
 from nondet.reports import write_report
 
 HEADINGS = ["# nondet report: run", "## Verdict", "## Prompts", "## Conditions", "## Branch tree", "## Token diff",
-            "## Figures", "### First divergence steps", "### Distinct completions by batch size",
+            "## Figures", "### First divergence steps", "### Completions by batch size",
             "### Bisect: where the difference is born", "### Bisect: amplification",
             "### Before / after: batch-invariant kernels", "## Ablation", "## Environment", "## Reproduce"]
 VERDICT = ("**Batch-variant: 3 distinct completions over 5 conditions (8 runs); first token divergence at step 5"
