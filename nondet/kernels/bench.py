@@ -235,8 +235,10 @@ def bench_end_to_end(report: Report, batches=E2E_BATCH, prompt: int = 512, layer
     from transformers import DynamicCache
 
     from nondet.kernels import batch_invariant
+    from nondet.kernels.hf_names import cache_kwarg, output_cache
 
     model = qwen3_8b_like(layers)
+    cache_arg = cache_kwarg(model)
     ids_all = torch.randint(0, 151936, (max(batches), prompt), device="cuda")  # row 0 is every batch's row 0
     step_all = torch.randint(0, 151936, (max(batches), 1), device="cuda")
     row0 = {}  # phase -> {batch: row 0's logits under the mode}
@@ -246,7 +248,7 @@ def bench_end_to_end(report: Report, batches=E2E_BATCH, prompt: int = 512, layer
         for mode in (False, True):
             def prefill():
                 with torch.no_grad():
-                    return model(ids, past_key_values=DynamicCache(), logits_to_keep=1)
+                    return model(ids, logits_to_keep=1, **{cache_arg: DynamicCache()})
 
             def run(fn):
                 if not mode:
@@ -255,12 +257,12 @@ def bench_end_to_end(report: Report, batches=E2E_BATCH, prompt: int = 512, layer
                     return fn()
 
             first = run(prefill)
-            cache = first.past_key_values
+            cache = output_cache(first)
 
             def decode():
                 with torch.no_grad():
                     cache.crop(prompt)
-                    return model(step, past_key_values=cache, logits_to_keep=1)
+                    return model(step, logits_to_keep=1, **{cache_arg: cache})
 
             if mode:
                 row0.setdefault("prefill", {})[b] = first.logits[0].clone()

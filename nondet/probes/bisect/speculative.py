@@ -21,6 +21,7 @@ same origin, lasting divergence and module table as a static bisect.
 
 from collections import Counter
 
+from nondet.kernels.hf_names import cache_kwarg
 from nondet.probes.bisect.capture import Point, Tap
 from nondet.probes.bisect.lockstep import CompareSink, KernelScope, Lockstep, RecordSink
 from nondet.probes.recorder import step_record
@@ -86,7 +87,7 @@ class _Forward:
                              attention_mask=torch.ones((1, end), dtype=torch.long, device=device),
                              position_ids=torch.arange(start, end, device=device)[None],
                              cache_position=torch.arange(start, end, device=device),
-                             past_key_values=self.cache, use_cache=True, logits_to_keep=logits_rows)
+                             use_cache=True, logits_to_keep=logits_rows, **{cache_kwarg(self.model): self.cache})
         return out.logits[0].float()  # [logits_rows, vocab]
 
     def crop(self, length: int) -> None:

@@ -205,7 +205,7 @@ class RoundLog:
         if positions is not None:
             self.seen = int(positions[0, -1]) + 1
             return
-        ids, cache = kwargs.get("input_ids"), kwargs.get("past_key_values")
+        ids, cache = kwargs.get("input_ids"), kwargs.get("cache", kwargs.get("past_key_values"))  # 5.24 / before
         if ids is not None:
             self.seen = int(ids.shape[-1]) + (cache.get_seq_length() if cache is not None else 0)
 
