@@ -2,6 +2,7 @@
 
     python scripts/bench_speculative.py                 # the GPU case (needs CUDA)
     python scripts/bench_speculative.py --tiny --device cpu --tokens 16 --prompts 2   # smoke run
+    python scripts/bench_speculative.py --compile       # on the compiled static-cache path (probe --compile)
 
 The GPU case: a random Qwen3 (hidden 1024, 8 layers, 16 heads / 8 KV heads, bf16) and its own
 2-layer draft (its first two layers, embeddings and head: default_draft.py), both built in code.
@@ -34,19 +35,26 @@ def main() -> None:
     target, draft = default_model_dir(spec), default_draft_dir(spec, layers=args.draft_layers)
     forms = tuple(f.replace("DRAFT", str(draft)) for f in args.forms.split(","))
     model = ModelSpec(name=str(target), device=args.device)
-    _probe(model, forms, DEMO_PROMPTS[:1], 16)  # warm-up: compile and allocate, untimed
+    backend = "inductor" if args.compile else None
+    if not args.compile:  # the compiled path warms each condition up itself (a whole call, timed apart)
+        _probe(model, forms, DEMO_PROMPTS[:1], 16, None)  # warm-up: Triton compile and allocation, untimed
     started = time.perf_counter()
-    summary = _probe(model, forms, DEMO_PROMPTS[:args.prompts], args.tokens)
+    summary = _probe(model, forms, DEMO_PROMPTS[:args.prompts], args.tokens, backend)
+    path = "compiled static-cache generate" if args.compile else "eager"
     print(f"setup: {args.prompts} prompts x {args.tokens} tokens, target {_describe(spec)}, "
-          f"draft = its first {args.draft_layers} layers, device {args.device}; "
+          f"draft = its first {args.draft_layers} layers, device {args.device}, {path}; "
           f"{time.perf_counter() - started:.0f} s")
+    for mode, entry in summary.get("decode_path", {}).get("modes", {}).items():
+        print(f"decode path {mode}: {entry['path']}, warm-up {entry['warmup_s']:.1f} s, "
+              f"measured {entry['measured_s']:.1f} s" + (f" ({entry['reason']})" if entry.get("reason") else ""))
     _print_table(summary["speculative"]["by_form"], str(draft))
 
 
-def _probe(model: ModelSpec, forms, prompts, tokens) -> dict:
+def _probe(model: ModelSpec, forms, prompts, tokens, backend: str | None) -> dict:
     out = Path(tempfile.mkdtemp(prefix="nondet-bench-spec-")) / "run"
     config = ProbeConfig(prompts=tuple(prompts), model=model, batch_sizes=(1,), max_new_tokens=tokens,
-                         kernels=("default", "batch-invariant"), speculative=forms, out=str(out))
+                         kernels=("default", "batch-invariant"), speculative=forms, out=str(out),
+                         compile_backend=backend)
     return run_probe(config).summary
 
 
@@ -78,6 +86,7 @@ def _parse():
     p.add_argument("--forms", default="draft:DRAFT:4,self:4,ngram:4", help="DRAFT = the built 2-layer draft")
     p.add_argument("--draft-layers", type=int, default=2)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--compile", action="store_true", help="decode on the compiled static-cache path")
     p.add_argument("--tiny", action="store_true", help="the embedded default model instead of the GPU case")
     return p.parse_args()
 

@@ -180,7 +180,7 @@ def probe_configs(settings: "GateSettings", out: str | None, speculative: str | 
                                   speculative=speculative, placement=settings.positions, runs=settings.runs,
                                   max_new_tokens=settings.max_new_tokens, kernels=(settings.kernels,),
                                   threads=settings.threads,
-                                  compile_backend="inductor" if settings.compile and not speculative else None)
+                                  compile_backend="inductor" if settings.compile else None)
                for prompts, run_dir in groups]
     for config in configs:  # now, before any axis runs: e.g. a chat prompt on an axis that takes plain text
         validate_config(with_chat_endpoint(config))

@@ -64,6 +64,7 @@ class Assist:
 
     prompt_lookup: int | None = None  # prompt_lookup_num_tokens: K tokens drafted from n-gram matches
     assistant: object = None  # the draft model (the target itself for self:K); K is set on its generation_config
+    drafted: int = 0  # K: a verification pass may write K positions past the last kept token
 
     def kwargs(self) -> tuple[dict, dict]:
         """(GenerationConfig fields, generate() arguments)."""
@@ -94,7 +95,7 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
         eos_token_id=eos_ids(model, tokenizer) or None,
         return_dict_in_generate=assist is not None,
         output_logits=assist is not None,
-        **_cache_fields(settings, device.type),
+        **_cache_fields(settings, device.type, len(batch.input_ids[0]), assist.drafted if assist else 0),
         **fields,
     )
     try:
@@ -114,12 +115,17 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
                                "lower --batch-sizes or --max-new-tokens") from exc
 
 
-def _cache_fields(settings: DecodeSettings, device_type: str) -> dict:
-    """GenerationConfig fields of the KV cache kind and the decode path (see DecodeSettings)."""
+def _cache_fields(settings: DecodeSettings, device_type: str, prompt_len: int, drafted: int) -> dict:
+    """GenerationConfig fields of the KV cache kind and the decode path (see DecodeSettings). A
+    static cache holds max_length positions; speculative decoding's last verification pass may
+    write `drafted` + 1 more (drafts past the end are cut only after they are verified)."""
     if settings.compile_backend:
         from nondet.probes.compiled import generation_fields
 
-        return generation_fields(settings.compile_backend, device_type)
+        fields = generation_fields(settings.compile_backend, device_type)
+        if drafted:
+            fields["max_cache_len"] = prompt_len + settings.max_new_tokens + drafted + 1
+        return fields
     if settings.kv_cache == "static":
         return {"cache_implementation": "static", "disable_compile": True}
     return {}

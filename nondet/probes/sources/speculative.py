@@ -13,10 +13,15 @@ rejected positions, and a draft model's own steps).
 Each stream adds its verification rounds (`drafted` and `accepted` tokens per round, each
 step's `round`), `acceptance_rate` (accepted / drafted), `seconds` and `tokens_per_s`.
 transformers runs assisted decoding at batch size 1 only, so every condition is batch size 1.
+
+With --compile both decode on transformers' compiled static-cache path (probes/compiled.py; its
+assisted decoding runs the verification passes through the compiled forward). A verification pass
+has 1 to k+1 query rows, each a shape of its own, so the warm-up is the whole call once, timed apart.
 """
 
 import contextlib
 import time
+from dataclasses import replace
 
 from nondet.errors import ModelLoadError, UsageError
 from nondet.probes.batch import Batch, tokenize_inputs
@@ -44,6 +49,7 @@ class SpeculativeSource:
         self.drafts: dict[str, object] = {}  # form name -> loaded draft model (draft forms only)
         self.inputs: list[list[int]] = []  # per prompt: the target's token ids
         self.run_ids = 0
+        self.paths = None  # --compile: compiled.DecodePaths, set in open() once the device is known
 
     def open(self) -> Opened:
         self.loaded = self.loaded or load_model(self.config.model)
@@ -52,6 +58,12 @@ class SpeculativeSource:
         found = fingerprint(self.loaded.description, ",".join(self.config.kernels))
         found["speculative"] = {"forms": [f.name for f in self.forms],
                                 "drafts": {n: d.description for n, d in self.drafts.items()}}
+        found["decode_path"] = "eager, dynamic KV cache"
+        if self.config.compile_backend:
+            from nondet.probes.compiled import DecodePaths, label
+
+            self.paths = DecodePaths(self.config.compile_backend, self.loaded.model.device.type)
+            found["decode_path"] = label(self.paths.backend, self.paths.device_type)
         return Opened(found)
 
     def attach(self, writer) -> None:
@@ -71,8 +83,8 @@ class SpeculativeSource:
     def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
         prompt_id, form = planned.plan
         ids = self.inputs[prompt_id]
-        with kernels_mode(planned.kernels, self.loaded.model):
-            steps, rounds, seconds = self._decode(ids, form)
+        with kernels_mode(planned.kernels, self.loaded.model, traceable=self.paths is not None):
+            steps, rounds, seconds = self._decode_on_path(planned.kernels, ids, form)
         emit(self._stream(planned, prompt_id, form, ids, steps, rounds, seconds))
         return ConditionRecord(condition_id=planned.condition_id, kernels=planned.kernels, batch_size=1,
                                positions=[0], fillers="none", label=planned.label, load=self.kind,
@@ -81,16 +93,34 @@ class SpeculativeSource:
     def summarize(self, streams: list[dict]):
         doc = summarize_modes(streams, self.loaded.tokenizer, self.config.targets)
         doc["speculative"] = speculative_section(streams, [f.name for f in self.forms])
+        if self.paths is not None:
+            doc["decode_path"] = self.paths.as_summary()
         return as_summary(doc)
 
     def close(self) -> None:
         self.drafts = {}
 
-    def _decode(self, ids: list[int], form: Speculation | None):
+    def _decode_on_path(self, mode: str, ids: list[int], form: Speculation | None):
+        """_decode eager, or on the compiled path: the whole call once as the warm-up (every
+        verification shape compiled and captured), then the measured call (compiled.DecodePaths)."""
+        settings = DecodeSettings(self.config.max_new_tokens, 0.0, self.config.seed)
+        if self.paths is None:
+            return self._decode(ids, form, settings)
+        from nondet.probes.compiled import compile_scope
+
+        compiled = replace(settings, compile_backend=self.config.compile_backend)
+        with compile_scope():
+            if self.paths.compiles(mode):
+                self.paths.warm_up(mode, lambda: self._decode(ids, form, compiled))
+            started = time.perf_counter()
+            decoded = self._decode(ids, form, compiled if self.paths.compiles(mode) else settings)
+        self.paths.measured(mode, time.perf_counter() - started)
+        return decoded
+
+    def _decode(self, ids: list[int], form: Speculation | None, settings: DecodeSettings):
         """One greedy generate of the prompt alone -> (step dicts, RoundLog, seconds)."""
         model, tokenizer = self.loaded.model, self.loaded.tokenizer
         batch = Batch(input_ids=[ids], attention_mask=[[1] * len(ids)], target_rows=(0,))
-        settings = DecodeSettings(self.config.max_new_tokens, 0.0, self.config.seed)
         rounds = RoundLog(len(ids))
         with self._assist(form) as assist, rounds.watching(model):
             started = time.perf_counter()
@@ -103,15 +133,15 @@ class SpeculativeSource:
     @contextlib.contextmanager
     def _assist(self, form: Speculation | None):
         """The Assist of a form; an assistant's K set on its generation_config for the call."""
-        if form is None:
-            yield Assist()
+        if form is None:  # plain decoding, its static cache as long as the forms' (one shape on the compiled path)
+            yield Assist(drafted=max(f.k for f in self.forms))
             return
         if form.kind == "ngram":
-            yield Assist(prompt_lookup=form.k)
+            yield Assist(prompt_lookup=form.k, drafted=form.k)
             return
         assistant = self.loaded.model if form.kind == "self" else self.drafts[form.name].model
         with drafting(assistant, form.k):
-            yield Assist(assistant=assistant)
+            yield Assist(assistant=assistant, drafted=form.k)
 
     def _load_draft(self, form: Speculation):
         """The draft model of a draft form; one line (exit 3 / 2) if it cannot load or does not fit."""
