@@ -10,7 +10,7 @@
 #   family       scripts/gpu_family_matrix.py: every supported model family, invariant under the mode
 #   moe          scripts/gpu_moe.py: a Qwen3-30B-A3B-shaped MoE, default vs the mode, and its step time
 #   compile      scripts/gpu_compile.py: an 8B-shaped Qwen3 decoded on the compiled path, default vs the mode
-#   compile-profile  the same model: prefill of 512 tokens and a B=32 decode step's GPU time by kernel
+#   compile-profile  the same model: prefill of 512 tokens and B=1, B=32 decode steps' GPU time by kernel
 
 #   demo         probe / speculative / rl on the demo model with --confirm
 #   bisect       scripts/gpu_bisect.py: what bisect blames on a GPU model, with and without a baseline

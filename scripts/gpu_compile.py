@@ -8,7 +8,7 @@ step at B = 1 and B = 32, the weight-read roofline at B = 1, and whether the com
 logits equal the eager mode's (dynamic cache, no compile) bit for bit at B = 1 and row 0 of B = 8.
 Then the prefill of 512 tokens (eager, as transformers runs it; compiled; compiled and replayed as
 a CUDA graph, with the compiled mode's logits checked against the eager mode's), and
-the GPU time of a B = 32 decode step by kernel, default vs the mode (`--profile`), which names the
+the GPU time of a B = 1 and a B = 32 decode step by kernel, default vs the mode (`--profile`), which names the
 kernels the mode's step loses its time in.
 """
 
@@ -130,9 +130,9 @@ def print_graph_breaks(model, tokens: int = 512) -> None:
         print(f"  break: {str(reason.reason).strip()[:300]} at {where}", flush=True)
 
 
-def profile_step(model, batch: int = 32, tokens: int = 8, top: int = 8) -> list[tuple[str, float]]:
-    """GPU ms per decode step by kernel (eager static cache: the kernels the compiled graph replays,
-    minus Inductor's fused elementwise ones), the `top` heaviest."""
+def profile_step(model, batch: int = 32, tokens: int = 8, top: int = 10) -> tuple[list[tuple[str, float]], float]:
+    """GPU ms per decode step: by kernel (the `top` heaviest) and in all (eager static cache: the
+    kernels the compiled graph replays, minus Inductor's fused elementwise ones)."""
     from torch.profiler import ProfilerActivity, profile
 
     ids = torch.randint(3, 32000, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(4))
@@ -144,7 +144,18 @@ def profile_step(model, batch: int = 32, tokens: int = 8, top: int = 8) -> list[
         run()
     rows = [(e.key, e.device_time_total / 1e3 / tokens) for e in prof.key_averages()
             if e.device_time_total > 0 and not e.key.startswith(("cudaGraph", "Memcpy", "Memset"))]
-    return sorted(rows, key=lambda r: -r[1])[:top]
+    return sorted(rows, key=lambda r: -r[1])[:top], sum(ms for _, ms in rows)
+
+
+def print_decode_profile(model) -> None:
+    from nondet.kernels import batch_invariant
+
+    for batch in (1, 32):
+        for label in ("default", "mode"):
+            with torch.no_grad(), (batch_invariant(model=model) if label == "mode" else torch.no_grad()):
+                rows, total = profile_step(model, batch)
+            print(f"B={batch} decode step, GPU ms by kernel, {label} (all kernels {total:.2f}): "
+                  + "; ".join(f"{name[:60]} {ms:.3f}" for name, ms in rows), flush=True)
 
 
 def print_prefill_and_profile(model) -> None:
@@ -163,11 +174,7 @@ def print_prefill_and_profile(model) -> None:
     default, mode = compiled_prefill_ms(model, False, graphs=True), compiled_prefill_ms(model, True, graphs=True)
     print(f"prefill 512 tokens (torch.compile + CUDA graphs): default {default:.2f} ms, mode {mode:.2f} ms: "
           f"{default / mode:.2f}x of default", flush=True)
-    for label in ("default", "mode"):
-        with torch.no_grad(), (batch_invariant(model=model) if label == "mode" else torch.no_grad()):
-            rows = profile_step(model)
-        print(f"B=32 decode step, GPU ms by kernel, {label}: "
-              + "; ".join(f"{name[:60]} {ms:.3f}" for name, ms in rows), flush=True)
+    print_decode_profile(model)
 
 
 def main() -> None:
@@ -177,6 +184,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=36)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--profile", action="store_true", help="prefill and the per-kernel profile only")
+    parser.add_argument("--decode-profile", action="store_true", help="the decode steps' per-kernel profile only")
     args = parser.parse_args()
     name = torch.cuda.get_device_name()
     print(name, "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), flush=True)
@@ -187,6 +195,8 @@ def main() -> None:
           f"{bandwidth / 1e12:.2f} TB/s", flush=True)
     if args.profile:
         return print_prefill_and_profile(model)
+    if args.decode_profile:
+        return print_decode_profile(model)
     print("| kernels | B | compile + warm-up s | ms / decode step | x roofline |", flush=True)
     print("| --- | ---: | ---: | ---: | ---: |", flush=True)
     for label in ("default", "mode"):

@@ -49,6 +49,9 @@ else:
         x = torch.randn(3, 5, 61, dtype=dtype)
         y = torch.randn(3, 61, 29, dtype=dtype)
         assert rel(triton_matmul.bmm(x, y, cfg=MM_CFG), reference.bmm(x, y)) < TOL[dtype]
+        # split over K with a batch: each (batch entry, tile) has its own arrival counter
+        assert torch.equal(triton_matmul.bmm(x, y, cfg=MM_CFG, split=True),
+                           triton_matmul.bmm(x, y, cfg=MM_CFG, split=False))
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
     def test_matmul_row0_bitwise_equal_across_m(dtype):

@@ -6,8 +6,11 @@ and the chunk sums are added in order, starting from zero. Two launch strategies
 exactly that arithmetic:
 
 - fused: one program per output tile walks all chunks (large M: enough tiles to fill the GPU);
-- split: one program per (tile, chunk) writes its chunk sum to an fp32 workspace and a second
-  kernel adds the chunk sums in order (small M: the chunks give the parallelism the rows lack);
+- split: one program per (tile, chunk) writes its chunk sum to an fp32 workspace; the last of a
+  tile's programs to finish (an atomic counter per tile) adds the chunk sums in chunk order and
+  writes the tile (small M: the chunks give the parallelism the rows lack). Arrival order picks
+  which program adds, never the order of the additions. One launch: a second kernel for the sums
+  cost 0.8-2 ms of GPU time per 8B-shaped forward (docs/benchmarks.md);
 - fused, persistent and TMA-fed (`_mm_tma_kernel`, buckets with `tma=True`, Hopper): one program
   per SM walks output tiles; A and the weight arrive through TMA descriptors.
 
@@ -48,7 +51,7 @@ def _epilogue(acc, bias_ptr, offs_m, offs_n, s_biasm, s_biasn, alpha, beta, M, N
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for every batch size
-def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr,
+def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr, count_ptr,
                M, N, K,
                s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn,
                s_biasb, s_biasm, s_biasn, alpha, beta,
@@ -101,15 +104,32 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr,
 
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if SPLIT:
-        # workspace: (chunks, batch, M, N) fp32, contiguous
+        # workspace: (chunks, batch, M, N) fp32, contiguous; counters: (batch, tiles) int32, zeroed
         nb = tl.num_programs(1)
-        ws = ws_ptr + ((c_lo * nb + pid_b) * M + offs_m[:, None]) * N + offs_n[None, :]
-        tl.store(ws, acc, mask=out_mask)
+        chunks = tl.num_programs(2)
+        ws = ws_ptr + (pid_b * M + offs_m[:, None]) * N + offs_n[None, :]
+        tl.store(ws + c_lo * nb * M * N, acc, mask=out_mask)
+        tl.debug_barrier()  # every thread's part of the chunk sum is written before the release below
+        arrived = tl.atomic_add(count_ptr + pid_b * tl.num_programs(0) + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived == chunks - 1:  # the tile's other chunk sums are all written: add them in order, from zero
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for c in range(0, chunks):
+                acc = acc + tl.load(ws + c * nb * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            _store_tile(acc, c_ptr, bias_ptr, pid_b, offs_m, offs_n, s_cb, s_cm, s_cn, s_biasb, s_biasm,
+                        s_biasn, alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
     else:
-        acc = _epilogue(acc, bias_ptr + pid_b * s_biasb, offs_m, offs_n, s_biasm, s_biasn,
-                        alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
-        c = c_ptr + pid_b * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
-        tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=out_mask)
+        _store_tile(acc, c_ptr, bias_ptr, pid_b, offs_m, offs_n, s_cb, s_cm, s_cn, s_biasb, s_biasm,
+                    s_biasn, alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
+
+
+@triton.jit
+def _store_tile(acc, c_ptr, bias_ptr, pid_b, offs_m, offs_n, s_cb, s_cm, s_cn, s_biasb, s_biasm, s_biasn,
+                alpha, beta, M, N, HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr):
+    """The epilogue (bias, scales) and the store of one output tile of batch entry pid_b."""
+    acc = _epilogue(acc, bias_ptr + pid_b * s_biasb, offs_m, offs_n, s_biasm, s_biasn,
+                    alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
+    c = c_ptr + pid_b * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 @triton.jit(do_not_specialize=["M", "NUM_PROGRAMS"])  # one binary for every batch size
@@ -145,28 +165,6 @@ def _mm_tma_kernel(a_desc, b_desc, c_ptr, bias_ptr, M, N, K, s_cm, s_cn, s_biasm
         acc = _epilogue(acc, bias_ptr, offs_m, offs_n, s_biasm, s_biasn, alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
         c = c_ptr + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
         tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
-@triton.jit(do_not_specialize=["M"])  # one binary for every batch size
-def _chunk_sum_kernel(ws_ptr, c_ptr, bias_ptr, M, N, K,
-                      s_cb, s_cm, s_cn, s_biasb, s_biasm, s_biasn, alpha, beta,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_CHUNK: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_b = tl.program_id(2).to(tl.int64)
-    nb = tl.num_programs(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for c in range(0, tl.cdiv(K, K_CHUNK)):  # chunk sums in order, from zero: as the fused loop
-        ws = ws_ptr + ((c * nb + pid_b) * M + offs_m[:, None]) * N + offs_n[None, :]
-        acc = acc + tl.load(ws, mask=out_mask, other=0.0)
-    acc = _epilogue(acc, bias_ptr + pid_b * s_biasb, offs_m, offs_n, s_biasm, s_biasn,
-                    alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
-    c = c_ptr + pid_b * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
-    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=out_mask)
 
 
 @functools.lru_cache(maxsize=None)
@@ -216,8 +214,11 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
         _mm_tma(a[0], b[0], c[0], None if not has_bias else bias_t[0], alpha, beta, unit, k_chunk, cfg)
         return c
     ws = torch.empty((chunks, nb, m, n), dtype=torch.float32, device=a.device) if split else c
+    # zeroed per call (a memset, also inside a CUDA graph): a counter buffer kept between calls
+    # would be shared by launches on different streams
+    counts = torch.zeros((nb, tiles), dtype=torch.int32, device=a.device) if split else c
     launch(_mm_kernel, (tiles, nb, chunks if split else 1), c)(
-        a, b, c, bias_t, ws, m, n, k,
+        a, b, c, bias_t, ws, counts, m, n, k,
         a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
         c.stride(0), c.stride(1), c.stride(2),
         bias_t.stride(0), bias_t.stride(1), bias_t.stride(2), float(alpha), float(beta),
@@ -225,12 +226,6 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
         GROUP_M=cfg.group_m, EVEN_K=(k % cfg.block_k == 0), SPLIT=split, PRECISION=precision,
         UPCAST=interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
-    if split:
-        grid = (triton.cdiv(m, 32), triton.cdiv(n, 128), nb)
-        launch(_chunk_sum_kernel, grid, c)(
-            ws, c, bias_t, m, n, k, c.stride(0), c.stride(1), c.stride(2),
-            bias_t.stride(0), bias_t.stride(1), bias_t.stride(2), float(alpha), float(beta),
-            BLOCK_M=32, BLOCK_N=128, K_CHUNK=k_chunk, num_warps=4, **common)
     return c
 
 
