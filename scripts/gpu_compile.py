@@ -49,12 +49,14 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def step_ms(model, batch: int, tokens: int) -> tuple[float, float]:
+def step_ms(model, batch: int, tokens: int, repeats: int = 3) -> tuple[float, float]:
+    """(compile + warm-up s, ms per decode step): the difference between a (tokens + 1)-token and a
+    1-token generate, each the fastest of `repeats` (single runs moved by 30% between calls)."""
     ids = torch.randint(3, 32000, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     # the static cache's length follows max_new_tokens: compile and capture both lengths first
     warm = timed(lambda: (generate(model, ids, tokens + 1, True), generate(model, ids, 1, True)))
-    long_run = timed(lambda: generate(model, ids, tokens + 1, True))
-    short_run = timed(lambda: generate(model, ids, 1, True))
+    long_run = min(timed(lambda: generate(model, ids, tokens + 1, True)) for _ in range(repeats))
+    short_run = min(timed(lambda: generate(model, ids, 1, True)) for _ in range(repeats))
     return warm, (long_run - short_run) / tokens * 1e3
 
 
@@ -158,6 +160,38 @@ def print_decode_profile(model) -> None:
                   + "; ".join(f"{name[:60]} {ms:.3f}" for name, ms in rows), flush=True)
 
 
+def print_compiled_decode_profile(model, tokens: int = 32) -> None:
+    """Where a compiled decode step's wall time goes, per kernels mode and batch size: ms per step, GPU
+    kernel time per step of the replayed graphs, graph replays and host kernel launches per step,
+    cudagraph skips, and the heaviest host ops."""
+    from torch._dynamo.utils import counters
+    from torch.profiler import ProfilerActivity, profile
+
+    from nondet.kernels import batch_invariant
+
+    torch._logging.set_logs(perf_hints=True)
+    for label in ("default", "mode"):
+        torch._dynamo.reset()
+        counters.clear()
+        for batch in (1, 32):
+            ids = torch.randint(3, 32000, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+            with torch.no_grad(), (batch_invariant(model=model, traceable=True) if label == "mode" else torch.no_grad()):
+                warm, ms = step_ms(model, batch, tokens)
+                with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+                    generate(model, ids, tokens + 1, True)  # the length step_ms captured: replays only
+                    torch.cuda.synchronize()
+            events = prof.key_averages()
+            gpu = sum(e.self_device_time_total for e in events) / 1e3 / tokens
+            graphs = sum(e.count for e in events if e.key == "cudaGraphLaunch") / tokens
+            launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx",
+                                                                "cudaLaunchKernelExC")) / tokens
+            host = sorted(events, key=lambda e: -e.self_cpu_time_total)[:6]
+            print(f"compiled decode B={batch}, {label}: {ms:.2f} ms / step (warm-up {warm:.0f} s), GPU {gpu:.2f} ms / "
+                  f"step, {graphs:.1f} graph replays and {launches:.1f} host kernel launches / step, cudagraph skips "
+                  f"{counters['inductor'].get('cudagraph_skips', 0)}; host self ms / step: "
+                  + "; ".join(f"{e.key[:40]} {e.self_cpu_time_total / 1e3 / tokens:.2f}" for e in host), flush=True)
+
+
 def print_prefill_and_profile(model) -> None:
     from nondet.kernels import batch_invariant
 
@@ -185,6 +219,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--profile", action="store_true", help="prefill and the per-kernel profile only")
     parser.add_argument("--decode-profile", action="store_true", help="the decode steps' per-kernel profile only")
+    parser.add_argument("--compiled-profile", action="store_true", help="where the compiled decode step's time goes")
     args = parser.parse_args()
     name = torch.cuda.get_device_name()
     print(name, "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), flush=True)
@@ -197,6 +232,8 @@ def main() -> None:
         return print_prefill_and_profile(model)
     if args.decode_profile:
         return print_decode_profile(model)
+    if args.compiled_profile:
+        return print_compiled_decode_profile(model, args.tokens)
     print("| kernels | B | compile + warm-up s | ms / decode step | x roofline |", flush=True)
     print("| --- | ---: | ---: | ---: | ---: |", flush=True)
     for label in ("default", "mode"):
