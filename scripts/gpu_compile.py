@@ -165,6 +165,7 @@ def print_compiled_decode_profile(model, tokens: int = 32) -> None:
     kernel time per step of the replayed graphs, graph replays and host kernel launches per step,
     cudagraph skips, and the heaviest host ops."""
     from torch._dynamo.utils import counters
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from nondet.kernels import batch_invariant
@@ -181,7 +182,7 @@ def print_compiled_decode_profile(model, tokens: int = 32) -> None:
                     generate(model, ids, tokens + 1, True)  # the length step_ms captured: replays only
                     torch.cuda.synchronize()
             events = prof.key_averages()
-            gpu = sum(e.self_device_time_total for e in events) / 1e3 / tokens
+            gpu = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e3 / tokens
             graphs = sum(e.count for e in events if e.key == "cudaGraphLaunch") / tokens
             launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx",
                                                                 "cudaLaunchKernelExC")) / tokens
