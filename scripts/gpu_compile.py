@@ -13,6 +13,7 @@ kernels the mode's step loses its time in.
 """
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -49,15 +50,33 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
+class _StepClock:
+    """A generate streamer that notes the time each new token reaches the host (generate syncs the
+    device every step on CUDA, so the gaps between tokens are the decode steps' wall time)."""
+
+    def __init__(self):
+        self.times = []
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+
 def step_ms(model, batch: int, tokens: int, repeats: int = 3) -> tuple[float, float]:
-    """(compile + warm-up s, ms per decode step): the difference between a (tokens + 1)-token and a
-    1-token generate, each the fastest of `repeats` (single runs moved by 30% between calls)."""
+    """(compile + warm-up s, ms per decode step): the median gap between consecutive tokens over
+    `repeats` generate calls of tokens + 1 tokens (the first gap, after the prefill, is left out)."""
     ids = torch.randint(3, 32000, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    # the static cache's length follows max_new_tokens: compile and capture both lengths first
-    warm = timed(lambda: (generate(model, ids, tokens + 1, True), generate(model, ids, 1, True)))
-    long_run = min(timed(lambda: generate(model, ids, tokens + 1, True)) for _ in range(repeats))
-    short_run = min(timed(lambda: generate(model, ids, 1, True)) for _ in range(repeats))
-    return warm, (long_run - short_run) / tokens * 1e3
+    warm = timed(lambda: generate(model, ids, tokens + 1, True))  # compile, capture the graphs
+    gaps = []
+    for _ in range(repeats):
+        clock = _StepClock()
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens + 1, min_new_tokens=tokens + 1,
+                       do_sample=False, pad_token_id=0, cache_implementation="static", streamer=clock)
+        times = clock.times[2:]  # [0] is the prompt, [1] the first token (after the prefill)
+        gaps += [b - a for a, b in zip(times, times[1:])]
+    return warm, statistics.median(gaps) * 1e3
 
 
 def bits(model) -> str:
