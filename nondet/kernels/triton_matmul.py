@@ -174,11 +174,13 @@ def sm_count(device: torch.device) -> int:
     return 4  # interpreter: small, so the tests exercise both strategies
 
 
-def use_split(batch: int, m: int, n: int, k: int, cfg: MatmulConfig, device: torch.device) -> bool:
-    """Split K over programs when the output tiles alone leave the GPU idle. Speed only."""
+def use_split(batch: int, m: int, n: int, k: int, cfg: MatmulConfig, device: torch.device,
+              fraction: int = 1) -> bool:
+    """Split K over programs when the output tiles alone (fewer than SMs / fraction) leave the GPU
+    idle. Speed only."""
     chunks = triton.cdiv(k, k_chunk_for(k, cfg))
     tiles = batch * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    return chunks > 1 and tiles < sm_count(device)
+    return chunks > 1 and tiles * fraction < sm_count(device)
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -199,12 +201,13 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
         return c
     if k == 0:
         return c.copy_(_bias_only(bias, c, beta))
-    if split is None:
-        split = use_split(nb, m, n, k, cfg, a.device)
-    # The persistent TMA kernel fills the GPU only when there are at least as many tiles as SMs;
-    # with fewer (narrow N: a 512 x 4096 @ 4096 x 1024 K/V projection has 32 tiles) splitting K
-    # gives the parallelism (that case ran at 0.41x of cuBLAS unsplit on an H100, 2026-11-25).
-    tma = cfg.tma and not split and _tma_ok(a, b)
+    tma = cfg.tma and _tma_ok(a, b)
+    if split is None:  # the persistent TMA kernel keeps the GPU busy down to a quarter as many tiles as SMs
+        split = use_split(nb, m, n, k, cfg, a.device, 4 if tma else 1)
+    # Below that (narrow N: a 512 x 4096 @ 4096 x 1024 K/V projection has 32 tiles) splitting K gives
+    # the parallelism: 24.3 -> 20.3 us on an H100 (2026-11-25); at 64-128 tiles splitting was slower
+    # (512 x 4096 @ 4096 x 4096: 31.1 -> 64.4 us), so those stay on the TMA kernel.
+    tma = tma and not split
     has_bias = bias is not None
     bias_t = bias.expand(nb, m, n) if has_bias else c
     unit = alpha == 1.0 and (beta == 1.0 or not has_bias)
