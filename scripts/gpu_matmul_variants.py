@@ -9,10 +9,11 @@ chunk, chunk sums added in order) in other loop structures:
 
 - flat: one loop over the block_k steps; the chunk sum is flushed into the total under an `if`;
 - nest-flatten: the shipped nest with `tl.range(..., flatten=True)` (Triton fuses the nest into one
-  pipelined loop);
-- tma-flatten: the persistent TMA kernel with its tile loop flattened the same way;
-- tma-device: the persistent kernel with descriptors built in the kernel (tl.make_tensor_descriptor),
-  which a torch.compile'd graph could launch (host descriptors fail under Inductor on torch 2.11).
+  pipelined loop).
+
+The persistent TMA kernel's variants (its tile loop flattened; descriptors built in the kernel with
+tl.make_tensor_descriptor, also launched from a torch.compile'd graph) were timed by this script at
+commit a66f913; docs/benchmarks.md (2026-11-25) has the figures.
 
 Per shape: microseconds (CUDA-graph replay, median), ratio to cuBLAS, and whether the candidate's
 bits equal the shipped dispatch's. A failing candidate prints its error and the others go on.
@@ -26,6 +27,7 @@ import triton
 import triton.language as tl
 
 from nondet.kernels import triton_matmul
+from nondet.kernels.triton_matmul import tile_coords
 from nondet.kernels.config import k_chunk_for, matmul_config
 
 KNS = ((4096, 4096), (4096, 14336), (14336, 4096), (4096, 1024))
@@ -38,11 +40,7 @@ def _flat_kernel(a_ptr, b_ptr, c_ptr, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_c
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
-    group = pid // (GROUP_M * num_n)
-    first_m = group * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * num_n)) % size_m
-    pid_n = (pid % (GROUP_M * num_n)) // size_m
+    pid_m, pid_n = tile_coords(pid, num_m, num_n, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -72,36 +70,6 @@ def _flat_kernel(a_ptr, b_ptr, c_ptr, M, N, K, s_am, s_ak, s_bk, s_bn, s_cm, s_c
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-@triton.jit
-def _tma_kernel(a_ptr, b_ptr, a_desc, b_desc, c_ptr, M, N, K, s_cm, s_cn,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                K_CHUNK: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-                DEVICE_DESC: tl.constexpr, FLATTEN: tl.constexpr):
-    if DEVICE_DESC:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=FLATTEN):
-        group = tile // (GROUP_M * num_n)
-        first_m = group * GROUP_M
-        size_m = min(num_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % (GROUP_M * num_n)) % size_m
-        pid_n = (tile % (GROUP_M * num_n)) // size_m
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for c in range(0, tl.cdiv(K, K_CHUNK)):
-            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k in range(c * K_CHUNK, tl.minimum((c + 1) * K_CHUNK, K), BLOCK_K):
-                a = a_desc.load([pid_m * BLOCK_M, k])
-                b = b_desc.load([pid_n * BLOCK_N, k])
-                part = tl.dot(a, b.T, part)
-            acc = acc + part
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        c = c_ptr + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
-        tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
 def flat(x, w, cfg, flatten):
     m, k = x.shape
     n = w.shape[0]
@@ -114,54 +82,6 @@ def flat(x, w, cfg, flatten):
     return c
 
 
-def tma(x, w, cfg, device_desc, flatten):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    m, k = x.shape
-    n = w.shape[0]
-    c = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    programs = min(triton_matmul.sm_count(x.device), triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
-    a_desc, b_desc = x, w  # placeholders: the kernel builds its own descriptors
-    if not device_desc:
-        a_desc = TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k])
-        b_desc = TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])
-    _tma_kernel[(programs,)](x, w, a_desc, b_desc, c, m, n, k, c.stride(0), c.stride(1),
-                             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                             K_CHUNK=k_chunk_for(k, cfg), GROUP_M=cfg.group_m, NUM_PROGRAMS=programs,
-                             DEVICE_DESC=device_desc, FLATTEN=flatten,
-                             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return c
-
-
-def inductor_device_tma() -> None:
-    """Whether Inductor (torch.compile) can launch a kernel that builds its TMA descriptors itself."""
-    from torch.library import triton_op, wrap_triton
-
-    @triton_op("nondet_dev::mm_tma_device", mutates_args=())
-    def mm_dev(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        m, k = x.shape
-        n = w.shape[0]
-        cfg = matmul_config(torch.bfloat16, m, k, n, x.device)
-        c = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        programs = min(triton_matmul.sm_count(x.device), triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
-        wrap_triton(_tma_kernel)[(programs,)](x, w, x, w, c, m, n, k, c.stride(0), c.stride(1),
-                                              BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                              K_CHUNK=k_chunk_for(k, cfg), GROUP_M=cfg.group_m,
-                                              NUM_PROGRAMS=programs, DEVICE_DESC=True, FLATTEN=False,
-                                              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        return c
-
-    x = torch.randn(512, 4096, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    try:
-        compiled = torch.compile(lambda a, b: mm_dev(a, b) * 1, dynamic=False)
-        same = torch.equal(compiled(x, w), triton_matmul.mm(x, w.t()))
-        print(f"Inductor launching a device-descriptor TMA kernel: runs, bits == shipped eager: {same}", flush=True)
-    except Exception as exc:  # noqa: BLE001
-        print(f"Inductor launching a device-descriptor TMA kernel: FAILED {type(exc).__name__}: "
-              f"{str(exc).splitlines()[0][:300]}", flush=True)
-
-
 def bench(fn) -> float:
     torch.cuda.synchronize()
     return triton.testing.do_bench_cudagraph(fn, rep=40, return_mode="median") * 1e3
@@ -172,9 +92,6 @@ def main() -> None:
     parser.add_argument("--m", default="1,8,32,64,128,512,2048")
     parser.add_argument("--shipped-only", action="store_true", help="time the shipped dispatch and cuBLAS only")
     args = parser.parse_args()
-    if not args.shipped_only:
-        inductor_device_tma()  # before set_allocator: Inductor must provide the scratch itself
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
           time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), flush=True)
     print("| M | K | N | cuBLAS us | shipped us (x cuBLAS) | candidate | us | x cuBLAS | bits == shipped |")
@@ -195,13 +112,6 @@ def main() -> None:
             if args.shipped_only:
                 print(head, flush=True)
                 continue
-            if m >= 64:
-                candidates |= {
-                    "tma-host": lambda: tma(x, w, cfg, False, False),
-                    "tma-flatten": lambda: tma(x, w, cfg, False, True),
-                    "tma-device": lambda: tma(x, w, cfg, True, False),
-                    "tma-device-flatten": lambda: tma(x, w, cfg, True, True),
-                }
             for name, fn in candidates.items():
                 try:
                     same = torch.equal(fn(), shipped)

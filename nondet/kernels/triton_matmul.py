@@ -50,6 +50,16 @@ def _epilogue(acc, bias_ptr, offs_m, offs_n, s_biasm, s_biasn, alpha, beta, M, N
     return acc
 
 
+@triton.jit
+def tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of output tile number `tile` in grouped order: GROUP_M row tiles
+    share their columns' weight reads in L2. Scheduling only; a tile's arithmetic is the same anywhere."""
+    group = tile // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    return first_m + (tile % (GROUP_M * num_n)) % size_m, (tile % (GROUP_M * num_n)) // size_m
+
+
 @triton.jit(do_not_specialize=["M"])  # one binary for every batch size
 def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr, count_ptr,
                M, N, K,
@@ -63,12 +73,7 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr, count_ptr,
     pid_b = tl.program_id(1).to(tl.int64)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
-    # Grouped order over tiles: better L2 reuse; numerics untouched.
-    group = pid // (GROUP_M * num_n)
-    first_m = group * GROUP_M
-    size_m = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * num_n)) % size_m
-    pid_n = (pid % (GROUP_M * num_n)) // size_m
+    pid_m, pid_n = tile_coords(pid, num_m, num_n, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -144,11 +149,7 @@ def _mm_tma_kernel(a_desc, b_desc, c_ptr, bias_ptr, M, N, K, s_cm, s_cn, s_biasm
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
-        group = tile // (GROUP_M * num_n)
-        first_m = group * GROUP_M
-        size_m = min(num_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % (GROUP_M * num_n)) % size_m
-        pid_n = (tile % (GROUP_M * num_n)) // size_m
+        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for c in range(0, tl.cdiv(K, K_CHUNK)):
             part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
