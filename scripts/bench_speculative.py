@@ -24,6 +24,7 @@ costs about an eighth of the target per token.
 """
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -86,7 +87,7 @@ def damped_target_dir(spec: DefaultModelSpec, keep: int, factor: float) -> Path:
             layer.mlp.down_proj.weight.mul_(factor)
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(source).save_pretrained(out)
-    (out / "nondet-damped.json").write_text(f'{{"from": "{source}", "keep": {keep}, "factor": {factor}}}')
+    (out / "nondet-damped.json").write_text(json.dumps({"from": str(source), "keep": keep, "factor": factor}))
     return out
 
 

@@ -51,6 +51,16 @@ def _epilogue(acc, bias_ptr, offs_m, offs_n, s_biasm, s_biasn, alpha, beta, M, N
 
 
 @triton.jit
+def _store_tile(acc, c_ptr, bias_ptr, pid_b, offs_m, offs_n, s_cb, s_cm, s_cn, s_biasb, s_biasm, s_biasn,
+                alpha, beta, M, N, HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr):
+    """The epilogue (bias, scales) and the store of one output tile of batch entry pid_b."""
+    acc = _epilogue(acc, bias_ptr + pid_b * s_biasb, offs_m, offs_n, s_biasm, s_biasn,
+                    alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
+    c = c_ptr + pid_b * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
 def tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
     """(row tile, column tile) of output tile number `tile` in grouped order: GROUP_M row tiles
     share their columns' weight reads in L2. Scheduling only; a tile's arithmetic is the same anywhere."""
@@ -127,16 +137,6 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr, count_ptr,
                     s_biasn, alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
 
 
-@triton.jit
-def _store_tile(acc, c_ptr, bias_ptr, pid_b, offs_m, offs_n, s_cb, s_cm, s_cn, s_biasb, s_biasm, s_biasn,
-                alpha, beta, M, N, HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr):
-    """The epilogue (bias, scales) and the store of one output tile of batch entry pid_b."""
-    acc = _epilogue(acc, bias_ptr + pid_b * s_biasb, offs_m, offs_n, s_biasm, s_biasn,
-                    alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
-    c = c_ptr + pid_b * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
-    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
 @triton.jit(do_not_specialize=["M", "NUM_PROGRAMS"])  # one binary for every batch size
 def _mm_tma_kernel(a_desc, b_desc, c_ptr, bias_ptr, M, N, K, s_cm, s_cn, s_biasm, s_biasn, alpha, beta,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -163,9 +163,8 @@ def _mm_tma_kernel(a_desc, b_desc, c_ptr, bias_ptr, M, N, K, s_cm, s_cn, s_biasm
             acc = acc + part
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = _epilogue(acc, bias_ptr, offs_m, offs_n, s_biasm, s_biasn, alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
-        c = c_ptr + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
-        tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        _store_tile(acc, c_ptr, bias_ptr, 0, offs_m, offs_n, 0, s_cm, s_cn, 0, s_biasm, s_biasn,
+                    alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)  # one matrix: batch entry 0
 
 
 @functools.lru_cache(maxsize=None)
