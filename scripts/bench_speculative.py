@@ -58,12 +58,15 @@ def main() -> None:
     if not args.compile:  # the compiled path warms each condition up itself (a whole call, timed apart)
         _probe(model, forms, DEMO_PROMPTS[:1], 16, None)  # warm-up: Triton compile and allocation, untimed
     started = time.perf_counter()
-    summary = _probe(model, forms, DEMO_PROMPTS[:args.prompts], args.tokens, backend)
+    summary, run_dir = _probe(model, forms, DEMO_PROMPTS[:args.prompts], args.tokens, backend)
     path = "compiled static-cache generate" if args.compile else "eager"
     damped = f" (layers past {args.draft_layers} damped x{args.damp})" if args.damp else ""
     print(f"setup: {args.prompts} prompts x {args.tokens} tokens, target {_describe(spec)}{damped}, "
           f"draft = its first {args.draft_layers} layers, device {args.device}, {path}; "
           f"{time.perf_counter() - started:.0f} s")
+    drafts = json.loads((run_dir / "fingerprint.json").read_text())["speculative"]
+    for form, how in drafts.get("draft_decode", {}).items():
+        print(f"draft of {form.replace(str(draft), 'DRAFT')}: {how}")
     for mode, entry in summary.get("decode_path", {}).get("modes", {}).items():
         print(f"decode path {mode}: {entry['path']}, warm-up {entry['warmup_s']:.1f} s, "
               f"measured {entry['measured_s']:.1f} s" + (f" ({entry['reason']})" if entry.get("reason") else ""))
@@ -91,12 +94,13 @@ def damped_target_dir(spec: DefaultModelSpec, keep: int, factor: float) -> Path:
     return out
 
 
-def _probe(model: ModelSpec, forms, prompts, tokens, backend: str | None) -> dict:
+def _probe(model: ModelSpec, forms, prompts, tokens, backend: str | None) -> tuple[dict, Path]:
     out = Path(tempfile.mkdtemp(prefix="nondet-bench-spec-")) / "run"
     config = ProbeConfig(prompts=tuple(prompts), model=model, batch_sizes=(1,), max_new_tokens=tokens,
                          kernels=("default", "batch-invariant"), speculative=forms, out=str(out),
                          compile_backend=backend)
-    return run_probe(config).summary
+    result = run_probe(config)
+    return result.summary, result.run_dir
 
 
 def _print_table(rows: list[dict], draft: str) -> None:

@@ -13,6 +13,7 @@
 #   compile-profile  the same model: prefill of 512 tokens and B=1, B=32 decode steps' GPU time by kernel
 
 #   demo         probe / speculative / rl on the demo model with --confirm
+#   draft-tests  tests/test_speculative_compiled_draft.py on CUDA (the compiled draft proposes transformers' tokens)
 #   bisect       scripts/gpu_bisect.py: what bisect blames on a GPU model, with and without a baseline
 # Speed (each prints a table)
 #   score        nondet kernels bench --score (ratios to cuBLAS / SDPA, invariance checked in the same run)
@@ -22,6 +23,7 @@
 #   rl-compile   scripts/bench_rl.py --compile (the same step with a torch.compile'd forward)
 #   compile-tests tests/gpu/test_compile_gpu.py (compiled vs eager bits: prefill, decode, a training forward)
 #   speculative  scripts/bench_speculative.py (speedup kept under the mode)
+#   speculative-wide  the same on the compiled path where speculation pays (8B widths, damped target, 2-layer draft)
 #   tune         nondet kernels tune, then the score under the tuned table
 # One fleet, one answer (bitwise identical streams under the mode)
 #   tuned        a tuned and an untuned kernel table on this device
@@ -70,6 +72,10 @@ run_step() {
     rl-compile) timeout 420 python3 scripts/bench_rl.py --compile 2>&1 | tail -12 ;;
     compile-tests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compile_gpu.py -rA 2>&1 | tail -15 ;;
     speculative) timeout 540 python3 scripts/bench_speculative.py 2>&1 | tail -14 ;;
+    speculative-wide) timeout 540 python3 scripts/bench_speculative.py --case wide --damp 0.02 --forms draft:DRAFT:4 \
+                        --prompts 1 --tokens 96 --compile ${SPEC_ARGS:-} 2>&1 | quiet | tail -16 ;;
+    draft-tests) NONDET_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider \
+                   tests/test_speculative_compiled_draft.py 2>&1 | tail -15 ;;
     tune) timeout 300 python3 -m nondet kernels tune --out "$OUT/kernel-tuning.json" 2>&1 | tail -20
           NONDET_KERNEL_TUNING="$OUT/kernel-tuning.json" timeout 420 python3 -m nondet kernels bench --score \
             --out "$OUT/score_tuned.md" 2>&1 | tail -20 ;;

@@ -24,6 +24,7 @@ import time
 from dataclasses import replace
 
 from nondet.errors import ModelLoadError, UsageError
+from nondet.probes.compiled_draft import overriding, static_drafts, static_drafts_supported
 from nondet.probes.batch import Batch, tokenize_inputs
 from nondet.probes.loading import ModelSpec, load_model
 from nondet.probes.numerics import fingerprint
@@ -64,6 +65,7 @@ class SpeculativeSource:
 
             self.paths = DecodePaths(self.config.compile_backend, self.loaded.model.device.type)
             found["decode_path"] = label(self.paths.backend, self.paths.device_type)
+        found["speculative"]["draft_decode"] = {f.name: self._draft_path(f) for f in self.forms if f.kind != "ngram"}
         return Opened(found)
 
     def attach(self, writer) -> None:
@@ -122,7 +124,7 @@ class SpeculativeSource:
         model, tokenizer = self.loaded.model, self.loaded.tokenizer
         batch = Batch(input_ids=[ids], attention_mask=[[1] * len(ids)], target_rows=(0,))
         rounds = RoundLog(len(ids))
-        with self._assist(form) as assist, rounds.watching(model):
+        with self._assist(form, settings) as assist, rounds.watching(model):
             started = time.perf_counter()
             out = generate(model, tokenizer, batch, settings, None, stopping=[rounds], assist=assist)
             seconds = time.perf_counter() - started
@@ -131,8 +133,9 @@ class SpeculativeSource:
         return truncate_at_eos(steps, eos_ids(model, tokenizer)), rounds, seconds
 
     @contextlib.contextmanager
-    def _assist(self, form: Speculation | None):
-        """The Assist of a form; an assistant's K set on its generation_config for the call."""
+    def _assist(self, form: Speculation | None, settings: DecodeSettings):
+        """The Assist of a form; an assistant's K set on its generation_config for the call. On the
+        compiled path a draft model decodes from its own static cache and graphs (compiled_draft.py)."""
         if form is None:  # plain decoding, its static cache as long as the forms' (one shape on the compiled path)
             yield Assist(drafted=max(f.k for f in self.forms))
             return
@@ -140,8 +143,22 @@ class SpeculativeSource:
             yield Assist(prompt_lookup=form.k, drafted=form.k)
             return
         assistant = self.loaded.model if form.kind == "self" else self.drafts[form.name].model
-        with drafting(assistant, form.k):
+        compiled_draft = self._compiled_draft(form, settings)
+        with drafting(assistant, form.k), (static_drafts(self.loaded.model, form.k) if compiled_draft
+                                          else contextlib.nullcontext()):
             yield Assist(assistant=assistant, drafted=form.k)
+
+    def _compiled_draft(self, form: Speculation, settings: DecodeSettings | None) -> bool:
+        """Whether a form's draft decodes on the compiled path: a draft model, on a call that decodes
+        compiled (settings None: whenever the target does)."""
+        compiled = self.paths is not None and (settings is None or settings.compile_backend is not None)
+        return form.kind == "draft" and compiled and static_drafts_supported()
+
+    def _draft_path(self, form: Speculation) -> str:
+        """The fingerprint's words for how a form's draft decodes."""
+        if self._compiled_draft(form, None):
+            return "compiled where the target is, static KV cache (nondet's StaticDraft)"
+        return "eager, dynamic KV cache (transformers' assistant)"
 
     def _load_draft(self, form: Speculation):
         """The draft model of a draft form; one line (exit 3 / 2) if it cannot load or does not fit."""
@@ -210,34 +227,34 @@ def drafting(assistant, k: int):
 class RoundLog:
     """Drafted and produced tokens per verification round, from generate's own calls.
 
-    A forward pre-hook on the target notes how far each forward reaches (its last position + 1:
-    the verification pass covers context + drafted tokens); the last forward before the stopping
+    Each forward's reach (its last position + 1: the verification pass covers context + drafted
+    tokens) is noted where generate prepares its inputs; the last forward before the stopping
     criterion (called once per round, after the accepted tokens are appended) is the round's
     verification, also when the target is its own draft. A plain run has one token per round.
     """
 
     def __init__(self, prompt_tokens: int) -> None:
         self.length = prompt_tokens  # context length before the current round
-        self.seen: int | None = None  # attention-mask length of the latest target forward
+        self.seen: int | None = None  # sequence length the latest target forward reaches
         self.drafted: list[int] = []  # per round: tokens the draft proposed
         self.produced: list[int] = []  # per round: tokens appended (accepted drafts + the target's own)
 
     @contextlib.contextmanager
     def watching(self, model):
-        handle = model.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
-        try:
+        with overriding(model, "prepare_inputs_for_generation", self._noting(model.prepare_inputs_for_generation)):
             yield self
-        finally:
-            handle.remove()
 
-    def _pre_hook(self, module, args, kwargs):
-        positions = kwargs.get("position_ids")  # [1, q_len]: this forward's positions (one unpadded row)
-        if positions is not None:
-            self.seen = int(positions[0, -1]) + 1
-            return
-        ids, cache = kwargs.get("input_ids"), kwargs.get("cache", kwargs.get("past_key_values"))  # 5.24 / before
-        if ids is not None:
-            self.seen = int(ids.shape[-1]) + (cache.get_seq_length() if cache is not None else 0)
+    def _noting(self, prepare):
+        """generate prepares every forward's inputs from the whole sequence so far (in a verification
+        pass: context + drafted tokens), so its length is how far the forward reaches. Read there, from a
+        shape, outside the compiled forward and without a device sync (a forward pre-hook reading the
+        positions ran inside the compiled call: a graph break and a sync in every target forward)."""
+
+        def noting(input_ids, *args, **kwargs):
+            self.seen = int(input_ids.shape[-1])
+            return prepare(input_ids, *args, **kwargs)
+
+        return noting
 
     def __call__(self, input_ids, scores, **kwargs):
         import torch
