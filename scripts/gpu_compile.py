@@ -212,7 +212,7 @@ def print_compiled_decode_profile(model, tokens: int = 32) -> None:
                   + "; ".join(f"{e.key[:40]} {e.self_cpu_time_total / 1e3 / tokens:.2f}" for e in host), flush=True)
 
 
-def print_prefill_and_profile(model) -> None:
+def print_prefill_and_profile(model, decode: bool = True) -> None:
     from nondet.kernels import batch_invariant
 
     with torch.no_grad():
@@ -228,7 +228,8 @@ def print_prefill_and_profile(model) -> None:
     default, mode = compiled_prefill_ms(model, False, graphs=True), compiled_prefill_ms(model, True, graphs=True)
     print(f"prefill 512 tokens (torch.compile + CUDA graphs): default {default:.2f} ms, mode {mode:.2f} ms: "
           f"{default / mode:.2f}x of default", flush=True)
-    print_decode_profile(model)
+    if decode:
+        print_decode_profile(model)
 
 
 def main() -> None:
@@ -239,6 +240,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--profile", action="store_true", help="prefill and the per-kernel profile only")
     parser.add_argument("--decode-profile", action="store_true", help="the decode steps' per-kernel profile only")
+    parser.add_argument("--prefill", action="store_true", help="the 512-token prefill only (eager, compiled, graphs)")
     parser.add_argument("--compiled-profile", action="store_true", help="where the compiled decode step's time goes")
     args = parser.parse_args()
     name = torch.cuda.get_device_name()
@@ -248,8 +250,8 @@ def main() -> None:
     bandwidth = next((v for k, v in HBM.items() if k in name), 3.35e12)
     print(f"weights {weight_bytes / 1e9:.1f} GB: {weight_bytes / bandwidth * 1e3:.2f} ms to read at "
           f"{bandwidth / 1e12:.2f} TB/s", flush=True)
-    if args.profile:
-        return print_prefill_and_profile(model)
+    if args.profile or args.prefill:
+        return print_prefill_and_profile(model, decode=args.profile)
     if args.decode_profile:
         return print_decode_profile(model)
     if args.compiled_profile:

@@ -12,10 +12,51 @@ from interpreter import emulate_mma_rows, rerun_under_interpreter
 
 INNER = os.environ.get("NONDET_TRITON_INNER") == "1"
 
+
+def record_matmul_launches(monkeypatch, run: bool) -> list:
+    """(kernel, DEVICE_DESC) of every launch triton_matmul makes from now on; run=False only records."""
+    from nondet.kernels import triton_matmul
+
+    launches, real = [], triton_matmul.launch
+
+    def recording(kernel, grid, like):
+        def call(*args, **meta):
+            launches.append((kernel, meta.get("DEVICE_DESC")))
+            return real(kernel, grid, like)(*args, **meta) if run else None
+        return call
+
+    monkeypatch.setattr(triton_matmul, "launch", recording)
+    return launches
+
+
 if not INNER:
 
     def test_triton_kernels_under_interpreter():
         rerun_under_interpreter(__file__, "NONDET_TRITON_INNER")
+
+    def test_matmul_builds_tma_descriptors_in_the_kernel_only_inside_a_trace(monkeypatch):
+        # Inductor fails on host descriptors built in a triton_op's body; eager must keep them (in-kernel
+        # ones would need triton.set_allocator). Dispatch only: nothing is launched.
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from nondet.kernels import triton_matmul
+        from nondet.kernels.config import MatmulConfig
+
+        tma_cfg = MatmulConfig(16, 16, 16, 32, 2, 4, 1, tma=True)  # 3 x 3 tiles: no split at 4 "SMs"
+        launches = record_matmul_launches(monkeypatch, run=False)
+
+        def mm(offset: int):  # A (37, 64) at `offset` elements into its storage
+            a = torch.randn(offset + 37 * 64, dtype=torch.bfloat16)[offset:].view(37, 64)
+            triton_matmul.mm(a, torch.randn(48, 64, dtype=torch.bfloat16).t(), cfg=tma_cfg)
+
+        mm(0)
+        with FakeTensorMode():
+            mm(0)
+            mm(64)  # one row in: 128 bytes, still aligned
+            mm(1)  # 2 bytes past an aligned address: no TMA, traced or not
+        tma, pointer = triton_matmul._mm_tma_kernel, triton_matmul._mm_kernel
+        assert launches == [(tma, False), (tma, True), (tma, True), (pointer, None)]
 
 else:
     import torch
@@ -219,3 +260,24 @@ else:
             assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
             assert rel(out, reference.mm(a, w.t(), b)) < 1e-2
         assert len(launched) == 2  # the TMA path ran, not the pointer fallback
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+    def test_matmul_tma_kernel_building_its_own_descriptors_gives_the_same_bits(dtype, monkeypatch):
+        # a traced graph's launch (DEVICE_DESC: descriptors made in the kernel from the raw tensors)
+        # against eager's host descriptors and the pointer kernel
+        tma_cfg = MatmulConfig(16, 16, 16, 32, 2, 4, 1, tma=True)
+        torch.manual_seed(7)
+        a = torch.randn(42, 72, dtype=dtype)[5:]  # 37 rows, 720 bytes into the storage: a view, as graphs pass
+        w = torch.randn(29, 72, dtype=dtype)  # K=72: chunks of 32, 32 and 8 (a ragged last step)
+        bias = torch.randn(29, dtype=dtype)
+        launches = record_matmul_launches(monkeypatch, run=True)
+        out = {}
+        for device_desc in (False, True):
+            monkeypatch.setattr(triton_matmul, "_device_desc", lambda t, d=device_desc: d)
+            out[device_desc] = [triton_matmul.mm(a, w.t(), b, cfg=tma_cfg) for b in (None, bias)]
+        assert launches == [(triton_matmul._mm_tma_kernel, d) for d in (False, False, True, True)]
+        for i, b in enumerate((None, bias)):
+            ref = triton_matmul.mm(a, w.t(), b, cfg=MM_CFG, split=False)
+            assert torch.equal(out[True][i].view(torch.int16), out[False][i].view(torch.int16))
+            assert torch.equal(out[True][i].view(torch.int16), ref.view(torch.int16))
+            assert rel(out[True][i], reference.mm(a, w.t(), b)) < 1e-2

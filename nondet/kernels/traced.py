@@ -114,5 +114,27 @@ def traced_scope(ops: frozenset):
     """The TracedMode plus Inductor rounding like eager, for a body that compiles under the mode."""
     import torch._inductor.config as inductor_config
 
-    with inductor_config.patch(emulate_precision_casts=True), TracedMode(ops):
+    with inductor_config.patch(emulate_precision_casts=True), TracedMode(ops), triton_scratch():
         yield
+
+
+@contextlib.contextmanager
+def triton_scratch():
+    """Global memory for Triton kernels that build TMA descriptors in the kernel (the traced matmul:
+    triton_matmul._device_desc), for this body only. Inductor hands them scratch itself; a graph run
+    by another backend (aot_eager) launches them from Python, where Triton asks its allocator, by
+    default one that refuses. Triton keeps the allocator in a ContextVar: set here, reset on exit."""
+    try:
+        from triton.runtime import _allocation
+    except ImportError:  # no Triton: nothing launches a Triton kernel
+        yield
+        return
+    token = _allocation._allocator.set(_scratch)
+    try:
+        yield
+    finally:
+        _allocation._allocator.reset(token)
+
+
+def _scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")  # the caching allocator aligns to 512 bytes

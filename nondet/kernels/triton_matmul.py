@@ -12,7 +12,8 @@ exactly that arithmetic:
   which program adds, never the order of the additions. One launch: a second kernel for the sums
   cost 0.8-2 ms of GPU time per 8B-shaped forward (docs/benchmarks.md);
 - fused, persistent and TMA-fed (`_mm_tma_kernel`, buckets with `tma=True`, Hopper): one program
-  per SM walks output tiles; A and the weight arrive through TMA descriptors.
+  per SM walks output tiles; A and the weight arrive through TMA descriptors, built on the host in
+  eager and by the kernel itself inside a traced graph (torch.compile), where host ones fail.
 
 The chunk size and block_k are the same in all three, so the choice between them changes speed,
 never bits. The tile shape follows M's bucket (config.MATMUL_BUCKETS); it changes which
@@ -138,14 +139,24 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr, count_ptr,
 
 
 @triton.jit(do_not_specialize=["M", "NUM_PROGRAMS"])  # one binary for every batch size
-def _mm_tma_kernel(a_desc, b_desc, c_ptr, bias_ptr, M, N, K, s_cm, s_cn, s_biasm, s_biasn, alpha, beta,
+def _mm_tma_kernel(a_src, b_src, c_ptr, bias_ptr, M, N, K, s_cm, s_cn, s_biasm, s_biasn, alpha, beta,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    K_CHUNK: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS,
-                   HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr, UPCAST: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr, UPCAST: tl.constexpr,
+                   DEVICE_DESC: tl.constexpr):
     """The fused strategy as a persistent kernel whose tiles arrive by TMA: A is (M, K) and B is
     the weight as stored, (N, K). Per element the same chunks, the same chain of block_k dots
     from zero, the same in-order chunk sums as _mm_kernel (rows past M and K past its end load
-    as zeros instead of wrapped rows / masked zeros: neither reaches a valid element)."""
+    as zeros instead of wrapped rows / masked zeros: neither reaches a valid element).
+
+    a_src / b_src: host TMA descriptors of A and B, or with DEVICE_DESC the row-major tensors
+    themselves, from which the kernel builds the same descriptors (the same tiles, the same bits)."""
+    if DEVICE_DESC:  # Triton takes their scratch memory from its allocator (Inductor sets one)
+        a_desc = tl.make_tensor_descriptor(a_src, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(b_src, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    else:
+        a_desc = a_src
+        b_desc = b_src
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
@@ -236,35 +247,50 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
 
 
 def _tma_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """One (M, K) row-major A and a weight stored (N, K), 16-byte aligned, on Hopper or newer,
-    outside a trace: Inductor (torch 2.11) fails on host TMA descriptors built in a triton_op's
-    body, so a compiled graph takes the fused kernel (the same bits)."""
-    from torch._subclasses.fake_tensor import is_fake
-
-    if a.shape[0] != 1 or a.dtype not in (torch.bfloat16, torch.float16) or is_fake(a):
+    """One (M, K) row-major A and a weight stored (N, K), 16-byte aligned, on Hopper or newer.
+    Inside a trace too: there the kernel builds its descriptors itself (_device_desc)."""
+    if a.shape[0] != 1 or a.dtype not in (torch.bfloat16, torch.float16):
         return False
     if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device)[0] < 9:
         return False
     a2, b2 = a[0], b[0]
+    # A fake tensor (a trace) has no address: aligned16 then asks its storage offset for 16 bytes,
+    # since allocations themselves are 16-byte aligned. Rows of K elements (both operands' row
+    # stride) must be 16-byte multiples too, as TMA requires.
     aligned = aligned16(a2) and aligned16(b2) and (a2.shape[1] * a2.element_size()) % 16 == 0
     return aligned and a2.stride(1) == 1 and a2.stride(0) == a2.shape[1] and b2.stride(0) == 1 \
         and b2.stride(1) == b2.shape[0]
 
 
-def _mm_tma(a, b, c, bias, alpha, beta, unit, k_chunk, cfg):
+def _device_desc(a: torch.Tensor) -> bool:
+    """Whether the TMA kernel builds its descriptors in the kernel: inside a trace (a is fake). Inductor
+    (torch 2.11) fails on host descriptors built in a triton_op's body but launches a kernel that builds
+    its own (it gives Triton the scratch memory). In eager they would need triton.set_allocator, a
+    process-global setting, so eager keeps host descriptors."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(a)
+
+
+def _host_descs(a, b, cfg):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    return (TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k]),
+            TensorDescriptor.from_tensor(b.t(), [cfg.block_n, cfg.block_k]))  # the weight as stored, (N, K)
+
+
+def _mm_tma(a, b, c, bias, alpha, beta, unit, k_chunk, cfg):
     m, n = c.shape
-    a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
-    b_desc = TensorDescriptor.from_tensor(b.t(), [cfg.block_n, cfg.block_k])  # the weight as stored, (N, K)
+    device_desc = _device_desc(a)
+    a_src, b_src = (a, b.t()) if device_desc else _host_descs(a, b, cfg)
     programs = min(sm_count(a.device), triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
     bias_t = bias if bias is not None else c
     launch(_mm_tma_kernel, (programs,), c)(
-        a_desc, b_desc, c, bias_t, m, n, a.shape[1], c.stride(0), c.stride(1),
+        a_src, b_src, c, bias_t, m, n, a.shape[1], c.stride(0), c.stride(1),
         bias_t.stride(0), bias_t.stride(1), float(alpha), float(beta),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk, GROUP_M=cfg.group_m,
         NUM_PROGRAMS=programs, HAS_BIAS=bias is not None, UNIT_SCALE=unit, UPCAST=interpreting(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DEVICE_DESC=device_desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _bias_only(bias, c, beta):

@@ -2,6 +2,8 @@
 kernels itself (the `_gpu` triton_ops, no Python call into a custom op per launch), and its bits
 equal the eager mode's, alone and in a batch."""
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -25,6 +27,11 @@ def _ids(batch: int, length: int = 40):
     return torch.randint(3, 512, (batch, length), device="cuda", generator=torch.Generator("cuda").manual_seed(5))
 
 
+def _launched(source: str) -> set:
+    """Our Triton kernels that Inductor's generated code launches (it names them `<kernel>_<n>`)."""
+    return set(re.findall(r"\b(_mm_tma_kernel|_mm_kernel|_mean_kernel)_\d+\b", source))
+
+
 def test_inductor_launches_the_kernels_itself_and_keeps_the_eager_modes_bits(qwen3):
     from torch._inductor.utils import run_and_get_code
 
@@ -36,7 +43,8 @@ def test_inductor_launches_the_kernels_itself_and_keeps_the_eager_modes_bits(qwe
         out, code = run_and_get_code(compiled, ids, use_cache=False)
         alone = compiled(ids[:1], use_cache=False).logits
     source = "\n".join(code)
-    assert "_mm_kernel" in source and "_mean_kernel" in source
+    launched = _launched(source)
+    assert "_mean_kernel" in launched and launched & {"_mm_kernel", "_mm_tma_kernel"}, launched
     # no per-op Python call left for them; attention stays the opaque custom op (custom_ops.GPU_OPS)
     assert "nondet.mm" not in source and "nondet.mean_last" not in source and "nondet.attention" in source
     assert torch.equal(out.logits, eager)
@@ -74,3 +82,41 @@ def test_a_compiled_training_forward_keeps_the_eager_modes_bits(qwen3):
     finally:
         qwen3.zero_grad(set_to_none=True)
         qwen3.eval()
+
+
+
+def _eager_matmul_kernel(fn) -> str:
+    """The name of the one matmul kernel that fn launches in eager."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = {event.name for event in prof.events() if event.name in ("_mm_kernel", "_mm_tma_kernel")}
+    assert len(names) == 1, names
+    return names.pop()
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+@pytest.mark.parametrize("n", [4096, 1024])
+def test_a_compiled_prefill_linear_launches_the_eager_kernel_with_its_bits(n, mode):
+    """A 512-token prefill's linear (K=4096) compiled under the mode, by Inductor and as a CUDA graph
+    (reduce-overhead), launches the kernel the eager dispatch launches (the persistent TMA kernel,
+    its descriptors built in the kernel, or split K where the tiles are too few) with the eager bits."""
+    import torch.nn.functional as F
+    from torch._inductor.utils import run_and_get_code
+
+    gen = torch.Generator("cuda").manual_seed(9)
+    x = torch.randn(512, 4096, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16, generator=gen)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b: F.linear(a, b), mode=mode, dynamic=False)
+    with torch.no_grad(), batch_invariant(ops="matmul", traceable=True):
+        eager = F.linear(x, w)
+        kernel = _eager_matmul_kernel(lambda: F.linear(x, w))
+        out, code = run_and_get_code(compiled, x, w)
+        outs = [out.clone()] + [compiled(x, w).clone() for _ in range(3)]  # CUDA graphs: recorded, replayed
+    source = "\n".join(code)
+    if n == 4096:  # 4 x 32 tiles of 128 x 128: the persistent kernel, not split K
+        assert kernel == "_mm_tma_kernel"
+    assert _launched(source) == {kernel}
+    assert "nondet.mm" not in source  # launched from Inductor's code, not through the opaque op
+    assert all(torch.equal(o, eager) for o in outs)
