@@ -79,7 +79,7 @@ else:
                      CAUSAL=mask_kind == 0, MASK_KIND=mask_kind, PRECISION="tf32", UPCAST=False, SOFTCAP=False,
                      SINKS=False, ONE_QUERY=False)
         sig = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "ws_m", "ws_l", "ws_acc", "sink_ptr")}
-        sig.update(mask_ptr=MASK_TYPES[ta.MASK_DTYPE] if mask_kind == 1 else "*bf16", start_ptr="*i32",
+        sig.update(count_ptr="*i32", mask_ptr=MASK_TYPES[ta.MASK_DTYPE] if mask_kind == 1 else "*bf16", start_ptr="*i32",
                    qk_scale="fp32", cap_in="fp32", cap_out="fp32")
         sig.update({name: "i32" for name in INTS})
         sig.update({name: "constexpr" for name in const})

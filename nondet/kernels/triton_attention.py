@@ -6,9 +6,13 @@ queries share the launch:
 - the KV range [kv_start, S) is cut into chunks of a FIXED size (`kv_chunk`, 256), never into
   a fixed number of splits; a chunk is summed with an online softmax in steps of `block_n`;
 - chunk results (max, sum, acc) are merged in chunk order by one shared `_merge` helper;
-- decode (few rows) runs one program per chunk and merges in a second kernel; prefill runs one
-  program per row tile that merges as it goes. The arithmetic is the same, so a token's
-  logprob from decode equals the one from a fresh prefill of the same sequence.
+- prefill runs one program per row tile that merges as it goes (fused). Decode (few rows: the
+  row tiles alone leave the GPU idle) runs one program per (row tile, chunk) in the same launch
+  (split): each writes its chunk's (max, sum, acc) to a workspace, and the last of a tile's
+  programs to finish (an atomic counter per tile) merges the tile's chunks in chunk order,
+  exactly as the fused loop does. Arrival order picks which program merges, never the order of
+  the merges. The arithmetic is the same, so a token's logprob from decode equals the one from a
+  fresh prefill of the same sequence.
 
 Positions a row may not see (causal, mask, beyond S) contribute exact zeros, so extra masked
 steps never change a row's bits. `kv_start` (per batch row: the number of left-padding
@@ -115,7 +119,7 @@ def _row_sum(p, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["Q", "S"])  # one binary for every batch size
-def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, sink_ptr, ws_m, ws_l, ws_acc,
+def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, sink_ptr, ws_m, ws_l, ws_acc, count_ptr,
                  Q, S, H, KVH, D, DV, NC, qk_scale, cap_in, cap_out,
                  s_qb, s_qh, s_qq, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
                  s_mb, s_mq, s_ms,
@@ -157,12 +161,16 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, sink_ptr, ws_m
             last = S - Q + pid_r
         else:
             last = tl.minimum(S - Q + (pid_r * BLOCK_M + BLOCK_M - 1) // G, S - 1)
+    # the tile's chunks: the fused loop computes and merges these, the split merge reads the same
+    # values back, so both merge the same (max, sum, acc) in the same order. A row that ends earlier
+    # than the tile's last row gets (_NEG, 0, 0) from its later chunks, which leaves it unchanged.
+    n_chunks = tl.cdiv(last + 1 - start, CHUNK)
     if SPLIT:
         c_lo = tl.program_id(2)
         c_hi = c_lo + 1
     else:
         c_lo = 0
-        c_hi = tl.cdiv(last + 1 - start, CHUNK)
+        c_hi = n_chunks
     m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
     l = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
@@ -176,17 +184,62 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, sink_ptr, ws_m
             m, l, acc = m_c, l_c, acc_c
         else:
             m, l, acc = _merge(m, l, acc, m_c, l_c, acc_c)
-    row_idx = ((b * H + head) * Q + qi) * NC + c_lo  # (B, H, Q, NC) layout of the workspace
     if SPLIT:
-        tl.store(ws_m + row_idx, m, mask=row_ok)
-        tl.store(ws_l + row_idx, l, mask=row_ok)
-        tl.store(ws_acc + row_idx[:, None] * BLOCK_DV + offs_dv[None, :], acc, mask=row_ok[:, None])
+        ws_row = ((b * H + head) * Q + qi) * NC  # (B, H, Q, NC) layout of the workspace: chunk 0 of each row
+        _store_chunk(ws_m, ws_l, ws_acc, ws_row + c_lo, m, l, acc, row_ok, offs_dv, BLOCK_DV)
+        if _arrived_last(count_ptr):
+            m, l, acc = _merge_stored(ws_m, ws_l, ws_acc, ws_row, n_chunks, row_ok, offs_dv, BLOCK_M, BLOCK_DV)
+            _store_out(o_ptr, sink_ptr, m, l, acc, b, qi, head, row_ok, offs_dv, Q, H, DV, SINKS)
     else:
-        if SINKS:
-            l = _with_sink(l, m, sink_ptr, head, row_ok)
-        out = tl.where(l[:, None] > 0, acc / tl.where(l > 0, l, 1.0)[:, None], 0.0)
-        o = o_ptr + ((b * Q + qi[:, None]) * H + head[:, None]) * DV + offs_dv[None, :]
-        tl.store(o, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
+        _store_out(o_ptr, sink_ptr, m, l, acc, b, qi, head, row_ok, offs_dv, Q, H, DV, SINKS)
+
+
+@triton.jit
+def _store_chunk(ws_m, ws_l, ws_acc, idx, m, l, acc, row_ok, offs_dv, BLOCK_DV: tl.constexpr):
+    """One chunk's (max, sum, acc) of the tile's rows into the workspace at row indices idx (BLOCK_M,)."""
+    tl.store(ws_m + idx, m, mask=row_ok)
+    tl.store(ws_l + idx, l, mask=row_ok)
+    tl.store(ws_acc + idx[:, None] * BLOCK_DV + offs_dv[None, :], acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _arrived_last(count_ptr):
+    """Whether this program is the last of its row tile's chunk programs to finish. Counters: one int32
+    per (batch x kv head, row tile), zeroed per call. acq_rel: this program's workspace stores are
+    released before the count, and the last program acquires every other program's."""
+    tl.debug_barrier()  # every thread's part of the chunk is written before the release below
+    tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    return arrived == tl.num_programs(2) - 1
+
+
+@triton.jit
+def _merge_stored(ws_m, ws_l, ws_acc, ws_row, n_chunks, row_ok, offs_dv,
+                  BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Chunks 0..n_chunks-1 of the tile's rows (workspace rows ws_row, (BLOCK_M,)) merged in chunk order
+    from the empty state: the fused loop's merges, on the same chunk values. .cg loads read L2, where
+    the other programs' stores are (L1 is per SM and not coherent)."""
+    m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
+    l = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
+    for c in range(0, n_chunks):
+        idx = ws_row + c
+        m_c = tl.load(ws_m + idx, mask=row_ok, other=_NEG, cache_modifier=".cg")
+        l_c = tl.load(ws_l + idx, mask=row_ok, other=0.0, cache_modifier=".cg")
+        acc_c = tl.load(ws_acc + idx[:, None] * BLOCK_DV + offs_dv[None, :], mask=row_ok[:, None], other=0.0,
+                        cache_modifier=".cg")
+        m, l, acc = _merge(m, l, acc, m_c, l_c, acc_c)
+    return m, l, acc
+
+
+@triton.jit
+def _store_out(o_ptr, sink_ptr, m, l, acc, b, qi, head, row_ok, offs_dv, Q, H, DV, SINKS: tl.constexpr):
+    """The merged rows -> o (B, Q, H, DV): the sink joins the denominator, a row that saw no key is 0."""
+    if SINKS:
+        l = _with_sink(l, m, sink_ptr, head, row_ok)
+    out = tl.where(l[:, None] > 0, acc / tl.where(l > 0, l, 1.0)[:, None], 0.0)
+    o = o_ptr + ((b * Q + qi[:, None]) * H + head[:, None]) * DV + offs_dv[None, :]
+    tl.store(o, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
 
 
 @triton.jit
@@ -195,43 +248,6 @@ def _with_sink(l, m, sink_ptr, head, row_ok):
     is merged: one fixed point of the arithmetic for decode, prefill and split-KV alike."""
     sink = tl.load(sink_ptr + head, mask=row_ok, other=0.0)
     return l + tl.exp2(sink - m)
-
-
-@triton.jit(do_not_specialize=["B", "Q", "S"])  # one binary for every batch size
-def _combine_kernel(o_ptr, start_ptr, sink_ptr, ws_m, ws_l, ws_acc, B, Q, S, H, D, NC,
-                    CAUSAL: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
-                    BLOCK_D: tl.constexpr, SLICE_D: tl.constexpr, SINKS: tl.constexpr,
-                    ONE_QUERY: tl.constexpr):
-    # rows are (b, h, qi) flattened; chunks 0..n-1 are merged in order, as the fused kernel does.
-    # Program (r, j) owns columns [j * SLICE_D, (j + 1) * SLICE_D) of its rows: the merge is
-    # elementwise in d, so slicing d only adds programs (B = 1 has few rows), never changes bits.
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows < B * H * Q
-    b = rows // (H * Q)
-    h = (rows // Q) % H
-    qi = rows % Q
-    start_at = b * Q + qi if ONE_QUERY else b
-    start = tl.minimum(tl.maximum(tl.load(start_ptr + start_at, mask=row_ok, other=0), 0), S)  # as _attn_kernel
-    last = S - 1 + qi * 0
-    if CAUSAL:
-        last = S - Q + qi
-    n_c = tl.where(row_ok, tl.maximum(tl.cdiv(last + 1 - start, CHUNK), 0), 0)
-    offs_d = tl.program_id(1) * SLICE_D + tl.arange(0, SLICE_D)
-    m = tl.full((BLOCK_R,), _NEG, dtype=tl.float32)
-    l = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_R, SLICE_D), dtype=tl.float32)
-    for c in range(0, tl.max(n_c, axis=0)):
-        ok = c < n_c
-        idx = rows.to(tl.int64) * NC + c
-        m_c = tl.load(ws_m + idx, mask=ok, other=_NEG)
-        l_c = tl.load(ws_l + idx, mask=ok, other=0.0)
-        acc_c = tl.load(ws_acc + idx[:, None] * BLOCK_D + offs_d[None, :], mask=ok[:, None], other=0.0)
-        m, l, acc = _merge(m, l, acc, m_c, l_c, acc_c)
-    if SINKS:
-        l = _with_sink(l, m, sink_ptr, h, row_ok)
-    out = tl.where(l[:, None] > 0, acc / tl.where(l > 0, l, 1.0)[:, None], 0.0)
-    o = o_ptr + ((b.to(tl.int64) * Q + qi)[:, None] * H + h[:, None]) * D + offs_d[None, :]
-    tl.store(o, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
 
 
 def use_split(programs: int, chunks: int, device: torch.device) -> bool:
@@ -277,32 +293,31 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     if split is None:
         split = use_split(row_tiles * bsz * kvh, chunks, q.device)
     nc = chunks if split else 1
-    if split:
-        ws_m = torch.empty((bsz, h, nq, nc), dtype=torch.float32, device=q.device)
-        ws_l = torch.empty_like(ws_m)
-        ws_acc = torch.empty((bsz, h, nq, nc, block_dv), dtype=torch.float32, device=q.device)
-    else:
-        ws_m = ws_l = ws_acc = out
+    ws_m, ws_l, ws_acc, counts = _workspace(out, nq, nc, block_dv, row_tiles * bsz * kvh) if split else (out,) * 4
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     cap_in, cap_out = (float(scale) / softcap, softcap * _LOG2E) if softcap else (0.0, 0.0)
     # sinks in log2 units, fp32, one per head; the output tensor stands in when there are none
     sink_t = out if sinks is None else (sinks.to(device=q.device, dtype=torch.float32) * _LOG2E).contiguous()
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     launch(_attn_kernel, (row_tiles, bsz * kvh, nc), out)(
-        q, k, v, out, mask_t, kv_start, sink_t, ws_m, ws_l, ws_acc,
+        q, k, v, out, mask_t, kv_start, sink_t, ws_m, ws_l, ws_acc, counts,
         nq, s, h, kvh, d, dv, nc, float(scale) * _LOG2E, cap_in, cap_out,
         *q.stride(), *k.stride(), *v.stride(), *mstrides,
         G=g, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=cfg.kv_chunk,
         SPLIT=split, CAUSAL=mask_kind == 0, MASK_KIND=mask_kind, PRECISION=precision,
         UPCAST=interpreting(), SOFTCAP=bool(softcap), SINKS=sinks is not None, ONE_QUERY=one_query,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if split:
-        block_r, slice_d = 8, min(block_dv, 32)
-        launch(_combine_kernel, (triton.cdiv(bsz * h * nq, block_r), block_dv // slice_d), out)(
-            out, kv_start, sink_t, ws_m, ws_l, ws_acc, bsz, nq, s, h, dv, nc,
-            CAUSAL=mask_kind == 0, CHUNK=cfg.kv_chunk, BLOCK_R=block_r, BLOCK_D=block_dv, SLICE_D=slice_d,
-            SINKS=sinks is not None, ONE_QUERY=one_query, num_warps=2)
     return out
+
+
+def _workspace(out, nq, nc, block_dv, tiles):
+    """The split launch's fp32 workspace, (m, l) (B, H, Q, NC) and acc (B, H, Q, NC, BLOCK_DV), and
+    its arrival counters (tiles,) int32. The counters are zeroed per call (a memset, also inside a
+    CUDA graph): a buffer kept between calls would be shared by launches on different streams."""
+    bsz, h = out.shape[0], out.shape[2]
+    ws_m = torch.empty((bsz, h, nq, nc), dtype=torch.float32, device=out.device)
+    ws_acc = torch.empty((bsz, h, nq, nc, block_dv), dtype=torch.float32, device=out.device)
+    return ws_m, torch.empty_like(ws_m), ws_acc, torch.zeros(tiles, dtype=torch.int32, device=out.device)
 
 
 def _mask_args(mask, bsz, nq, s, like):

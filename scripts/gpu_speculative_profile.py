@@ -1,0 +1,109 @@
+"""Where a speculative round's time goes on the compiled path, per kernels mode.
+
+    python3 scripts/gpu_speculative_profile.py [--tokens 96] [--damp 0.02]
+    python3 scripts/gpu_speculative_profile.py --case tiny --device cpu --tokens 12   # smoke run
+
+The case of `bench_speculative.py --case wide --damp F --compile`: a random Qwen3 with the 8B widths
+and 16 layers whose layers past the second are damped, its first 2 layers as the draft (K = 4), one
+built-in prompt, greedy. Per kernels mode (default, then the mode with traceable=True), after a
+warm-up call of each: plain and speculative decoding's wall ms per token, GPU ms per token (sum of
+the kernels' time, torch.profiler), the rounds, and the host functions that take the speculative
+call's time (cProfile, by own time). Wall minus GPU time is what the host adds.
+"""
+
+import argparse
+import contextlib
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+from bench_speculative import CASES, damped_target_dir
+from nondet.probes.batch import Batch, tokenize_inputs
+from nondet.probes.compiled import compile_scope
+from nondet.probes.compiled_draft import static_drafts
+from nondet.probes.corpus import DEMO_PROMPTS
+from nondet.probes.default_draft import build_draft
+from nondet.probes.loading import ModelSpec, load_model
+from nondet.probes.replay import Assist, DecodeSettings, generate
+from nondet.probes.sources.speculative import RoundLog, drafting
+from nondet.probes.sources.static import kernels_mode
+
+K = 4
+
+
+def decode(target, draft, tokenizer, ids, tokens: int, spec: bool):
+    """One greedy generate on the compiled path -> (new tokens, RoundLog)."""
+    backend = "inductor" if target.device.type == "cuda" else "aot_eager"
+    settings = DecodeSettings(max_new_tokens=tokens, temperature=0.0, seed=0, compile_backend=backend)
+    batch = Batch(input_ids=[ids], attention_mask=[[1] * len(ids)], target_rows=(0,))
+    rounds = RoundLog(len(ids))
+    assist = Assist(assistant=draft, drafted=K) if spec else Assist(drafted=K)
+    with (drafting(draft, K) if spec else contextlib.nullcontext()), \
+         (static_drafts(target, K) if spec else contextlib.nullcontext()), rounds.watching(target):
+        out = generate(target, tokenizer, batch, settings, None, stopping=[rounds], assist=assist)
+    if target.device.type == "cuda":
+        torch.cuda.synchronize()
+    return out.sequences.shape[-1] - len(ids), rounds
+
+
+def gpu_ms(call) -> float:
+    """Total kernel time of call() in ms (torch.profiler, CUDA activity only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return 0.0
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
+
+
+def host_top(call, n: int = 14) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    call()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(n)
+    return "\n".join(line for line in text.getvalue().splitlines() if line.strip())[-3000:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--damp", type=float, default=0.02)
+    parser.add_argument("--case", choices=sorted(CASES), default="wide")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script")
+    args = parser.parse_args()
+    target_dir = damped_target_dir(CASES[args.case], 2, args.damp)
+    draft_dir = target_dir.with_name(target_dir.name + "-draft")
+    if not (draft_dir / "nondet-draft.json").exists():
+        build_draft(target_dir, 2, draft_dir)
+    target = load_model(ModelSpec(name=str(target_dir), device=args.device))
+    draft = load_model(ModelSpec(name=str(draft_dir), device=args.device))
+    ids = tokenize_inputs(target.tokenizer, DEMO_PROMPTS[0], ())[0]
+    print(torch.cuda.get_device_name() if args.device == "cuda" else args.device, "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    print("| kernels | decoding | tokens | rounds | acceptance | wall ms / token | GPU ms / token | host ms / token |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
+    hosts = {}
+    for mode in ("default", "batch-invariant"):
+        with kernels_mode(mode, target.model, traceable=True), compile_scope():
+            for spec in (False, True):
+                run = lambda: decode(target.model, draft.model, target.tokenizer, ids, args.tokens, spec)  # noqa: E731
+                run()  # warm-up: compile and CUDA-graph capture of every shape
+                started = time.perf_counter()
+                made, rounds = run()
+                wall = (time.perf_counter() - started) * 1e3 / made
+                gpu = gpu_ms(run) / made
+                print(f"| {mode} | {'speculative' if spec else 'plain'} | {made} | {len(rounds.produced)} | "
+                      f"{rounds.rate() if spec else '-'} | {wall:.2f} | {gpu:.2f} | {wall - gpu:.2f} |", flush=True)
+                if spec:
+                    hosts[mode] = host_top(run)
+    for mode, text in hosts.items():
+        print(f"\nhost time of one speculative call, {mode} (cProfile, by own time):\n{text}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

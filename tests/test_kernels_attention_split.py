@@ -1,0 +1,157 @@
+"""Decode attention's split-KV path, one launch: the last program of a row tile merges the tile's chunks.
+
+The split launch runs one program per (row tile, batch x kv head, chunk); each writes its chunk's
+(max, sum, acc) to a workspace and the last to arrive (an atomic counter per tile) merges chunks
+0..n-1 in order. It must give the fused path's bits (one program per tile, merging as it goes)
+for every feature, and a row's bits must not depend on the other rows of the batch. Bits are
+compared as integers, so even a zero's sign counts.
+
+Under TRITON_INTERPRET=1 on the CPU (a fresh interpreter, as tests/test_kernels_triton.py explains),
+where programs run one after another; with NONDET_TEST_DEVICE=cuda the same checks run compiled on
+a GPU, where the programs race and the counter decides which one merges.
+"""
+
+import os
+import pytest
+from interpreter import emulate_mma_rows, rerun_under_interpreter
+
+INNER = os.environ.get("NONDET_ATTN_SPLIT_INNER") == "1"
+
+if not INNER:
+
+    def test_attention_split_under_interpreter():
+        rerun_under_interpreter(__file__, "NONDET_ATTN_SPLIT_INNER")
+
+else:
+    import torch
+
+    from nondet.kernels import ops, triton_attention
+    from nondet.kernels.config import AttentionConfig
+
+    emulate_mma_rows()
+
+    # kv_chunk 32 / block_n 16: a few dozen keys span several chunks of two steps each
+    ATT_CFG = AttentionConfig(block_m=16, block_n=16, kv_chunk=32, num_warps=4, num_stages=1)
+    DEVICE = os.environ.get("NONDET_TEST_DEVICE", "cpu")
+    INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
+
+    def same_bits(a, b):
+        return a.shape == b.shape and torch.equal(a.view(INT_VIEW[a.dtype]), b.view(INT_VIEW[b.dtype]))
+
+    def qkv(b, h, kvh, q_len, s, d=16, dv=16, dtype=torch.float32, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(b, h, q_len, d, generator=g).mul(2).to(dtype).to(DEVICE),
+                torch.randn(b, kvh, s, d, generator=g).mul(2).to(dtype).to(DEVICE),
+                torch.randn(b, kvh, s, dv, generator=g).to(dtype).to(DEVICE))
+
+    def window_mask(q_len, s, window):
+        """Bool (1, 1, Q, S): query i at position S - Q + i sees keys in (pos - window, pos]."""
+        pos = torch.arange(s - q_len, s)[:, None]
+        keys = torch.arange(s)[None, :]
+        return ((keys <= pos) & (keys > pos - window))[None, None].to(DEVICE)
+
+    def attend(q, k, v, split, **kw):
+        return triton_attention.attention(q, k, v, split=split, cfg=ATT_CFG, **kw)
+
+    def case(name):
+        """(q, k, v, keyword arguments of attention) for one named shape; batch 3 unless it says otherwise."""
+        b, h, kvh = 3, 8, 2  # GQA, G = 4
+        if name == "decode":  # q_len 1; 75 keys: chunks of 32, 32, 11
+            return (*qkv(b, h, kvh, 1, 75), {})
+        if name == "decode G=4, one kv head, bf16":
+            return (*qkv(b, 4, 1, 1, 97, dtype=torch.bfloat16, seed=1), {})
+        if name == "rows across a chunk boundary":  # positions 61..65: rows with 2 and 3 chunks in one tile
+            return (*qkv(b, h, kvh, 5, 66, seed=2), {})
+        if name == "left padding":  # rows start at 0, 7 and 40: their chunks are cut from there
+            q, k, v = qkv(b, h, kvh, 3, 100, seed=3)
+            return q, k, v, dict(kv_start=torch.tensor([0, 7, 40], dtype=torch.int32, device=DEVICE))
+        if name == "bool mask with left padding":
+            q, k, v = qkv(b, h, kvh, 4, 90, dtype=torch.bfloat16, seed=4)
+            mask = torch.ones(b, 1, 4, 90, dtype=torch.bool, device=DEVICE).tril(90 - 4)
+            mask[1, ..., :13] = False
+            return q, k, v, dict(mask=mask, kv_start=ops.kv_start_from_mask(mask, b, 90, DEVICE))
+        if name == "additive mask":
+            q, k, v = qkv(b, h, kvh, 1, 70, seed=5)
+            mask = torch.zeros(b, 1, 1, 70, device=DEVICE)
+            mask[..., 3:9] = float("-inf")
+            mask[..., 50:] = -2.0
+            return q, k, v, dict(mask=mask)
+        if name == "sliding window":  # each query's chunks start at its own first visible key
+            q, k, v = qkv(b, h, kvh, 6, 90, seed=6)
+            mask = window_mask(6, 90, 45)
+            return q, k, v, dict(mask=mask, kv_start=ops.kv_start_from_mask(mask, b, 90, DEVICE),
+                                 query_start=ops.first_visible(mask, b, DEVICE))
+        if name == "sinks and softcap":
+            q, k, v = qkv(b, h, kvh, 2, 81, seed=7)
+            sinks = torch.linspace(-2.0, 6.0, h, device=DEVICE)
+            return q, k, v, dict(sinks=sinks, softcap=4.0)
+        if name == "sinks, a row that sees nothing":  # row 1 starts at S: zeros, the sink notwithstanding
+            q, k, v = qkv(b, h, kvh, 1, 64, seed=8)
+            start = torch.tensor([5, 64, 33], dtype=torch.int32, device=DEVICE)
+            return q, k, v, dict(sinks=torch.full((h,), 1.5, device=DEVICE), kv_start=start)
+        if name == "value head dim other than the query's":
+            return (*qkv(b, h, kvh, 2, 77, d=24, dv=8, seed=9), {})
+        raise KeyError(name)
+
+    CASES = ["decode", "decode G=4, one kv head, bf16", "rows across a chunk boundary", "left padding",
+             "bool mask with left padding", "additive mask", "sliding window", "sinks and softcap",
+             "sinks, a row that sees nothing", "value head dim other than the query's"]
+
+    def first_row(q, k, v, kw):
+        """The call's arguments cut to batch row 0."""
+        cut = {key: (val[:1] if key in ("kv_start", "query_start", "mask") else val) for key, val in kw.items()}
+        return q[:1], k[:1], v[:1], cut
+
+    @pytest.mark.parametrize("name", CASES)
+    def test_split_gives_the_fused_bits(name):
+        q, k, v, kw = case(name)
+        fused = attend(q, k, v, False, **kw)
+        assert same_bits(attend(q, k, v, True, **kw), fused)
+        assert fused.abs().sum() > 0  # not vacuous: the kernel wrote values
+
+    @pytest.mark.parametrize("name", CASES)
+    def test_split_row_alone_equals_row_in_a_batch(name):
+        q, k, v, kw = case(name)
+        batch = attend(q, k, v, True, **kw)
+        q1, k1, v1, kw1 = first_row(q, k, v, kw)
+        assert same_bits(attend(q1, k1, v1, True, **kw1)[0], batch[0])
+        assert same_bits(attend(q1, k1, v1, False, **kw1)[0], batch[0])
+
+    def test_decode_equals_prefill_rows_through_the_split_path():
+        q, k, v = qkv(2, 8, 2, 12, 70, seed=10)
+        full = attend(q, k, v, False)
+        for i in (0, 5, 6, 11):  # positions 59, 64, 65 (a chunk boundary at 64) and 70
+            pos = 70 - 12 + i + 1
+            assert same_bits(attend(q[:, :, i:i + 1], k[:, :, :pos], v[:, :, :pos], True)[:, 0], full[:, i]), i
+
+    def test_split_is_one_launch(monkeypatch):
+        """The merge runs in the chunk programs' own launch; no second kernel."""
+        launches, real = [], triton_attention.launch
+
+        def recording(kernel, grid, like):
+            launches.append((kernel, grid))
+            return real(kernel, grid, like)
+
+        monkeypatch.setattr(triton_attention, "launch", recording)
+        q, k, v = qkv(1, 8, 2, 1, 75)
+        attend(q, k, v, True)
+        assert launches == [(triton_attention._attn_kernel, (1, 2, 3))]  # 1 row tile, 2 kv heads, 3 chunks
+
+    def test_split_bits_repeat():
+        """Whichever program arrives last merges; the bits must never depend on which (on a GPU the
+        order changes from call to call)."""
+        q, k, v = qkv(4, 8, 2, 1, 300, dtype=torch.bfloat16, seed=11)
+        first = attend(q, k, v, True)
+        for _ in range(50 if DEVICE == "cuda" else 2):
+            assert same_bits(attend(q, k, v, True), first)
+
+    def test_shipped_config_on_a_decode_shape():
+        """The shipped bf16 configuration (chunks of 512) on the benchmark's decode heads: 32 query / 8 KV
+        heads, head dim 128, a KV length that ends in a short chunk."""
+        g = torch.Generator().manual_seed(12)
+        q = torch.randn(2, 32, 1, 128, generator=g).to(torch.bfloat16).to(DEVICE)
+        k = torch.randn(2, 8, 1100, 128, generator=g).to(torch.bfloat16).to(DEVICE)
+        v = torch.randn(2, 8, 1100, 128, generator=g).to(torch.bfloat16).to(DEVICE)
+        split = triton_attention.attention(q, k, v, split=True)
+        assert same_bits(split, triton_attention.attention(q, k, v, split=False))
+        assert same_bits(triton_attention.attention(q[1:], k[1:], v[1:], split=True)[0], split[1])
