@@ -8,7 +8,7 @@ and 16 layers whose layers past the second are damped, its first 2 layers as the
 built-in prompt, greedy. Per kernels mode (default, then the mode with traceable=True), after a
 warm-up call of each: plain and speculative decoding's wall ms per token, GPU ms per token (sum of
 the kernels' time, torch.profiler), the rounds, and the host functions that take the speculative
-call's time (cProfile, by own time). Wall minus GPU time is what the host adds.
+call's time (cProfile, by cumulative and own time). Wall minus GPU time is what the host adds.
 """
 
 import argparse
@@ -60,14 +60,17 @@ def gpu_ms(call) -> float:
     return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
 
 
-def host_top(call, n: int = 14) -> str:
+def host_top(call, n: int = 25) -> str:
+    """The host functions of call() by cumulative and by own time (cProfile)."""
     profiler = cProfile.Profile()
     profiler.enable()
     call()
     profiler.disable()
     text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(n)
-    return "\n".join(line for line in text.getvalue().splitlines() if line.strip())[-3000:]
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("cumulative").print_stats(n)
+    stats.sort_stats("tottime").print_stats(15)
+    return "\n".join(line for line in text.getvalue().splitlines() if line.strip())
 
 
 def main() -> None:
@@ -76,6 +79,7 @@ def main() -> None:
     parser.add_argument("--damp", type=float, default=0.02)
     parser.add_argument("--case", choices=sorted(CASES), default="wide")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script")
+    parser.add_argument("--modes", default="default,batch-invariant")
     args = parser.parse_args()
     target_dir = damped_target_dir(CASES[args.case], 2, args.damp)
     draft_dir = target_dir.with_name(target_dir.name + "-draft")
@@ -88,7 +92,7 @@ def main() -> None:
     print("| kernels | decoding | tokens | rounds | acceptance | wall ms / token | GPU ms / token | host ms / token |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
     hosts = {}
-    for mode in ("default", "batch-invariant"):
+    for mode in args.modes.split(","):
         with kernels_mode(mode, target.model, traceable=True), compile_scope():
             for spec in (False, True):
                 run = lambda: decode(target.model, draft.model, target.tokenizer, ids, args.tokens, spec)  # noqa: E731
@@ -102,7 +106,7 @@ def main() -> None:
                 if spec:
                     hosts[mode] = host_top(run)
     for mode, text in hosts.items():
-        print(f"\nhost time of one speculative call, {mode} (cProfile, by own time):\n{text}", flush=True)
+        print(f"\nhost time of one speculative call, {mode} (cProfile):\n{text}", flush=True)
 
 
 if __name__ == "__main__":

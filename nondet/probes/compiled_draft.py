@@ -26,11 +26,11 @@ import contextlib
 
 
 def static_drafts_supported() -> bool:
-    """transformers' static cache can be cropped (its layers keep their length as a device tensor:
-    5.24 and later); older versions keep transformers' own (eager) draft."""
-    from transformers.cache_utils import StaticLayer
+    """transformers' static cache can be cropped (5.24 and later); older versions keep transformers'
+    own (eager) draft."""
+    from nondet.probes.static_caches import reusable_static_cache
 
-    return bool(getattr(StaticLayer, "is_croppable", False))
+    return reusable_static_cache()
 
 
 def static_drafts(target, k: int):
@@ -66,8 +66,9 @@ class StaticDraft:
     requires_model_outputs = False  # read by transformers' assisted decoding loop
 
     def __init__(self, draft, k: int, generation_config, logits_processor) -> None:
-        from transformers import StaticCache
         from transformers.generation.logits_process import MinLengthLogitsProcessor
+
+        from nondet.probes.static_caches import static_cache
 
         self.draft = draft
         self.k = k
@@ -76,7 +77,7 @@ class StaticDraft:
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
         # as transformers' assistant: the target's processors, less the minimum-length one
         self.processors = [p for p in logits_processor or () if not isinstance(p, MinLengthLogitsProcessor)]
-        self.cache = StaticCache(config=draft.config, max_cache_len=self.max_length)
+        self.cache = static_cache(draft, 1, self.max_length)  # held: its graphs are recorded once
         self.compiled = draft.get_compiled_call(generation_config.compile_config)
         self.fed: list[int] = []  # token ids whose keys and values the draft's cache holds, in order
 
