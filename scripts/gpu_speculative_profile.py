@@ -6,7 +6,7 @@
 The case of `bench_speculative.py --case wide --damp F --compile`: a random Qwen3 with the 8B widths
 and 16 layers whose layers past the second are damped, its first 2 layers as the draft (K = 4), one
 built-in prompt, greedy. Per kernels mode (default, then the mode with traceable=True), after a
-warm-up call of each: plain and speculative decoding's wall ms per token, GPU ms per token (sum of
+warm-up call of each: plain and speculative decoding's wall ms per token (median of --repeats calls), GPU ms per token (sum of
 the kernels' time, torch.profiler), the rounds, and the host functions that take the speculative
 call's time (cProfile, by cumulative and own time). Wall minus GPU time is what the host adds.
 """
@@ -16,6 +16,7 @@ import contextlib
 import cProfile
 import io
 import pstats
+import statistics
 import time
 
 import torch
@@ -49,6 +50,25 @@ def decode(target, draft, tokenizer, ids, tokens: int, spec: bool):
     return out.sequences.shape[-1] - len(ids), rounds
 
 
+@contextlib.contextmanager
+def fresh_caches(fresh: bool):
+    """With `fresh`, every generate call gets a new static cache, as transformers makes one (the
+    comparison for static_caches.py's held cache)."""
+    from nondet.probes import static_caches
+
+    held = static_caches.static_cache
+
+    def new_each_time(model, batch_size, max_cache_len):
+        static_caches._HELD.pop(model, None)
+        return held(model, batch_size, max_cache_len)
+
+    static_caches.static_cache = new_each_time if fresh else held
+    try:
+        yield
+    finally:
+        static_caches.static_cache = held
+
+
 def gpu_ms(call) -> float:
     """Total kernel time of call() in ms (torch.profiler, CUDA activity only)."""
     from torch.profiler import ProfilerActivity, profile
@@ -80,6 +100,9 @@ def main() -> None:
     parser.add_argument("--case", choices=sorted(CASES), default="wide")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script")
     parser.add_argument("--modes", default="default,batch-invariant")
+    parser.add_argument("--caches", default="held", help="held,fresh: also time a new static cache per call")
+    parser.add_argument("--no-host", action="store_true", help="skip the cProfile run")
+    parser.add_argument("--repeats", type=int, default=3, help="measured calls (the median is printed)")
     args = parser.parse_args()
     target_dir = damped_target_dir(CASES[args.case], 2, args.damp)
     draft_dir = target_dir.with_name(target_dir.name + "-draft")
@@ -89,22 +112,27 @@ def main() -> None:
     draft = load_model(ModelSpec(name=str(draft_dir), device=args.device))
     ids = tokenize_inputs(target.tokenizer, DEMO_PROMPTS[0], ())[0]
     print(torch.cuda.get_device_name() if args.device == "cuda" else args.device, "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    print("| kernels | decoding | tokens | rounds | acceptance | wall ms / token | GPU ms / token | host ms / token |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
+    print("| kernels | static caches | decoding | tokens | rounds | acceptance | wall ms / token | GPU ms / token | "
+          "host ms / token |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
     hosts = {}
     for mode in args.modes.split(","):
-        with kernels_mode(mode, target.model, traceable=True), compile_scope():
-            for spec in (False, True):
-                run = lambda: decode(target.model, draft.model, target.tokenizer, ids, args.tokens, spec)  # noqa: E731
-                run()  # warm-up: compile and CUDA-graph capture of every shape
-                started = time.perf_counter()
-                made, rounds = run()
-                wall = (time.perf_counter() - started) * 1e3 / made
-                gpu = gpu_ms(run) / made
-                print(f"| {mode} | {'speculative' if spec else 'plain'} | {made} | {len(rounds.produced)} | "
-                      f"{rounds.rate() if spec else '-'} | {wall:.2f} | {gpu:.2f} | {wall - gpu:.2f} |", flush=True)
-                if spec:
-                    hosts[mode] = host_top(run)
+        for caches in args.caches.split(","):
+            with kernels_mode(mode, target.model, traceable=True), compile_scope(), fresh_caches(caches == "fresh"):
+                for spec in (False, True):
+                    run = lambda: decode(target.model, draft.model, target.tokenizer, ids, args.tokens, spec)  # noqa: E731
+                    run()  # warm-up: compile and CUDA-graph capture of every shape
+                    walls = []
+                    for _ in range(args.repeats):
+                        started = time.perf_counter()
+                        made, rounds = run()
+                        walls.append((time.perf_counter() - started) * 1e3 / made)
+                    wall = statistics.median(walls)
+                    gpu = gpu_ms(run) / made
+                    print(f"| {mode} | {caches} | {'speculative' if spec else 'plain'} | {made} | {len(rounds.produced)} | "
+                          f"{rounds.rate() if spec else '-'} | {wall:.2f} | {gpu:.2f} | {wall - gpu:.2f} |", flush=True)
+                    if spec and not args.no_host:
+                        hosts[f"{mode}, {caches} caches"] = host_top(run)
     for mode, text in hosts.items():
         print(f"\nhost time of one speculative call, {mode} (cProfile):\n{text}", flush=True)
 

@@ -100,6 +100,9 @@ class StaticDraft:
         self.fed = sequence + proposed[:-1]  # the last draft was never fed
         proposed = _through_first_eos(proposed, self.eos)
         candidates = torch.tensor([sequence + proposed], dtype=input_ids.dtype, device=input_ids.device)
+        # The target's verification pass follows: a new step for cudagraph trees too, so its graph
+        # is replayed from the root for its row count, not recorded anew below the draft's last one.
+        torch.compiler.cudagraph_mark_step_begin()
         return candidates, None
 
     def update_candidate_strategy(self, input_ids, scores, num_matches: int) -> None:
