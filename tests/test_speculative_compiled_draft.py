@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from nondet.probes.batch import Batch
-from nondet.probes.compiled_draft import StaticDraft, _through_first_eos, static_drafts, static_drafts_supported
+from nondet.probes.compiled_draft import StaticDraft, _through_first_eos, static_drafts
 from nondet.probes.replay import Assist, DecodeSettings, generate
 from nondet.probes.sources.speculative import RoundLog, drafting
+from nondet.probes.static_caches import reusable_static_cache
 
-pytestmark = pytest.mark.skipif(not static_drafts_supported(), reason="transformers' static cache cannot crop")
+pytestmark = pytest.mark.skipif(not reusable_static_cache(), reason="transformers' static cache cannot crop")
 
 K = 3
 DEVICE = os.environ.get("NONDET_TEST_DEVICE", "cpu")

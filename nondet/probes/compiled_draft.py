@@ -25,14 +25,6 @@ once, to read its drafts.
 import contextlib
 
 
-def static_drafts_supported() -> bool:
-    """transformers' static cache can be cropped (5.24 and later); older versions keep transformers'
-    own (eager) draft."""
-    from nondet.probes.static_caches import reusable_static_cache
-
-    return reusable_static_cache()
-
-
 def static_drafts(target, k: int):
     """A context in which the target's assisted generation drafts with a StaticDraft (over
     transformers' `_get_candidate_generator`, for this instance only)."""

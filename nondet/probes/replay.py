@@ -89,20 +89,19 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
     device = model.device
     fields, arguments = assist.kwargs() if assist and (assist.prompt_lookup or assist.assistant) else ({}, {})
     cache_fields = _cache_fields(settings, device.type, len(batch.input_ids[0]), assist.drafted if assist else 0)
-    held = _held_cache(model, batch, settings, cache_fields)
-    config = GenerationConfig(
-        do_sample=False,  # sampling, when asked, is done by the recorder per request
-        max_new_tokens=settings.max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=eos_ids(model, tokenizer) or None,
-        return_dict_in_generate=assist is not None,
-        output_logits=assist is not None,
-        **cache_fields,
-        **fields,
-    )
     try:
-        with torch.inference_mode():  # the held cache is reset in here: its tensors are inference tensors
-            arguments.update(held())
+        with torch.inference_mode():  # a held static cache is reset in here: its tensors are inference tensors
+            arguments.update(_held_cache(model, batch, settings, cache_fields))
+            config = GenerationConfig(
+                do_sample=False,  # sampling, when asked, is done by the recorder per request
+                max_new_tokens=settings.max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=eos_ids(model, tokenizer) or None,
+                return_dict_in_generate=assist is not None,
+                output_logits=assist is not None,
+                **cache_fields,
+                **fields,
+            )
             return model.generate(
                 input_ids=torch.tensor(batch.input_ids, device=device),
                 attention_mask=torch.tensor(batch.attention_mask, device=device),
@@ -134,17 +133,17 @@ def _cache_fields(settings: DecodeSettings, device_type: str, prompt_len: int, d
     return {}
 
 
-def _held_cache(model, batch: Batch, settings: DecodeSettings, fields: dict):
-    """On the compiled path, a callable giving the generate() arguments that hand it the model's held
-    static cache (static_caches.py: its CUDA graphs are recorded once, not per call), taking the cache
-    fields out of `fields`; elsewhere one giving {}."""
+def _held_cache(model, batch: Batch, settings: DecodeSettings, fields: dict) -> dict:
+    """On the compiled path, the generate() arguments that hand it the model's held static cache
+    (static_caches.py: its CUDA graphs are recorded once, not per call), taking the cache fields out
+    of `fields`; {} elsewhere."""
     from nondet.probes.static_caches import reusable_static_cache, static_cache
 
     if not settings.compile_backend or not reusable_static_cache():
-        return dict
+        return {}
     length = fields.pop("max_cache_len", len(batch.input_ids[0]) + settings.max_new_tokens)
     del fields["cache_implementation"]
-    return lambda: {"cache": static_cache(model, len(batch.input_ids), length)}
+    return {"cache": static_cache(model, len(batch.input_ids), length)}
 
 
 def eos_ids(model, tokenizer) -> list[int]:

@@ -24,7 +24,7 @@ import time
 from dataclasses import replace
 
 from nondet.errors import ModelLoadError, UsageError
-from nondet.probes.compiled_draft import overriding, static_drafts, static_drafts_supported
+from nondet.probes.compiled_draft import overriding, static_drafts
 from nondet.probes.batch import Batch, tokenize_inputs
 from nondet.probes.loading import ModelSpec, load_model
 from nondet.probes.numerics import fingerprint
@@ -35,6 +35,7 @@ from nondet.probes.sources.base import Emit, Opened, Planned
 from nondet.probes.sources.speculation import Speculation, parse_speculative
 from nondet.probes.sources.static import kernels_mode
 from nondet.probes.sources.static import step_record as to_step_record
+from nondet.probes.static_caches import reusable_static_cache
 from nondet.probes.speculative_summary import speculative_section
 from nondet.probes.summarize import as_summary, summarize_modes
 from nondet.rundir.records import ConditionRecord, StreamRecord
@@ -150,9 +151,10 @@ class SpeculativeSource:
 
     def _compiled_draft(self, form: Speculation, settings: DecodeSettings | None) -> bool:
         """Whether a form's draft decodes on the compiled path: a draft model, on a call that decodes
-        compiled (settings None: whenever the target does)."""
+        compiled (settings None: whenever the target does), where transformers' static cache can be
+        cropped (5.24 and later; older versions keep transformers' own eager draft)."""
         compiled = self.paths is not None and (settings is None or settings.compile_backend is not None)
-        return form.kind == "draft" and compiled and static_drafts_supported()
+        return form.kind == "draft" and compiled and reusable_static_cache()
 
     def _draft_path(self, form: Speculation) -> str:
         """The fingerprint's words for how a form's draft decodes."""
