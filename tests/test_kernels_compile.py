@@ -75,3 +75,47 @@ def test_a_masked_prefill_traces_as_one_graph_under_the_mode(qwen3):
     with torch.no_grad(), batch_invariant(model=qwen3, traceable=True):
         explained = torch._dynamo.explain(qwen3.forward)(ids, attention_mask=torch.ones_like(ids), use_cache=False)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_compiled_calls_trace_generates_forward_under_the_mode_and_leave_its_loop_alone(qwen3):
+    """traceable="compiled_calls" (the probe's --compile path): the forward generate compiles is traced
+    with the invariant ops, while generate's eager loop around it runs with no torch function mode
+    (its ~95 torch calls per step would each pay the mode's Python __torch_function__)."""
+    from transformers import CompileConfig, StoppingCriteria
+
+    graphs, stacks = [], []
+
+    def record(gm, example_inputs, **options):  # CompileConfig passes its mode on to the backend
+        graphs.append(gm)
+        return gm.forward
+
+    class NoteModeStack(StoppingCriteria):  # called by generate's eager loop after every step
+        def __call__(self, input_ids, scores, **kwargs):
+            stacks.append(torch._C._len_torch_function_stack())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    config = CompileConfig(backend=record, fullgraph=False)
+    config._compile_all_devices = True  # transformers compiles on CUDA-like devices only by default
+    ids = fm.prompts()[:1]
+    torch._dynamo.reset()
+    with torch.no_grad(), batch_invariant(model=qwen3, traceable="compiled_calls"):
+        out = qwen3.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                             cache_implementation="static", compile_config=config, stopping_criteria=[NoteModeStack()],
+                             return_dict_in_generate=True, output_logits=True)
+        eager = qwen3.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                               cache_implementation="static", disable_compile=True,
+                               return_dict_in_generate=True, output_logits=True)
+    traced = {str(n.target).split(".default")[0] for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert graphs and {"nondet.mm", "nondet.mean_last", "nondet.attention"} <= traced, traced
+    assert stacks and set(stacks) == {0}, stacks
+    assert all(torch.equal(a, b) for a, b in zip(out.logits, eager.logits))  # the eager mode's bits
+    # and the patch is gone after the body: transformers' own get_compiled_call again
+    from transformers import PreTrainedModel
+
+    assert PreTrainedModel.get_compiled_call.__module__.startswith("transformers")
+
+
+def test_traceable_takes_only_its_three_values(qwen3):
+    with pytest.raises(ValueError, match="traceable"):
+        with batch_invariant(model=qwen3, traceable="everywhere"):
+            pass

@@ -92,7 +92,8 @@ def _install(ops: frozenset) -> None:
 
 
 @contextlib.contextmanager
-def batch_invariant(ops: Iterable[str] | str | None = None, model=None, traceable: bool = False) -> Iterator[None]:
+def batch_invariant(ops: Iterable[str] | str | None = None, model=None,
+                    traceable: bool | str = False) -> Iterator[None]:
     """Run the body with batch-invariant kernels for the op classes `ops` (None = all).
 
     ops: a subset of OP_CLASSES ("matmul", "norm", "attention", "softmax", "experts", "router").
@@ -105,6 +106,8 @@ def batch_invariant(ops: Iterable[str] | str | None = None, model=None, traceabl
     torch.compile'd forward called in the body keeps the mode's reductions opaque (same bits as
     eager). Off by default: in eager the aten overrides do the work without the per-call cost.
     """
+    if traceable not in (False, True, "compiled_calls"):
+        raise ValueError(f"traceable must be False, True or 'compiled_calls', not {traceable!r}")
     frame = _Frame(_parse(ops), model)
     if model is not None:
         from nondet.kernels import coverage
@@ -119,7 +122,7 @@ def batch_invariant(ops: Iterable[str] | str | None = None, model=None, traceabl
         if traceable:
             from nondet.kernels.traced import traced_scope
 
-            traced = traced_scope(frame.ops)
+            traced = traced_scope(frame.ops, compiled_calls_only=traceable == "compiled_calls")
             traced.__enter__()
         yield
     finally:

@@ -33,7 +33,7 @@ from nondet.probes.recorder import step_record
 from nondet.probes.replay import Assist, DecodeSettings, eos_ids, generate, truncate_at_eos
 from nondet.probes.sources.base import Emit, Opened, Planned
 from nondet.probes.sources.speculation import Speculation, parse_speculative
-from nondet.probes.sources.static import kernels_mode
+from nondet.probes.sources.static import COMPILED_CALLS, kernels_mode
 from nondet.probes.sources.static import step_record as to_step_record
 from nondet.probes.static_caches import reusable_static_cache
 from nondet.probes.speculative_summary import speculative_section
@@ -86,7 +86,7 @@ class SpeculativeSource:
     def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
         prompt_id, form = planned.plan
         ids = self.inputs[prompt_id]
-        with kernels_mode(planned.kernels, self.loaded.model, traceable=self.paths is not None):
+        with kernels_mode(planned.kernels, self.loaded.model, traceable=COMPILED_CALLS if self.paths else False):
             steps, rounds, seconds = self._decode_on_path(planned.kernels, ids, form)
         emit(self._stream(planned, prompt_id, form, ids, steps, rounds, seconds))
         return ConditionRecord(condition_id=planned.condition_id, kernels=planned.kernels, batch_size=1,

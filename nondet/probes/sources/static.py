@@ -179,7 +179,7 @@ def replay_condition(model, tokenizer, condition: cond.Condition, target: list[i
     compiled.WARM_STEPS decode steps, nothing recorded ({})."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batch = build_batch(condition, target, fillers, pad_id or 0, prompts)
-    with kernels_mode(condition.kernels, model, traceable=settings.compile_backend is not None):
+    with kernels_mode(condition.kernels, model, traceable=COMPILED_CALLS if settings.compile_backend else False):
         if not warm:
             return generate_condition(model, tokenizer, batch, settings)
         from nondet.probes.compiled import warm_up_stop
@@ -188,10 +188,14 @@ def replay_condition(model, tokenizer, condition: cond.Condition, target: list[i
         return {}
 
 
-def kernels_mode(mode: str, model, ops=None, traceable: bool = False):
+COMPILED_CALLS = "compiled_calls"  # the mode traced inside generate's compiled forwards only (kernels/traced.py)
+
+
+def kernels_mode(mode: str, model, ops=None, traceable: bool | str = False):
     """The batch-invariant mode around a call (all op classes, or `ops`), or nothing for the default
     kernels. A model the mode cannot cover is UnsupportedModelError (exit 3), one line naming the module.
-    traceable: the body runs a torch.compile'd forward (kernels/traced.py)."""
+    traceable: the body runs a torch.compile'd forward (kernels/traced.py); COMPILED_CALLS: only the
+    forwards generate compiles (transformers' get_compiled_call) see the traced mode."""
     if mode == "default" and ops is None:
         return contextlib.nullcontext()
     from nondet.kernels import batch_invariant
