@@ -242,7 +242,10 @@ def main() -> None:
     parser.add_argument("--decode-profile", action="store_true", help="the decode steps' per-kernel profile only")
     parser.add_argument("--prefill", action="store_true", help="the 512-token prefill only (eager, compiled, graphs)")
     parser.add_argument("--compiled-profile", action="store_true", help="where the compiled decode step's time goes")
+    parser.add_argument("--traceable", default="True", choices=("True", "compiled_calls"),
+                        help="the mode's traced scope in the table: the whole generate call, or its compiled forwards")
     args = parser.parse_args()
+    traceable = True if args.traceable == "True" else args.traceable
     name = torch.cuda.get_device_name()
     print(name, "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), flush=True)
     model = build(args.layers)
@@ -256,13 +259,14 @@ def main() -> None:
         return print_decode_profile(model)
     if args.compiled_profile:
         return print_compiled_decode_profile(model, args.tokens)
+    print(f"the mode traced: {'the whole generate call' if traceable is True else 'its compiled forwards only'}")
     print("| kernels | B | compile + warm-up s | ms / decode step | x roofline |", flush=True)
     print("| --- | ---: | ---: | ---: | ---: |", flush=True)
     for label in ("default", "mode"):
         torch._dynamo.reset()  # a fresh compile per kernels mode; B = 32 recompiles for its own shapes
         for batch in (1, 32):
             try:
-                with torch.no_grad(), (batch_invariant(model=model, traceable=True) if label == "mode"
+                with torch.no_grad(), (batch_invariant(model=model, traceable=traceable) if label == "mode"
                                        else torch.no_grad()):
                     warm, ms = step_ms(model, batch, args.tokens)
                 roof = ms / (weight_bytes / bandwidth * 1e3)

@@ -30,7 +30,7 @@ from nondet.probes.default_draft import build_draft
 from nondet.probes.loading import ModelSpec, load_model
 from nondet.probes.replay import Assist, DecodeSettings, generate
 from nondet.probes.sources.speculative import RoundLog, drafting
-from nondet.probes.sources.static import kernels_mode
+from nondet.probes.sources.static import COMPILED_CALLS, kernels_mode
 
 K = 4
 
@@ -102,7 +102,11 @@ def main() -> None:
     parser.add_argument("--modes", default="default,batch-invariant")
     parser.add_argument("--caches", default="held", help="held,fresh: also time a new static cache per call")
     parser.add_argument("--no-host", action="store_true", help="skip the cProfile run")
+    parser.add_argument("--host-of", default="speculative", choices=("speculative", "plain"),
+                        help="which decoding's call cProfile looks at")
     parser.add_argument("--repeats", type=int, default=3, help="measured calls (the median is printed)")
+    parser.add_argument("--traced", default="compiled_calls", choices=("compiled_calls", "body"),
+                        help="the mode traced inside generate's compiled forwards (the probe's path) or the whole call")
     args = parser.parse_args()
     target_dir = damped_target_dir(CASES[args.case], 2, args.damp)
     draft_dir = target_dir.with_name(target_dir.name + "-draft")
@@ -112,13 +116,15 @@ def main() -> None:
     draft = load_model(ModelSpec(name=str(draft_dir), device=args.device))
     ids = tokenize_inputs(target.tokenizer, DEMO_PROMPTS[0], ())[0]
     print(torch.cuda.get_device_name() if args.device == "cuda" else args.device, "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    print(f"the mode traced: {args.traced}")
     print("| kernels | static caches | decoding | tokens | rounds | acceptance | wall ms / token | GPU ms / token | "
           "host ms / token |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
     hosts = {}
     for mode in args.modes.split(","):
         for caches in args.caches.split(","):
-            with kernels_mode(mode, target.model, traceable=True), compile_scope(), fresh_caches(caches == "fresh"):
+            traceable = True if args.traced == "body" else COMPILED_CALLS
+            with kernels_mode(mode, target.model, traceable=traceable), compile_scope(), fresh_caches(caches == "fresh"):
                 for spec in (False, True):
                     run = lambda: decode(target.model, draft.model, target.tokenizer, ids, args.tokens, spec)  # noqa: E731
                     run()  # warm-up: compile and CUDA-graph capture of every shape
@@ -131,10 +137,10 @@ def main() -> None:
                     gpu = gpu_ms(run) / made
                     print(f"| {mode} | {caches} | {'speculative' if spec else 'plain'} | {made} | {len(rounds.produced)} | "
                           f"{rounds.rate() if spec else '-'} | {wall:.2f} | {gpu:.2f} | {wall - gpu:.2f} |", flush=True)
-                    if spec and not args.no_host:
+                    if spec == (args.host_of == "speculative") and not args.no_host:
                         hosts[f"{mode}, {caches} caches"] = host_top(run)
     for mode, text in hosts.items():
-        print(f"\nhost time of one speculative call, {mode} (cProfile):\n{text}", flush=True)
+        print(f"\nhost time of one {args.host_of} call, {mode} (cProfile):\n{text}", flush=True)
 
 
 if __name__ == "__main__":

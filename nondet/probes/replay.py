@@ -126,11 +126,17 @@ def _cache_fields(settings: DecodeSettings, device_type: str, prompt_len: int, d
 
         fields = generation_fields(settings.compile_backend, device_type)
         if drafted:
-            fields["max_cache_len"] = prompt_len + settings.max_new_tokens + drafted + 1
+            fields["max_cache_len"] = assisted_cache_len(prompt_len, settings.max_new_tokens, drafted)
         return fields
     if settings.kv_cache == "static":
         return {"cache_implementation": "static", "disable_compile": True}
     return {}
+
+
+def assisted_cache_len(prompt_len: int, max_new_tokens: int, drafted: int) -> int:
+    """Positions of a speculative call's static cache: max_length, and the `drafted` + 1 rows the last
+    verification pass may write past it."""
+    return prompt_len + max_new_tokens + drafted + 1
 
 
 def _held_cache(model, batch: Batch, settings: DecodeSettings, fields: dict) -> dict:

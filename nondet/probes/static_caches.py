@@ -8,9 +8,16 @@ more than plain decoding outside the GPU, about one re-recording per shape it re
 verification passes of 1..K+1 rows and the draft's 1- and 2-row steps). A server records its graphs
 once; reusing the cache does the same here. reset() zeroes the cache, the state a fresh one starts
 from, so the bits are those of a fresh cache.
+
+Speculative decoding crops the cache back after each verification pass (the rejected drafts' positions).
+A sliding-window layer's static cache (transformers' StaticSlidingWindowLayer) holds only its window:
+once the cache is longer than the window, positions a crop would return to have been written over, so
+it reports `is_croppable` False (transformers 5.24: max_cache_len <= sliding_window) and assisted
+decoding refuses it at its first verification pass. `uncroppable_layer` reads that from the real cache.
 """
 
 import weakref
+from typing import NamedTuple
 
 _HELD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> ((batch, length), StaticCache)
 
@@ -21,6 +28,33 @@ def reusable_static_cache() -> bool:
     from transformers.cache_utils import StaticLayer
 
     return bool(getattr(StaticLayer, "is_croppable", False))
+
+
+class Uncroppable(NamedTuple):
+    """A sliding-window layer whose static cache cannot be cropped back."""
+
+    index: int  # in the decoder's layers
+    layer_type: str  # transformers' layer type, e.g. 'sliding_attention' (inferred where the config has none)
+    window: int  # tokens the layer's cache holds
+
+
+def uncroppable_layer(model, max_cache_len: int) -> Uncroppable | None:
+    """The first sliding-window layer of the model's static cache of this length that `crop` cannot put
+    back as it was; None when every one can, and before 5.24 (no crop support to read). Builds the
+    StaticCache generate builds, without tensors (its layers allocate at their first update). Only
+    sliding layers: a linear-attention layer knows whether it can crop only after the prefill."""
+    if not reusable_static_cache():
+        return None
+    from transformers import StaticCache
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    config = model.config.get_text_config(decoder=True)
+    cache = StaticCache(config=config, max_cache_len=max_cache_len)
+    types, kwargs = get_layer_types_and_kwargs(config)  # what StaticCache dispatched its layers on
+    for index, layer in enumerate(cache.layers):
+        if getattr(layer, "is_sliding", False) and not layer.is_croppable:
+            return Uncroppable(index, types[index], kwargs[index]["sliding_window"])
+    return None
 
 
 def static_cache(model, batch_size: int, max_cache_len: int):

@@ -17,6 +17,10 @@ transformers runs assisted decoding at batch size 1 only, so every condition is 
 With --compile both decode on transformers' compiled static-cache path (probes/compiled.py; its
 assisted decoding runs the verification passes through the compiled forward). A verification pass
 has 1 to k+1 query rows, each a shape of its own, so the warm-up is the whole call once, timed apart.
+Every round crops the target's static cache back to the accepted tokens; a model with a sliding-window
+layer whose static cache is longer than the window cannot be cropped (static_caches.py), so --compile
+refuses it in open(), before any condition; a draft model's static cache likewise, where that draft
+keeps transformers' own eager assistant instead.
 """
 
 import contextlib
@@ -30,12 +34,12 @@ from nondet.probes.loading import ModelSpec, load_model
 from nondet.probes.numerics import fingerprint
 from nondet.probes.pieces import token_piece
 from nondet.probes.recorder import step_record
-from nondet.probes.replay import Assist, DecodeSettings, eos_ids, generate, truncate_at_eos
+from nondet.probes.replay import Assist, DecodeSettings, assisted_cache_len, eos_ids, generate, truncate_at_eos
 from nondet.probes.sources.base import Emit, Opened, Planned
 from nondet.probes.sources.speculation import Speculation, parse_speculative
 from nondet.probes.sources.static import COMPILED_CALLS, kernels_mode
 from nondet.probes.sources.static import step_record as to_step_record
-from nondet.probes.static_caches import reusable_static_cache
+from nondet.probes.static_caches import Uncroppable, reusable_static_cache, uncroppable_layer
 from nondet.probes.speculative_summary import speculative_section
 from nondet.probes.summarize import as_summary, summarize_modes
 from nondet.rundir.records import ConditionRecord, StreamRecord
@@ -52,6 +56,7 @@ class SpeculativeSource:
         self.inputs: list[list[int]] = []  # per prompt: the target's token ids
         self.run_ids = 0
         self.paths = None  # --compile: compiled.DecodePaths, set in open() once the device is known
+        self.uncroppable_drafts: dict[str, Uncroppable] = {}  # --compile: draft forms whose static cache cannot crop
 
     def open(self) -> Opened:
         self.loaded = self.loaded or load_model(self.config.model)
@@ -66,6 +71,8 @@ class SpeculativeSource:
 
             self.paths = DecodePaths(self.config.compile_backend, self.loaded.model.device.type)
             found["decode_path"] = label(self.paths.backend, self.paths.device_type)
+            self._refuse_uncroppable_target()
+            self.uncroppable_drafts = self._uncroppable_drafts()
         found["speculative"]["draft_decode"] = {f.name: self._draft_path(f) for f in self.forms if f.kind != "ngram"}
         return Opened(found)
 
@@ -152,15 +159,43 @@ class SpeculativeSource:
     def _compiled_draft(self, form: Speculation, settings: DecodeSettings | None) -> bool:
         """Whether a form's draft decodes on the compiled path: a draft model, on a call that decodes
         compiled (settings None: whenever the target does), where transformers' static cache can be
-        cropped (5.24 and later; older versions keep transformers' own eager draft)."""
+        cropped (5.24 and later, and no sliding-window layer shorter than the draft's cache; otherwise
+        transformers' own eager draft, whose dynamic cache keeps what a crop needs)."""
         compiled = self.paths is not None and (settings is None or settings.compile_backend is not None)
-        return form.kind == "draft" and compiled and reusable_static_cache()
+        return (form.kind == "draft" and compiled and reusable_static_cache()
+                and form.name not in self.uncroppable_drafts)
 
     def _draft_path(self, form: Speculation) -> str:
         """The fingerprint's words for how a form's draft decodes."""
         if self._compiled_draft(form, None):
             return "compiled where the target is, static KV cache (nondet's StaticDraft)"
+        layer = self.uncroppable_drafts.get(form.name)
+        if layer is not None:
+            return (f"eager, dynamic KV cache (transformers' assistant): its layer {layer.index} "
+                    f"({layer.layer_type!r}, window {layer.window}) cannot be cropped in a static cache")
         return "eager, dynamic KV cache (transformers' assistant)"
+
+    def _refuse_uncroppable_target(self) -> None:
+        """--compile: every form's verification rounds crop the target's static cache back; one that
+        cannot be cropped (a sliding-window layer shorter than the cache) is refused here, before any
+        condition, in one line (transformers would raise at the first verification pass)."""
+        k = max(f.k for f in self.forms)
+        length = assisted_cache_len(max(map(len, self.inputs)), self.config.max_new_tokens, k)
+        layer = uncroppable_layer(self.loaded.model, length)
+        if layer is None:
+            return
+        raise UsageError(f"--speculative with --compile: layer {layer.index} of {self.loaded.description['name']} "
+                         f"is a sliding-window attention layer (layer type {layer.layer_type!r}, window "
+                         f"{layer.window} tokens, cache {length}); transformers' static cache cannot crop it for "
+                         f"the verification pass; rerun without --compile, or with prompt + --max-new-tokens + "
+                         f"K + 1 <= {layer.window} tokens")
+
+    def _uncroppable_drafts(self) -> dict[str, Uncroppable]:
+        """Draft forms whose StaticDraft cache (prompt + max_new_tokens) could not be cropped back
+        (its proposals would attend to rejected drafts): those keep transformers' assistant."""
+        length = max(map(len, self.inputs)) + self.config.max_new_tokens
+        found = {name: uncroppable_layer(draft.model, length) for name, draft in self.drafts.items()}
+        return {name: layer for name, layer in found.items() if layer is not None}
 
     def _load_draft(self, form: Speculation):
         """The draft model of a draft form; one line (exit 3 / 2) if it cannot load or does not fit."""

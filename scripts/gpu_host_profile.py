@@ -1,0 +1,147 @@
+"""Where the mode's host time goes on an 8B-shaped Qwen3 (hidden 4096, 32 / 8 heads, bf16), eager.
+
+    python3 scripts/gpu_host_profile.py [--layers 36] [--tokens 512]
+
+1. The eager prefill of `--tokens` tokens (transformers runs generate's prefill eager, also on the
+   compiled path): wall ms, default vs the mode, and cProfile of the mode's forward by own time.
+2. Host microseconds per call of each kernel the prefill launches, the GPU kept busy by a sleep
+   kernel so the calls only enqueue: what one layer's ops cost the host, ours against torch's.
+"""
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+from gpu_compile import build, prefill_ms
+
+
+def host_us(fn, calls: int = 50) -> float:
+    """Host time of one `fn()` while the GPU is busy (a sleep kernel queued first), microseconds."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9))  # ~1 s of GPU time ahead of the calls: they only enqueue
+    started = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - started) / calls * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def print_op_costs(tokens: int) -> None:
+    from nondet.kernels import batch_invariant, ops
+
+    g = torch.Generator("cuda").manual_seed(0)
+    x = torch.randn(tokens, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    wkv = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    q = torch.randn(1, 32, tokens, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, 8, tokens, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    rows = {
+        "linear 4096->4096": (lambda: torch.nn.functional.linear(x, w), lambda: ops.linear(x, w)),
+        "linear 4096->1024": (lambda: torch.nn.functional.linear(x, wkv), lambda: ops.linear(x, wkv)),
+        "mean over 4096": (lambda: x.float().pow(2).mean(-1, keepdim=True), None),
+        "attention causal": (lambda: torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(4, 1), k.repeat_interleave(4, 1), is_causal=True), lambda: ops.attention(q, k, k)),
+    }
+    print(f"| op ({tokens} rows) | torch host us | the mode (aten override) host us | nondet.ops direct host us |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, (torch_fn, direct) in rows.items():
+        default = host_us(torch_fn)
+        with batch_invariant():
+            mode = host_us(torch_fn)
+        ours = host_us(direct) if direct is not None else float("nan")
+        print(f"| {name} | {default:.1f} | {mode:.1f} | {ours:.1f} |", flush=True)
+
+
+def print_matmul_breakdown(tokens: int) -> None:
+    """The host cost of one invariant linear (tokens x 4096 @ 4096 x 4096), piece by piece."""
+    import triton
+    import triton.language as tl
+
+    from nondet.kernels import triton_matmul as tm
+    from nondet.kernels.config import k_chunk_for, matmul_config
+    from nondet.kernels.traced import triton_scratch
+
+    @triton.jit
+    def _noop(x_ptr, n):
+        pass
+
+    g = torch.Generator("cuda").manual_seed(0)
+    a = torch.randn(tokens, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = w.t()
+    c = torch.empty(tokens, 4096, device="cuda", dtype=torch.bfloat16)
+    cfg = matmul_config(a.dtype, tokens, 4096, 4096, a.device)
+    k_chunk = k_chunk_for(4096, cfg)
+    pieces = {
+        "an empty Triton kernel, 2 args": lambda: _noop[(1,)](a, 1),
+        "torch.empty (M, N)": lambda: torch.empty(tokens, 4096, device="cuda", dtype=torch.bfloat16),
+        "matmul_config": lambda: matmul_config(a.dtype, tokens, 4096, 4096, a.device),
+        "_tma_ok": lambda: tm._tma_ok(a.unsqueeze(0), b.unsqueeze(0)),
+        "2 host TMA descriptors": lambda: tm._host_descs(a, b, cfg),
+        "_mm_tma (host descriptors)": lambda: tm._mm_tma(a, b, c, None, 1.0, 1.0, True, k_chunk, cfg),
+        "triton_matmul.mm": lambda: tm.mm(a, b),
+    }
+    print(f"| piece of an invariant linear ({tokens} x 4096 @ 4096 x 4096) | host us |")
+    print("| --- | ---: |")
+    for name, fn in pieces.items():
+        print(f"| {name} | {host_us(fn):.1f} |", flush=True)
+    _device_desc = tm._device_desc
+    tm._device_desc = lambda t: True  # the descriptors built in the kernel, as under a trace
+    try:
+        with triton_scratch():
+            us = host_us(lambda: tm._mm_tma(a, b, c, None, 1.0, 1.0, True, k_chunk, cfg))
+            c2 = c.clone()
+            tm._mm_tma(a, b, c2, None, 1.0, 1.0, True, k_chunk, cfg)
+        tm._device_desc = _device_desc
+        c1 = tm.mm(a, b)
+        print(f"| _mm_tma (descriptors built in the kernel) | {us:.1f} |  (bits equal to host descriptors: "
+              f"{torch.equal(c1, c2)})", flush=True)
+    finally:
+        tm._device_desc = _device_desc
+
+
+def print_prefill_profile(model, tokens: int, top: int = 25) -> None:
+    from nondet.kernels import batch_invariant
+
+    with torch.no_grad():
+        default = prefill_ms(model, tokens)
+        with batch_invariant(model=model):
+            mode = prefill_ms(model, tokens)
+            ids = torch.randint(3, 32000, (1, tokens), device="cuda")
+            profiler = cProfile.Profile()
+            profiler.enable()
+            model(ids, use_cache=False)
+            torch.cuda.synchronize()
+            profiler.disable()
+    print(f"eager prefill {tokens} tokens: default {default:.2f} ms, mode {mode:.2f} ms ({default / mode:.2f}x)", flush=True)
+    for key in ("tottime", "cumtime"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(top)
+        print(f"-- the mode's prefill by {key}:\n" + "\n".join(text.getvalue().splitlines()[4:4 + top + 4]), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=36)
+    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--parts", default="ops,breakdown,prefill", help="which of ops, breakdown, prefill to run")
+    args = parser.parse_args()
+    parts = args.parts.split(",")
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+          flush=True)
+    if "ops" in parts:
+        print_op_costs(args.tokens)
+    if "breakdown" in parts:
+        print_matmul_breakdown(args.tokens)
+    if "prefill" in parts:
+        print_prefill_profile(build(args.layers), args.tokens)
+
+
+if __name__ == "__main__":
+    main()
