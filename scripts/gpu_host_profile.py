@@ -61,11 +61,10 @@ def print_op_costs(tokens: int) -> None:
 def print_matmul_breakdown(tokens: int) -> None:
     """The host cost of one invariant linear (tokens x 4096 @ 4096 x 4096), piece by piece."""
     import triton
-    import triton.language as tl
+    import triton.testing
 
     from nondet.kernels import triton_matmul as tm
-    from nondet.kernels.config import k_chunk_for, matmul_config
-    from nondet.kernels.traced import triton_scratch
+    from nondet.kernels.config import matmul_config
 
     @triton.jit
     def _noop(x_ptr, n):
@@ -75,43 +74,52 @@ def print_matmul_breakdown(tokens: int) -> None:
     a = torch.randn(tokens, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
     b = w.t()
-    c = torch.empty(tokens, 4096, device="cuda", dtype=torch.bfloat16)
     cfg = matmul_config(a.dtype, tokens, 4096, 4096, a.device)
-    k_chunk = k_chunk_for(4096, cfg)
     pieces = {
         "an empty Triton kernel, 2 args": lambda: _noop[(1,)](a, 1),
         "torch.empty (M, N)": lambda: torch.empty(tokens, 4096, device="cuda", dtype=torch.bfloat16),
         "matmul_config": lambda: matmul_config(a.dtype, tokens, 4096, 4096, a.device),
-        "_tma_ok": lambda: tm._tma_ok(a.unsqueeze(0), b.unsqueeze(0)),
+        "_tma_ok": lambda: tm._tma_ok(a, b),
         "2 host TMA descriptors": lambda: tm._host_descs(a, b, cfg),
-        "_mm_tma (host descriptors)": lambda: tm._mm_tma(a, b, c, None, 1.0, 1.0, True, k_chunk, cfg),
-        "triton_matmul.mm": lambda: tm.mm(a, b),
     }
     print(f"| piece of an invariant linear ({tokens} x 4096 @ 4096 x 4096) | host us |")
     print("| --- | ---: |")
     for name, fn in pieces.items():
         print(f"| {name} | {host_us(fn):.1f} |", flush=True)
-    _device_desc = tm._device_desc
-    tm._device_desc = lambda t: True  # the descriptors built in the kernel, as under a trace
+    from nondet.kernels import launch
+
+    print("| path (eager) | host us | GPU us, 512 x 4096 @ 4096 x 4096 | GPU us, 4096 x 4096 @ 4096 x 14336 |")
+    print("| --- | ---: | ---: | ---: |")
+    big_a, big_w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16), \
+        torch.randn(14336, 4096, device="cuda", dtype=torch.bfloat16)
+    outs = []
     try:
-        with triton_scratch():
-            us = host_us(lambda: tm._mm_tma(a, b, c, None, 1.0, 1.0, True, k_chunk, cfg))
-            c2 = c.clone()
-            tm._mm_tma(a, b, c2, None, 1.0, 1.0, True, k_chunk, cfg)
-        tm._device_desc = _device_desc
-        c1 = tm.mm(a, b)
-        print(f"| _mm_tma (descriptors built in the kernel) | {us:.1f} |  (bits equal to host descriptors: "
-              f"{torch.equal(c1, c2)})", flush=True)
+        for device_desc in (False, True):
+            for fast in (False, True):
+                tm.EAGER_DEVICE_DESC, launch.FAST_LAUNCH = device_desc, fast
+                us = host_us(lambda: tm.mm(a, b))
+                gpu = triton.testing.do_bench(lambda: tm.mm(a, b), warmup=20, rep=100) * 1e3
+                gpu_big = triton.testing.do_bench(lambda: tm.mm(big_a, big_w.t()), warmup=5, rep=50) * 1e3
+                outs.append(tm.mm(a, b))
+                print(f"| {'descriptors in the kernel' if device_desc else 'host descriptors'}, "
+                      f"{'fast launch' if fast else 'Triton JIT launch'} | {us:.1f} | {gpu:.1f} | {gpu_big:.1f} |",
+                      flush=True)
     finally:
-        tm._device_desc = _device_desc
+        tm.EAGER_DEVICE_DESC, launch.FAST_LAUNCH = True, True
+    print(f"all four give the same bits: {all(torch.equal(outs[0], o) for o in outs)}", flush=True)
 
 
 def print_prefill_profile(model, tokens: int, top: int = 25) -> None:
     from nondet.kernels import batch_invariant
 
+    from nondet.kernels import launch, triton_matmul
+
     with torch.no_grad():
         default = prefill_ms(model, tokens)
         with batch_invariant(model=model):
+            launch.FAST_LAUNCH = triton_matmul.EAGER_DEVICE_DESC = False
+            before = prefill_ms(model, tokens)
+            launch.FAST_LAUNCH = triton_matmul.EAGER_DEVICE_DESC = True
             mode = prefill_ms(model, tokens)
             ids = torch.randint(3, 32000, (1, tokens), device="cuda")
             profiler = cProfile.Profile()
@@ -119,7 +127,9 @@ def print_prefill_profile(model, tokens: int, top: int = 25) -> None:
             model(ids, use_cache=False)
             torch.cuda.synchronize()
             profiler.disable()
-    print(f"eager prefill {tokens} tokens: default {default:.2f} ms, mode {mode:.2f} ms ({default / mode:.2f}x)", flush=True)
+    print(f"eager prefill {tokens} tokens: default {default:.2f} ms, mode {mode:.2f} ms ({default / mode:.2f}x); "
+          f"the mode through Triton's JIT with host TMA descriptors {before:.2f} ms ({default / before:.2f}x)",
+          flush=True)
     for key in ("tottime", "cumtime"):
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(top)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from nondet.kernels import custom_ops
+from nondet.kernels.launch import triton_scratch
 
 op = custom_ops.op  # the nondet:: op for these tensors (its _gpu triton_op on CUDA)
 
@@ -98,6 +99,7 @@ class TracedMode(TorchFunctionMode):
         super().__init__()
         custom_ops.ensure_registered()
         self.table = _table(ops)
+        _never_a_frame_of_its_own()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -107,6 +109,21 @@ class TracedMode(TorchFunctionMode):
             if out is not None:
                 return out
         return func(*args, **kwargs)
+
+
+def _never_a_frame_of_its_own() -> None:
+    """Dynamo may inline __torch_function__ into a frame it traces, never compile it as a frame alone.
+
+    Code that dynamo runs eagerly inside a compiled call (a frame it skipped: on Qwen3-MoE the decoder
+    loop, after the experts' host sync broke the graph) calls the mode per torch function, and dynamo
+    compiled each such call as its own frame, guarded on `args` but not on `func` when that is a Tensor
+    method or property (torch 2.13): the graph cached for `h.float()` answered `h.dtype`, the experts
+    returned fp32 and the next linear failed with "expected m1 and m2 to have the same dtype". Skipped,
+    the call runs as plain Python (the same nondet ops, the eager mode's bits); frames it calls (a route,
+    whose guards cover its arguments) are still compiled. Idempotent."""
+    from torch._dynamo.eval_frame import skip_code
+
+    skip_code(TracedMode.__torch_function__.__code__)
 
 
 @contextlib.contextmanager
@@ -151,25 +168,3 @@ def _entering(mode: TracedMode, compiled):
             return compiled(*args, **kwargs)
 
     return call
-
-
-@contextlib.contextmanager
-def triton_scratch():
-    """Global memory for Triton kernels that build TMA descriptors in the kernel (the traced matmul:
-    triton_matmul._device_desc), for this body only. Inductor hands them scratch itself; a graph run
-    by another backend (aot_eager) launches them from Python, where Triton asks its allocator, by
-    default one that refuses. Triton keeps the allocator in a ContextVar: set here, reset on exit."""
-    try:
-        from triton.runtime import _allocation
-    except ImportError:  # no Triton: nothing launches a Triton kernel
-        yield
-        return
-    token = _allocation._allocator.set(_scratch)
-    try:
-        yield
-    finally:
-        _allocation._allocator.reset(token)
-
-
-def _scratch(size: int, alignment: int, stream):
-    return torch.empty(size, dtype=torch.int8, device="cuda")  # the caching allocator aligns to 512 bytes

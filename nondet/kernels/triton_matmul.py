@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from nondet.kernels.config import MatmulConfig, k_chunk_for, matmul_config
-from nondet.kernels.launch import aligned16, interpreting, launch
+from nondet.kernels.launch import aligned16, interpreting, launch, triton_scratch
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -212,7 +212,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
         return c
     if k == 0:
         return c.copy_(_bias_only(bias, c, beta))
-    tma = cfg.tma and _tma_ok(a, b)
+    tma = cfg.tma and nb == 1 and _tma_ok(a[0], b[0])
     if split is None:  # the persistent TMA kernel keeps the GPU busy down to a quarter as many tiles as SMs
         split = use_split(nb, m, n, k, cfg, a.device, 4 if tma else 1)
     # Below that (narrow N: a 512 x 4096 @ 4096 x 1024 K/V projection has 32 tiles) splitting K gives
@@ -247,26 +247,37 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
 
 
 def _tma_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """One (M, K) row-major A and a weight stored (N, K), 16-byte aligned, on Hopper or newer.
-    Inside a trace too: there the kernel builds its descriptors itself (_device_desc)."""
-    if a.shape[0] != 1 or a.dtype not in (torch.bfloat16, torch.float16):
+    """A row-major (M, K) A and a weight stored (N, K) (b is its (K, N) transpose view), 16-byte
+    aligned, on Hopper or newer. Inside a trace too: there the kernel builds its descriptors itself."""
+    if a.dtype not in (torch.bfloat16, torch.float16):
         return False
-    if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device)[0] < 9:
+    if a.device.type == "cuda" and _capability(a.device)[0] < 9:
         return False
-    a2, b2 = a[0], b[0]
     # A fake tensor (a trace) has no address: aligned16 then asks its storage offset for 16 bytes,
     # since allocations themselves are 16-byte aligned. Rows of K elements (both operands' row
     # stride) must be 16-byte multiples too, as TMA requires.
-    aligned = aligned16(a2) and aligned16(b2) and (a2.shape[1] * a2.element_size()) % 16 == 0
-    return aligned and a2.stride(1) == 1 and a2.stride(0) == a2.shape[1] and b2.stride(0) == 1 \
-        and b2.stride(1) == b2.shape[0]
+    k = a.shape[1]
+    return (a.stride(1) == 1 and a.stride(0) == k and b.stride(0) == 1 and b.stride(1) == b.shape[0]
+            and (k * a.element_size()) % 16 == 0 and aligned16(a) and aligned16(b))
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)  # 20 us a call: it ran on every matmul
+
+
+# Eager launches build the TMA descriptors in the kernel too: two host descriptors and their
+# launch cost ~30 us of host time per matmul (95 -> 63 us, H100, 2026-11-25) for the same bits.
+# False brings back host descriptors (benchmarks, tests).
+EAGER_DEVICE_DESC = True
 
 
 def _device_desc(a: torch.Tensor) -> bool:
-    """Whether the TMA kernel builds its descriptors in the kernel: inside a trace (a is fake). Inductor
-    (torch 2.11) fails on host descriptors built in a triton_op's body but launches a kernel that builds
-    its own (it gives Triton the scratch memory). In eager they would need triton.set_allocator, a
-    process-global setting, so eager keeps host descriptors."""
+    """Whether the TMA kernel builds its descriptors in the kernel: always inside a trace (a is fake;
+    Inductor (torch 2.11) fails on host descriptors built in a triton_op's body but launches a kernel
+    that builds its own, giving it scratch memory), and in eager unless EAGER_DEVICE_DESC is off."""
+    if EAGER_DEVICE_DESC:
+        return True
     from torch._subclasses.fake_tensor import is_fake
 
     return is_fake(a)
@@ -285,12 +296,13 @@ def _mm_tma(a, b, c, bias, alpha, beta, unit, k_chunk, cfg):
     a_src, b_src = (a, b.t()) if device_desc else _host_descs(a, b, cfg)
     programs = min(sm_count(a.device), triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
     bias_t = bias if bias is not None else c
-    launch(_mm_tma_kernel, (programs,), c)(
-        a_src, b_src, c, bias_t, m, n, a.shape[1], c.stride(0), c.stride(1),
-        bias_t.stride(0), bias_t.stride(1), float(alpha), float(beta),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk, GROUP_M=cfg.group_m,
-        NUM_PROGRAMS=programs, HAS_BIAS=bias is not None, UNIT_SCALE=unit, UPCAST=interpreting(),
-        DEVICE_DESC=device_desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    with triton_scratch():  # the descriptors' global memory (a traced launch gets Inductor's instead)
+        launch(_mm_tma_kernel, (programs,), c)(
+            a_src, b_src, c, bias_t, m, n, a.shape[1], c.stride(0), c.stride(1),
+            bias_t.stride(0), bias_t.stride(1), float(alpha), float(beta),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk, GROUP_M=cfg.group_m,
+            NUM_PROGRAMS=programs, HAS_BIAS=bias is not None, UNIT_SCALE=unit, UPCAST=interpreting(),
+            DEVICE_DESC=device_desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _bias_only(bias, c, beta):
@@ -304,6 +316,16 @@ def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
        cfg: MatmulConfig | None = None) -> torch.Tensor:
     """(M, K) @ (K, N) [* alpha + beta * bias] -> (M, N); bias is (N,), (1, N) or (M, N)."""
     assert a.dim() == 2 and b.dim() == 2
+    m, k = a.shape
+    n = b.shape[1]
+    cfg = cfg or matmul_config(a.dtype, m, k, n, a.device)
+    if (split is not True and m and n and k and cfg.tma and a.dtype == b.dtype and _tma_ok(a, b)
+            and (split is False or not use_split(1, m, n, k, cfg, a.device, 4))):
+        # the persistent TMA kernel straight away: bmm's 3-d views cost the host ~10 us per call
+        c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        _mm_tma(a, b, c, None if bias is None else bias.expand(m, n), alpha, beta,
+                alpha == 1.0 and (beta == 1.0 or bias is None), k_chunk_for(k, cfg), cfg)
+        return c
     bias3 = None if bias is None else bias.expand(a.shape[0], b.shape[1]).unsqueeze(0)
     return bmm(a.unsqueeze(0), b.unsqueeze(0), bias3, alpha=alpha, beta=beta, split=split, cfg=cfg)[0]
 

@@ -1,0 +1,73 @@
+"""The mode inside torch.compile on a mixture-of-experts model (a tiny Qwen3-MoE, tests/family_models.py).
+
+The experts' host sync (experts._experts_hit) breaks the graph inside the decoder loop, so dynamo runs
+that loop eagerly inside the compiled call, and the mode's __torch_function__ is called from code dynamo
+does not trace. Compiled as a frame of its own it was guarded on `args` but not on `func`: a graph cached
+for `h.float()` answered `h.dtype`, the experts returned fp32 and the bf16 decode failed with "expected m1
+and m2 to have the same dtype" (`probe --compile` fell back to eager). Backend "aot_eager" (the traced
+graphs on the aten kernels eager uses): fast on 2 cores, and exact, so the bits must be the eager mode's.
+"""
+
+import pytest
+import torch
+
+import family_models as fm
+from nondet.kernels import batch_invariant
+from nondet.kernels.traced import TracedMode
+from nondet.probes.compiled import compile_scope, generation_fields
+
+PROMPT = "Tell me about Richard Feynman"
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    from nondet.probes.default_model import build_tokenizer
+
+    return fm.save_family("qwen3-moe", tmp_path_factory.mktemp("qwen3-moe"), build_tokenizer(512))
+
+
+def _recording_aot_eager(graphs: list):
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def backend(gm, example_inputs, **options):  # CompileConfig passes its mode on to the backend
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    return backend
+
+
+def _generate(model, ids, **fields):
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
+                          return_dict_in_generate=True, output_logits=True, **fields)
+
+
+def test_the_compiled_moe_decode_gives_the_eager_modes_bits(moe_dir):
+    """What `probe --compile` runs (transformers' compiled generate, the mode in its compiled forwards),
+    in bf16, the dtype that failed."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    model = fm.load(moe_dir, torch.bfloat16)
+    ids = fm.prompts()[:1]
+    graphs = []
+    torch._dynamo.reset()
+    with torch.no_grad(), compile_scope(), batch_invariant(model=model, traceable="compiled_calls"):
+        compiled = _generate(model, ids, **generation_fields(_recording_aot_eager(graphs), "cpu"))
+        eager = _generate(model, ids, cache_implementation="static", disable_compile=True)
+    traced = {str(n.target).split(".default")[0] for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert {"nondet.mm", "nondet.mean_last", "nondet.attention"} <= traced, traced
+    assert all(torch.equal(a, b) for a, b in zip(compiled.logits, eager.logits, strict=True))
+    # the cause: the mode's __torch_function__ is inlined where dynamo traces, never a cached frame of its own
+    assert _debug_get_cache_entry_list(TracedMode.__torch_function__.__code__) == []
+
+
+def test_probe_compile_on_an_moe_decodes_the_mode_compiled(tmp_path, moe_dir):
+    from nondet.probes.loading import ModelSpec
+    from nondet.probes.probe import ProbeConfig, run_probe
+
+    config = ProbeConfig(prompt=PROMPT, model=ModelSpec(name=moe_dir), batch_sizes=(1, 2), max_new_tokens=3,
+                         kernels=("batch-invariant",), compile_backend="aot_eager", out=str(tmp_path / "r"))
+    result = run_probe(config)
+    path = result.summary["decode_path"]["modes"]["batch-invariant"]
+    assert (path["path"], path["reason"], path["conditions"]) == ("compiled", None, 2), path
+    mode = result.summary["modes"]["batch-invariant"]
+    assert mode["distinct_completions"] == 1 and mode["first_numeric_divergence"] is None
