@@ -60,14 +60,14 @@ def test_the_compiled_moe_decode_gives_the_eager_modes_bits(moe_dir):
     assert _debug_get_cache_entry_list(TracedMode.__torch_function__.__code__) == []
 
 
+@pytest.mark.slow
 def test_probe_compile_on_an_moe_decodes_the_mode_compiled(tmp_path, moe_dir):
+    """`probe --compile` took the eager fallback on this model; one condition (batch 1, where it failed)
+    keeps the compile to one shape."""
     from nondet.probes.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig, run_probe
 
-    config = ProbeConfig(prompt=PROMPT, model=ModelSpec(name=moe_dir), batch_sizes=(1, 2), max_new_tokens=3,
+    config = ProbeConfig(prompt=PROMPT, model=ModelSpec(name=moe_dir), batch_sizes=(1,), max_new_tokens=3,
                          kernels=("batch-invariant",), compile_backend="aot_eager", out=str(tmp_path / "r"))
-    result = run_probe(config)
-    path = result.summary["decode_path"]["modes"]["batch-invariant"]
-    assert (path["path"], path["reason"], path["conditions"]) == ("compiled", None, 2), path
-    mode = result.summary["modes"]["batch-invariant"]
-    assert mode["distinct_completions"] == 1 and mode["first_numeric_divergence"] is None
+    path = run_probe(config).summary["decode_path"]["modes"]["batch-invariant"]
+    assert (path["path"], path["reason"], path["conditions"]) == ("compiled", None, 1), path
