@@ -1,11 +1,15 @@
 """Where the mode's host time goes on an 8B-shaped Qwen3 (hidden 4096, 32 / 8 heads, bf16), eager.
 
-    python3 scripts/gpu_host_profile.py [--layers 36] [--tokens 512]
+    python3 scripts/gpu_host_profile.py [--layers 36] [--tokens 512] [--parts ops,breakdown,prefill]
 
-1. The eager prefill of `--tokens` tokens (transformers runs generate's prefill eager, also on the
-   compiled path): wall ms, default vs the mode, and cProfile of the mode's forward by own time.
-2. Host microseconds per call of each kernel the prefill launches, the GPU kept busy by a sleep
-   kernel so the calls only enqueue: what one layer's ops cost the host, ours against torch's.
+Parts (--parts, all by default):
+- ops: host microseconds per call of the ops a layer's prefill runs, ours against torch's, the GPU
+  kept busy by a sleep kernel so the calls only enqueue;
+- breakdown: one invariant linear piece by piece, and host vs in-kernel TMA descriptors (host and
+  GPU time, same bits);
+- prefill: the eager prefill of `--tokens` tokens (transformers runs generate's prefill eager, also
+  on the compiled path): wall ms, default vs the mode (and the mode with host TMA descriptors), and
+  cProfile of the mode's forward.
 """
 
 import argparse
@@ -106,16 +110,16 @@ def print_matmul_breakdown(tokens: int) -> None:
 
 
 def print_prefill_profile(model, tokens: int, top: int = 25) -> None:
-    from nondet.kernels import batch_invariant
-
-    from nondet.kernels import triton_matmul
+    from nondet.kernels import batch_invariant, triton_matmul
 
     with torch.no_grad():
         default = prefill_ms(model, tokens)
         with batch_invariant(model=model):
-            triton_matmul.EAGER_DEVICE_DESC = False
-            before = prefill_ms(model, tokens)
-            triton_matmul.EAGER_DEVICE_DESC = True
+            try:
+                triton_matmul.EAGER_DEVICE_DESC = False
+                before = prefill_ms(model, tokens)
+            finally:
+                triton_matmul.EAGER_DEVICE_DESC = True
             mode = prefill_ms(model, tokens)
             ids = torch.randint(3, 32000, (1, tokens), device="cuda")
             profiler = cProfile.Profile()

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from nondet.kernels import custom_ops
-from nondet.kernels.launch import triton_scratch
 
 op = custom_ops.op  # the nondet:: op for these tensors (its _gpu triton_op on CUDA)
 
@@ -136,8 +135,7 @@ def traced_scope(ops: frozenset, compiled_calls_only: bool = False):
     import torch._inductor.config as inductor_config
 
     mode = TracedMode(ops)
-    with inductor_config.patch(emulate_precision_casts=True), triton_scratch(), \
-            (compiled_calls(mode) if compiled_calls_only else mode):
+    with inductor_config.patch(emulate_precision_casts=True), (compiled_calls(mode) if compiled_calls_only else mode):
         yield
 
 

@@ -228,7 +228,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     chunks = triton.cdiv(k, k_chunk)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if not split and tma:
-        _mm_tma(a[0], b[0], c[0], None if not has_bias else bias_t[0], alpha, beta, unit, k_chunk, cfg)
+        _mm_tma(a[0], b[0], c[0], None if not has_bias else bias_t[0], alpha, beta, cfg)
         return c
     ws = torch.empty((chunks, nb, m, n), dtype=torch.float32, device=a.device) if split else c
     # zeroed per call (a memset, also inside a CUDA graph): a counter buffer kept between calls
@@ -290,8 +290,10 @@ def _host_descs(a, b, cfg):
             TensorDescriptor.from_tensor(b.t(), [cfg.block_n, cfg.block_k]))  # the weight as stored, (N, K)
 
 
-def _mm_tma(a, b, c, bias, alpha, beta, unit, k_chunk, cfg):
+def _mm_tma(a, b, c, bias, alpha, beta, cfg):
+    """c = a (M, K) @ b (K, N) [* alpha + beta * bias (M, N)] through the persistent TMA kernel."""
     m, n = c.shape
+    unit = alpha == 1.0 and (beta == 1.0 or bias is None)
     device_desc = _device_desc(a)
     a_src, b_src = (a, b.t()) if device_desc else _host_descs(a, b, cfg)
     programs = min(sm_count(a.device), triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
@@ -300,9 +302,9 @@ def _mm_tma(a, b, c, bias, alpha, beta, unit, k_chunk, cfg):
         launch(_mm_tma_kernel, (programs,), c)(
             a_src, b_src, c, bias_t, m, n, a.shape[1], c.stride(0), c.stride(1),
             bias_t.stride(0), bias_t.stride(1), float(alpha), float(beta),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk, GROUP_M=cfg.group_m,
-            NUM_PROGRAMS=programs, HAS_BIAS=bias is not None, UNIT_SCALE=unit, UPCAST=interpreting(),
-            DEVICE_DESC=device_desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk_for(a.shape[1], cfg),
+            GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, HAS_BIAS=bias is not None, UNIT_SCALE=unit,
+            UPCAST=interpreting(), DEVICE_DESC=device_desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _bias_only(bias, c, beta):
@@ -323,8 +325,7 @@ def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
             and (split is False or not use_split(1, m, n, k, cfg, a.device, 4))):
         # the persistent TMA kernel straight away: bmm's 3-d views cost the host ~10 us per call
         c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-        _mm_tma(a, b, c, None if bias is None else bias.expand(m, n), alpha, beta,
-                alpha == 1.0 and (beta == 1.0 or bias is None), k_chunk_for(k, cfg), cfg)
+        _mm_tma(a, b, c, None if bias is None else bias.expand(m, n), alpha, beta, cfg)
         return c
     bias3 = None if bias is None else bias.expand(a.shape[0], b.shape[1]).unsqueeze(0)
     return bmm(a.unsqueeze(0), b.unsqueeze(0), bias3, alpha=alpha, beta=beta, split=split, cfg=cfg)[0]

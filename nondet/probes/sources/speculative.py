@@ -93,7 +93,8 @@ class SpeculativeSource:
     def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
         prompt_id, form = planned.plan
         ids = self.inputs[prompt_id]
-        with kernels_mode(planned.kernels, self.loaded.model, traceable=COMPILED_CALLS if self.paths else False):
+        traceable = COMPILED_CALLS if self.paths is not None else False
+        with kernels_mode(planned.kernels, self.loaded.model, traceable=traceable):
             steps, rounds, seconds = self._decode_on_path(planned.kernels, ids, form)
         emit(self._stream(planned, prompt_id, form, ids, steps, rounds, seconds))
         return ConditionRecord(condition_id=planned.condition_id, kernels=planned.kernels, batch_size=1,
