@@ -189,3 +189,16 @@ def test_gate_bisect_line_explains_both_numbers():
         "difference had reached")
     assert bisect_line({"origin": first, "lasting": first}, logprob_step=1) == (
         "first differing activation bits at step 1 in model.layers.0.mlp.down_proj (matmul)")
+
+
+def test_a_model_whose_tokenizer_has_no_vocabulary_is_one_usage_line(tmp_path):
+    # a model saved without its tokenizer files: transformers still builds the model type's tokenizer,
+    # empty, and the prompt becomes no tokens (generate used to crash in the embedding: "internal error")
+    from family_models import save_family
+
+    model = save_family("qwen3", tmp_path / "no-vocab")
+    result = nondet("probe", "--model", model, "--batch-sizes", "1", "-n", "2", "--out", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "nondet: error: the prompt 'Tell me about Richard Feynman' tokenizes to no tokens; give a non-empty "
+        "prompt, or check that the model directory holds its tokenizer's vocabulary (tokenizer.json)")

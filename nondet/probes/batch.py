@@ -28,6 +28,9 @@ def tokenize_inputs(tokenizer, prompt: str, fillers) -> tuple[list[int], list[li
     rebuilds exactly the batch the probe ran.
     """
     target = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if not target:  # an empty prompt, or a tokenizer saved without its vocabulary (generate would crash)
+        raise UsageError(f"the prompt {prompt[:40]!r} tokenizes to no tokens; give a non-empty prompt, or check "
+                         "that the model directory holds its tokenizer's vocabulary (tokenizer.json)")
     ids = [tokenizer(f, add_special_tokens=False)["input_ids"] for f in fillers]
     return target, [f for f in ids if f] or [target]
 
