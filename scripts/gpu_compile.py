@@ -1,7 +1,10 @@
 """The mode on the compiled path: an 8B-shaped random Qwen3 (hidden 4096, 32 / 8 heads, bf16) decoded
 by HF generate with a static cache, which transformers compiles (CUDA graphs) on CUDA.
 
-    python3 scripts/gpu_compile.py [--layers 36] [--tokens 32]
+    python3 scripts/gpu_compile.py [--layers 36] [--tokens 32] [--moe]
+
+--moe: a Qwen3-30B-A3B-shaped mixture of experts instead (hidden 2048, 128 experts, top-8, expert width
+768, 32 / 4 heads of 128); its roofline counts the weights one token reads (8 of 128 experts).
 
 Per kernels mode (default; the mode with traceable=True): compile + warm-up time, ms per decode
 step at B = 1 and B = 32, the weight-read roofline at B = 1, and whether the compiled mode's greedy
@@ -33,6 +36,36 @@ def build(layers: int):
         model = Qwen3ForCausalLM(cfg).eval()
     torch.set_default_dtype(torch.float32)
     return model
+
+
+def build_moe(layers: int):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(vocab_size=32000, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                         num_experts=128, num_experts_per_tok=8, num_hidden_layers=layers, num_attention_heads=32,
+                         num_key_value_heads=4, head_dim=128, decoder_sparse_step=1, mlp_only_layers=[],
+                         max_position_embeddings=4096, pad_token_id=0, eos_token_id=2, bos_token_id=1)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = Qwen3MoeForCausalLM(cfg).eval()
+    torch.set_default_dtype(torch.float32)
+    with torch.no_grad():  # spread the router and the experts (random init leaves some at zero)
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.02)
+    return model
+
+
+def read_bytes(model) -> int:
+    """Bytes of weights one token's decode step reads: all of a dense model; a MoE's top-k experts only."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    cfg = model.config
+    experts = getattr(cfg, "num_experts", None)
+    if not experts:
+        return total
+    expert_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".experts." in n)
+    return total - expert_bytes + expert_bytes * cfg.num_experts_per_tok // experts
 
 
 def generate(model, ids, tokens: int, static: bool, logits: bool = False):
@@ -242,16 +275,17 @@ def main() -> None:
     parser.add_argument("--decode-profile", action="store_true", help="the decode steps' per-kernel profile only")
     parser.add_argument("--prefill", action="store_true", help="the 512-token prefill only (eager, compiled, graphs)")
     parser.add_argument("--compiled-profile", action="store_true", help="where the compiled decode step's time goes")
+    parser.add_argument("--moe", action="store_true", help="a Qwen3-30B-A3B-shaped MoE instead of the 8B shape")
     parser.add_argument("--traceable", default="True", choices=("True", "compiled_calls"),
                         help="the mode's traced scope in the table: the whole generate call, or its compiled forwards")
     args = parser.parse_args()
     traceable = True if args.traceable == "True" else args.traceable
     name = torch.cuda.get_device_name()
     print(name, "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), flush=True)
-    model = build(args.layers)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    model = build_moe(args.layers) if args.moe else build(args.layers)
+    weight_bytes = read_bytes(model)
     bandwidth = next((v for k, v in HBM.items() if k in name), 3.35e12)
-    print(f"weights {weight_bytes / 1e9:.1f} GB: {weight_bytes / bandwidth * 1e3:.2f} ms to read at "
+    print(f"weights one token reads {weight_bytes / 1e9:.2f} GB: {weight_bytes / bandwidth * 1e3:.2f} ms to read at "
           f"{bandwidth / 1e12:.2f} TB/s", flush=True)
     if args.profile or args.prefill:
         return print_prefill_and_profile(model, decode=args.profile)

@@ -1,7 +1,7 @@
 """A mixture of experts of realistic width on CUDA: Qwen3-30B-A3B-shaped layers (hidden 2048, 128
 experts, top-8, expert width 768, 32 / 4 heads of 128), 4 layers, random bf16 weights.
 
-    python3 scripts/gpu_moe.py [--layers 4] [--tokens 64] [--out DIR]
+    python3 scripts/gpu_moe.py [--layers 4] [--tokens 64] [--out DIR] [--timing]
 
 1. `nondet probe --confirm` over batch sizes 1..64 (one prompt at both ends of each batch): default
    kernels' distinct completions and first divergence, and the mode's (must be 1 distinct, identical bits);
@@ -94,11 +94,14 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--out", default="/tmp/nondet-moe")
+    parser.add_argument("--timing", action="store_true", help="the decode step times only (3.)")
     args = parser.parse_args()
     out = Path(args.out)
     model = out / "qwen3-moe-a3b-shaped"
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     build(model, args.layers)
+    if args.timing:
+        return timing(model, 32)
     run = out / "run"
     nondet("probe", "--model", str(model), "--device", "cuda", "-p", PROMPT, "-b", "1,2,4,8,16,32,64",
            "-n", str(args.tokens), "--confirm", "--out", str(run), timeout=300)

@@ -1,8 +1,9 @@
 """The mode inside torch.compile on a mixture-of-experts model (a tiny Qwen3-MoE, tests/family_models.py).
 
-The experts' host sync (experts._experts_hit) breaks the graph inside the decoder loop, so dynamo runs
-that loop eagerly inside the compiled call, and the mode's __torch_function__ is called from code dynamo
-does not trace. Compiled as a frame of its own it was guarded on `args` but not on `func`: a graph cached
+Traced, the invariant experts take grouped.combine: no host sync, so the compiled decode step is one
+graph with no break (the loop's bincount -> tolist broke it 14 times, warm-up 18 s against 6 s here).
+Before that, with the graph broken inside the decoder loop, dynamo ran the loop eagerly inside the
+compiled call, and the mode's __torch_function__ was called from code dynamo does not trace. Compiled as a frame of its own it was guarded on `args` but not on `func`: a graph cached
 for `h.float()` answered `h.dtype`, the experts returned fp32 and the bf16 decode failed with "expected m1
 and m2 to have the same dtype" (`probe --compile` fell back to eager). Backend "aot_eager" (the traced
 graphs on the aten kernels eager uses): fast on 2 cores, and exact, so the bits must be the eager mode's.
@@ -50,11 +51,13 @@ def test_the_compiled_moe_decode_gives_the_eager_modes_bits(moe_dir):
     ids = fm.prompts()[:1]
     graphs = []
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     with torch.no_grad(), compile_scope(), batch_invariant(model=model, traceable="compiled_calls"):
         compiled = _generate(model, ids, **generation_fields(_recording_aot_eager(graphs), "cpu"))
         eager = _generate(model, ids, cache_implementation="static", disable_compile=True)
     traced = {str(n.target).split(".default")[0] for g in graphs for n in g.graph.nodes if n.op == "call_function"}
-    assert {"nondet.mm", "nondet.mean_last", "nondet.attention"} <= traced, traced
+    assert {"nondet.mm", "nondet.mean_last", "nondet.attention", "nondet.grouped_mm"} <= traced, traced
+    assert len(graphs) == 1 and not torch._dynamo.utils.counters["graph_break"], "the decode step broke into graphs"
     assert all(torch.equal(a, b) for a, b in zip(compiled.logits, eager.logits, strict=True))
     # the cause: the mode's __torch_function__ is inlined where dynamo traces, never a cached frame of its own
     assert _debug_get_cache_entry_list(TracedMode.__torch_function__.__code__) == []

@@ -90,10 +90,20 @@ def ensure_registered() -> None:
     def _(q, k, v, mask, scale, is_causal, softcap, sinks, sliding):
         return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[3]))
 
-    _REGISTERED.update(mm=mm, addmm=addmm, layer_norm=layer_norm, bmm=bmm, mean_last=mean_last, softmax=softmax,
+    @torch.library.custom_op("nondet::grouped_mm", mutates_args=())
+    def grouped_mm_op(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, stored_out_in: bool) -> torch.Tensor:
+        return _grouped_mm(x, weight.transpose(1, 2) if stored_out_in else weight, counts)
+
+    @grouped_mm_op.register_fake
+    def _(x, weight, counts, stored_out_in):
+        return x.new_empty((x.shape[0], weight.shape[1] if stored_out_in else weight.shape[2]))
+
+    _REGISTERED.update(mm=mm, addmm=addmm, grouped_mm=grouped_mm_op, layer_norm=layer_norm, bmm=bmm, mean_last=mean_last, softmax=softmax,
                        attention=attention)
     _REGISTERED.update(_register_gpu_ops(ops))
-    custom_grads.register({name: op for name, op in _REGISTERED.items() if name != "attention_kernel"})
+    # the bare attention kernel and the grouped matmul have no backward: a training forward takes the
+    # whole attention op and the experts' loop (grouped.applies)
+    custom_grads.register({name: op for name, op in _REGISTERED.items() if name not in ("attention_kernel", "grouped_mm")})
 
 
 def _register_gpu_ops(ops) -> dict:
@@ -164,6 +174,33 @@ def op(name: str, *tensors: torch.Tensor):
     gpu = (name in GPU_OPS and rows > DECODE_ROWS and first.is_cuda and first.dtype in TRITON_DTYPES and not interpreting()
            and all(t.dtype == first.dtype for t in tensors[1:]))
     return getattr(torch.ops.nondet, f"{name}_gpu" if gpu else name)
+
+
+def grouped_mm(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, stored_out_in: bool) -> torch.Tensor:
+    """Rows x (R, K) sorted by expert, counts (E,) of them per expert, times their expert's weight:
+    (E, N, K) when stored_out_in (nn.Linear's layout), else (E, K, N) -> (R, N). One opaque op in a
+    traced graph (grouped.py)."""
+    ensure_registered()
+    return torch.ops.nondet.grouped_mm(x, weight, counts, stored_out_in)
+
+
+def _grouped_mm(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """weight (E, K, N): the Triton grouped kernel where it runs (no host sync), else the invariant mm
+    per expert's rows (reads the counts on the host: an opaque op's body, never a graph's)."""
+    from nondet.kernels import ops
+    from nondet.kernels.launch import interpreting
+
+    if ops._triton(x) and x.dtype == weight.dtype and not interpreting():
+        from nondet.kernels import triton_grouped
+
+        return triton_grouped.grouped_mm(x, weight, counts)
+    out = x.new_zeros((x.shape[0], weight.shape[2]))
+    start = 0
+    for expert, rows in enumerate(counts.tolist()):
+        if rows:
+            out[start:start + rows] = ops.mm(x[start:start + rows], weight[expert])
+            start += rows
+    return out
 
 
 def attention(q, k, v, mask, scale: float, is_causal: bool, softcap, sinks, sliding: bool) -> torch.Tensor:

@@ -24,6 +24,8 @@ import contextlib
 
 import torch
 
+from nondet.kernels import grouped
+
 EXPERTS_IMPLEMENTATION = "nondet_batch_invariant"
 PREVIOUS_ATTR = "_nondet_previous_experts"  # set on each experts module by the mode: what to fall back to
 _ENABLED = {"experts": False, "matmul_scope": None}  # set by the mode whenever its active op classes change
@@ -43,6 +45,8 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
         return previous_forward(self)(self, hidden_states, top_k_index, top_k_weights)
     if getattr(self, "_is_expert_parallel", False):
         raise ValueError(f"batch-invariant experts do not support expert parallelism ({type(self).__name__})")
+    if grouped.applies(hidden_states, self):  # no host sync: compiled graphs, CUDA graphs, one launch per projection
+        return grouped.combine(self, hidden_states, top_k_index, top_k_weights)
     scope = _ENABLED["matmul_scope"]
     with scope() if scope is not None else contextlib.nullcontext():
         return _combine(self, hidden_states, top_k_index, top_k_weights)
@@ -61,7 +65,8 @@ def _combine(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
 
 
 def _experts_hit(top_k_index: torch.Tensor, num_experts: int) -> list[int]:
-    """Expert ids that received a token, ascending (the fixed combine order). A host sync: eager only."""
+    """Expert ids that received a token, ascending (the fixed combine order). A host sync: eager only
+    (a traced graph and the Triton kernels take grouped.combine, which computes the same bits without it)."""
     hit = torch.bincount(top_k_index.reshape(-1).clamp(0, num_experts), minlength=num_experts + 1)[:num_experts]
     return hit.nonzero().flatten().tolist()
 

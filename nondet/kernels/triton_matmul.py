@@ -71,35 +71,15 @@ def tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
     return first_m + (tile % (GROUP_M * num_n)) % size_m, (tile % (GROUP_M * num_n)) // size_m
 
 
-@triton.jit(do_not_specialize=["M"])  # one binary for every batch size
-def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr, count_ptr,
-               M, N, K,
-               s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn,
-               s_biasb, s_biasm, s_biasn, alpha, beta,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               K_CHUNK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
-               SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr,
-               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    pid = tl.program_id(0)
-    pid_b = tl.program_id(1).to(tl.int64)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = tile_coords(pid, num_m, num_n, GROUP_M)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+@triton.jit
+def chunk_sums(a_base, b_base, s_ak, s_bk, K, c_lo, c_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, K_CHUNK: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+               UPCAST: tl.constexpr):
+    """The K order of one (BLOCK_M, BLOCK_N) tile, fp32: chunks c_lo..c_hi-1 of K_CHUNK, each summed
+    from zero by a chain of BLOCK_K dots, the chunk sums added in order from zero. a_base (BLOCK_M, 1)
+    and b_base (1, BLOCK_N) point at each row's / column's first element; shared by every pointer kernel
+    (the plain and the grouped matmul), so they sum alike."""
     offs_k = tl.arange(0, BLOCK_K)
-    rm = offs_m % M  # wrapped rows compute throw-away values; each row's dot uses only its own data
-    rn = offs_n % N
-    a_base = a_ptr + pid_b * s_ab + rm[:, None] * s_am
-    b_base = b_ptr + pid_b * s_bb + rn[None, :] * s_bn
-
-    if SPLIT:
-        c_lo = tl.program_id(2)
-        c_hi = c_lo + 1
-    else:
-        c_lo = 0
-        c_hi = tl.cdiv(K, K_CHUNK)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for c in range(c_lo, c_hi):
         part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -117,6 +97,39 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr, count_ptr,
                 b = b.to(tl.float32)
             part = tl.dot(a, b, part, input_precision=PRECISION)
         acc = acc + part
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])  # one binary for every batch size
+def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr, count_ptr,
+               M, N, K,
+               s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn,
+               s_biasb, s_biasm, s_biasn, alpha, beta,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               K_CHUNK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+               SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr,
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = tile_coords(pid, num_m, num_n, GROUP_M)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = offs_m % M  # wrapped rows compute throw-away values; each row's dot uses only its own data
+    rn = offs_n % N
+    a_base = a_ptr + pid_b * s_ab + rm[:, None] * s_am
+    b_base = b_ptr + pid_b * s_bb + rn[None, :] * s_bn
+
+    if SPLIT:
+        c_lo = tl.program_id(2)
+        c_hi = c_lo + 1
+    else:
+        c_lo = 0
+        c_hi = tl.cdiv(K, K_CHUNK)
+    acc = chunk_sums(a_base, b_base, s_ak, s_bk, K, c_lo, c_hi, BLOCK_M, BLOCK_N, BLOCK_K, K_CHUNK, EVEN_K,
+                     PRECISION, UPCAST)
 
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if SPLIT:
