@@ -30,10 +30,11 @@ if not INNER:
         rerun_under_interpreter(__file__, "NONDET_GROUPED_INNER")
 
     def test_the_block_table_covers_each_experts_rows_once():
-        from nondet.kernels.triton_grouped import BLOCK_M, block_table
+        from nondet.kernels.triton_grouped import block_table
 
+        BLOCK_M = 16  # noqa: N806
         counts = torch.tensor([0, BLOCK_M + 1, 0, 3, BLOCK_M])
-        expert, row, ends = block_table(counts, int(counts.sum()))
+        expert, row, ends = block_table(counts, int(counts.sum()), BLOCK_M)
         real = expert < len(counts)
         assert expert.shape[0] == -(-int(counts.sum()) // BLOCK_M) + len(counts)
         assert expert[real].tolist() == [1, 1, 3, 4] and row[real].tolist() == [0, BLOCK_M, BLOCK_M + 1, BLOCK_M + 4]
@@ -107,7 +108,8 @@ else:
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
     @pytest.mark.parametrize("k", [128, 96])  # 96: a K that is no multiple of block_k (masked loads)
     @pytest.mark.parametrize("stored_out_in", [True, False])
-    def test_grouped_rows_get_the_bits_of_the_mm_alone(dtype, k, stored_out_in):
+    @pytest.mark.parametrize("tile", [None, (64, 128), (16, 64)])  # None: the pick for these shapes, (16, 64)
+    def test_grouped_rows_get_the_bits_of_the_mm_alone(dtype, k, stored_out_in, tile):
         from nondet.kernels import triton_grouped, triton_matmul
 
         counts = [0, 19, 0, 1, 5]
@@ -116,7 +118,7 @@ else:
         n = 40  # no multiple of BLOCK_N: masked columns
         weight = torch.randn(len(counts), n, k, generator=g).to(dtype)  # (E, N, K), as nn.Linear stores
         w = weight.transpose(1, 2) if stored_out_in else weight.transpose(1, 2).contiguous()  # (E, K, N)
-        out = triton_grouped.grouped_mm(x, w, counts_t)
+        out = triton_grouped.grouped_mm(x, w, counts_t, tile)
         start = 0
         for expert, rows in enumerate(counts):
             for row in range(start, start + rows):  # each row alone: M = 1, the decode bucket

@@ -19,10 +19,18 @@ from nondet.kernels.config import k_chunk_for, matmul_config
 from nondet.kernels.launch import interpreting, launch
 from nondet.kernels.triton_matmul import chunk_sums
 
-BLOCK_M = 16  # rows per program: a decode step gives each expert a row or two (mma.sync rows, as in M <= 16)
-BLOCK_N = 128
 NUM_WARPS = 4
 NUM_STAGES = 4
+
+
+def tiles(rows: int, experts: int) -> tuple[int, int]:
+    """(rows, columns) of one program's tile, from the shapes alone (speed only: every tile sums in the
+    same K order). A decode step gives an expert a row or two: 16-row tiles (mma.sync, as the mm's
+    M <= 16 bucket), and 64 columns where the few experts hit would leave most SMs idle; a prefill's
+    experts get dozens of rows each: 64-row tiles read each weight tile once for all of them."""
+    block_m = 64 if rows >= 48 * experts else 16
+    block_n = 64 if rows <= 64 else 128
+    return block_m, block_n
 
 
 @triton.jit(do_not_specialize=["R"])
@@ -51,38 +59,40 @@ def _grouped_mm_kernel(x_ptr, w_ptr, c_ptr, block_expert_ptr, block_row_ptr, exp
         tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < end) & (offs_n[None, :] < N))
 
 
-def block_table(counts: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def block_table(counts: torch.Tensor, rows: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """From each expert's row count (E,) on the device: (block_expert, block_row) of length
-    ceil(rows / BLOCK_M) + E (the bound on blocks any split of `rows` rows over E experts needs;
+    ceil(rows / block_m) + E (the bound on blocks any split of `rows` rows over E experts needs;
     unused blocks get expert E), and each expert's end row (E,). Device ops only, no host sync."""
     num_experts = counts.shape[0]
     counts = counts.to(torch.int64)
     ends = torch.cumsum(counts, 0)
-    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    blocks = (counts + block_m - 1) // block_m
     block_ends = torch.cumsum(blocks, 0)
-    index = torch.arange(triton.cdiv(rows, BLOCK_M) + num_experts, device=counts.device)
+    index = torch.arange(triton.cdiv(rows, block_m) + num_experts, device=counts.device)
     expert = torch.searchsorted(block_ends, index, right=True)  # E past the last real block
     safe = expert.clamp(max=num_experts - 1)
-    row = (ends - counts)[safe] + (index - (block_ends - blocks)[safe]) * BLOCK_M
+    row = (ends - counts)[safe] + (index - (block_ends - blocks)[safe]) * block_m
     return expert.to(torch.int32), row.to(torch.int32), ends.to(torch.int32)
 
 
-def grouped_mm(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+def grouped_mm(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor,
+               tile: tuple[int, int] | None = None) -> torch.Tensor:
     """x (R, K), rows sorted by expert, counts[e] of them for expert e; weight (E, K, N) (any strides:
     a weight stored (E, N, K) is passed as its transpose view) -> (R, N) in x's dtype. Rows past
-    counts.sum() are left unwritten."""
+    counts.sum() are left unwritten. tile: (rows, columns) per program (tests); None picks by shape."""
     rows, k = x.shape
     num_experts, _, n = weight.shape
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if rows == 0 or n == 0:
         return out
     cfg = matmul_config(x.dtype, 1)  # the dtype's K order (block_k, chunk): every bucket shares it
-    block_expert, block_row, ends = block_table(counts, rows)
-    grid = (block_expert.shape[0], triton.cdiv(n, BLOCK_N))
+    block_m, block_n = tile or tiles(rows, num_experts)
+    block_expert, block_row, ends = block_table(counts, rows, block_m)
+    grid = (block_expert.shape[0], triton.cdiv(n, block_n))
     launch(_grouped_mm_kernel, grid, x)(
         x, weight, out, block_expert, block_row, ends, rows, n, k, num_experts,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), weight.stride(2), out.stride(0), out.stride(1),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk_for(k, cfg),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk_for(k, cfg),
         EVEN_K=(k % cfg.block_k == 0), PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST=interpreting(), num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return out

@@ -33,7 +33,7 @@ def _routing(tokens: int, seed: int = 0):
     return index, (weights / weights.sum(-1, keepdim=True)).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("tokens", [1, 7, 64, 512])
+@pytest.mark.parametrize("tokens", [1, 7, 64, 512, 1024])  # 1024: 64-row tiles (triton_grouped.tiles)
 def test_the_grouped_experts_give_the_loops_bits_and_a_token_alone_its_bits_in_a_batch(a3b_experts, tokens):
     x = torch.randn(tokens, 2048, device="cuda", generator=torch.Generator("cuda").manual_seed(1)).to(torch.bfloat16)
     index, weights = _routing(tokens)

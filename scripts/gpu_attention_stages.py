@@ -1,0 +1,69 @@
+"""Decode attention at B = 1 against SDPA, by the kernel's pipeline depth and warps (speed-only knobs:
+block_n and kv_chunk, the numerics, stay the shipped ones; each candidate's bits are compared with the
+shipped configuration's).
+
+    python3 scripts/gpu_attention_stages.py
+
+Times are CUDA-graph replays (20 calls per graph, median of 5 replays), so launch cost is left out.
+"""
+
+import dataclasses
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from nondet.kernels.config import ATTENTION_CONFIGS
+from nondet.kernels.triton_attention import attention
+
+CANDIDATES = ((4, 2), (4, 1), (4, 3), (8, 1), (8, 2))  # (num_warps, num_stages); (4, 2) is shipped
+
+
+def graph_us(fn, calls: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def main() -> None:
+    print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    shipped = ATTENTION_CONFIGS[torch.bfloat16]
+    header = " | ".join(f"w{w} s{s}" + (" (shipped)" if (w, s) == (shipped.num_warps, shipped.num_stages) else "")
+                        for w, s in CANDIDATES)
+    print(f"| B=1, H 32/8, D 128 | SDPA us | {header} |")
+    print("|---|---:|" + "---:|" * len(CANDIDATES))
+    g = torch.Generator("cuda").manual_seed(0)
+    for kv in (1024, 8192, 32768):
+        q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(1, 8, kv, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(1, 8, kv, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        scale = 128 ** -0.5
+        start = torch.zeros(1, dtype=torch.int32, device="cuda")
+        sdpa = graph_us(lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True))
+        reference = attention(q, k, v, None, scale, start)
+        cells = []
+        for warps, stages in CANDIDATES:
+            cfg = dataclasses.replace(shipped, num_warps=warps, num_stages=stages)
+            try:
+                out = attention(q, k, v, None, scale, start, cfg=cfg)
+                us = graph_us(lambda cfg=cfg: attention(q, k, v, None, scale, start, cfg=cfg))
+                cells.append(f"{us:.1f} ({sdpa / us:.2f}x){'' if torch.equal(out, reference) else ' BITS'}")
+            except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is a cell, not a stop
+                cells.append(f"failed: {type(exc).__name__}")
+        print(f"| KV={kv} | {sdpa:.1f} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
