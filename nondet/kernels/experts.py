@@ -15,6 +15,11 @@ token alone:
 - a token's expert outputs are weighted and added in fp32, in increasing expert index, whatever
   else is in the batch, then cast once to the input dtype.
 
+That loop reads on the host which experts a batch hit. Inside a traced graph and on the Triton
+kernels, grouped.py computes the same bits without that sync (all routed rows sorted by expert on the
+device, one grouped matmul per projection), so a compiled MoE decode step is one graph that CUDA graphs
+can replay; the loop stays for the CPU in eager and for a training forward (autograd records its mm).
+
 Registration adds a name; numerics change only when a model selects it (mode.py). When the model
 points here but the "experts" class is switched off in an inner context (an ablation), the module's
 previous implementation runs instead.

@@ -49,7 +49,7 @@ def combine(module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
     weight = top_k_weights.reshape(-1)[order].unsqueeze(-1)
     contribution = torch.where(valid[order].unsqueeze(-1), (rows * weight).float(), 0.0)  # (T*k, H) fp32
     by_slot = torch.empty_like(contribution).index_copy_(0, order, contribution).view(tokens, k, -1)
-    ascending = torch.sort(torch.where(valid, flat, num_experts).view(tokens, k), dim=1, stable=True).indices
+    ascending = torch.sort(key.view(tokens, k), dim=1, stable=True).indices  # each token's slots by expert
     by_expert = by_slot.gather(1, ascending.unsqueeze(-1).expand_as(by_slot))
     out = torch.zeros(by_expert.shape[0], by_expert.shape[2], dtype=torch.float32, device=by_expert.device)
     for j in range(k):  # fp32, from zero, in increasing expert index: the loop's order of additions
