@@ -27,7 +27,7 @@ import contextlib
 import time
 from dataclasses import replace
 
-from nondet.errors import ModelLoadError, UsageError
+from nondet.errors import ModelLoadError, UnsupportedModelError, UsageError
 from nondet.probes.compiled_draft import overriding, static_drafts
 from nondet.probes.batch import Batch, tokenize_inputs
 from nondet.probes.loading import ModelSpec, load_model
@@ -74,6 +74,8 @@ class SpeculativeSource:
             self._refuse_uncroppable_target()
             self.uncroppable_drafts = self._uncroppable_drafts()
         found["speculative"]["draft_decode"] = {f.name: self._draft_path(f) for f in self.forms if f.kind != "ngram"}
+        if self.drafts:
+            found["speculative"]["draft_kernels"] = "the condition's (the mode covers a draft model as it covers the target)"
         return Opened(found)
 
     def attach(self, writer) -> None:
@@ -94,12 +96,26 @@ class SpeculativeSource:
         prompt_id, form = planned.plan
         ids = self.inputs[prompt_id]
         traceable = COMPILED_CALLS if self.paths is not None else False
-        with kernels_mode(planned.kernels, self.loaded.model, traceable=traceable):
+        with kernels_mode(planned.kernels, self.loaded.model, traceable=traceable), self._draft_kernels(planned, form):
             steps, rounds, seconds = self._decode_on_path(planned.kernels, ids, form)
         emit(self._stream(planned, prompt_id, form, ids, steps, rounds, seconds))
         return ConditionRecord(condition_id=planned.condition_id, kernels=planned.kernels, batch_size=1,
                                positions=[0], fillers="none", label=planned.label, load=self.kind,
                                prompt_id=prompt_id, extra={"speculative": form.name if form else None})
+
+    def _draft_kernels(self, planned: Planned, form: Speculation | None):
+        """The condition's kernels on a draft model too: under the mode its attention and experts are
+        switched as the target's are (the aten overrides and the traced mode already reach it). A serving
+        engine's deterministic mode covers its draft, and a draft on other kernels than its target agrees
+        with it less: on an H100 (2026-11-25, bench_speculative --case wide --compile) the draft kept
+        SDPA under the mode and its acceptance fell to 0.79 from the default's 0.97. The target's tokens
+        never depend on it (the verification pass decides them)."""
+        if form is None or form.kind != "draft":
+            return contextlib.nullcontext()
+        try:
+            return kernels_mode(planned.kernels, self.drafts[form.name].model)
+        except UnsupportedModelError as exc:
+            raise UnsupportedModelError(f"--speculative {form.name}: draft model: {exc}") from None
 
     def summarize(self, streams: list[dict]):
         doc = summarize_modes(streams, self.loaded.tokenizer, self.config.targets)
