@@ -48,7 +48,27 @@ def _form(rows: list[dict]) -> dict:
         "first_numeric_divergence": earliest(r["first_numeric_divergence"] for r in rows),
         "acceptance_rate": round(sum(r["accepted"] for r in rows) / drafted, 4) if drafted else None,
         "tokens_per_s": tps, "reference_tokens_per_s": ref_tps, "speedup": _ratio(tps, ref_tps),
+        **_round_cost(rows),
     }
+
+
+def _round_cost(rows: list[dict]) -> dict:
+    """The speedup split in two: speedup = tokens_per_round / round_cost, where round_cost is one
+    verification round's time (its drafts included) in plain greedy steps. Acceptance sets the first
+    and depends on the token stream (two kernels modes decode different streams); the kernels' cost
+    sets the second, so comparing round costs compares the modes at equal acceptance."""
+    rounds = sum(r["rounds"] for r in rows)
+    seconds = sum(r["seconds"] or 0 for r in rows)
+    plain_step = _per(sum(r["reference_seconds"] or 0 for r in rows), sum(r["reference_tokens"] for r in rows))
+    per_round = _per(seconds, rounds)
+    return {"rounds": rounds, "tokens_per_round": _per(sum(r["tokens"] for r in rows), rounds, 3),
+            "round_cost": round(per_round / plain_step, 3) if per_round and plain_step else None}
+
+
+def _per(total: float, count: int, digits: int | None = None) -> float | None:
+    if not count or not total:
+        return None
+    return total / count if digits is None else round(total / count, digits)
 
 
 def _rate(rows: list[dict], tokens: str, seconds: str) -> float | None:
