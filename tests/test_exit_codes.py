@@ -202,3 +202,47 @@ def test_a_model_whose_tokenizer_has_no_vocabulary_is_one_usage_line(tmp_path):
     assert result.stderr.splitlines()[-1] == (
         "nondet: error: the prompt 'Tell me about Richard Feynman' tokenizes to no tokens; give a non-empty "
         "prompt, or check that the model directory holds its tokenizer's vocabulary (tokenizer.json)")
+
+
+# -- a run directory is written by one run --------------------------------------------------
+
+
+def test_a_second_probe_into_a_used_run_dir_is_refused_and_the_first_kept(tmp_path, tiny_model_dir):
+    out = tmp_path / "r"
+    first = nondet("probe", "--model", str(tiny_model_dir), "-p", "Hi", "-n", "2", "--batch-sizes", "1,2",
+                   "--out", str(out), "--json")
+    assert first.returncode == 0, first.stderr
+    streams = (out / "streams.jsonl").read_bytes()
+    again = nondet("probe", "--model", str(tiny_model_dir), "-p", "Hi", "-n", "2", "--out", str(out), "--json")
+    assert again.returncode == 2
+    assert again.stderr == f"nondet: error: {out} already holds a run; pass a new --out, or remove it\n"
+    assert (out / "streams.jsonl").read_bytes() == streams
+
+
+def test_a_server_probe_into_a_used_run_dir_points_at_resume(tmp_path):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "streams.jsonl").write_text("")
+    r = nondet("probe", "--endpoint", "http://127.0.0.1:9", "--out", str(out))
+    assert r.returncode == 2
+    assert r.stderr == f"nondet: error: {out} already holds a run; finish it with --resume {out} or pass a new --out\n"
+
+
+def test_rl_into_a_used_run_dir_is_refused(tmp_path):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "streams.jsonl").write_text("")
+    r = nondet("rl", "--out", str(out))
+    assert r.returncode == 2
+    assert r.stderr == f"nondet: error: {out} already holds a run; pass a new --out, or remove it\n"
+
+
+def test_default_run_dirs_of_the_same_second_differ(tmp_path, monkeypatch):
+    from nondet.probes import probe
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(probe.time, "strftime", lambda fmt: "20261126-030000")
+    first = probe.default_run_dir("probe")
+    Path(first).mkdir(parents=True)
+    second = probe.default_run_dir("probe")
+    assert first == "nondet-runs/20261126-030000-probe" and second == "nondet-runs/20261126-030000-probe-2"

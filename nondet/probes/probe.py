@@ -24,7 +24,7 @@ from nondet.prompt import Chat, Prompt, as_prompt
 from nondet.rundir import RunDir
 from nondet.rundir.reader import read_streams
 from nondet.rundir.records import to_json
-from nondet.rundir.writer import RunWriter, new_header
+from nondet.rundir.writer import RunWriter, new_header, refuse_a_used_run_dir
 
 KERNEL_MODES = ("default", "batch-invariant")
 DEFAULT_PROMPT = "Tell me about Richard Feynman"
@@ -172,6 +172,10 @@ def make_source(config: ProbeConfig, on_progress=None) -> Source:
 
 def _open(source: Source, config: ProbeConfig) -> RunWriter:
     """Open the source, then the run directory: a new one gets its header; a resumed one keeps it."""
+    if not config.load.resume:  # before the model loads: refused in a second, not after minutes
+        resumable = config.load.mode == "server"
+        refuse_a_used_run_dir(config.out, f"finish it with --resume {config.out} or pass a new --out" if resumable
+                              else "pass a new --out, or remove it")
     opened = source.open()
     writer = RunWriter(RunDir(opened.run_dir or config.out or default_run_dir("probe")))
     if opened.fingerprint is not None:
@@ -181,7 +185,13 @@ def _open(source: Source, config: ProbeConfig) -> RunWriter:
 
 
 def default_run_dir(command: str) -> str:
-    return str(Path("nondet-runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}")
+    """nondet-runs/<time>-<command>, with -2, -3... where a run of the same second has it."""
+    base = Path("nondet-runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return str(path)
 
 
 def validate_config(config: ProbeConfig) -> None:

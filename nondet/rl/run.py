@@ -29,7 +29,7 @@ from nondet.rl.summary import rl_summary
 from nondet.rundir import RunDir
 from nondet.rundir.reader import read_conditions, read_streams
 from nondet.rundir.records import Summary, to_json
-from nondet.rundir.writer import RunWriter, new_header
+from nondet.rundir.writer import RunWriter, new_header, refuse_a_used_run_dir
 
 
 @dataclass
@@ -43,6 +43,7 @@ def run_rl(config: RLConfig, on_condition: OnCondition | None = None, loaded=Non
     """Run both sides the config describes and write the run directory; loaded: a LoadedModel to reuse."""
     config = config if config.prompts or config.rollouts else replace(config, prompts=DEMO_PROMPTS)
     validate(config)
+    refuse_a_used_run_dir(config.out)
     rollouts = read_rollouts(config.rollouts) if config.rollouts else None
     started = time.perf_counter()
     with numerics_scope(config.threads):

@@ -7,8 +7,18 @@ computed; appends are serialised with a lock because a server source answers fro
 
 import threading
 
+from nondet.errors import UsageError
 from nondet.rundir.files import RunDir
 from nondet.rundir.records import FORMAT_VERSION, ConditionRecord, Header, StreamRecord, Summary, to_json
+
+
+def refuse_a_used_run_dir(path, hint: str = "pass a new --out, or remove it") -> None:
+    """A run directory that already holds streams is never written into by a new run: its old
+    streams would be diffed against the new ones (another model state, another code version, another
+    host), and one comparison must never mix runs. A resumed server probe is the one caller that adds
+    to a run directory, and does not call this."""
+    if path and RunDir(path).exists("streams.jsonl"):
+        raise UsageError(f"{path} already holds a run; {hint}")
 
 
 class RunWriter:

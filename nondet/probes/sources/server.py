@@ -67,11 +67,8 @@ class ServerSource:
 
     def open(self) -> Opened:
         resume, config = self.config.load.resume, self.config
-        if resume:
+        if resume:  # a new --out that already holds a run was refused before this (probe._open)
             self.done = _done_indices(RunDir(resume))
-        elif config.out and RunDir(config.out).exists("streams.jsonl"):
-            raise UsageError(f"{config.out} already holds a probe; finish it with --resume {config.out} "
-                             "or pass a new --out")
         self.tally = Tally(_runs(config) + 1, len(self.done), self.on_progress)
         self.client = Client(_client_settings(config.load), self.tally.failed_attempt)
         self.tokenizer = _local_tokenizer(config.load.tokenizer)
