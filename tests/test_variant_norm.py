@@ -75,3 +75,12 @@ def test_a_model_without_decoder_layers_is_refused(family, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(save_family(family, tmp_path))
     with pytest.raises(ValueError, match="no model.layers"):
         inject_batch_variance(model)
+
+
+def test_a_norm_without_a_weight_is_refused(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(save_family("llama", tmp_path))
+    model.model.layers[1].post_attention_layernorm = torch.nn.Identity()
+    with pytest.raises(ValueError, match="post_attention_layernorm has no weight"):
+        inject_batch_variance(model)

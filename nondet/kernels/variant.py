@@ -95,6 +95,8 @@ def inject_batch_variance(model, layer: int = 1) -> str:
     """Replace one decoder layer's post-attention RMSNorm; returns the module's name.
 
     ValueError when the model has no such layer (then the control cannot be built)."""
+    import torch
+
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None or not len(layers):
         raise ValueError("the model has no model.layers: the batch-variance control needs a decoder-only LM")
@@ -102,5 +104,8 @@ def inject_batch_variance(model, layer: int = 1) -> str:
     block = layers[index]
     if not hasattr(block, "post_attention_layernorm"):
         raise ValueError(f"model.layers.{index} has no post_attention_layernorm to make batch-variant")
+    if not isinstance(getattr(block.post_attention_layernorm, "weight", None), torch.nn.Parameter):
+        raise ValueError(f"model.layers.{index}.post_attention_layernorm has no weight: not a norm the control "
+                         "can replace")
     block.post_attention_layernorm = make_batch_variant_norm(block.post_attention_layernorm)
     return f"model.layers.{index}.post_attention_layernorm"
