@@ -17,13 +17,14 @@ def draft_dir(tiny_model_dir, tmp_path_factory):
     return str(out)
 
 
-def _source(tiny_model_dir, draft_dir, kernels):
+def _source(tiny_model_dir, draft_dir, kernels, compile_backend=None):
     from nondet.probes.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig
     from nondet.probes.sources.speculative import SpeculativeSource
 
     config = ProbeConfig(prompt="Tell me about Richard Feynman", model=ModelSpec(str(tiny_model_dir)),
-                         max_new_tokens=6, kernels=kernels, speculative=(f"draft:{draft_dir}:2",))
+                         max_new_tokens=6, kernels=kernels, speculative=(f"draft:{draft_dir}:2",),
+                         compile_backend=compile_backend)
     source = SpeculativeSource(config)
     source.open()
     return source
@@ -41,11 +42,13 @@ def _draft_attention_while_drafting(source, planned) -> set[str]:
     return seen
 
 
+@pytest.mark.parametrize("compile_backend", [None, "aot_eager"])  # transformers' assistant; nondet's StaticDraft
 @pytest.mark.parametrize("kernels", ["default", "batch-invariant"])
-def test_the_draft_runs_the_conditions_attention_and_gets_its_own_back(tiny_model_dir, draft_dir, kernels):
+def test_the_draft_runs_the_conditions_attention_and_gets_its_own_back(tiny_model_dir, draft_dir, kernels,
+                                                                      compile_backend):
     from nondet.kernels.hf import ATTN_IMPLEMENTATION
 
-    source = _source(tiny_model_dir, draft_dir, (kernels,))
+    source = _source(tiny_model_dir, draft_dir, (kernels,), compile_backend)
     draft = next(iter(source.drafts.values())).model
     before = draft.config._attn_implementation
     spec = [p for p in source.plan() if p.plan[1] is not None]
@@ -54,7 +57,9 @@ def test_the_draft_runs_the_conditions_attention_and_gets_its_own_back(tiny_mode
     assert seen == ({ATTN_IMPLEMENTATION} if kernels == "batch-invariant" else {before})
     assert before != ATTN_IMPLEMENTATION
     assert draft.config._attn_implementation == before
-    assert source.open().fingerprint["speculative"]["draft_kernels"].startswith("the condition's")
+    found = source.open().fingerprint["speculative"]
+    assert found["draft_kernels"].startswith("the condition's")
+    assert ("StaticDraft" in next(iter(found["draft_decode"].values()))) == (compile_backend is not None)
 
 
 def test_a_draft_the_mode_cannot_cover_is_one_line_naming_the_draft(tiny_model_dir, draft_dir, monkeypatch):
