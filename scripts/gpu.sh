@@ -26,6 +26,7 @@
 #   compile-tests tests/gpu/test_compile_gpu.py (compiled vs eager bits: prefill, decode, a training forward)
 #   speculative  scripts/bench_speculative.py (speedup kept under the mode)
 #   speculative-wide  the same on the compiled path where speculation pays (8B widths, damped target, 2-layer draft)
+#   agreement    scripts/speculative_agreement.py on that damped target (after speculative-wide built it)
 #   tune         nondet kernels tune, then the score under the tuned table
 # One fleet, one answer (bitwise identical streams under the mode)
 #   tuned        a tuned and an untuned kernel table on this device
@@ -78,6 +79,9 @@ run_step() {
     speculative) timeout 540 python3 scripts/bench_speculative.py 2>&1 | tail -14 ;;
     speculative-wide) timeout 540 python3 scripts/bench_speculative.py --case wide --damp 0.02 --forms draft:DRAFT:4 \
                         --prompts 1 --tokens 96 --compile ${SPEC_ARGS:-} 2>&1 | quiet | tail -16 ;;
+    agreement) for target in "$NONDET_CACHE"/damped-*-l2-x0.02; do
+                 timeout 200 python3 scripts/speculative_agreement.py --target "$target" --device cuda 2>&1 | tail -3
+               done ;;
     draft-tests) NONDET_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider \
                    tests/test_speculative_compiled_draft.py 2>&1 | tail -15 ;;
     tune) timeout 300 python3 -m nondet kernels tune --out "$OUT/kernel-tuning.json" 2>&1 | tail -20
