@@ -20,8 +20,8 @@ from nondet.kernels import batch_invariant
 
 def main() -> None:
     args = _parse()
-    load = lambda path: AutoModelForCausalLM.from_pretrained(path, dtype="auto").to(args.device).eval()  # noqa: E731
-    target, draft = load(args.target), load(args.draft or args.target.rstrip("/") + "-draft")
+    target = _load(args.target, args.device)
+    draft = _load(args.draft or args.target.rstrip("/") + "-draft", args.device)
     generator = torch.Generator().manual_seed(0)
     sequences = torch.randint(0, target.config.vocab_size, (args.sequences, args.length), generator=generator)
     sequences = sequences.to(args.device)
@@ -33,6 +33,10 @@ def main() -> None:
     print("| positions | default kernels | mode, draft on its own attention | mode on both |")
     print("| ---: | ---: | ---: | ---: |")
     print(f"| {sequences.numel()} | {default:.4f} | {own_attention:.4f} | {both:.4f} |")
+
+
+def _load(path: str, device: str):
+    return AutoModelForCausalLM.from_pretrained(path, dtype="auto").to(device).eval()
 
 
 def _agreement(target, draft, sequences) -> float:
