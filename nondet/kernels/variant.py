@@ -6,9 +6,8 @@ A check that the detector fires must not depend on that, so this module builds t
 on purpose, the way a split reduction does: the model's own norm when a single row is computed
 (its family's formula, Gemma's 1 + weight included), but with a sum of squares of CHUNKS bf16
 partial sums added in order when several rows share the call (a strategy chosen by the number of
-rows). A request decoding alone and the
-same request decoding beside others therefore get different bits from their first decode
-step; prefill (many rows either way) is the same in both.
+rows). A request decoding alone and the same request decoding beside others therefore get
+different bits from their first decode step; prefill (many rows either way) is the same in both.
 
 Under the batch-invariant mode's "norm" class it takes the one-row path for every batch,
 as swapping in an invariant norm kernel would: so --confirm, bisect's ablation and the gate
