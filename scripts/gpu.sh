@@ -64,7 +64,7 @@ run_step() {
     family) timeout 300 python3 scripts/gpu_family_matrix.py 2>&1 | quiet | grep -v "Loading weights" | tail -80 ;;
     compile) timeout 560 python3 scripts/gpu_compile.py ${COMPILE_ARGS:-} 2>&1 | quiet | tail -40 ;;
     compile-profile) timeout 400 python3 scripts/gpu_compile.py --profile ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
-    prefill) timeout 400 python3 scripts/gpu_compile.py --prefill ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
+    prefill) timeout 560 python3 scripts/gpu_compile.py --prefill ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
     host) timeout 240 python3 scripts/gpu_host_profile.py 2>&1 | quiet | head -60 ;;
     moe) timeout 480 python3 scripts/gpu_moe.py 2>&1 | quiet | grep -v "Loading weights" | tail -150 ;;
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4
