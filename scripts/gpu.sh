@@ -12,6 +12,7 @@
 #   compile      scripts/gpu_compile.py: an 8B-shaped Qwen3 decoded on the compiled path, default vs the mode
 #   compile-profile  the same model: prefill of 512 tokens and B=1, B=32 decode steps' GPU time by kernel
 #   prefill      the same model's 512-token prefill: eager, compiled, and compiled under CUDA graphs
+#   attention-prefill scripts/gpu_attention_prefill.py: prefill attention by row tile / warps / stages vs SDPA, bits vs shipped
 #   host         scripts/gpu_host_profile.py: the mode's host cost per op and the 8B eager prefill, default vs the mode
 
 #   demo         probe / speculative / rl on the demo model with --confirm
@@ -65,6 +66,7 @@ run_step() {
     compile) timeout 560 python3 scripts/gpu_compile.py ${COMPILE_ARGS:-} 2>&1 | quiet | tail -40 ;;
     compile-profile) timeout 400 python3 scripts/gpu_compile.py --profile ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
     prefill) timeout 560 python3 scripts/gpu_compile.py --prefill ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
+    attention-prefill) timeout 300 python3 scripts/gpu_attention_prefill.py 2>&1 | tail -60 ;;
     host) timeout 240 python3 scripts/gpu_host_profile.py 2>&1 | quiet | head -60 ;;
     moe) timeout 480 python3 scripts/gpu_moe.py 2>&1 | quiet | grep -v "Loading weights" | tail -150 ;;
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4

@@ -220,6 +220,38 @@ else:
         assert torch.equal(cut[:, 40:].view(torch.int16), alone.view(torch.int16))
         assert rel(cut, reference.attention(q, k, v, mask)) < TOL[torch.bfloat16] * 2
 
+    @pytest.mark.parametrize("masked", [False, True])
+    def test_attention_longer_launches_take_larger_tiles_with_the_decode_tiles_bits(masked):
+        # attention_config gives a causal launch of >= 1024 rows per KV head 128-row tiles and a
+        # masked one 32-row tiles; each row must keep the bits the 16-row decode tile gives it
+        from nondet.kernels.config import ATTENTION_CONFIGS, attention_config
+
+        q, k, v = _qkv(1, 8, 2, 256, 300, 64, torch.bfloat16)  # 256 queries x G 4 = 1024 rows per KV head
+        mask = torch.ones(1, 1, 256, 300, dtype=torch.bool).tril(300 - 256) if masked else None
+        chosen = attention_config(torch.bfloat16, 1024, causal=not masked, head_dim=64)
+        assert chosen.block_m == (32 if masked else 128)
+        shipped = ATTENTION_CONFIGS[torch.bfloat16]
+        assert (chosen.block_n, chosen.kv_chunk) == (shipped.block_n, shipped.kv_chunk)
+        small = triton_attention.attention(q, k, v, mask, cfg=shipped)
+        assert torch.equal(triton_attention.attention(q, k, v, mask), small)
+        for i in (0, 211, 255):
+            pos = 300 - 256 + i + 1
+            dec = triton_attention.attention(q[:, :, i:i + 1], k[:, :, :pos], v[:, :, :pos])
+            assert torch.equal(dec[:, 0], small[:, i]), i
+
+    @pytest.mark.parametrize("n", [24, 8200])
+    def test_matmul_prefill_bucket_by_width_gives_the_largest_ms_bits(n):
+        # M 129..512 takes 64x128 TMA tiles for narrow N and 128x256 for wide N (shipped_buckets)
+        from nondet.kernels.config import matmul_config
+
+        torch.manual_seed(6)
+        a = torch.randn(516, 136, dtype=torch.bfloat16)
+        b = torch.randn(n, 136, dtype=torch.bfloat16).t()
+        assert matmul_config(torch.bfloat16, 300, 136, n).block_n == (128 if n == 24 else 256)
+        full = triton_matmul.mm(a, b)
+        for m in (128, 129, 512, 513):
+            assert torch.equal(triton_matmul.mm(a[:m], b).view(torch.int16), full[:m].view(torch.int16)), m
+
     def test_attention_kv_start_outside_the_cache_is_clamped():
         # an unwritten kv_start buffer handed the decode kernel garbage that addressed
         # outside K/V. Below 0 it now means 0, at or past S the row sees nothing (zeros).

@@ -12,7 +12,7 @@ check bitwise that all buckets give the same bits for every row.
 import functools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -71,13 +71,59 @@ MATMUL_BUCKETS = {
     torch.float32: ((None, MATMUL_CONFIGS[torch.float32]),),
 }
 
-# block_m 16 keeps decode (a few rows: the heads of one KV group) from wasting the tile;
-# prefill uses the same tile so its per-row arithmetic equals decode's (H200 sweep).
+# The prefill bucket (M 129..512) by N: 128x128 tiles leave narrow N with few programs and wide N
+# with a ragged last wave. `nondet kernels tune` on an H200 (2026-11-23 and 2026-11-26, times summed
+# at M = 129 and 512, both kept the shipped bits) picked these: K 4096, N 14336: 128x256 209.9 ->
+# 165.5 us (cuBLAS 130.5); N 1024: 64x128 TMA 35.1 -> 28.9 us (cuBLAS 19.1). N 4096 kept 128x128.
+_PREFILL_TOP = 512
+_PREFILL_BY_N = (  # (largest N, config) within the prefill bucket; None: no limit
+    (2048, MatmulConfig(64, 128, 64, 1024, 8, 4, 4, tma=True)),
+    (8191, None),  # the bucket's own config
+    (None, MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True)),
+)
+
+
+def shipped_buckets(dtype: torch.dtype, n: int | None = None) -> tuple:
+    """The shipped (largest M, config) buckets for a launch with N output columns (any N: None)."""
+    buckets = MATMUL_BUCKETS[dtype]
+    if n is None or buckets is not _HALF_BUCKETS:
+        return buckets
+    wide = next(cfg for top, cfg in _PREFILL_BY_N if top is None or n <= top)
+    return tuple((top, wide if top == _PREFILL_TOP and wide is not None else cfg) for top, cfg in buckets)
+
+# block_m 16 keeps decode (a few rows: the heads of one KV group) from wasting the tile.
 ATTENTION_CONFIGS = {
     torch.bfloat16: AttentionConfig(16, 128, 512, 4, 2),
     torch.float16: AttentionConfig(16, 128, 512, 4, 2),
     torch.float32: AttentionConfig(16, 32, 512, 4, 1),
 }
+
+# Longer launches take larger row tiles (attention_config). A row's arithmetic does not depend on
+# block_m, warps or stages: scripts/gpu_attention_prefill.py found every tile of 16..128 rows with 4
+# or 8 warps and 2 or 3 stages bitwise equal to the 16-row tile (H200, 2026-11-26: causal prefill of
+# 512 and 2048, a bool-masked 512, chunks of 5 and 37 queries after a cache). Fastest there, bf16,
+# 32/8 heads, head dim 128: causal 2048 rows per KV head 128 rows x 8 warps (37.9 -> 22.7 us at Q
+# 512, 385 -> 193 us at Q 2048); from 64 rows, and under a mask, 32 rows x 4 warps (59.8 -> 49.3 us
+# masked Q 512; 16.4 -> 14.7 us for a chunk of 37). Speed only: `tests/gpu` holds the bits equal.
+_ATTENTION_BY_ROWS = (  # (fewest rows per KV head, causal only?, (block_m, num_warps, num_stages))
+    (1024, True, (128, 8, 2)),
+    (64, False, (32, 4, 2)),
+)
+
+
+def attention_config(dtype: torch.dtype, rows: int = 1, causal: bool = False, head_dim: int = 128) -> AttentionConfig:
+    """The tile for an attention launch of `rows` query rows per KV head (queries x heads per KV
+    head); causal: no mask tensor; head_dim: the larger of q's and v's. block_n and kv_chunk, the
+    order of a row's sum, never move. Head dims past 128 (Gemma's 256, MLA's 192) keep the 16-row
+    tile: a 128-row one does not fit shared memory there, and they were not swept."""
+    cfg = ATTENTION_CONFIGS[dtype]
+    if dtype == torch.float32 or head_dim > 128:
+        return cfg
+    for fewest, causal_only, (block_m, warps, stages) in _ATTENTION_BY_ROWS:
+        if rows >= fewest and (causal or not causal_only):
+            return replace(cfg, block_m=block_m, num_warps=warps, num_stages=stages)
+    return cfg
+
 
 # Row kernels (norms, softmax): a whole row in one program up to this many columns;
 # longer rows are walked in blocks of this size, in order.
@@ -98,7 +144,7 @@ def matmul_config(dtype: torch.dtype, m: int, k: int | None = None, n: int | Non
     """The configuration for an (m x K) @ (K x N) launch: the first bucket that holds m, from the
     tuned table for (dtype, K, N) on this device when one is loaded (tune.py), else the shipped one."""
     tuned = tuning(device).get((dtype, k, n)) if device is not None and device.type == "cuda" else None
-    return next(cfg for top, cfg in (tuned or MATMUL_BUCKETS[dtype]) if top is None or m <= top)
+    return next(cfg for top, cfg in (tuned or shipped_buckets(dtype, n)) if top is None or m <= top)
 
 
 # A tuned table (`nondet kernels tune`) replaces the bucket configurations for the (dtype, K, N) it

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nondet.kernels.config import ATTENTION_CONFIGS, AttentionConfig
+from nondet.kernels.config import AttentionConfig, attention_config
 from nondet.kernels.launch import interpreting, launch
 from nondet.kernels.triton_matmul import sm_count
 
@@ -274,7 +274,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     bsz, h, nq, d = q.shape
     kvh, s, dv = k.shape[1], k.shape[2], v.shape[3]
     assert h % kvh == 0 and v.shape[:3] == k.shape[:3] and k.shape[0] == bsz
-    cfg = cfg or ATTENTION_CONFIGS[q.dtype]
     g = h // kvh
     out = torch.empty((bsz, nq, h, dv), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
@@ -282,6 +281,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     if kv_start is None:
         kv_start = torch.zeros(bsz, dtype=torch.int32, device=q.device)
     one_query = query_start is not None
+    # the tile: longer launches take larger row tiles (speed only: a row's bits do not depend on it);
+    # a one-query tile holds one query's G heads, so it keeps the decode tile
+    cfg = cfg or attention_config(q.dtype, 1 if one_query else nq * g, causal=mask is None, head_dim=max(d, dv))
     if one_query:
         assert g <= cfg.block_m, "a tile must hold a query's heads"
         kv_start = query_start.expand(bsz, nq)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from nondet.kernels.config import MATMUL_BUCKETS, MatmulConfig, clear_tuning_cache, tuning_key
+from nondet.kernels.config import MATMUL_BUCKETS, MatmulConfig, clear_tuning_cache, shipped_buckets, tuning_key
 
 MARGIN = 0.97  # a candidate's time must be below 97% of the shipped one's (run-to-run noise is ~3%)
 LARGEST_M = 8192  # the rows every candidate's bits are compared with
@@ -60,7 +60,7 @@ def _tune_shape(k, n, dtype, progress) -> list[BucketResult]:
     x = torch.randn(LARGEST_M, k, device="cuda", dtype=dtype)
     ref = triton_matmul.mm(x, w, cfg=MATMUL_BUCKETS[dtype][-1][1])  # the shipped bits of every row
     out, lo = [], 1
-    for top, shipped in MATMUL_BUCKETS[dtype]:
+    for top, shipped in shipped_buckets(dtype, n):
         edges = tuple(sorted({lo, top or TIMED_M_FOR_LAST}))
         cublas = sum(bench._bench(lambda m=m: torch.mm(x[:m], w)) for m in edges)
         res = BucketResult(k, n, top, edges, cublas, _time(x, w, shipped, edges), shipped, 0.0)

@@ -100,6 +100,27 @@ def test_attention_correct_prefill_equals_decode():
     assert _rel(ta.attention(q, k, v, mask), reference.attention(q, k, v, mask)) < 2e-2
 
 
+@pytest.mark.parametrize("q_len,s,d,masked", [(512, 512, 128, False), (512, 512, 128, True), (1024, 1500, 64, False),
+                                               (2048, 2048, 128, False), (37, 1037, 128, False)])
+def test_every_attention_tile_gives_the_decode_tiles_bits(q_len, s, d, masked):
+    """Longer launches take larger row tiles (config.attention_config: 32 or 128 rows, 4 or 8 warps);
+    every row must carry the 16-row decode tile's bits, and a decode's."""
+    from nondet.kernels import triton_attention as ta
+    from nondet.kernels.config import ATTENTION_CONFIGS
+
+    gen = torch.Generator(device="cuda").manual_seed(q_len + s)
+    q = torch.randn(1, 32, q_len, d, generator=gen, device="cuda").bfloat16()
+    k = torch.randn(1, 8, s, d, generator=gen, device="cuda").bfloat16()
+    v = torch.randn(1, 8, s, d, generator=gen, device="cuda").bfloat16()
+    mask = (torch.arange(s, device="cuda")[None, :] <= torch.arange(s - q_len, s, device="cuda")[:, None])[None, None]
+    mask = mask if masked else None
+    out = ta.attention(q, k, v, mask)
+    assert torch.equal(out, ta.attention(q, k, v, mask, cfg=ATTENTION_CONFIGS[torch.bfloat16]))
+    for i in (0, q_len // 2, q_len - 1):
+        pos = s - q_len + i + 1
+        assert torch.equal(ta.attention(q[:, :, i:i + 1], k[:, :, :pos], v[:, :, :pos])[:, 0], out[:, i]), i
+
+
 def test_masked_chunk_rows_equal_causal_decode_rows():
     """A speculative verification chunk (transformers passes a bool causal mask) gives each
     row the bits of a one-token decode (mask None). Before _row_sum this failed: 2-3 rows in 30

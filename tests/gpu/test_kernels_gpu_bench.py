@@ -41,7 +41,7 @@ def test_unsynchronized_side_stream_launch_does_not_fault():
     torch.cuda.synchronize()  # raises on an illegal access
 
 
-@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 14336), (14336, 4096), (781, 1823)])
+@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 14336), (14336, 4096), (4096, 1024), (781, 1823)])
 def test_matmul_every_m_bucket_gives_the_bits_of_the_largest_m(k, n):
     torch.manual_seed(0)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
