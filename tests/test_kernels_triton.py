@@ -249,7 +249,7 @@ else:
         b = torch.randn(n, 136, dtype=torch.bfloat16).t()
         assert matmul_config(torch.bfloat16, 300, 136, n).block_n == (128 if n == 24 else 256)
         full = triton_matmul.mm(a, b)
-        for m in (128, 129, 512, 513):
+        for m in (128, 129, 256, 257, 512, 513):
             assert torch.equal(triton_matmul.mm(a[:m], b).view(torch.int16), full[:m].view(torch.int16)), m
 
     def test_attention_kv_start_outside_the_cache_is_clamped():

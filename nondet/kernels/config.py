@@ -62,6 +62,7 @@ _HALF_BUCKETS = (
     (16, MatmulConfig(16, 128, 64, 1024, 8, 4, 4)),  # decode: W read once, N/128 x chunks programs
     (64, MatmulConfig(64, 64, 64, 1024, 8, 4, 4)),
     (128, MatmulConfig(64, 128, 64, 1024, 8, 4, 4)),
+    (256, MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True)),  # the 512 bucket's tile; by N below
     (512, MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True)),
     (None, MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True)),  # large M: 128x256 tiles
 )
@@ -71,16 +72,20 @@ MATMUL_BUCKETS = {
     torch.float32: ((None, MATMUL_CONFIGS[torch.float32]),),
 }
 
-# The prefill bucket (M 129..512) by N: 128x128 tiles leave narrow N with few programs and wide N
-# with a ragged last wave. `nondet kernels tune` on an H200 (2026-11-23 and 2026-11-26, times summed
-# at M = 129 and 512, both kept the shipped bits) picked these: K 4096, N 14336: 128x256 209.9 ->
-# 165.5 us (cuBLAS 130.5); N 1024: 64x128 TMA 35.1 -> 28.9 us (cuBLAS 19.1). N 4096 kept 128x128.
-_PREFILL_TOP = 512
-_PREFILL_BY_N = (  # (largest N, config) within the prefill bucket; None: no limit
-    (2048, MatmulConfig(64, 128, 64, 1024, 8, 4, 4, tma=True)),
-    (8191, None),  # the bucket's own config
-    (None, MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True)),
-)
+# Between M 129 and 512 the tile also follows N (a chunked prefill, a decode batch past 128): 128x128
+# tiles leave narrow N with few programs and wide N with a ragged last wave. `nondet kernels tune`
+# (H200, 2026-11-23 and 2026-11-26: every candidate kept the shipped bits) and a per-M timing (H200,
+# 2026-11-26, us at M = 129 / 256 / 512, cuBLAS in brackets) chose:
+#   K 4096 N 1024:   128x128 16.7 / 16.8 / 19.2 -> 64x128 12.2 / 12.9 / 17.3   (8.5 / 8.5 / 10.8)
+#   K 4096 N 4096:   128x128 30.4 / 27.8 / 29.8 -> 64x128 22.4 / 20.1 at M <= 256 (11.4 / 14.7 / 26.8)
+#   K 14336 N 4096:  128x128 98.3 / 86.9 / 104.0 -> 64x128 78.1 / 79.6 at M <= 256 (42.0 / 56.4 / 96.8)
+#   K 4096 N 14336:  128x128 90.0 / 67.8 / 124.3 -> 128x256 58.9 / 61.1 / 109.4 (35.3 / 51.5 / 100.7)
+_NARROW = MatmulConfig(64, 128, 64, 1024, 8, 4, 4, tma=True)
+_WIDE = MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True)
+_BY_N = {  # bucket's largest M -> ((largest N, config; None: the bucket's own), ...)
+    256: ((8191, _NARROW), (None, _WIDE)),
+    512: ((2048, _NARROW), (8191, None), (None, _WIDE)),
+}
 
 
 def shipped_buckets(dtype: torch.dtype, n: int | None = None) -> tuple:
@@ -88,8 +93,11 @@ def shipped_buckets(dtype: torch.dtype, n: int | None = None) -> tuple:
     buckets = MATMUL_BUCKETS[dtype]
     if n is None or buckets is not _HALF_BUCKETS:
         return buckets
-    wide = next(cfg for top, cfg in _PREFILL_BY_N if top is None or n <= top)
-    return tuple((top, wide if top == _PREFILL_TOP and wide is not None else cfg) for top, cfg in buckets)
+    return tuple((top, _by_n(top, n) or cfg) for top, cfg in buckets)
+
+
+def _by_n(top: int | None, n: int) -> MatmulConfig | None:
+    return next((cfg for widest, cfg in _BY_N.get(top, ()) if widest is None or n <= widest), None)
 
 # block_m 16 keeps decode (a few rows: the heads of one KV group) from wasting the tile.
 ATTENTION_CONFIGS = {
