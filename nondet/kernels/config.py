@@ -99,6 +99,7 @@ def shipped_buckets(dtype: torch.dtype, n: int | None = None) -> tuple:
 def _by_n(top: int | None, n: int) -> MatmulConfig | None:
     return next((cfg for widest, cfg in _BY_N.get(top, ()) if widest is None or n <= widest), None)
 
+
 # block_m 16 keeps decode (a few rows: the heads of one KV group) from wasting the tile.
 ATTENTION_CONFIGS = {
     torch.bfloat16: AttentionConfig(16, 128, 512, 4, 2),

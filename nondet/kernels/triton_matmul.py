@@ -16,9 +16,9 @@ exactly that arithmetic:
   eager and by the kernel itself inside a traced graph (torch.compile), where host ones fail.
 
 The chunk size and block_k are the same in all three, so the choice between them changes speed,
-never bits. The tile shape follows M's bucket (config.MATMUL_BUCKETS); it changes which
-program computes an element, not the chain of k16 MMA steps that sums it, so every bucket gives
-the same bits (asserted on the device for M = 1..8192 and under the CPU interpreter).
+never bits. The tile shape follows M's bucket and, between M 129 and 512, N (config.shipped_buckets);
+it changes which program computes an element, not the chain of k16 MMA steps that sums it, so every
+bucket gives the same bits (asserted on the device for M = 1..8192 and under the CPU interpreter).
 """
 
 import functools
