@@ -1,14 +1,15 @@
 """Prefill attention by row tile (block_m), warps and stages against SDPA, with each candidate's bits
-compared with the shipped configuration's (GPU).
+compared with the 16-row decode tile's (GPU).
 
     python3 scripts/gpu_attention_prefill.py
 
 block_n and kv_chunk (the order of a row's reduction) stay the shipped ones. block_m is the
-question: the shipped tile is the decode tile (16 rows), which keeps a prefill row's arithmetic equal
-to decode's, and Q = 512 runs 60 us against cuDNN's 21 us on the 8B shapes (2026-11-26). A larger
-tile is only usable where its rows equal the shipped tile's bit for bit, on every path a prefill
-takes: causal (mask None), transformers' bool mask, and a short verification chunk after a cache.
-Times are CUDA-graph replays (launch cost left out); "BITS" marks a candidate whose output differs.
+question: decode uses 16-row tiles, and until 2026-11-26 prefill did too (Q = 512 ran 60 us against
+cuDNN's 21 us on the 8B shapes). A larger tile is only usable where its rows equal the decode tile's
+bit for bit, on every path a prefill takes: causal (mask None), transformers' bool mask, and a short
+verification chunk after a cache. This sweep chose config.attention_config's rows; docs/benchmarks.md
+has its table. Times are CUDA-graph replays (launch cost left out); "BITS" marks a candidate whose
+output differs from the decode tile's.
 """
 
 import dataclasses
@@ -55,7 +56,7 @@ def main() -> None:
     for name, q_len, s_len, masked in CASES:
         q, k, v = inputs(q_len, s_len, seed=q_len + s_len)
         mask = bool_causal(q_len, s_len) if masked else None
-        reference = attention(q, k, v, mask, scale, start)
+        reference = attention(q, k, v, mask, scale, start, cfg=shipped)
         sdpa = graph_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                                                is_causal=mask is None and q_len == s_len,
                                                                enable_gqa=True))
@@ -72,7 +73,7 @@ def main() -> None:
                     cells.append(f"{us:.1f} ({sdpa / us:.2f}x){'' if same else ' BITS'}")
                 except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is a cell, not a stop
                     cells.append(f"failed: {type(exc).__name__}")
-            print(f"| {block_m}{' (shipped)' if block_m == shipped.block_m else ''} | " + " | ".join(cells) + " |",
+            print(f"| {block_m}{' (decode tile)' if block_m == shipped.block_m else ''} | " + " | ".join(cells) + " |",
                   flush=True)
 
 
