@@ -5,6 +5,7 @@
 #
 # Correctness
 #   tests        pytest tests/gpu (kernel bits, invariance, tuning; the e2e Qwen3 tests included)
+#   tile-tests   the tile-by-launch tests: attention tiles vs the decode tile, every matmul M bucket (bits)
 #   sanitize     the kernel tests under compute-sanitizer memcheck
 #   attention    sinks, softcap, sliding window, MLA: tests/test_kernels_attention_features.py on CUDA
 #   family       scripts/gpu_family_matrix.py: every supported model family, invariant under the mode
@@ -58,6 +59,8 @@ print(d(S(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_at
 run_step() {
   case "$1" in
     tests) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu -rA 2>&1 | tail -40 ;;
+    tile-tests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_kernels_gpu_bench.py \
+                  -k "not generate_one_completion and not bench_sections" -rf 2>&1 | tail -15 ;;
     sanitize) timeout 300 compute-sanitizer --tool memcheck --print-limit 10 python3 -m pytest -q -x \
                 -p no:cacheprovider tests/gpu -k "not qwen3" 2>&1 | tail -30 ;;
     attention) NONDET_ATTN_FEATURES_INNER=1 NONDET_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider \
