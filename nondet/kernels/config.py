@@ -88,6 +88,7 @@ _BY_N = {  # bucket's largest M -> ((largest N, config; None: the bucket's own),
 }
 
 
+@functools.lru_cache(maxsize=None)  # on every matmul launch's path: a model has a handful of widths
 def shipped_buckets(dtype: torch.dtype, n: int | None = None) -> tuple:
     """The shipped (largest M, config) buckets for a launch with N output columns (any N: None)."""
     buckets = MATMUL_BUCKETS[dtype]
@@ -120,6 +121,7 @@ _ATTENTION_BY_ROWS = (  # (fewest rows per KV head, causal only?, (block_m, num_
 )
 
 
+@functools.lru_cache(maxsize=4096)  # on every attention launch's path; rows vary with prompt length
 def attention_config(dtype: torch.dtype, rows: int = 1, causal: bool = False, head_dim: int = 128) -> AttentionConfig:
     """The tile for an attention launch of `rows` query rows per KV head (queries x heads per KV
     head); causal: no mask tensor; head_dim: the larger of q's and v's. block_n and kv_chunk, the

@@ -172,10 +172,11 @@ def make_source(config: ProbeConfig, on_progress=None) -> Source:
 
 def _open(source: Source, config: ProbeConfig) -> RunWriter:
     """Open the source, then the run directory: a new one gets its header; a resumed one keeps it."""
-    if config.load.mode == "server" and not config.load.resume:  # before the model loads: refused in a second
-        refuse_a_used_run_dir(config.out, f"finish it with --resume {config.out} or pass a new --out")
-    elif not config.load.resume:
-        refuse_a_used_run_dir(config.out)
+    if not config.load.resume:  # before the model loads: refused in a second, not after minutes
+        if config.load.mode == "server":  # the one source whose run can be finished later
+            refuse_a_used_run_dir(config.out, f"finish it with --resume {config.out} or pass a new --out")
+        else:
+            refuse_a_used_run_dir(config.out)
     opened = source.open()
     writer = RunWriter(RunDir(opened.run_dir or config.out or default_run_dir("probe")))
     if opened.fingerprint is not None:
