@@ -14,6 +14,9 @@
 #   compile-profile  the same model: prefill of 512 tokens and B=1, B=32 decode steps' GPU time by kernel
 #   prefill      the same model's 512-token prefill: eager, compiled, and compiled under CUDA graphs
 #   attention-prefill scripts/gpu_attention_prefill.py: prefill attention by row tile / warps / stages vs SDPA, bits vs shipped
+#   attention-stages scripts/gpu_attention_stages.py: decode attention at B = 1 by warps / stages / merge block vs SDPA
+#   split-tests  tests/test_kernels_attention_split.py on CUDA (split-KV merge == fused bits, 50 racing repeats)
+#   prefill-breakdown scripts/gpu_prefill_breakdown.py: the CUDA-graph prefill's GPU time by kernel class, and each shape alone
 #   host         scripts/gpu_host_profile.py: the mode's host cost per op and the 8B eager prefill, default vs the mode
 
 #   demo         probe / speculative / rl on the demo model with --confirm
@@ -70,6 +73,10 @@ run_step() {
     compile-profile) timeout 400 python3 scripts/gpu_compile.py --profile ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
     prefill) timeout 560 python3 scripts/gpu_compile.py --prefill ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
     attention-prefill) timeout 300 python3 scripts/gpu_attention_prefill.py 2>&1 | tail -60 ;;
+    attention-stages) timeout 200 python3 scripts/gpu_attention_stages.py 2>&1 | tail -20 ;;
+    split-tests) NONDET_ATTN_SPLIT_INNER=1 NONDET_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider \
+                   tests/test_kernels_attention_split.py 2>&1 | tail -15 ;;
+    prefill-breakdown) timeout 420 python3 scripts/gpu_prefill_breakdown.py 2>&1 | quiet | tail -40 ;;
     host) timeout 240 python3 scripts/gpu_host_profile.py 2>&1 | quiet | head -60 ;;
     moe) timeout 480 python3 scripts/gpu_moe.py 2>&1 | quiet | grep -v "Loading weights" | tail -150 ;;
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4

@@ -1,6 +1,6 @@
-"""Decode attention at B = 1 against SDPA, by the kernel's pipeline depth and warps (speed-only knobs:
-block_n and kv_chunk, the numerics, stay the shipped ones; each candidate's bits are compared with the
-shipped configuration's).
+"""Decode attention at B = 1 against SDPA, by the kernel's pipeline depth, warps and the split merge's
+load block (speed-only knobs: block_n and kv_chunk, the numerics, stay the shipped ones; each
+candidate's bits are compared with the shipped configuration's).
 
     python3 scripts/gpu_attention_stages.py
 
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from nondet.kernels.config import ATTENTION_CONFIGS
 from nondet.kernels.triton_attention import attention
 
-CANDIDATES = ((4, 2), (4, 1), (4, 3), (8, 1), (8, 2))  # (num_warps, num_stages); (4, 2) is shipped
+CANDIDATES = ((4, 2, 4), (4, 2, 1), (4, 3, 4), (8, 2, 4))  # (num_warps, num_stages, merge_block); shipped first
 
 
 def graph_us(fn, calls: int = 20) -> float:
@@ -40,12 +40,13 @@ def graph_us(fn, calls: int = 20) -> float:
 def main() -> None:
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     shipped = ATTENTION_CONFIGS[torch.bfloat16]
-    header = " | ".join(f"w{w} s{s}" + (" (shipped)" if (w, s) == (shipped.num_warps, shipped.num_stages) else "")
-                        for w, s in CANDIDATES)
+    header = " | ".join(f"w{w} s{s} merge {mb}" + (" (shipped)" if (w, s, mb) == (shipped.num_warps, shipped.num_stages,
+                                                                                  shipped.merge_block) else "")
+                        for w, s, mb in CANDIDATES)
     print(f"| B=1, H 32/8, D 128 | SDPA us | {header} |")
     print("|---|---:|" + "---:|" * len(CANDIDATES))
     g = torch.Generator("cuda").manual_seed(0)
-    for kv in (1024, 8192, 32768):
+    for kv in (1024, 4096, 8192, 16384, 32768):
         q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
         k = torch.randn(1, 8, kv, 128, device="cuda", dtype=torch.bfloat16, generator=g)
         v = torch.randn(1, 8, kv, 128, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -54,8 +55,8 @@ def main() -> None:
         sdpa = graph_us(lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True))
         reference = attention(q, k, v, None, scale, start)
         cells = []
-        for warps, stages in CANDIDATES:
-            cfg = dataclasses.replace(shipped, num_warps=warps, num_stages=stages)
+        for warps, stages, merge_block in CANDIDATES:
+            cfg = dataclasses.replace(shipped, num_warps=warps, num_stages=stages, merge_block=merge_block)
             try:
                 out = attention(q, k, v, None, scale, start, cfg=cfg)
                 us = graph_us(lambda cfg=cfg: attention(q, k, v, None, scale, start, cfg=cfg))

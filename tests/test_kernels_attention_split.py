@@ -23,6 +23,8 @@ if not INNER:
         rerun_under_interpreter(__file__, "NONDET_ATTN_SPLIT_INNER")
 
 else:
+    import dataclasses
+
     import torch
 
     from nondet.kernels import ops, triton_attention
@@ -116,6 +118,18 @@ else:
         q1, k1, v1, kw1 = first_row(q, k, v, kw)
         assert same_bits(attend(q1, k1, v1, True, **kw1)[0], batch[0])
         assert same_bits(attend(q1, k1, v1, False, **kw1)[0], batch[0])
+
+    @pytest.mark.parametrize("keys", [287, 288, 289, 330])  # 9 / 9 / 10 / 11 chunks: blocks of 4 and a rest
+    def test_the_blocked_merge_gives_the_one_by_one_merges_bits(keys):
+        """The merge loads four chunks per round trip (merge_block 4) and must merge exactly the chunks the
+        one-by-one merge does, in the same order: the fused bits, never a merge past the last chunk."""
+        q, k, v = qkv(2, 8, 2, 1, keys, dtype=torch.bfloat16, seed=13)
+        start = torch.tensor([0, 3], dtype=torch.int32, device=DEVICE)  # row 1: chunks cut from position 3
+        one_by_one = dataclasses.replace(ATT_CFG, merge_block=1)
+        fused = attend(q, k, v, False, kv_start=start)
+        assert ATT_CFG.merge_block == 4
+        assert same_bits(attend(q, k, v, True, kv_start=start), fused)
+        assert same_bits(triton_attention.attention(q, k, v, split=True, cfg=one_by_one, kv_start=start), fused)
 
     def test_decode_equals_prefill_rows_through_the_split_path():
         q, k, v = qkv(2, 8, 2, 12, 70, seed=10)

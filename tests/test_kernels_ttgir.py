@@ -77,7 +77,7 @@ else:
         """Every stage's text of _attn_kernel compiled for bf16 decode/prefill tiles."""
         const = dict(G=2, BLOCK_M=16, BLOCK_N=128, BLOCK_D=64, BLOCK_DV=64, CHUNK=512, SPLIT=False,
                      CAUSAL=mask_kind == 0, MASK_KIND=mask_kind, PRECISION="tf32", UPCAST=False, SOFTCAP=False,
-                     SINKS=False, ONE_QUERY=False)
+                     SINKS=False, ONE_QUERY=False, MERGE_BLOCK=4)
         sig = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "ws_m", "ws_l", "ws_acc", "sink_ptr")}
         sig.update(count_ptr="*i32", mask_ptr=MASK_TYPES[ta.MASK_DTYPE] if mask_kind == 1 else "*bf16", start_ptr="*i32",
                    qk_scale="fp32", cap_in="fp32", cap_out="fp32")

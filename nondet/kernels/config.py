@@ -40,6 +40,9 @@ class AttentionConfig:
     kv_chunk: int  # KV is split into chunks of this FIXED size, merged in order (never a fixed number of splits)
     num_warps: int
     num_stages: int
+    merge_block: int = 4  # chunks the split launch's merge loads at once (1 or 4): speed only, the merges
+    #                       stay one per chunk in chunk order (a long cache's merge was a chain of
+    #                       dependent L2 round trips, one per chunk)
 
 
 # fp16/bf16 use the tensor cores; fp32 uses IEEE fma (input_precision="ieee", never TF32).

@@ -3,7 +3,7 @@
 A query row's arithmetic is fixed by its own position, never by the batch or by how many
 queries share the launch:
 
-- the KV range [kv_start, S) is cut into chunks of a FIXED size (`kv_chunk`, 256), never into
+- the KV range [kv_start, S) is cut into chunks of a FIXED size (`kv_chunk`, 512 for bf16 / fp16), never into
   a fixed number of splits; a chunk is summed with an online softmax in steps of `block_n`;
 - chunk results (max, sum, acc) are merged in chunk order by one shared `_merge` helper;
 - prefill runs one program per row tile that merges as it goes (fused). Decode (few rows: the
@@ -127,7 +127,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, sink_ptr, ws_m
                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr,
                  CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
                  UPCAST: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
-                 ONE_QUERY: tl.constexpr):
+                 ONE_QUERY: tl.constexpr, MERGE_BLOCK: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // KVH).to(tl.int64)
@@ -188,7 +188,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, sink_ptr, ws_m
         ws_row = ((b * H + head) * Q + qi) * NC  # (B, H, Q, NC) layout of the workspace: chunk 0 of each row
         _store_chunk(ws_m, ws_l, ws_acc, ws_row + c_lo, m, l, acc, row_ok, offs_dv, BLOCK_DV)
         if _arrived_last(count_ptr):
-            m, l, acc = _merge_stored(ws_m, ws_l, ws_acc, ws_row, n_chunks, row_ok, offs_dv, BLOCK_M, BLOCK_DV)
+            m, l, acc = _merge_stored(ws_m, ws_l, ws_acc, ws_row, n_chunks, row_ok, offs_dv, BLOCK_M, BLOCK_DV,
+                                      MERGE_BLOCK)
             _store_out(o_ptr, sink_ptr, m, l, acc, b, qi, head, row_ok, offs_dv, Q, H, DV, SINKS)
     else:
         _store_out(o_ptr, sink_ptr, m, l, acc, b, qi, head, row_ok, offs_dv, Q, H, DV, SINKS)
@@ -215,21 +216,52 @@ def _arrived_last(count_ptr):
 
 @triton.jit
 def _merge_stored(ws_m, ws_l, ws_acc, ws_row, n_chunks, row_ok, offs_dv,
-                  BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, MERGE_BLOCK: tl.constexpr):
     """Chunks 0..n_chunks-1 of the tile's rows (workspace rows ws_row, (BLOCK_M,)) merged in chunk order
     from the empty state: the fused loop's merges, on the same chunk values. .cg loads read L2, where
-    the other programs' stores are (L1 is per SM and not coherent)."""
+    the other programs' stores are (L1 is per SM and not coherent). MERGE_BLOCK 4 loads four chunks per
+    round trip and merges them one by one (no merge past n_chunks): the same merges, fewer waits."""
     m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
     l = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
-    for c in range(0, n_chunks):
-        idx = ws_row + c
-        m_c = tl.load(ws_m + idx, mask=row_ok, other=_NEG, cache_modifier=".cg")
-        l_c = tl.load(ws_l + idx, mask=row_ok, other=0.0, cache_modifier=".cg")
-        acc_c = tl.load(ws_acc + idx[:, None] * BLOCK_DV + offs_dv[None, :], mask=row_ok[:, None], other=0.0,
-                        cache_modifier=".cg")
-        m, l, acc = _merge(m, l, acc, m_c, l_c, acc_c)
+    if MERGE_BLOCK == 1:
+        for c in range(0, n_chunks):
+            idx = ws_row + c
+            m_c = tl.load(ws_m + idx, mask=row_ok, other=_NEG, cache_modifier=".cg")
+            l_c = tl.load(ws_l + idx, mask=row_ok, other=0.0, cache_modifier=".cg")
+            acc_c = tl.load(ws_acc + idx[:, None] * BLOCK_DV + offs_dv[None, :], mask=row_ok[:, None], other=0.0,
+                            cache_modifier=".cg")
+            m, l, acc = _merge(m, l, acc, m_c, l_c, acc_c)
+    else:
+        tl.static_assert(MERGE_BLOCK == 4)
+        j = tl.arange(0, 4)
+        for c0 in range(0, n_chunks, 4):
+            idx = ws_row[:, None] + c0 + j[None, :]  # (BLOCK_M, 4): a row's four chunks are adjacent
+            ok = row_ok[:, None] & (c0 + j[None, :] < n_chunks)
+            m4 = tl.load(ws_m + idx, mask=ok, other=_NEG, cache_modifier=".cg")
+            l4 = tl.load(ws_l + idx, mask=ok, other=0.0, cache_modifier=".cg")
+            acc4 = tl.load(ws_acc + idx[:, None, :] * BLOCK_DV + offs_dv[None, :, None], mask=ok[:, None, :],
+                           other=0.0, cache_modifier=".cg")  # (BLOCK_M, BLOCK_DV, 4)
+            m0, m1, m2, m3 = _quarters(tl.reshape(m4, (BLOCK_M, 2, 2)))
+            l0, l1, l2, l3 = _quarters(tl.reshape(l4, (BLOCK_M, 2, 2)))
+            a0, a1, a2, a3 = _quarters(tl.reshape(acc4, (BLOCK_M, BLOCK_DV, 2, 2)))
+            m, l, acc = _merge(m, l, acc, m0, l0, a0)  # c0 < n_chunks
+            if c0 + 1 < n_chunks:
+                m, l, acc = _merge(m, l, acc, m1, l1, a1)
+            if c0 + 2 < n_chunks:
+                m, l, acc = _merge(m, l, acc, m2, l2, a2)
+            if c0 + 3 < n_chunks:
+                m, l, acc = _merge(m, l, acc, m3, l3, a3)
     return m, l, acc
+
+
+@triton.jit
+def _quarters(x):
+    """x (..., 2, 2), the last axis of four reshaped (j = 2 * high + low) -> slices j = 0, 1, 2, 3 (moves only)."""
+    even, odd = tl.split(x)  # low 0 / 1: (..., 2) over high
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0, x1, x2, x3
 
 
 @triton.jit
@@ -308,6 +340,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         G=g, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=cfg.kv_chunk,
         SPLIT=split, CAUSAL=mask_kind == 0, MASK_KIND=mask_kind, PRECISION=precision,
         UPCAST=interpreting(), SOFTCAP=bool(softcap), SINKS=sinks is not None, ONE_QUERY=one_query,
+        MERGE_BLOCK=cfg.merge_block,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 

@@ -1,0 +1,123 @@
+"""Where the 8B-shaped prefill of 512 tokens spends its GPU time under CUDA graphs, default kernels vs
+the mode: the replayed graph's kernels by class (matmul, attention, row reductions, the rest), and each
+of a layer's shapes timed alone (us, CUDA-graph replay), ours against cuBLAS / SDPA, times the layers.
+
+    python3 scripts/gpu_prefill_breakdown.py [--layers 36]
+
+The gap between the two tables is what the graph adds around the kernels (copies, Inductor's fused
+elementwise kernels, descriptor set-up); the classes say which kernels the mode loses its time in.
+"""
+
+import argparse
+import collections
+import time
+
+import torch
+import torch.nn.functional as F
+from gpu_attention_stages import graph_us
+from gpu_compile import build, timed
+
+from nondet.kernels import triton_attention, triton_matmul, triton_rows
+
+CLASSES = (  # (class, substrings of kernel names), first match wins
+    ("matmul", ("_mm_", "gemm", "nvjet", "xmma", "cutlass", "cublas", "sm90_")),
+    ("attention", ("_attn_kernel", "flash", "fmha", "cudnn", "attention")),
+    ("row reductions", ("_rms", "_mean", "_softmax", "_row", "reduce", "norm")),
+)
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    return next((cls for cls, keys in CLASSES if any(k.lower() in low for k in keys)), "other")
+
+
+def graphed_prefill(model, mode: bool, tokens: int, repeats: int = 5):
+    """(best ms of a replayed prefill, {kernel name: (GPU ms, calls)} of one replay)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from nondet.kernels import batch_invariant
+
+    torch._dynamo.reset()
+    forward = torch.compile(model.forward, dynamic=False, mode="reduce-overhead")
+    ids = torch.randint(3, 32000, (1, tokens), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    with torch.no_grad(), (batch_invariant(model=model, traceable=True) if mode else torch.no_grad()):
+        for _ in range(3):  # compile, record, replay
+            forward(ids, use_cache=False)
+        best = min(timed(lambda: forward(ids, use_cache=False)) for _ in range(repeats)) * 1e3
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            forward(ids, use_cache=False)
+            torch.cuda.synchronize()
+    kernels = {e.key: (e.self_device_time_total / 1e3, e.count) for e in prof.key_averages()
+               if e.self_device_time_total > 0}
+    return best, kernels
+
+
+def print_graph_tables(model, tokens: int) -> None:
+    runs = {label: graphed_prefill(model, label == "mode", tokens) for label in ("default", "mode")}
+    by_class = {label: collections.Counter() for label in runs}
+    for label, (_, kernels) in runs.items():
+        for name, (ms, _) in kernels.items():
+            by_class[label][kernel_class(name)] += ms
+    print(f"\nprefill {tokens} tokens, torch.compile + CUDA graphs: default {runs['default'][0]:.2f} ms, "
+          f"mode {runs['mode'][0]:.2f} ms ({runs['default'][0] / runs['mode'][0]:.2f}x)")
+    print("| kernel class | default GPU ms | mode GPU ms | mode - default |")
+    print("| --- | ---: | ---: | ---: |")
+    for cls in [c for c, _ in CLASSES] + ["other", "all"]:
+        d = sum(by_class["default"].values()) if cls == "all" else by_class["default"][cls]
+        m = sum(by_class["mode"].values()) if cls == "all" else by_class["mode"][cls]
+        print(f"| {cls} | {d:.2f} | {m:.2f} | {m - d:+.2f} |")
+    for label, (_, kernels) in runs.items():
+        top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:10]
+        print(f"{label}, heaviest kernels (GPU ms, calls): "
+              + "; ".join(f"{name[:70]} {ms:.2f} {n}" for name, (ms, n) in top), flush=True)
+
+
+def print_shape_table(model, tokens: int, layers: int) -> None:
+    """One layer's kernels alone at M = tokens: ours vs cuBLAS / SDPA, us, and the sum over the layers."""
+    cfg = model.config
+    h, kvh, d, ffn = cfg.hidden_size, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+    heads = cfg.num_attention_heads
+    x = {k: torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16) for k in (h, ffn)}
+    linears = (("q", h, heads * d), ("k", h, kvh * d), ("v", h, kvh * d), ("o", heads * d, h),
+               ("gate", h, ffn), ("up", h, ffn), ("down", ffn, h))
+    print(f"\none layer's shapes alone, M = {tokens} (us, CUDA-graph replay; x{layers} layers in the last row)")
+    print("| op | K x N | default (cuBLAS / SDPA / torch) | ours | ours / default |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    total = [0.0, 0.0]
+    for name, k, n in linears:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+        ref = graph_us(lambda: F.linear(x[k], w))
+        ours = graph_us(lambda: triton_matmul.linear(x[k], w))
+        total = [total[0] + ref, total[1] + ours]
+        print(f"| {name} | {k} x {n} | {ref:.1f} | {ours:.1f} | {ref / ours:.2f}x |", flush=True)
+    q = torch.randn(1, heads, tokens, d, device="cuda", dtype=torch.bfloat16)
+    kk = torch.randn(1, kvh, tokens, d, device="cuda", dtype=torch.bfloat16)
+    vv = torch.randn(1, kvh, tokens, d, device="cuda", dtype=torch.bfloat16)
+    ref = graph_us(lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=True))
+    ours = graph_us(lambda: triton_attention.attention(q, kk, vv))
+    total = [total[0] + ref, total[1] + ours]
+    print(f"| attention, causal | Q = S = {tokens} | {ref:.1f} | {ours:.1f} | {ref / ours:.2f}x |")
+    for name, rows, width in (("input / post norms x2", 2 * tokens, h), ("q / k norms", tokens * (heads + kvh), d)):
+        y = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
+        wt = torch.ones(width, device="cuda", dtype=torch.bfloat16)
+        ref = graph_us(lambda: F.rms_norm(y, (width,), wt, 1e-6))
+        ours = graph_us(lambda: triton_rows.rms_norm(y, wt, 1e-6))
+        total = [total[0] + ref, total[1] + ours]
+        print(f"| rms norm, {name} | {rows} x {width} | {ref:.1f} | {ours:.1f} | {ref / ours:.2f}x |")
+    print(f"| one layer | | {total[0]:.1f} | {total[1]:.1f} | {total[0] / total[1]:.2f}x |")
+    print(f"| x {layers} layers (ms) | | {total[0] * layers / 1e3:.2f} | {total[1] * layers / 1e3:.2f} | |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=36)
+    parser.add_argument("--tokens", type=int, default=512)
+    args = parser.parse_args()
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    model = build(args.layers)
+    print_shape_table(model, args.tokens, args.layers)
+    print_graph_tables(model, args.tokens)
+
+
+if __name__ == "__main__":
+    main()
