@@ -76,7 +76,7 @@ run_step() {
     attention-stages) timeout 200 python3 scripts/gpu_attention_stages.py 2>&1 | tail -20 ;;
     split-tests) NONDET_ATTN_SPLIT_INNER=1 NONDET_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider \
                    tests/test_kernels_attention_split.py 2>&1 | tail -15 ;;
-    prefill-breakdown) timeout 420 python3 scripts/gpu_prefill_breakdown.py 2>&1 | quiet | tail -40 ;;
+    prefill-breakdown) timeout 480 python3 scripts/gpu_prefill_breakdown.py ${BREAKDOWN_ARGS:-} 2>&1 | quiet | tail -40 ;;
     host) timeout 240 python3 scripts/gpu_host_profile.py 2>&1 | quiet | head -60 ;;
     moe) timeout 480 python3 scripts/gpu_moe.py 2>&1 | quiet | grep -v "Loading weights" | tail -150 ;;
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4

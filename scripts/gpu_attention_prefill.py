@@ -8,7 +8,8 @@ question: decode uses 16-row tiles, and until 2026-11-26 prefill did too (Q = 51
 cuDNN's 21 us on the 8B shapes). A larger tile is only usable where its rows equal the decode tile's
 bit for bit, on every path a prefill takes: causal (mask None), transformers' bool mask, and a short
 verification chunk after a cache. This sweep chose config.attention_config's rows; docs/benchmarks.md
-has its table. Times are CUDA-graph replays (launch cost left out); "BITS" marks a candidate whose
+has its table. Masked cases pass query_end as ops.attention does (a tile stops at its rows' last
+visible key) and compare bits with a launch without it. Times are CUDA-graph replays (launch cost left out); "BITS" marks a candidate whose
 output differs from the decode tile's.
 """
 
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from gpu_attention_stages import graph_us
 
 from nondet.kernels.config import ATTENTION_CONFIGS
+from nondet.kernels.ops import query_end
 from nondet.kernels.triton_attention import attention
 
 BLOCK_MS = (16, 32, 64, 128)
@@ -33,18 +35,23 @@ def inputs(q_len: int, s_len: int, seed: int, heads: int = 32, kv_heads: int = 8
     return q, k, v
 
 
-def bool_causal(q_len: int, s_len: int) -> torch.Tensor:
-    """transformers' bool mask for a chunk of q_len queries at the end of s_len positions, (1, 1, Q, S)."""
+def bool_causal(q_len: int, s_len: int, written: int | None = None) -> torch.Tensor:
+    """transformers' bool mask for a chunk of q_len queries at the end of s_len positions, (1, 1, Q, S);
+    written: a static cache with only that many slots filled (the queries sit at its end)."""
+    keys = torch.arange(s_len, device="cuda")[None, :]
+    if written is not None:
+        return (keys < written)[None, None].expand(1, 1, q_len, s_len)
     rows = torch.arange(q_len, device="cuda")[:, None] + (s_len - q_len)
-    return (torch.arange(s_len, device="cuda")[None, :] <= rows)[None, None]
+    return (keys <= rows)[None, None]
 
 
-CASES = (  # (name, Q, S, bool mask?)
-    ("prefill 512, causal", 512, 512, False),
-    ("prefill 512, bool mask", 512, 512, True),
-    ("prefill 2048, causal", 2048, 2048, False),
-    ("chunk 5 after 512, bool mask", 5, 517, True),
-    ("chunk 37 after 1000, causal", 37, 1037, False),
+CASES = (  # (name, Q, S, bool mask?, slots written in a static cache)
+    ("prefill 512, causal", 512, 512, False, None),
+    ("prefill 512, bool mask", 512, 512, True, None),
+    ("prefill 2048, causal", 2048, 2048, False, None),
+    ("chunk 5 after 512, bool mask", 5, 517, True, None),
+    ("chunk 37 after 1000, causal", 37, 1037, False, None),
+    ("static cache decode, 1000 of 4096 slots, bool mask", 1, 4096, True, 1000),
 )
 
 
@@ -53,10 +60,11 @@ def main() -> None:
     shipped = ATTENTION_CONFIGS[torch.bfloat16]
     scale = 128 ** -0.5
     start = torch.zeros(1, dtype=torch.int32, device="cuda")
-    for name, q_len, s_len, masked in CASES:
+    for name, q_len, s_len, masked, written in CASES:
         q, k, v = inputs(q_len, s_len, seed=q_len + s_len)
-        mask = bool_causal(q_len, s_len) if masked else None
-        reference = attention(q, k, v, mask, scale, start, cfg=shipped)
+        mask = bool_causal(q_len, s_len, written) if masked else None
+        ends = query_end(mask, 1, "cuda") if masked else None  # as ops.attention passes it: skips masked chunks
+        reference = attention(q, k, v, mask, scale, start, cfg=shipped, query_end=ends)
         sdpa = graph_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                                                is_causal=mask is None and q_len == s_len,
                                                                enable_gqa=True))
@@ -68,8 +76,8 @@ def main() -> None:
             for warps, stages in WARPS_STAGES:
                 cfg = dataclasses.replace(shipped, block_m=block_m, num_warps=warps, num_stages=stages)
                 try:
-                    same = torch.equal(attention(q, k, v, mask, scale, start, cfg=cfg), reference)
-                    us = graph_us(lambda cfg=cfg: attention(q, k, v, mask, scale, start, cfg=cfg))
+                    same = torch.equal(attention(q, k, v, mask, scale, start, cfg=cfg), reference)  # no end: bits
+                    us = graph_us(lambda cfg=cfg: attention(q, k, v, mask, scale, start, cfg=cfg, query_end=ends))
                     cells.append(f"{us:.1f} ({sdpa / us:.2f}x){'' if same else ' BITS'}")
                 except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is a cell, not a stop
                     cells.append(f"failed: {type(exc).__name__}")

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from nondet.kernels.config import ATTENTION_CONFIGS
 from nondet.kernels.triton_attention import attention
 
-CANDIDATES = ((4, 2, 4), (4, 2, 1), (4, 3, 4), (8, 2, 4))  # (num_warps, num_stages, merge_block); shipped first
+# (num_warps, num_stages, merge_block, split: None = the launcher's choice, False = one program per tile)
+CANDIDATES = ((4, 2, 4, None), (4, 2, 1, None), (8, 2, 4, None), (4, 2, 4, False), (8, 2, 4, False))
 
 
 def graph_us(fn, calls: int = 20) -> float:
@@ -40,9 +41,9 @@ def graph_us(fn, calls: int = 20) -> float:
 def main() -> None:
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     shipped = ATTENTION_CONFIGS[torch.bfloat16]
-    header = " | ".join(f"w{w} s{s} merge {mb}" + (" (shipped)" if (w, s, mb) == (shipped.num_warps, shipped.num_stages,
-                                                                                  shipped.merge_block) else "")
-                        for w, s, mb in CANDIDATES)
+    shipped_key = (shipped.num_warps, shipped.num_stages, shipped.merge_block, None)
+    header = " | ".join(f"w{w} s{s} merge {mb}{' fused' if split is False else ''}"
+                        + (" (shipped)" if (w, s, mb, split) == shipped_key else "") for w, s, mb, split in CANDIDATES)
     print(f"| B=1, H 32/8, D 128 | SDPA us | {header} |")
     print("|---|---:|" + "---:|" * len(CANDIDATES))
     g = torch.Generator("cuda").manual_seed(0)
@@ -55,11 +56,11 @@ def main() -> None:
         sdpa = graph_us(lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True))
         reference = attention(q, k, v, None, scale, start)
         cells = []
-        for warps, stages, merge_block in CANDIDATES:
+        for warps, stages, merge_block, split in CANDIDATES:
             cfg = dataclasses.replace(shipped, num_warps=warps, num_stages=stages, merge_block=merge_block)
             try:
-                out = attention(q, k, v, None, scale, start, cfg=cfg)
-                us = graph_us(lambda cfg=cfg: attention(q, k, v, None, scale, start, cfg=cfg))
+                out = attention(q, k, v, None, scale, start, cfg=cfg, split=split)
+                us = graph_us(lambda cfg=cfg, split=split: attention(q, k, v, None, scale, start, cfg=cfg, split=split))
                 cells.append(f"{us:.1f} ({sdpa / us:.2f}x){'' if torch.equal(out, reference) else ' BITS'}")
             except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is a cell, not a stop
                 cells.append(f"failed: {type(exc).__name__}")

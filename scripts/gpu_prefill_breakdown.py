@@ -1,8 +1,10 @@
 """Where the 8B-shaped prefill of 512 tokens spends its GPU time under CUDA graphs, default kernels vs
 the mode: the replayed graph's kernels by class (matmul, attention, row reductions, the rest), and each
-of a layer's shapes timed alone (us, CUDA-graph replay), ours against cuBLAS / SDPA, times the layers.
+of a layer's shapes timed alone (us, CUDA-graph replay), ours against cuBLAS / SDPA, times the layers;
+and each matmul shape under every tile of the tuner's candidates (`--sweep`), bits against the shipped
+dispatch's, with the number of tiles per SM (a last wave that fills few SMs wastes the rest).
 
-    python3 scripts/gpu_prefill_breakdown.py [--layers 36]
+    python3 scripts/gpu_prefill_breakdown.py [--layers 36] [--sweep]
 
 The gap between the two tables is what the graph adds around the kernels (copies, Inductor's fused
 elementwise kernels, descriptor set-up); the classes say which kernels the mode loses its time in.
@@ -17,7 +19,8 @@ import torch.nn.functional as F
 from gpu_attention_stages import graph_us
 from gpu_compile import build, timed
 
-from nondet.kernels import triton_attention, triton_matmul, triton_rows
+from nondet.kernels import triton_attention, triton_matmul, triton_rows, tune
+from nondet.kernels.config import matmul_config
 
 CLASSES = (  # (class, substrings of kernel names), first match wins
     ("matmul", ("_mm_", "gemm", "nvjet", "xmma", "cutlass", "cublas", "sm90_")),
@@ -108,15 +111,47 @@ def print_shape_table(model, tokens: int, layers: int) -> None:
     print(f"| x {layers} layers (ms) | | {total[0] * layers / 1e3:.2f} | {total[1] * layers / 1e3:.2f} | |", flush=True)
 
 
+def print_tile_sweep(model, tokens: int) -> None:
+    """Each distinct (K, N) of a layer at M = tokens under every tuner candidate: us (ratio to cuBLAS),
+    tiles / SMs, and BITS where a row differs from the shipped dispatch's."""
+    cfg = model.config
+    h, ffn, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_key_value_heads * cfg.head_dim
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for k, n in sorted({(h, h), (h, kv), (h, ffn), (ffn, h)}):
+        x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+        shipped = matmul_config(torch.bfloat16, tokens, k, n)
+        reference = triton_matmul.mm(x, w.t())
+        ref_us = graph_us(lambda: F.linear(x, w))
+        cells = []
+        for cand in tune.CANDIDATES:
+            try:
+                same = torch.equal(triton_matmul.mm(x, w.t(), cfg=cand), reference)
+                us = graph_us(lambda cand=cand: triton_matmul.mm(x, w.t(), cfg=cand))
+            except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is a cell, not a stop
+                cells.append((float("inf"), f"{tune._name(cand)} failed: {type(exc).__name__}"))
+                continue
+            tiles = -(-tokens // cand.block_m) * -(-n // cand.block_n)
+            mark = " (shipped)" if cand == shipped else ""
+            cells.append((us, f"{tune._name(cand)}{mark} {us:.1f} ({ref_us / us:.2f}x, {tiles / sms:.2f} waves)"
+                              f"{'' if same else ' BITS'}"))
+        cells.sort()
+        print(f"\nM {tokens} K {k} N {n}: cuBLAS {ref_us:.1f} us; shipped {tune._name(shipped)}; fastest first: "
+              + "; ".join(text for _, text in cells[:6]), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=36)
     parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--sweep", action="store_true", help="also every tuner tile on each matmul shape")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     model = build(args.layers)
     print_shape_table(model, args.tokens, args.layers)
     print_graph_tables(model, args.tokens)
+    if args.sweep:
+        print_tile_sweep(model, args.tokens)
 
 
 if __name__ == "__main__":

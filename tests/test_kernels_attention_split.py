@@ -131,6 +131,30 @@ else:
         assert same_bits(attend(q, k, v, True, kv_start=start), fused)
         assert same_bits(triton_attention.attention(q, k, v, split=True, cfg=one_by_one, kv_start=start), fused)
 
+    @pytest.mark.parametrize("name", [c for c in CASES if "mask" in c or c == "sliding window"])
+    def test_stopping_at_the_last_visible_key_keeps_the_bits(name):
+        """query_end lets a tile stop at its rows' last visible key: only masked positions are skipped."""
+        q, k, v, kw = case(name)
+        ends = ops.query_end(kw["mask"][..., :k.shape[2]], q.shape[0], DEVICE)
+        for split in (False, True):
+            assert same_bits(attend(q, k, v, split, query_end=ends, **kw), attend(q, k, v, split, **kw)), split
+
+    def test_a_static_cache_decode_reads_no_chunk_past_the_written_keys():
+        """A static cache: 200 slots, rows written up to 70 / 33 / 150. Chunks past a row's last written
+        key are never read (NaN there cannot reach the output) and the bits are those of the cache cut
+        after the chunk holding that key; without query_end the NaN gets in (the check is not vacuous)."""
+        q, k, v = qkv(3, 8, 2, 1, 200, dtype=torch.bfloat16, seed=14)
+        written = torch.tensor([70, 33, 150], device=DEVICE)
+        mask = (torch.arange(200, device=DEVICE)[None, :] < written[:, None])[:, None, None, :]
+        v[:, :, 160:] = float("nan")  # past the chunk [128, 160) that holds row 2's last key
+        ends = ops.query_end(mask, 3, DEVICE)
+        assert ends.flatten().tolist() == [70, 33, 150]
+        cut = attend(q, k[:, :, :160], v[:, :, :160], False, mask=mask[..., :160])
+        assert not cut.isnan().any()
+        for split in (False, True):
+            assert same_bits(attend(q, k, v, split, mask=mask, query_end=ends), cut), split
+            assert attend(q, k, v, split, mask=mask).isnan().any(), split
+
     def test_decode_equals_prefill_rows_through_the_split_path():
         q, k, v = qkv(2, 8, 2, 12, 70, seed=10)
         full = attend(q, k, v, False)

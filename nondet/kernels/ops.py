@@ -115,6 +115,14 @@ def first_visible(mask: torch.Tensor, bsz: int, device) -> torch.Tensor:
     return keep[:, 0].to(torch.int32).argmax(-1).to(torch.int32).expand(bsz, -1)
 
 
+def query_end(mask: torch.Tensor, bsz: int, device) -> torch.Tensor:
+    """(B, Q) int32: one past each query's last visible KV position (0 when it sees nothing). On the
+    device: the kernel stops there, since later positions would only add exact zeros."""
+    keep = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    ends = torch.arange(1, keep.shape[-1] + 1, dtype=torch.int32, device=device)
+    return (keep[:, 0].to(torch.int32) * ends).amax(-1).to(torch.int32).expand(bsz, -1)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
               scale: float | None = None, is_causal: bool = True, softcap: float | None = None,
               sinks: torch.Tensor | None = None, sliding: bool = False) -> torch.Tensor:
@@ -130,20 +138,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     Forward only: a training forward goes through autograd.attention (same bits, a backward).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    mask, kv_start, query_start = attention_inputs(q, k, mask, is_causal, sliding)
+    mask, kv_start, query_start, ends = attention_inputs(q, k, mask, is_causal, sliding)
     if _triton(q):
         from nondet.kernels import triton_attention
 
         return triton_attention.attention(q, k, v, mask, scale, kv_start, softcap=softcap, sinks=sinks,
-                                          query_start=query_start)
+                                          query_start=query_start, query_end=ends)
     return cpu.attention(q, k, v, mask, scale, kv_start.tolist(), softcap=softcap, sinks=sinks)
 
 
-def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
-                     sliding: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
-    """(mask cut to the keys, kv_start (B,), query_start (B, Q) or None) for the kernels: index
-    arithmetic on the mask, no reduction over values. A compiled graph computes it as plain ops
-    (Inductor fuses them) and passes it to the opaque attention kernel (custom_ops)."""
+def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, sliding: bool
+                     ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(mask cut to the keys, kv_start (B,), query_start (B, Q) or None, query_end (B, Q) or None: with a
+    mask) for the kernels: index arithmetic on the mask, no reduction over values. A compiled graph
+    computes it as plain ops (Inductor fuses them) and passes it to the opaque attention kernel (custom_ops)."""
     bsz, _, nq, _ = q.shape
     s = k.shape[2]
     if mask is None and not is_causal:
@@ -152,4 +160,5 @@ def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None
         mask = mask[..., :s]
     kv_start = kv_start_from_mask(mask, bsz, s, q.device)
     query_start = first_visible(mask, bsz, q.device) if sliding and mask is not None else None
-    return mask, kv_start, query_start
+    ends = query_end(mask, bsz, q.device) if mask is not None else None
+    return mask, kv_start, query_start, ends

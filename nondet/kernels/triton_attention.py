@@ -119,7 +119,7 @@ def _row_sum(p, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["Q", "S"])  # one binary for every batch size
-def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, sink_ptr, ws_m, ws_l, ws_acc, count_ptr,
+def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr, sink_ptr, ws_m, ws_l, ws_acc, count_ptr,
                  Q, S, H, KVH, D, DV, NC, qk_scale, cap_in, cap_out,
                  s_qb, s_qh, s_qq, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
                  s_mb, s_mq, s_ms,
@@ -127,7 +127,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, sink_ptr, ws_m
                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr,
                  CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
                  UPCAST: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
-                 ONE_QUERY: tl.constexpr, MERGE_BLOCK: tl.constexpr):
+                 ONE_QUERY: tl.constexpr, HAS_END: tl.constexpr, MERGE_BLOCK: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // KVH).to(tl.int64)
@@ -161,6 +161,12 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, sink_ptr, ws_m
             last = S - Q + pid_r
         else:
             last = tl.minimum(S - Q + (pid_r * BLOCK_M + BLOCK_M - 1) // G, S - 1)
+    if HAS_END:  # a mask: past its rows' last visible position a tile would only add exact zeros
+        if ONE_QUERY:
+            tile_end = tl.load(end_ptr + b * Q + pid_r)
+        else:
+            tile_end = tl.max(tl.load(end_ptr + b * Q + qi, mask=row_ok, other=0))
+        last = tl.minimum(last, tl.minimum(tl.maximum(tile_end, 0), S) - 1)  # clamped like kv_start
     # the tile's chunks: the fused loop computes and merges these, the split merge reads the same
     # values back, so both merge the same (max, sum, acc) in the same order. A row that ends earlier
     # than the tile's last row gets (_NEG, 0, 0) from its later chunks, which leaves it unchanged.
@@ -291,7 +297,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
               scale: float | None = None, kv_start: torch.Tensor | None = None,
               split: bool | None = None, cfg: AttentionConfig | None = None,
               softcap: float | None = None, sinks: torch.Tensor | None = None,
-              query_start: torch.Tensor | None = None) -> torch.Tensor:
+              query_start: torch.Tensor | None = None, query_end: torch.Tensor | None = None) -> torch.Tensor:
     """Attention for q (B, H, Q, D) over k (B, KVH, S, D), v (B, KVH, S, Dv) -> (B, Q, H, Dv).
 
     mask: None (causal, bottom-right aligned: query i sits at position S - Q + i), a bool mask
@@ -302,6 +308,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     logit added to the softmax denominator once, after all chunks are merged. query_start (B, Q):
     each query's own first visible position (a sliding window): then a tile holds one query and its
     chunks start there, so a windowed query's bits do not depend on the other queries of the call.
+    query_end (B, Q), with a mask: one past each query's last visible position (ops.query_end); a tile
+    stops at its rows' last one, which skips only masked positions (exact zeros): speed, never bits.
     """
     bsz, h, nq, d = q.shape
     kvh, s, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -320,6 +328,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         assert g <= cfg.block_m, "a tile must hold a query's heads"
         kv_start = query_start.expand(bsz, nq)
     kv_start = kv_start.to(device=q.device, dtype=torch.int32).contiguous()
+    has_end = query_end is not None and mask is not None
+    end_t = query_end.expand(bsz, nq).to(device=q.device, dtype=torch.int32).contiguous() if has_end else kv_start
     mask_kind, mask_t, mstrides = _mask_args(mask, bsz, nq, s, q)
     block_d, block_dv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     chunks = triton.cdiv(s, cfg.kv_chunk)
@@ -334,13 +344,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     sink_t = out if sinks is None else (sinks.to(device=q.device, dtype=torch.float32) * _LOG2E).contiguous()
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     launch(_attn_kernel, (row_tiles, bsz * kvh, nc), out)(
-        q, k, v, out, mask_t, kv_start, sink_t, ws_m, ws_l, ws_acc, counts,
+        q, k, v, out, mask_t, kv_start, end_t, sink_t, ws_m, ws_l, ws_acc, counts,
         nq, s, h, kvh, d, dv, nc, float(scale) * _LOG2E, cap_in, cap_out,
         *q.stride(), *k.stride(), *v.stride(), *mstrides,
         G=g, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=cfg.kv_chunk,
         SPLIT=split, CAUSAL=mask_kind == 0, MASK_KIND=mask_kind, PRECISION=precision,
         UPCAST=interpreting(), SOFTCAP=bool(softcap), SINKS=sinks is not None, ONE_QUERY=one_query,
-        MERGE_BLOCK=cfg.merge_block,
+        HAS_END=has_end, MERGE_BLOCK=cfg.merge_block,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
