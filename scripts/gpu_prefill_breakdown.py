@@ -149,9 +149,9 @@ def main() -> None:
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     model = build(args.layers)
     print_shape_table(model, args.tokens, args.layers)
-    print_graph_tables(model, args.tokens)
     if args.sweep:
         print_tile_sweep(model, args.tokens)
+    print_graph_tables(model, args.tokens)
 
 
 if __name__ == "__main__":

@@ -232,6 +232,9 @@ else:
         assert chosen.block_m == (32 if masked else 128)
         shipped = ATTENTION_CONFIGS[torch.bfloat16]
         assert (chosen.block_n, chosen.kv_chunk) == (shipped.block_n, shipped.kv_chunk)
+        # a decode over a long cache keeps the decode tile and the K order, with 8 warps (speed only)
+        long = attention_config(torch.bfloat16, 4, causal=not masked, long_cache=True)
+        assert (long.block_m, long.block_n, long.kv_chunk, long.num_warps) == (16, shipped.block_n, shipped.kv_chunk, 8)
         small = triton_attention.attention(q, k, v, mask, cfg=shipped)
         assert torch.equal(triton_attention.attention(q, k, v, mask), small)
         for i in (0, 211, 255):

@@ -124,19 +124,27 @@ _ATTENTION_BY_ROWS = (  # (fewest rows per KV head, causal only?, (block_m, num_
 )
 
 
+# A decode launch over a long cache (>= 32 chunks of split programs) takes 8 warps: at B = 1 on an H100
+# (2026-11-26, scripts/gpu_attention_stages.py, two runs) KV 16k 35.5-35.8 -> 33.8-34.4 us, KV 32k
+# 65.6-65.8 -> 63.7-63.9 us (SDPA 29.9 / 51.1-51.4); shorter caches within noise either way.
+LONG_CACHE = 16384
+
+
 @functools.lru_cache(maxsize=4096)  # on every attention launch's path; rows vary with prompt length
-def attention_config(dtype: torch.dtype, rows: int = 1, causal: bool = False, head_dim: int = 128) -> AttentionConfig:
+def attention_config(dtype: torch.dtype, rows: int = 1, causal: bool = False, head_dim: int = 128,
+                     long_cache: bool = False) -> AttentionConfig:
     """The tile for an attention launch of `rows` query rows per KV head (queries x heads per KV
-    head); causal: no mask tensor; head_dim: the larger of q's and v's. block_n and kv_chunk, the
-    order of a row's sum, never move. Head dims past 128 (Gemma's 256, MLA's 192) keep the 16-row
-    tile: a 128-row one does not fit shared memory there, and they were not swept."""
+    head); causal: no mask tensor; head_dim: the larger of q's and v's; long_cache: at least
+    LONG_CACHE keys. block_n and kv_chunk, the order of a row's sum, never move. Head dims past 128
+    (Gemma's 256, MLA's 192) keep the 16-row tile: a 128-row one does not fit shared memory there,
+    and they were not swept."""
     cfg = ATTENTION_CONFIGS[dtype]
     if dtype == torch.float32 or head_dim > 128:
         return cfg
     for fewest, causal_only, (block_m, warps, stages) in _ATTENTION_BY_ROWS:
         if rows >= fewest and (causal or not causal_only):
             return replace(cfg, block_m=block_m, num_warps=warps, num_stages=stages)
-    return cfg
+    return replace(cfg, num_warps=8) if long_cache else cfg
 
 
 # Row kernels (norms, softmax): a whole row in one program up to this many columns;

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nondet.kernels.config import AttentionConfig, attention_config
+from nondet.kernels.config import LONG_CACHE, AttentionConfig, attention_config
 from nondet.kernels.launch import interpreting, launch
 from nondet.kernels.triton_matmul import sm_count
 
@@ -323,7 +323,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     one_query = query_start is not None
     # the tile: longer launches take larger row tiles (speed only: a row's bits do not depend on it);
     # a one-query tile holds one query's G heads, so it keeps the decode tile
-    cfg = cfg or attention_config(q.dtype, 1 if one_query else nq * g, causal=mask is None, head_dim=max(d, dv))
+    cfg = cfg or attention_config(q.dtype, 1 if one_query else nq * g, causal=mask is None, head_dim=max(d, dv),
+                                  long_cache=s >= LONG_CACHE)
     if one_query:
         assert g <= cfg.block_m, "a tile must hold a query's heads"
         kv_start = query_start.expand(bsz, nq)
