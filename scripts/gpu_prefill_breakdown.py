@@ -1,10 +1,11 @@
 """Where the 8B-shaped prefill of 512 tokens spends its GPU time under CUDA graphs, default kernels vs
 the mode: the replayed graph's kernels by class (matmul, attention, row reductions, the rest), and each
 of a layer's shapes timed alone (us, CUDA-graph replay), ours against cuBLAS / SDPA, times the layers;
-and each matmul shape under every tile of the tuner's candidates (`--sweep`), bits against the shipped
-dispatch's, with the number of tiles per SM (a last wave that fills few SMs wastes the rest).
+or (`--sweep M,...`) the 8B matmul shapes under every candidate tile at each M, bits against the
+shipped dispatch's, with the number of tiles per SM (a last wave that fills few SMs wastes the rest).
 
-    python3 scripts/gpu_prefill_breakdown.py [--layers 36] [--sweep]
+    python3 scripts/gpu_prefill_breakdown.py [--layers 36]
+    python3 scripts/gpu_prefill_breakdown.py --sweep 512,2048
 
 The gap between the two tables is what the graph adds around the kernels (copies, Inductor's fused
 elementwise kernels, descriptor set-up); the classes say which kernels the mode loses its time in.
@@ -20,7 +21,7 @@ from gpu_attention_stages import graph_us
 from gpu_compile import build, timed
 
 from nondet.kernels import triton_attention, triton_matmul, triton_rows, tune
-from nondet.kernels.config import matmul_config
+from nondet.kernels.config import MatmulConfig, matmul_config
 
 CLASSES = (  # (class, substrings of kernel names), first match wins
     ("matmul", ("_mm_", "gemm", "nvjet", "xmma", "cutlass", "cublas", "sm90_")),
@@ -45,7 +46,9 @@ def graphed_prefill(model, mode: bool, tokens: int, repeats: int = 5):
     ids = torch.randint(3, 32000, (1, tokens), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
     with torch.no_grad(), (batch_invariant(model=model, traceable=True) if mode else torch.no_grad()):
         for _ in range(3):  # compile, record, replay
-            forward(ids, use_cache=False)
+            logits = forward(ids, use_cache=False).logits.clone()
+        if mode:  # the graphed mode's logits against the eager mode's, bit for bit
+            print(f"graphed mode prefill == eager mode prefill: {torch.equal(logits, model(ids, use_cache=False).logits)}")
         best = min(timed(lambda: forward(ids, use_cache=False)) for _ in range(repeats)) * 1e3
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             forward(ids, use_cache=False)
@@ -111,46 +114,55 @@ def print_shape_table(model, tokens: int, layers: int) -> None:
     print(f"| x {layers} layers (ms) | | {total[0] * layers / 1e3:.2f} | {total[1] * layers / 1e3:.2f} | |", flush=True)
 
 
-def print_tile_sweep(model, tokens: int) -> None:
-    """Each distinct (K, N) of a layer at M = tokens under every tuner candidate: us (ratio to cuBLAS),
-    tiles / SMs, and BITS where a row differs from the shipped dispatch's."""
-    cfg = model.config
-    h, ffn, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_key_value_heads * cfg.head_dim
+# the 8B shapes of Qwen3 (FFN 12288) and Llama 3 (FFN 14336): K / V, Q / O, gate / up, down
+SWEEP_SHAPES = ((4096, 1024), (4096, 4096), (4096, 12288), (12288, 4096), (4096, 14336), (14336, 4096))
+# beyond the tuner's: 16 warps give the 128x256 tile's two fp32 accumulators (the running sum and the
+# chunk's) half the registers per thread that 8 warps do; deeper pipelines on the 128x128 tile
+EXTRA_CANDIDATES = tuple(MatmulConfig(bm, bn, 64, 1024, 8, w, st, True) for bm, bn, w, st in (
+    (128, 256, 16, 3), (256, 128, 16, 3), (128, 128, 8, 5), (128, 128, 4, 4)))
+
+
+def print_tile_sweep(shapes, ms) -> None:
+    """Each (K, N) at each M under every candidate tile: us (ratio to cuBLAS), tiles per SM (waves), and
+    BITS where a row differs from the shipped dispatch's."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for k, n in sorted({(h, h), (h, kv), (h, ffn), (ffn, h)}):
-        x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
-        shipped = matmul_config(torch.bfloat16, tokens, k, n)
-        reference = triton_matmul.mm(x, w.t())
-        ref_us = graph_us(lambda: F.linear(x, w))
-        cells = []
-        for cand in tune.CANDIDATES:
-            try:
-                same = torch.equal(triton_matmul.mm(x, w.t(), cfg=cand), reference)
-                us = graph_us(lambda cand=cand: triton_matmul.mm(x, w.t(), cfg=cand))
-            except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is a cell, not a stop
-                cells.append((float("inf"), f"{tune._name(cand)} failed: {type(exc).__name__}"))
-                continue
-            tiles = -(-tokens // cand.block_m) * -(-n // cand.block_n)
-            mark = " (shipped)" if cand == shipped else ""
-            cells.append((us, f"{tune._name(cand)}{mark} {us:.1f} ({ref_us / us:.2f}x, {tiles / sms:.2f} waves)"
-                              f"{'' if same else ' BITS'}"))
-        cells.sort()
-        print(f"\nM {tokens} K {k} N {n}: cuBLAS {ref_us:.1f} us; shipped {tune._name(shipped)}; fastest first: "
-              + "; ".join(text for _, text in cells[:6]), flush=True)
+    for m in ms:
+        for k, n in shapes:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+            shipped = matmul_config(torch.bfloat16, m, k, n)
+            reference = triton_matmul.mm(x, w.t())
+            ref_us = graph_us(lambda: F.linear(x, w))
+            cells = []
+            for cand in tune.CANDIDATES + EXTRA_CANDIDATES:
+                try:
+                    same = torch.equal(triton_matmul.mm(x, w.t(), cfg=cand), reference)
+                    us = graph_us(lambda cand=cand: triton_matmul.mm(x, w.t(), cfg=cand))
+                except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is a cell, not a stop
+                    cells.append((float("inf"), f"{tune._name(cand)} failed: {type(exc).__name__}"))
+                    continue
+                tiles = -(-m // cand.block_m) * -(-n // cand.block_n)
+                mark = " (shipped)" if cand == shipped else ""
+                cells.append((us, f"{tune._name(cand)}{mark} {us:.1f} ({ref_us / us:.2f}x, {tiles / sms:.2f} waves)"
+                                  f"{'' if same else ' BITS'}"))
+            cells.sort()
+            shipped_cell = next((text for _, text in cells if "(shipped)" in text), "shipped not among candidates")
+            print(f"\nM {m} K {k} N {n}: cuBLAS {ref_us:.1f} us; {shipped_cell}; fastest first: "
+                  + "; ".join(text for _, text in cells[:5]), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=36)
     parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--sweep", action="store_true", help="also every tuner tile on each matmul shape")
+    parser.add_argument("--sweep", default="", help="M values (comma-separated): every candidate tile on the "
+                        "8B matmul shapes at each, instead of the tables")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    if args.sweep:
+        return print_tile_sweep(SWEEP_SHAPES, [int(m) for m in args.sweep.split(",")])
     model = build(args.layers)
     print_shape_table(model, args.tokens, args.layers)
-    if args.sweep:
-        print_tile_sweep(model, args.tokens)
     print_graph_tables(model, args.tokens)
 
 

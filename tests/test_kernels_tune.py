@@ -56,3 +56,19 @@ def test_summary_says_why_nothing_changed():
     assert summary([result(20.0, 20.0)])[-1] == ("no candidate beat the shipped configuration by 3% in any "
                                                   "bucket (geometric mean 0.500): the tuned table repeats "
                                                   "the shipped one")
+
+
+@pytest.mark.parametrize("m, n, block_n", [
+    (512, 12288, 128),  # 128x256: 192 tiles, 2 rounds on 132 SMs; 128x128: 384 tiles, 3 rounds
+    (2048, 1024, 128),  # K / V projections of a long prefill: 64 wide tiles leave half the SMs idle
+    (512, 4096, 128),
+    (512, 14336, 256),  # 4 rounds of 128x128 against 2 of 128x256: the wide tile wins
+    (2048, 4096, 256),
+    (8192, 12288, 256),
+])
+def test_past_m_256_the_tile_follows_the_rounds_it_fills(m, n, block_n):
+    chosen = config.by_waves(m, n, 132)
+    assert chosen.block_n == block_n
+    # speed only: the K order (block_k, k_chunk) is every bucket's
+    shipped = config.MATMUL_BUCKETS[torch.bfloat16][-1][1]
+    assert (chosen.block_k, chosen.k_chunk) == (shipped.block_k, shipped.k_chunk)

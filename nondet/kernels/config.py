@@ -83,6 +83,7 @@ MATMUL_BUCKETS = {
 #   K 4096 N 4096:   128x128 30.4 / 27.8 / 29.8 -> 64x128 22.4 / 20.1 at M <= 256 (11.4 / 14.7 / 26.8)
 #   K 14336 N 4096:  128x128 98.3 / 86.9 / 104.0 -> 64x128 78.1 / 79.6 at M <= 256 (42.0 / 56.4 / 96.8)
 #   K 4096 N 14336:  128x128 90.0 / 67.8 / 124.3 -> 128x256 58.9 / 61.1 / 109.4 (35.3 / 51.5 / 100.7)
+# On a CUDA device matmul_config then picks 128x128 or 128x256 past M 256 by the rounds each fills (by_waves).
 _NARROW = MatmulConfig(64, 128, 64, 1024, 8, 4, 4, tma=True)
 _WIDE = MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True)
 _BY_N = {  # bucket's largest M -> ((largest N, config; None: the bucket's own), ...)
@@ -164,9 +165,40 @@ def k_chunk_for(k: int, cfg: MatmulConfig) -> int:
 def matmul_config(dtype: torch.dtype, m: int, k: int | None = None, n: int | None = None,
                   device: torch.device | None = None) -> MatmulConfig:
     """The configuration for an (m x K) @ (K x N) launch: the first bucket that holds m, from the
-    tuned table for (dtype, K, N) on this device when one is loaded (tune.py), else the shipped one."""
-    tuned = tuning(device).get((dtype, k, n)) if device is not None and device.type == "cuda" else None
-    return next(cfg for top, cfg in (tuned or shipped_buckets(dtype, n)) if top is None or m <= top)
+    tuned table for (dtype, K, N) on this device when one is loaded (tune.py), else the shipped one,
+    whose 128x128 or 128x256 tile past M 256 follows the waves it fills on this GPU (by_waves)."""
+    cuda = device is not None and device.type == "cuda"
+    tuned = tuning(device).get((dtype, k, n)) if cuda else None
+    cfg = next(cfg for top, cfg in (tuned or shipped_buckets(dtype, n)) if top is None or m <= top)
+    if tuned is None and cuda and n is not None and m > 256 and cfg in (_SQUARE, _WIDE):
+        return by_waves(m, n, _sm_count(device))
+    return cfg
+
+
+# Past M 256 a persistent launch of 128x256 tiles can leave most SMs idle in its last round where
+# 128x128 tiles fill it: H100 (2026-11-26, scripts/gpu_prefill_breakdown.py --sweep, us, ours vs cuBLAS):
+#   M 512 N 12288 (K 4096):  128x256 101.3 (1.45 waves) -> 128x128 92.6 (2.91 waves)   cuBLAS 71.2
+#   M 2048 N 1024 (K 4096):  128x256 48.6 (0.48 waves)  -> 128x128 31.1 (0.97 waves)   cuBLAS 23.9
+# while 128x256 stays faster where both need as many rounds per tile pair (M 512 N 14336: 103.9 vs
+# 116.0; M 2048 N 4096: 102.1 vs 117.4). A 128x256 tile costs about 1.8 of a 128x128 one at full
+# rounds (those pairs: 0.90, 0.87). Bits do not move: both tiles keep the dtype's K order.
+_SQUARE = MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True)
+WIDE_TILE_COST = 1.8  # a 128x256 tile's time in 128x128 tiles
+
+
+@functools.lru_cache(maxsize=4096)  # on the launch path; a model has a handful of widths and prompt lengths
+def by_waves(m: int, n: int, sms: int) -> MatmulConfig:
+    """_SQUARE or _WIDE for an (m x N) output on `sms` SMs: the fewer rounds of programs, weighted by tile cost."""
+    def rounds(cfg: MatmulConfig) -> int:
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+        return -(-tiles // sms)
+
+    return _SQUARE if rounds(_SQUARE) < WIDE_TILE_COST * rounds(_WIDE) else _WIDE
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # A tuned table (`nondet kernels tune`) replaces the bucket configurations for the (dtype, K, N) it
