@@ -17,6 +17,7 @@
 #   attention-stages scripts/gpu_attention_stages.py: decode attention at B = 1 by warps / stages / merge block vs SDPA
 #   split-tests  tests/test_kernels_attention_split.py on CUDA (split-KV merge == fused bits, 50 racing repeats)
 #   prefill-breakdown scripts/gpu_prefill_breakdown.py: the CUDA-graph prefill's GPU time by kernel class, and each shape alone
+#   small-m      scripts/gpu_matmul_small_m.py: matmul at M 1..128 (split K) vs cuBLAS, chunk-sum loop rolled vs unrolled
 #   host         scripts/gpu_host_profile.py: the mode's host cost per op and the 8B eager prefill, default vs the mode
 
 #   demo         probe / speculative / rl on the demo model with --confirm
@@ -76,6 +77,7 @@ run_step() {
     attention-stages) timeout 200 python3 scripts/gpu_attention_stages.py 2>&1 | tail -20 ;;
     split-tests) NONDET_ATTN_SPLIT_INNER=1 NONDET_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider \
                    tests/test_kernels_attention_split.py 2>&1 | tail -15 ;;
+    small-m) timeout 200 python3 scripts/gpu_matmul_small_m.py 2>&1 | tail -20 ;;
     prefill-breakdown) timeout 480 python3 scripts/gpu_prefill_breakdown.py ${BREAKDOWN_ARGS:-} 2>&1 | quiet | tail -40 ;;
     host) timeout 240 python3 scripts/gpu_host_profile.py 2>&1 | quiet | head -60 ;;
     moe) timeout 480 python3 scripts/gpu_moe.py 2>&1 | quiet | grep -v "Loading weights" | tail -150 ;;

@@ -106,8 +106,14 @@ else:
         for m in (*range(1, 10), 15, 16, 17, 32, 33):  # around the 16-row tile boundaries
             assert torch.equal(triton_matmul.mm(a[:m], b, cfg=MM_CFG)[0], row0), m
         # the two launch strategies give the same bits, not just close ones
-        assert torch.equal(triton_matmul.mm(a, b, cfg=MM_CFG, split=True),
-                           triton_matmul.mm(a, b, cfg=MM_CFG, split=False))
+        fused = triton_matmul.mm(a, b, cfg=MM_CFG, split=False)
+        assert torch.equal(triton_matmul.mm(a, b, cfg=MM_CFG, split=True), fused)
+        # the split's chunk sums added by the rolled loop (one round trip per chunk) or unrolled: same bits
+        try:
+            triton_matmul.UNROLL_CHUNK_SUM = False
+            assert torch.equal(triton_matmul.mm(a, b, cfg=MM_CFG, split=True), fused)
+        finally:
+            triton_matmul.UNROLL_CHUNK_SUM = True
 
     def test_matmul_fp32_is_ieee_not_tf32():
         # fp32 products must not be rounded to tf32's 10-bit mantissa

@@ -108,7 +108,7 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr, count_ptr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                K_CHUNK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
                SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr,
-               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr, NUM_CHUNKS: tl.constexpr):
     pid = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -142,8 +142,12 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr, count_ptr,
         arrived = tl.atomic_add(count_ptr + pid_b * tl.num_programs(0) + pid, 1, sem="acq_rel", scope="gpu")
         if arrived == chunks - 1:  # the tile's other chunk sums are all written: add them in order, from zero
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for c in range(0, chunks):
-                acc = acc + tl.load(ws + c * nb * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            if NUM_CHUNKS > 0:  # unrolled: the loads are independent and can all be in flight before the adds
+                for c in tl.static_range(NUM_CHUNKS):
+                    acc = acc + tl.load(ws + c * nb * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            else:  # one L2 round trip per chunk
+                for c in range(0, chunks):
+                    acc = acc + tl.load(ws + c * nb * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
             _store_tile(acc, c_ptr, bias_ptr, pid_b, offs_m, offs_n, s_cb, s_cm, s_cn, s_biasb, s_biasm,
                         s_biasn, alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
     else:
@@ -254,7 +258,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
         bias_t.stride(0), bias_t.stride(1), bias_t.stride(2), float(alpha), float(beta),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk,
         GROUP_M=cfg.group_m, EVEN_K=(k % cfg.block_k == 0), SPLIT=split, PRECISION=precision,
-        UPCAST=interpreting(),
+        UPCAST=interpreting(), NUM_CHUNKS=chunks if split and UNROLL_CHUNK_SUM else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
     return c
 
@@ -278,6 +282,11 @@ def _tma_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)  # 20 us a call: it ran on every matmul
 
+
+# The split launch's last program adds the tile's chunk sums with the loop unrolled (one binary per
+# chunk count, i.e. per K), so their loads overlap instead of one L2 round trip per chunk; the same
+# additions in the same order. False: the rolled loop (benchmarks compare the two).
+UNROLL_CHUNK_SUM = True
 
 # Eager launches build the TMA descriptors in the kernel too: two host descriptors and their
 # launch cost ~30 us of host time per matmul (95 -> 63 us, H100, 2026-11-25) for the same bits.
