@@ -250,15 +250,17 @@ else:
 
     @pytest.mark.parametrize("n", [24, 8200])
     def test_matmul_prefill_bucket_by_width_gives_the_largest_ms_bits(n):
-        # M 129..512 takes 64x128 TMA tiles for narrow N and 128x256 for wide N (shipped_buckets)
+        # M 129..512 takes 64x128 TMA tiles for narrow N and 128x256 for wide N, M 65..128 64x64 tiles
+        # for narrow N (shipped_buckets)
         from nondet.kernels.config import matmul_config
 
         torch.manual_seed(6)
         a = torch.randn(516, 136, dtype=torch.bfloat16)
         b = torch.randn(n, 136, dtype=torch.bfloat16).t()
         assert matmul_config(torch.bfloat16, 300, 136, n).block_n == (128 if n == 24 else 256)
+        assert matmul_config(torch.bfloat16, 100, 136, n).block_n == (64 if n == 24 else 128)
         full = triton_matmul.mm(a, b)
-        for m in (128, 129, 256, 257, 512, 513):
+        for m in (64, 65, 128, 129, 256, 257, 512, 513):
             assert torch.equal(triton_matmul.mm(a[:m], b).view(torch.int16), full[:m].view(torch.int16)), m
 
     def test_attention_kv_start_outside_the_cache_is_clamped():

@@ -86,7 +86,12 @@ MATMUL_BUCKETS = {
 # On a CUDA device matmul_config then picks 128x128 or 128x256 past M 256 by the rounds each fills (by_waves).
 _NARROW = MatmulConfig(64, 128, 64, 1024, 8, 4, 4, tma=True)
 _WIDE = MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True)
+# M 65..128 with N <= 2048 (a decode batch's K / V projections) takes the 64-row bucket's 64x64 tile:
+# H100 (2026-11-26, gpu_prefill_breakdown.py --sweep 64,128) M 128 K 4096 N 1024 11.4 -> 9.3 us
+# (cuBLAS 7.7); wider N within noise either way, N 14336 much slower (61.9 vs 49.0).
+_SMALL = _HALF_BUCKETS[1][1]
 _BY_N = {  # bucket's largest M -> ((largest N, config; None: the bucket's own), ...)
+    128: ((2048, _SMALL), (None, None)),
     256: ((8191, _NARROW), (None, _WIDE)),
     512: ((2048, _NARROW), (8191, None), (None, _WIDE)),
 }
