@@ -5,6 +5,7 @@ candidate's bits are compared with the shipped configuration's).
     python3 scripts/gpu_attention_stages.py
 
 Times are CUDA-graph replays (20 calls per graph, median of 5 replays), so launch cost is left out.
+"(shipped)" marks ATTENTION_CONFIGS' decode tile; from config.LONG_CACHE keys the launcher takes it with 8 warps.
 """
 
 import dataclasses

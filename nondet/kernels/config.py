@@ -61,9 +61,10 @@ MATMUL_CONFIGS = {
 # 16-row tiles use mma.sync, 64+ rows wgmma: the per-element chain of k16 steps is the same.
 # tma=True: the persistent TMA-fed kernel where A and W allow it (else the pointer kernel with
 # the same tiles: same bits); 0.80-0.97x cuBLAS at M >= 512 in the third sweep.
+_SMALL = MatmulConfig(64, 64, 64, 1024, 8, 4, 4)
 _HALF_BUCKETS = (
     (16, MatmulConfig(16, 128, 64, 1024, 8, 4, 4)),  # decode: W read once, N/128 x chunks programs
-    (64, MatmulConfig(64, 64, 64, 1024, 8, 4, 4)),
+    (64, _SMALL),
     (128, MatmulConfig(64, 128, 64, 1024, 8, 4, 4)),
     (256, MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True)),  # the 512 bucket's tile; by N below
     (512, MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True)),
@@ -89,7 +90,6 @@ _WIDE = MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True)
 # M 65..128 with N <= 2048 (a decode batch's K / V projections) takes the 64-row bucket's 64x64 tile:
 # H100 (2026-11-26, gpu_prefill_breakdown.py --sweep 64,128) M 128 K 4096 N 1024 11.4 -> 9.3 us
 # (cuBLAS 7.7); wider N within noise either way, N 14336 much slower (61.9 vs 49.0).
-_SMALL = _HALF_BUCKETS[1][1]
 _BY_N = {  # bucket's largest M -> ((largest N, config; None: the bucket's own), ...)
     128: ((2048, _SMALL), (None, None)),
     256: ((8191, _NARROW), (None, _WIDE)),
