@@ -62,13 +62,15 @@ MATMUL_CONFIGS = {
 # tma=True: the persistent TMA-fed kernel where A and W allow it (else the pointer kernel with
 # the same tiles: same bits); 0.80-0.97x cuBLAS at M >= 512 in the third sweep.
 _SMALL = MatmulConfig(64, 64, 64, 1024, 8, 4, 4)
+_SQUARE = MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True)
+_WIDE = MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True)
 _HALF_BUCKETS = (
     (16, MatmulConfig(16, 128, 64, 1024, 8, 4, 4)),  # decode: W read once, N/128 x chunks programs
     (64, _SMALL),
     (128, MatmulConfig(64, 128, 64, 1024, 8, 4, 4)),
-    (256, MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True)),  # the 512 bucket's tile; by N below
-    (512, MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True)),
-    (None, MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True)),  # large M: 128x256 tiles
+    (256, _SQUARE),  # the 512 bucket's tile; by N below
+    (512, _SQUARE),
+    (None, _WIDE),  # large M: 128x256 tiles
 )
 MATMUL_BUCKETS = {
     torch.bfloat16: _HALF_BUCKETS,
@@ -86,7 +88,6 @@ MATMUL_BUCKETS = {
 #   K 4096 N 14336:  128x128 90.0 / 67.8 / 124.3 -> 128x256 58.9 / 61.1 / 109.4 (35.3 / 51.5 / 100.7)
 # On a CUDA device matmul_config then picks 128x128 or 128x256 past M 256 by the rounds each fills (by_waves).
 _NARROW = MatmulConfig(64, 128, 64, 1024, 8, 4, 4, tma=True)
-_WIDE = MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True)
 # M 65..128 with N <= 2048 (a decode batch's K / V projections) takes the 64-row bucket's 64x64 tile:
 # H100 (2026-11-26, gpu_prefill_breakdown.py --sweep 64,128) M 128 K 4096 N 1024 11.4 -> 9.3 us
 # (cuBLAS 7.7); wider N within noise either way, N 14336 much slower (61.9 vs 49.0).
@@ -176,7 +177,7 @@ def matmul_config(dtype: torch.dtype, m: int, k: int | None = None, n: int | Non
     tuned = tuning(device).get((dtype, k, n)) if cuda else None
     cfg = next(cfg for top, cfg in (tuned or shipped_buckets(dtype, n)) if top is None or m <= top)
     if tuned is None and cuda and n is not None and m > 256 and cfg in (_SQUARE, _WIDE):
-        return by_waves(m, n, _sm_count(device))
+        return by_waves(m, n, sm_count(device))
     return cfg
 
 
@@ -187,7 +188,6 @@ def matmul_config(dtype: torch.dtype, m: int, k: int | None = None, n: int | Non
 # while 128x256 stays faster where both need as many rounds per tile pair (M 512 N 14336: 103.9 vs
 # 116.0; M 2048 N 4096: 102.1 vs 117.4). A 128x256 tile costs about 1.8 of a 128x128 one at full
 # rounds (those pairs: 0.90, 0.87). Bits do not move: both tiles keep the dtype's K order.
-_SQUARE = MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True)
 WIDE_TILE_COST = 1.8  # a 128x256 tile's time in 128x128 tiles
 
 
@@ -202,8 +202,11 @@ def by_waves(m: int, n: int, sms: int) -> MatmulConfig:
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def sm_count(device: torch.device) -> int:
+    """SMs of a CUDA device; 4 elsewhere (the interpreter: small, so the tests exercise every launch strategy)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
 
 
 # A tuned table (`nondet kernels tune`) replaces the bucket configurations for the (dtype, K, N) it

@@ -25,9 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nondet.kernels.config import LONG_CACHE, AttentionConfig, attention_config
+from nondet.kernels.config import LONG_CACHE, AttentionConfig, attention_config, sm_count
 from nondet.kernels.launch import interpreting, launch
-from nondet.kernels.triton_matmul import sm_count
 
 MASK_DTYPE = torch.int16  # what a bool mask is loaded as (see _mask_args)
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: exp2(_NEG - m) is an exact 0

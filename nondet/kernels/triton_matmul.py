@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nondet.kernels.config import MatmulConfig, k_chunk_for, matmul_config
+from nondet.kernels.config import MatmulConfig, k_chunk_for, matmul_config, sm_count
 from nondet.kernels.launch import aligned16, interpreting, launch, triton_scratch
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -193,13 +193,6 @@ def _mm_tma_kernel(a_src, b_src, c_ptr, bias_ptr, M, N, K, s_cm, s_cn, s_biasm, 
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         _store_tile(acc, c_ptr, bias_ptr, 0, offs_m, offs_n, 0, s_cm, s_cn, 0, s_biasm, s_biasn,
                     alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)  # one matrix: batch entry 0
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # interpreter: small, so the tests exercise both strategies
 
 
 def use_split(batch: int, m: int, n: int, k: int, cfg: MatmulConfig, device: torch.device,
