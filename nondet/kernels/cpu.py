@@ -18,6 +18,7 @@ k+1 verification chunk equals k+1 one-token decodes, bit for bit).
 import torch
 
 from nondet.kernels.config import CPU_ROW_BLOCK
+from nondet.kernels.masks import visible
 
 aten = torch.ops.aten
 
@@ -157,7 +158,7 @@ def _visible_ends(mask: torch.Tensor | None, b: int, nq: int, s: int) -> list[in
     if mask is None:
         return [s - nq + i + 1 for i in range(nq)]
     rows = mask[b if mask.shape[0] > 1 else 0, 0]  # (Q, S)
-    keep = rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
+    keep = visible(rows)
     last = s - torch.flip(keep, dims=[-1]).to(torch.int32).argmax(-1)  # (Q,)
     return [int(e) if keep[i].any() else 0 for i, e in enumerate(last.tolist())]
 
@@ -167,7 +168,7 @@ def _visible_starts(mask: torch.Tensor | None, b: int, nq: int, s: int, row_star
     if mask is None:
         return [row_start] * nq
     rows = mask[b if mask.shape[0] > 1 else 0, 0]  # (Q, S)
-    keep = rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
+    keep = visible(rows)
     first = keep.to(torch.int32).argmax(-1)  # (Q,): the first True, 0 when none
     return [max(row_start, int(f)) for f in first.tolist()]
 

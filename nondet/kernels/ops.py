@@ -9,6 +9,7 @@ import math
 import torch
 
 from nondet.kernels import cpu
+from nondet.kernels.masks import visible
 
 TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -103,7 +104,7 @@ def kv_start_from_mask(mask: torch.Tensor | None, bsz: int, s: int, device) -> t
     """Per batch row, the number of leading KV positions no query may see (left padding)."""
     if mask is None:
         return torch.zeros(bsz, dtype=torch.int32, device=device)
-    keep = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    keep = visible(mask)
     hidden = ~keep[:, 0].any(dim=1)  # (B or 1, S): columns masked for every query
     lead = torch.cumprod(hidden.to(torch.int32), dim=-1).sum(-1).to(torch.int32)
     return lead.expand(bsz).contiguous()
@@ -111,14 +112,14 @@ def kv_start_from_mask(mask: torch.Tensor | None, bsz: int, s: int, device) -> t
 
 def first_visible(mask: torch.Tensor, bsz: int, device) -> torch.Tensor:
     """(B, Q) int32: each query's first visible KV position (0 when it sees nothing). On the device."""
-    keep = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    keep = visible(mask)
     return keep[:, 0].to(torch.int32).argmax(-1).to(torch.int32).expand(bsz, -1)
 
 
 def query_end(mask: torch.Tensor, bsz: int, device) -> torch.Tensor:
     """(B, Q) int32: one past each query's last visible KV position (0 when it sees nothing). On the
     device: the kernel stops there, since later positions would only add exact zeros."""
-    keep = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    keep = visible(mask)
     ends = torch.arange(1, keep.shape[-1] + 1, dtype=torch.int32, device=device)
     return (keep[:, 0].to(torch.int32) * ends).amax(-1).to(torch.int32).expand(bsz, -1)
 
@@ -150,8 +151,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, sliding: bool
                      ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(mask cut to the keys, kv_start (B,), query_start (B, Q) or None, query_end (B, Q) or None: with a
-    mask) for the kernels: index arithmetic on the mask, no reduction over values. A compiled graph
-    computes it as plain ops (Inductor fuses them) and passes it to the opaque attention kernel (custom_ops)."""
+    mask, on the Triton path) for the kernels: index arithmetic on the mask, no reduction over values. A
+    compiled graph computes it as plain ops (Inductor fuses them) and passes it to the opaque attention
+    kernel (custom_ops)."""
     bsz, _, nq, _ = q.shape
     s = k.shape[2]
     if mask is None and not is_causal:
@@ -159,6 +161,8 @@ def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None
     if mask is not None:
         mask = mask[..., :s]
     kv_start = kv_start_from_mask(mask, bsz, s, q.device)
-    query_start = first_visible(mask, bsz, q.device) if sliding and mask is not None else None
-    ends = query_end(mask, bsz, q.device) if mask is not None else None
+    # what only the Triton kernel reads (the CPU path finds each query's visible range on the host)
+    kernel = _triton(q) and mask is not None
+    query_start = first_visible(mask, bsz, q.device) if kernel and sliding else None
+    ends = query_end(mask, bsz, q.device) if kernel else None
     return mask, kv_start, query_start, ends
