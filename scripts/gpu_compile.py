@@ -134,10 +134,10 @@ def prefill_ms(model, tokens: int = 512, repeats: int = 5) -> float:
     return min(timed(forward) for _ in range(repeats)) * 1e3
 
 
-def compiled_prefill_ms(model, mode: bool, graphs: bool = False, tokens: int = 512, repeats: int = 5) -> float:
+def compiled_prefill(model, mode: bool, graphs: bool = False, tokens: int = 512, repeats: int = 5):
     """The same prefill through torch.compile (Inductor; with `graphs`, replayed as a CUDA graph,
     mode="reduce-overhead", as engines capture their batch shapes), the mode traceable; checks the
-    compiled mode's logits against the eager mode's and prints the GPU / CPU time by op."""
+    compiled mode's logits against the eager mode's. -> (best ms, the profile of one more call)."""
     from torch.profiler import ProfilerActivity, profile
 
     from nondet.kernels import batch_invariant
@@ -154,11 +154,17 @@ def compiled_prefill_ms(model, mode: bool, graphs: bool = False, tokens: int = 5
                   flush=True)
         forward(ids, use_cache=False)
         best = min(timed(lambda: forward(ids, use_cache=False)) for _ in range(repeats)) * 1e3
-        if graphs:
-            return best
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             forward(ids, use_cache=False)
             torch.cuda.synchronize()
+    return best, prof
+
+
+def compiled_prefill_ms(model, mode: bool, graphs: bool = False) -> float:
+    """compiled_prefill's best ms; without graphs it also prints the GPU / CPU time by op."""
+    best, prof = compiled_prefill(model, mode, graphs)
+    if graphs:
+        return best
     rows = sorted(((e.key, e.device_time_total / 1e3, e.cpu_time_total / 1e3, e.count) for e in prof.key_averages()),
                   key=lambda r: -max(r[1], r[2]))[:12]
     print(f"compiled prefill, {'mode' if mode else 'default'}, by op (name, GPU ms, CPU ms, calls): "

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 from gpu_attention_stages import graph_us
-from gpu_compile import build, timed
+from gpu_compile import build, compiled_prefill
 
 from nondet.kernels import triton_attention, triton_matmul, triton_rows, tune
 from nondet.kernels.config import MatmulConfig, matmul_config
@@ -35,26 +35,13 @@ def kernel_class(name: str) -> str:
     return next((cls for cls, keys in CLASSES if any(k.lower() in low for k in keys)), "other")
 
 
-def graphed_prefill(model, mode: bool, tokens: int, repeats: int = 5):
+def graphed_prefill(model, mode: bool, tokens: int):
     """(best ms of a replayed prefill, {kernel name: (GPU ms, calls)} of one replay)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.autograd import DeviceType
 
-    from nondet.kernels import batch_invariant
-
-    torch._dynamo.reset()
-    forward = torch.compile(model.forward, dynamic=False, mode="reduce-overhead")
-    ids = torch.randint(3, 32000, (1, tokens), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
-    with torch.no_grad(), (batch_invariant(model=model, traceable=True) if mode else torch.no_grad()):
-        for _ in range(3):  # compile, record, replay
-            logits = forward(ids, use_cache=False).logits.clone()
-        if mode:  # the graphed mode's logits against the eager mode's, bit for bit
-            print(f"graphed mode prefill == eager mode prefill: {torch.equal(logits, model(ids, use_cache=False).logits)}")
-        best = min(timed(lambda: forward(ids, use_cache=False)) for _ in range(repeats)) * 1e3
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            forward(ids, use_cache=False)
-            torch.cuda.synchronize()
+    best, prof = compiled_prefill(model, mode, graphs=True, tokens=tokens)
     kernels = {e.key: (e.self_device_time_total / 1e3, e.count) for e in prof.key_averages()
-               if e.self_device_time_total > 0}
+               if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0}
     return best, kernels
 
 
