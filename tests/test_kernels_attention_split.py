@@ -139,6 +139,63 @@ else:
         for split in (False, True):
             assert same_bits(attend(q, k, v, split, query_end=ends, **kw), attend(q, k, v, split, **kw)), split
 
+    def runs_of(kw, s, bsz):
+        """(query_end, run_start) as ops.attention_inputs computes them for the case's mask."""
+        mask = kw["mask"][..., :s]
+        ends = ops.query_end(mask, bsz, DEVICE)
+        return ends, ops.run_start(mask, ends, bsz)
+
+    @pytest.mark.parametrize("name", [c for c in CASES if "mask" in c or c == "sliding window"])
+    def test_rows_given_as_runs_keep_the_bits(name):
+        """A tile whose rows are all runs of keys tests positions instead of loading the mask: the same
+        visible set, so the same bits, fused and split; a row that is not a run keeps its tile on the mask."""
+        q, k, v, kw = case(name)
+        ends, runs = runs_of(kw, k.shape[2], q.shape[0])
+        for split in (False, True):
+            with_runs = attend(q, k, v, split, query_end=ends, run_start=runs, **kw)
+            assert same_bits(with_runs, attend(q, k, v, split, **kw)), split
+
+    def test_ops_find_the_runs_and_only_them():
+        """run_start: a causal, a padded, a window and a static cache's rows are runs; a row with a hole,
+        an additive mask that adds a value other than 0 where it lets a query see, or a NaN, is not."""
+        causal = torch.ones(1, 1, 4, 6, dtype=torch.bool, device=DEVICE).tril(2)
+        padded = causal.expand(2, 1, 4, 6).clone()
+        padded[1, ..., :2] = False
+        cases = {
+            "causal": (causal, [[0, 0, 0, 0]]),
+            "left padding": (padded, [[0, 0, 0, 0], [2, 2, 2, 2]]),
+            "window": (window_mask(4, 6, 2), [[1, 2, 3, 4]]),
+        }
+        holed = causal.clone()
+        holed[..., 2, 1] = False  # query 2 sees 0, 2, 3, 4: not a run
+        cases["a hole"] = (holed, [[0, 0, -1, 0]])
+        additive = torch.where(causal, 0.0, float("-inf"))
+        cases["additive, 0 / -inf"] = (additive, [[0, 0, 0, 0]])
+        biased = additive.clone()
+        biased[..., 1, 0] = -2.0  # visible, but it changes the score
+        cases["additive with a bias"] = (biased, [[0, -1, 0, 0]])
+        nan = additive.clone()
+        nan[..., 3, 5] = float("nan")
+        cases["additive with a NaN"] = (nan, [[0, 0, 0, -1]])
+        nothing = torch.zeros(1, 1, 2, 6, dtype=torch.bool, device=DEVICE)
+        cases["a row that sees nothing"] = (nothing, [[0, 0]])
+        for name, (mask, expected) in cases.items():
+            ends = ops.query_end(mask, mask.shape[0], DEVICE)
+            assert ops.run_start(mask, ends, mask.shape[0]).tolist() == expected, name
+
+    def test_a_tile_of_runs_does_not_load_the_mask():
+        """Not vacuous: given runs that disagree with the mask (a run that starts later than the mask's
+        first visible key), a tile of runs follows the runs, and one row that is not a run (-1) sends its
+        tile back to the mask."""
+        q, k, v, kw = case("bool mask with left padding")
+        ends, runs = runs_of(kw, k.shape[2], q.shape[0])
+        assert bool((runs >= 0).all())
+        later = runs + 5  # rows would skip their first five visible keys
+        from_mask = attend(q, k, v, False, **kw)
+        assert not same_bits(attend(q, k, v, False, query_end=ends, run_start=later, **kw), from_mask)
+        later[:, 0] = -1  # the tile of query 0 (all four queries x G 4 = 16 rows: one tile) loads the mask
+        assert same_bits(attend(q, k, v, False, query_end=ends, run_start=later, **kw), from_mask)
+
     def test_a_static_cache_decode_reads_no_chunk_past_the_written_keys():
         """A static cache: 200 slots, rows written up to 70 / 33 / 150. Chunks past a row's last written
         key are never read (NaN there cannot reach the output) and the bits are those of the cache cut

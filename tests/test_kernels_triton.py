@@ -234,12 +234,12 @@ else:
 
         q, k, v = _qkv(1, 8, 2, 256, 300, 64, torch.bfloat16)  # 256 queries x G 4 = 1024 rows per KV head
         mask = torch.ones(1, 1, 256, 300, dtype=torch.bool).tril(300 - 256) if masked else None
-        chosen = attention_config(torch.bfloat16, 1024, causal=not masked, head_dim=64)
+        chosen = attention_config(torch.bfloat16, 1024, by_position=not masked, head_dim=64)
         assert chosen.block_m == (32 if masked else 128)
         shipped = ATTENTION_CONFIGS[torch.bfloat16]
         assert (chosen.block_n, chosen.kv_chunk) == (shipped.block_n, shipped.kv_chunk)
         # a decode over a long cache keeps the decode tile and the K order, with 8 warps (speed only)
-        long = attention_config(torch.bfloat16, 4, causal=not masked, long_cache=True)
+        long = attention_config(torch.bfloat16, 4, by_position=not masked, long_cache=True)
         assert (long.block_m, long.block_n, long.kv_chunk, long.num_warps) == (16, shipped.block_n, shipped.kv_chunk, 8)
         small = triton_attention.attention(q, k, v, mask, cfg=shipped)
         assert torch.equal(triton_attention.attention(q, k, v, mask), small)

@@ -68,19 +68,21 @@ else:
     INTS = ("Q", "S", "H", "KVH", "D", "DV", "NC", "s_qb", "s_qh", "s_qq", "s_qd", "s_kb", "s_kh", "s_ks", "s_kd",
             "s_vb", "s_vh", "s_vs", "s_vd", "s_mb", "s_mq", "s_ms")
 
-    def _ttgir(mask_kind: int, arch: int) -> str:
+    def _ttgir(mask_kind: int, arch: int, runs: bool = False) -> str:
         """TTGIR of _attn_kernel as the launcher compiles it for bf16 decode/prefill tiles."""
-        return _asm(mask_kind, arch)["ttgir"]
+        return _asm(mask_kind, arch, runs)["ttgir"]
 
     @functools.cache
-    def _asm(mask_kind: int, arch: int) -> dict:
-        """Every stage's text of _attn_kernel compiled for bf16 decode/prefill tiles."""
+    def _asm(mask_kind: int, arch: int, runs: bool = False) -> dict:
+        """Every stage's text of _attn_kernel compiled for bf16 decode/prefill tiles; runs: the mask's rows
+        also given as runs (ops.run_start), as every mask from ops.attention is: two chunk loops in one
+        binary, by position and by the mask."""
         const = dict(G=2, BLOCK_M=16, BLOCK_N=128, BLOCK_D=64, BLOCK_DV=64, CHUNK=512, SPLIT=False,
                      CAUSAL=mask_kind == 0, MASK_KIND=mask_kind, PRECISION="tf32", UPCAST=False, SOFTCAP=False,
-                     SINKS=False, ONE_QUERY=False, HAS_END=mask_kind != 0, MERGE_BLOCK=4)
+                     SINKS=False, ONE_QUERY=False, HAS_END=mask_kind != 0, HAS_RUNS=runs, MERGE_BLOCK=4)
         sig = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "ws_m", "ws_l", "ws_acc", "sink_ptr")}
         sig.update(count_ptr="*i32", mask_ptr=MASK_TYPES[ta.MASK_DTYPE] if mask_kind == 1 else "*bf16", start_ptr="*i32",
-                   end_ptr="*i32", qk_scale="fp32", cap_in="fp32", cap_out="fp32")
+                   end_ptr="*i32", run_ptr="*i32", qk_scale="fp32", cap_in="fp32", cap_out="fp32")
         sig.update({name: "i32" for name in INTS})
         sig.update({name: "constexpr" for name in const})
         names = ta._attn_kernel.arg_names
@@ -92,13 +94,17 @@ else:
         """The combining op of every tt.reduce (e.g. arith.maxnumf, arith.addf)."""
         return re.findall(r'"tt\.reduce"\([^)]*\)[^\n]*\n[^\n]*\n\s*%\S+ = (\w+\.\w+)', ttgir)
 
+    BINARIES = [(kind, False) for kind in MASK_KINDS] + [(1, True), (2, True)]  # (mask kind, runs)
+
     @pytest.mark.parametrize("arch", [90, 80])
-    @pytest.mark.parametrize("mask_kind", MASK_KINDS)
-    def test_every_row_reduction_is_a_max(mask_kind, arch):
-        ops = _row_reductions(_ttgir(mask_kind, arch))
+    @pytest.mark.parametrize("mask_kind,runs", BINARIES)
+    def test_every_row_reduction_is_a_max(mask_kind, runs, arch):
+        ops = _row_reductions(_ttgir(mask_kind, arch, runs))
         assert ops, "no reduction found: the IR pattern no longer matches"
-        # float maxima over rows; with a mask also an integer max (the tile's last visible position)
-        assert "arith.maxnumf" in ops and set(ops) <= {"arith.maxnumf", "arith.maxsi"}, ops
+        # float maxima over rows; with a mask also an integer max (the tile's last visible position) and,
+        # with runs, an integer min (whether every row of the tile is a run)
+        allowed = {"arith.maxnumf", "arith.maxsi"} | ({"arith.minsi"} if runs else set())
+        assert "arith.maxnumf" in ops and set(ops) <= allowed, ops
 
     def _dot_operand_layouts(ttgir: str) -> list[str]:
         """Each tt.dot's operand types, layouts included (kWidth sets the K order inside the MMA)."""
@@ -111,8 +117,8 @@ else:
         must keep every binary's dot layouts those of the causal one."""
         causal = _dot_operand_layouts(_ttgir(0, arch))
         assert len(causal) == 3
-        for mask_kind in MASK_KINDS[1:]:
-            assert _dot_operand_layouts(_ttgir(mask_kind, arch)) == causal, mask_kind
+        for mask_kind, runs in BINARIES[1:]:  # with runs: the loop by position, then the loop by the mask
+            assert _dot_operand_layouts(_ttgir(mask_kind, arch, runs)) == causal * (2 if runs else 1), mask_kind
 
     FLOAT_OPS = (r"\b(mma\.sync[.\w]*|wgmma[.\w]*|ex2[.\w]*|fma[.\w]*|mul[.\w]*f32|sub[.\w]*f32|add[.\w]*f32"
                  r"|div[.\w]*f32|max[.\w]*f32|cvt[.\w]*bf16[.\w]*)")
@@ -128,6 +134,7 @@ else:
 
     def test_the_row_sum_is_a_dot():
         # the row sum is the third dot (q.k, p.ones, p.v) in every binary
-        for mask_kind in MASK_KINDS:
-            ttgir = _ttgir(mask_kind, 90)
-            assert len(re.findall(r"\b(tt\.dot|ttng\.warp_group_dot)\b", ttgir)) == 3, mask_kind
+        for mask_kind, runs in BINARIES:
+            ttgir = _ttgir(mask_kind, 90, runs)
+            dots = len(re.findall(r"\b(tt\.dot|ttng\.warp_group_dot)\b", ttgir))
+            assert dots == (6 if runs else 3), (mask_kind, runs)

@@ -125,7 +125,10 @@ ATTENTION_CONFIGS = {
 # 32/8 heads, head dim 128: causal 2048 rows per KV head 128 rows x 8 warps (37.9 -> 22.7 us at Q
 # 512, 385 -> 193 us at Q 2048); from 64 rows, and under a mask, 32 rows x 4 warps (59.8 -> 49.3 us
 # masked Q 512; 16.4 -> 14.7 us for a chunk of 37). Speed only: `tests/gpu` holds the bits equal.
-_ATTENTION_BY_ROWS = (  # (fewest rows per KV head, causal only?, (block_m, num_warps, num_stages))
+# The 128-row tile is for launches whose rows' keys follow from positions (causal, or a mask given as
+# runs, ops.run_start): with a mask to load it was slower (58.8 us masked Q 512, H100), since each mask
+# element is loaded once per head of the group.
+_ATTENTION_BY_ROWS = (  # (fewest rows per KV head, by position only?, (block_m, num_warps, num_stages))
     (1024, True, (128, 8, 2)),
     (64, False, (32, 4, 2)),
 )
@@ -138,18 +141,19 @@ LONG_CACHE = 16384
 
 
 @functools.lru_cache(maxsize=4096)  # on every attention launch's path; rows vary with prompt length
-def attention_config(dtype: torch.dtype, rows: int = 1, causal: bool = False, head_dim: int = 128,
+def attention_config(dtype: torch.dtype, rows: int = 1, by_position: bool = False, head_dim: int = 128,
                      long_cache: bool = False) -> AttentionConfig:
     """The tile for an attention launch of `rows` query rows per KV head (queries x heads per KV
-    head); causal: no mask tensor; head_dim: the larger of q's and v's; long_cache: at least
+    head); by_position: the keys a row sees follow from positions (causal, or a mask's rows given as
+    runs), no mask loaded per key; head_dim: the larger of q's and v's; long_cache: at least
     LONG_CACHE keys. block_n and kv_chunk, the order of a row's sum, never move. Head dims past 128
     (Gemma's 256, MLA's 192) keep the 16-row tile: a 128-row one does not fit shared memory there,
     and they were not swept."""
     cfg = ATTENTION_CONFIGS[dtype]
     if dtype == torch.float32 or head_dim > 128:
         return cfg
-    for fewest, causal_only, (block_m, warps, stages) in _ATTENTION_BY_ROWS:
-        if rows >= fewest and (causal or not causal_only):
+    for fewest, position_only, (block_m, warps, stages) in _ATTENTION_BY_ROWS:
+        if rows >= fewest and (by_position or not position_only):
             return replace(cfg, block_m=block_m, num_warps=warps, num_stages=stages)
     return replace(cfg, num_warps=8) if long_cache else cfg
 

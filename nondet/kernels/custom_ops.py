@@ -131,19 +131,20 @@ def _register_gpu_ops(ops) -> dict:
         return (ops.log_softmax if log else ops.softmax)(x)
 
     # Attention's kernel stays opaque (not a triton_op: see GPU_OPS); what it needs from the mask
-    # (kv_start, query_start, query_end) is computed in the graph (ops.attention_inputs), where Inductor
+    # (ops.KeyRanges) is computed in the graph (ops.attention_inputs), where Inductor
     # fuses those small index ops instead of dispatching each from Python on every call.
     @torch.library.custom_op("nondet::attention_kernel", mutates_args=())
     def attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                          kv_start: torch.Tensor, query_start: torch.Tensor | None, query_end: torch.Tensor | None,
-                         scale: float, softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
+                         run_start: torch.Tensor | None, scale: float, softcap: float | None,
+                         sinks: torch.Tensor | None) -> torch.Tensor:
         from nondet.kernels import triton_attention
 
         return triton_attention.attention(q, k, v, mask, scale, kv_start, softcap=softcap, sinks=sinks,
-                                          query_start=query_start, query_end=query_end)
+                                          query_start=query_start, query_end=query_end, run_start=run_start)
 
     @attention_kernel.register_fake
-    def _(q, k, v, mask, kv_start, query_start, query_end, scale, softcap, sinks):
+    def _(q, k, v, mask, kv_start, query_start, query_end, run_start, scale, softcap, sinks):
         return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[3]))
 
     return dict(mm_gpu=mm_gpu, addmm_gpu=addmm_gpu, bmm_gpu=bmm_gpu, mean_last_gpu=mean_last_gpu,
@@ -214,5 +215,6 @@ def attention(q, k, v, mask, scale: float, is_causal: bool, softcap, sinks, slid
     grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
     if grads or not (ops._triton(q) and not interpreting()):
         return torch.ops.nondet.attention(q, k, v, mask, scale, is_causal, softcap, sinks, sliding)
-    mask, kv_start, query_start, ends = ops.attention_inputs(q, k, mask, is_causal, sliding)
-    return torch.ops.nondet.attention_kernel(q, k, v, mask, kv_start, query_start, ends, scale, softcap, sinks)
+    keys = ops.attention_inputs(q, k, mask, is_causal, sliding)
+    return torch.ops.nondet.attention_kernel(q, k, v, keys.mask, keys.kv_start, keys.query_start, keys.query_end,
+                                             keys.run_start, scale, softcap, sinks)

@@ -5,6 +5,7 @@ on the row, never on the batch. The mode (nondet.kernels.mode) routes aten ops h
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -124,6 +125,21 @@ def query_end(mask: torch.Tensor, bsz: int, device) -> torch.Tensor:
     return (keep[:, 0].to(torch.int32) * ends).amax(-1).to(torch.int32).expand(bsz, -1)
 
 
+def run_start(mask: torch.Tensor, ends: torch.Tensor, bsz: int) -> torch.Tensor:
+    """(B, Q) int32: where each query's visible keys are one run [first, ends) (ends: query_end; in a float mask,
+    all of value 0), its first position, else -1. On the device. The kernel tests a row given as a run by
+    position, as it does a causal row, instead of loading its mask: transformers' causal, padded,
+    sliding-window and static-cache masks are all runs; a tree or block-sparse mask is not."""
+    keep = visible(mask)[:, 0]  # (B or 1, Q, S)
+    first = keep.to(torch.int32).argmax(-1).to(torch.int32)
+    runs = keep.sum(-1, dtype=torch.int32) == ends - first  # a row that sees nothing is an empty run
+    if mask.dtype != torch.bool:  # an additive mask must add exactly 0 where it lets a query see and hide the
+        # rest (a NaN does neither: its row keeps the mask, which carries the NaN into the output as before)
+        plain = (mask[:, 0] == 0) | (mask[:, 0] < torch.finfo(mask.dtype).min / 2)
+        runs = runs & plain.all(-1)
+    return torch.where(runs, first, -1).to(torch.int32).expand(bsz, -1)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
               scale: float | None = None, is_causal: bool = True, softcap: float | None = None,
               sinks: torch.Tensor | None = None, sliding: bool = False) -> torch.Tensor:
@@ -139,21 +155,30 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     Forward only: a training forward goes through autograd.attention (same bits, a backward).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    mask, kv_start, query_start, ends = attention_inputs(q, k, mask, is_causal, sliding)
+    keys = attention_inputs(q, k, mask, is_causal, sliding)
     if _triton(q):
         from nondet.kernels import triton_attention
 
-        return triton_attention.attention(q, k, v, mask, scale, kv_start, softcap=softcap, sinks=sinks,
-                                          query_start=query_start, query_end=ends)
-    return cpu.attention(q, k, v, mask, scale, kv_start.tolist(), softcap=softcap, sinks=sinks)
+        return triton_attention.attention(q, k, v, keys.mask, scale, keys.kv_start, softcap=softcap, sinks=sinks,
+                                          query_start=keys.query_start, query_end=keys.query_end,
+                                          run_start=keys.run_start)
+    return cpu.attention(q, k, v, keys.mask, scale, keys.kv_start.tolist(), softcap=softcap, sinks=sinks)
 
 
-def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, sliding: bool
-                     ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(mask cut to the keys, kv_start (B,), query_start (B, Q) or None, query_end (B, Q) or None: with a
-    mask, on the Triton path) for the kernels: index arithmetic on the mask, no reduction over values. A
-    compiled graph computes it as plain ops (Inductor fuses them) and passes it to the opaque attention
-    kernel (custom_ops)."""
+class KeyRanges(NamedTuple):
+    """What the kernels read about the keys each query may see (attention_inputs)."""
+    mask: torch.Tensor | None  # cut to the keys
+    kv_start: torch.Tensor  # (B,) leading positions no query sees (left padding): the chunks start there
+    query_start: torch.Tensor | None  # (B, Q) a sliding window's first visible position: the query's own chunks
+    query_end: torch.Tensor | None  # (B, Q) one past the last visible position (with a mask, Triton path)
+    run_start: torch.Tensor | None  # (B, Q) a run's first position, -1 for a row that is not a run (same)
+
+
+def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+                     sliding: bool) -> KeyRanges:
+    """The mask and its index arithmetic for the kernels: no reduction over values. A compiled graph
+    computes it as plain ops (Inductor fuses them) and passes it to the opaque attention kernel
+    (custom_ops)."""
     bsz, _, nq, _ = q.shape
     s = k.shape[2]
     if mask is None and not is_causal:
@@ -161,8 +186,8 @@ def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None
     if mask is not None:
         mask = mask[..., :s]
     kv_start = kv_start_from_mask(mask, bsz, s, q.device)
-    # what only the Triton kernel reads (the CPU path finds each query's visible range on the host)
-    kernel = _triton(q) and mask is not None
-    query_start = first_visible(mask, bsz, q.device) if kernel and sliding else None
-    ends = query_end(mask, bsz, q.device) if kernel else None
-    return mask, kv_start, query_start, ends
+    if not (_triton(q) and mask is not None):  # the rest only the Triton kernel reads (the CPU path finds
+        return KeyRanges(mask, kv_start, None, None, None)  # each query's visible range on the host)
+    query_start = first_visible(mask, bsz, q.device) if sliding else None
+    ends = query_end(mask, bsz, q.device)
+    return KeyRanges(mask, kv_start, query_start, ends, run_start(mask, ends, bsz))

@@ -52,14 +52,17 @@ def _tanh(x):
 
 @triton.jit
 def _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
-           qi, qpos, row_ok, offs_d, offs_dv, lo, hi, qk_scale, cap_in, cap_out,
+           qi, qpos, row_ok, run_lo, run_hi, offs_d, offs_dv, lo, hi, qk_scale, cap_in, cap_out,
            D, DV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
            CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
            UPCAST: tl.constexpr, SOFTCAP: tl.constexpr):
     """Online softmax over KV positions [lo, hi) for a tile of query rows -> (max, sum, acc).
 
     Scores are in log2 units (qk_scale = scale * log2 e). With SOFTCAP they are
-    cap * tanh(q.k * scale / cap) first: cap_in = scale / cap, cap_out = cap * log2 e."""
+    cap * tanh(q.k * scale / cap) first: cap_in = scale / cap, cap_out = cap * log2 e.
+    MASK_KIND: 0 none (causal or full), 1 a bool mask, 2 an additive mask, 3 the mask's rows as runs of
+    keys [run_lo, run_hi) (BLOCK_M,): the same visible set as kinds 1 / 2 give those rows, tested by
+    position (an additive mask's run adds exactly 0 and hides the rest, whose p is an exact 0 either way)."""
     m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
     l = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
@@ -88,6 +91,8 @@ def _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
         if MASK_KIND == 2:
             mk = tl.load(mask_base + qi[:, None] * s_mq + cols[None, :] * s_ms, mask=ok, other=0.0)
             s = s + mk.to(tl.float32) * 1.4426950408889634
+        if MASK_KIND == 3:
+            ok = ok & (cols[None, :] >= run_lo[:, None]) & (cols[None, :] < run_hi[:, None])
         s = tl.where(ok, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))  # a max is exact in any order
         alpha = tl.exp2(m - m_new)
@@ -118,7 +123,8 @@ def _row_sum(p, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["Q", "S"])  # one binary for every batch size
-def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr, sink_ptr, ws_m, ws_l, ws_acc, count_ptr,
+def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr, run_ptr, sink_ptr, ws_m, ws_l, ws_acc,
+                 count_ptr,
                  Q, S, H, KVH, D, DV, NC, qk_scale, cap_in, cap_out,
                  s_qb, s_qh, s_qq, s_qd, s_kb, s_kh, s_ks, s_kd, s_vb, s_vh, s_vs, s_vd,
                  s_mb, s_mq, s_ms,
@@ -126,7 +132,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr, sink_
                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr,
                  CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
                  UPCAST: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr,
-                 ONE_QUERY: tl.constexpr, HAS_END: tl.constexpr, MERGE_BLOCK: tl.constexpr):
+                 ONE_QUERY: tl.constexpr, HAS_END: tl.constexpr, HAS_RUNS: tl.constexpr,
+                 MERGE_BLOCK: tl.constexpr):
     pid_r = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // KVH).to(tl.int64)
@@ -160,11 +167,11 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr, sink_
             last = S - Q + pid_r
         else:
             last = tl.minimum(S - Q + (pid_r * BLOCK_M + BLOCK_M - 1) // G, S - 1)
+    run_lo = qi  # placeholders where rows are not given as runs (never read then)
+    run_hi = qi
     if HAS_END:  # a mask: past its rows' last visible position a tile would only add exact zeros
-        if ONE_QUERY:
-            tile_end = tl.load(end_ptr + b * Q + pid_r)
-        else:
-            tile_end = tl.max(tl.load(end_ptr + b * Q + qi, mask=row_ok, other=0))
+        run_hi = tl.load(end_ptr + b * Q + qi, mask=row_ok, other=0)
+        tile_end = tl.max(run_hi)
         last = tl.minimum(last, tl.minimum(tl.maximum(tile_end, 0), S) - 1)  # clamped like kv_start
     # the tile's chunks: the fused loop computes and merges these, the split merge reads the same
     # values back, so both merge the same (max, sum, acc) in the same order. A row that ends earlier
@@ -176,19 +183,20 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr, sink_
     else:
         c_lo = 0
         c_hi = n_chunks
-    m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
-    l = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
-    for c in range(c_lo, c_hi):
-        lo = start + c * CHUNK
-        hi = tl.minimum(lo + CHUNK, last + 1)
-        m_c, l_c, acc_c = _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
-                                 qi, qpos, row_ok, offs_d, offs_dv, lo, hi, qk_scale, cap_in, cap_out, D, DV,
-                                 BLOCK_M, BLOCK_N, BLOCK_DV, CAUSAL, MASK_KIND, PRECISION, UPCAST, SOFTCAP)
-        if SPLIT:
-            m, l, acc = m_c, l_c, acc_c
-        else:
-            m, l, acc = _merge(m, l, acc, m_c, l_c, acc_c)
+    tile_runs = False
+    if HAS_RUNS:  # every row of the tile a run: its keys tested by position, no mask loaded (speed only)
+        run_lo = tl.load(run_ptr + b * Q + qi, mask=row_ok, other=0)
+        tile_runs = tl.min(run_lo) >= 0
+    if tile_runs:
+        m, l, acc = _tile_chunks(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms, qi, qpos, row_ok,
+                                 run_lo, run_hi, offs_d, offs_dv, start, last, c_lo, c_hi, qk_scale, cap_in, cap_out,
+                                 D, DV, BLOCK_M, BLOCK_N, BLOCK_DV, CHUNK, SPLIT, CAUSAL, 3, PRECISION, UPCAST,
+                                 SOFTCAP)
+    else:
+        m, l, acc = _tile_chunks(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms, qi, qpos, row_ok,
+                                 run_lo, run_hi, offs_d, offs_dv, start, last, c_lo, c_hi, qk_scale, cap_in, cap_out,
+                                 D, DV, BLOCK_M, BLOCK_N, BLOCK_DV, CHUNK, SPLIT, CAUSAL, MASK_KIND, PRECISION,
+                                 UPCAST, SOFTCAP)
     if SPLIT:
         ws_row = ((b * H + head) * Q + qi) * NC  # (B, H, Q, NC) layout of the workspace: chunk 0 of each row
         _store_chunk(ws_m, ws_l, ws_acc, ws_row + c_lo, m, l, acc, row_ok, offs_dv, BLOCK_DV)
@@ -198,6 +206,30 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr, sink_
             _store_out(o_ptr, sink_ptr, m, l, acc, b, qi, head, row_ok, offs_dv, Q, H, DV, SINKS)
     else:
         _store_out(o_ptr, sink_ptr, m, l, acc, b, qi, head, row_ok, offs_dv, Q, H, DV, SINKS)
+
+
+@triton.jit
+def _tile_chunks(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms, qi, qpos, row_ok, run_lo, run_hi,
+                 offs_d, offs_dv, start, last, c_lo, c_hi, qk_scale, cap_in, cap_out, D, DV,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
+                 SPLIT: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr, SOFTCAP: tl.constexpr):
+    """The tile's chunks c_lo..c_hi-1 of CHUNK keys from `start`, merged in order (fused), or the one chunk
+    of a split program: (max, sum, acc) of the tile's rows."""
+    m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
+    l = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
+    for c in range(c_lo, c_hi):
+        lo = start + c * CHUNK
+        hi = tl.minimum(lo + CHUNK, last + 1)
+        m_c, l_c, acc_c = _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
+                                 qi, qpos, row_ok, run_lo, run_hi, offs_d, offs_dv, lo, hi, qk_scale, cap_in, cap_out,
+                                 D, DV, BLOCK_M, BLOCK_N, BLOCK_DV, CAUSAL, MASK_KIND, PRECISION, UPCAST, SOFTCAP)
+        if SPLIT:
+            m, l, acc = m_c, l_c, acc_c
+        else:
+            m, l, acc = _merge(m, l, acc, m_c, l_c, acc_c)
+    return m, l, acc
 
 
 @triton.jit
@@ -296,7 +328,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
               scale: float | None = None, kv_start: torch.Tensor | None = None,
               split: bool | None = None, cfg: AttentionConfig | None = None,
               softcap: float | None = None, sinks: torch.Tensor | None = None,
-              query_start: torch.Tensor | None = None, query_end: torch.Tensor | None = None) -> torch.Tensor:
+              query_start: torch.Tensor | None = None, query_end: torch.Tensor | None = None,
+              run_start: torch.Tensor | None = None) -> torch.Tensor:
     """Attention for q (B, H, Q, D) over k (B, KVH, S, D), v (B, KVH, S, Dv) -> (B, Q, H, Dv).
 
     mask: None (causal, bottom-right aligned: query i sits at position S - Q + i), a bool mask
@@ -309,6 +342,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     chunks start there, so a windowed query's bits do not depend on the other queries of the call.
     query_end (B, Q), with a mask: one past each query's last visible position (ops.query_end); a tile
     stops at its rows' last one, which skips only masked positions (exact zeros): speed, never bits.
+    run_start (B, Q), with query_end: where a query's visible keys are the run [run_start, query_end),
+    else -1 (ops.run_start); a tile whose rows are all runs tests positions instead of loading the mask,
+    the same visible set: speed, never bits.
     """
     bsz, h, nq, d = q.shape
     kvh, s, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -322,14 +358,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     one_query = query_start is not None
     # the tile: longer launches take larger row tiles (speed only: a row's bits do not depend on it);
     # a one-query tile holds one query's G heads, so it keeps the decode tile
-    cfg = cfg or attention_config(q.dtype, 1 if one_query else nq * g, causal=mask is None, head_dim=max(d, dv),
-                                  long_cache=s >= LONG_CACHE)
+    has_end = query_end is not None and mask is not None
+    has_runs = has_end and run_start is not None
+    cfg = cfg or attention_config(q.dtype, 1 if one_query else nq * g, by_position=mask is None or has_runs,
+                                  head_dim=max(d, dv), long_cache=s >= LONG_CACHE)
     if one_query:
         assert g <= cfg.block_m, "a tile must hold a query's heads"
         kv_start = query_start.expand(bsz, nq)
     kv_start = kv_start.to(device=q.device, dtype=torch.int32).contiguous()
-    has_end = query_end is not None and mask is not None
-    end_t = query_end.expand(bsz, nq).to(device=q.device, dtype=torch.int32).contiguous() if has_end else kv_start
+    end_t = _per_query(query_end, q) if has_end else kv_start
+    run_t = _per_query(run_start, q) if has_runs else kv_start
     mask_kind, mask_t, mstrides = _mask_args(mask, bsz, nq, s, q)
     block_d, block_dv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     chunks = triton.cdiv(s, cfg.kv_chunk)
@@ -344,15 +382,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     sink_t = out if sinks is None else (sinks.to(device=q.device, dtype=torch.float32) * _LOG2E).contiguous()
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     launch(_attn_kernel, (row_tiles, bsz * kvh, nc), out)(
-        q, k, v, out, mask_t, kv_start, end_t, sink_t, ws_m, ws_l, ws_acc, counts,
+        q, k, v, out, mask_t, kv_start, end_t, run_t, sink_t, ws_m, ws_l, ws_acc, counts,
         nq, s, h, kvh, d, dv, nc, float(scale) * _LOG2E, cap_in, cap_out,
         *q.stride(), *k.stride(), *v.stride(), *mstrides,
         G=g, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d, BLOCK_DV=block_dv, CHUNK=cfg.kv_chunk,
         SPLIT=split, CAUSAL=mask_kind == 0, MASK_KIND=mask_kind, PRECISION=precision,
         UPCAST=interpreting(), SOFTCAP=bool(softcap), SINKS=sinks is not None, ONE_QUERY=one_query,
-        HAS_END=has_end, MERGE_BLOCK=cfg.merge_block,
+        HAS_END=has_end, HAS_RUNS=has_runs, MERGE_BLOCK=cfg.merge_block,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
+
+
+def _per_query(t: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """A (B or 1, Q) index tensor as the kernel reads it: (B, Q) int32, dense, on q's device."""
+    return t.expand(q.shape[0], q.shape[2]).to(device=q.device, dtype=torch.int32).contiguous()
 
 
 def _workspace(out, nq, nc, block_dv, tiles):
