@@ -8,8 +8,10 @@ question: decode uses 16-row tiles, and until 2026-11-26 prefill did too (Q = 51
 cuDNN's 21 us on the 8B shapes). A larger tile is only usable where its rows equal the decode tile's
 bit for bit, on every path a prefill takes: causal (mask None), transformers' bool mask, and a short
 verification chunk after a cache. This sweep chose config.attention_config's rows; docs/benchmarks.md
-has its table. Masked cases pass query_end as ops.attention does (a tile stops at its rows' last
-visible key) and compare bits with a launch without it. Times are CUDA-graph replays (launch cost left out); "BITS" marks a candidate whose
+has its table. Masked cases pass query_end and run_start as ops.attention does (a tile stops at its
+rows' last visible key; rows given as runs are tested by position, no mask loaded) and compare bits
+with a launch without them (the mask loaded for every key); each case also times the shipped
+dispatch both ways. Times are CUDA-graph replays (launch cost left out); "BITS" marks a candidate whose
 output differs from the decode tile's.
 """
 
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 from gpu_attention_stages import graph_us
 
 from nondet.kernels.config import ATTENTION_CONFIGS
-from nondet.kernels.ops import query_end
+from nondet.kernels.ops import query_end, run_start
 from nondet.kernels.triton_attention import attention
 
 BLOCK_MS = (16, 32, 64, 128)
@@ -63,12 +65,20 @@ def main() -> None:
     for name, q_len, s_len, masked, written in CASES:
         q, k, v = inputs(q_len, s_len, seed=q_len + s_len)
         mask = bool_causal(q_len, s_len, written) if masked else None
-        ends = query_end(mask, 1, "cuda") if masked else None  # as ops.attention passes it: skips masked chunks
-        reference = attention(q, k, v, mask, scale, start, cfg=shipped, query_end=ends)
+        ends = query_end(mask, 1, "cuda") if masked else None  # as ops.attention passes them: skips masked
+        runs = run_start(mask, ends, 1) if masked else None  # chunks, tests rows given as runs by position
+        keys = dict(query_end=ends, run_start=runs)
+        reference = attention(q, k, v, mask, scale, start, cfg=shipped)
         sdpa = graph_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                                                is_causal=mask is None and q_len == s_len,
                                                                enable_gqa=True))
-        print(f"\n{name}: SDPA {sdpa:.1f} us", flush=True)
+        dispatch = graph_us(lambda: attention(q, k, v, mask, scale, start, **keys))
+        same = torch.equal(attention(q, k, v, mask, scale, start, **keys), reference)
+        line = f"\n{name}: SDPA {sdpa:.1f} us; shipped dispatch {dispatch:.1f} us ({sdpa / dispatch:.2f}x)"
+        if masked:
+            loaded = graph_us(lambda: attention(q, k, v, mask, scale, start, query_end=ends))
+            line += f", with the mask loaded {loaded:.1f} us"
+        print(line + ("" if same else " BITS"), flush=True)
         print("| block_m | " + " | ".join(f"w{w} s{s}" for w, s in WARPS_STAGES) + " |")
         print("| ---: |" + " ---: |" * len(WARPS_STAGES))
         for block_m in BLOCK_MS:
@@ -76,8 +86,8 @@ def main() -> None:
             for warps, stages in WARPS_STAGES:
                 cfg = dataclasses.replace(shipped, block_m=block_m, num_warps=warps, num_stages=stages)
                 try:
-                    same = torch.equal(attention(q, k, v, mask, scale, start, cfg=cfg), reference)  # no end: bits
-                    us = graph_us(lambda cfg=cfg: attention(q, k, v, mask, scale, start, cfg=cfg, query_end=ends))
+                    same = torch.equal(attention(q, k, v, mask, scale, start, cfg=cfg, **keys), reference)
+                    us = graph_us(lambda cfg=cfg: attention(q, k, v, mask, scale, start, cfg=cfg, **keys))
                     cells.append(f"{us:.1f} ({sdpa / us:.2f}x){'' if same else ' BITS'}")
                 except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is a cell, not a stop
                     cells.append(f"failed: {type(exc).__name__}")

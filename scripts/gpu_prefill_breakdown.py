@@ -48,19 +48,21 @@ def graphed_prefill(model, mode: bool, tokens: int):
 def print_graph_tables(model, tokens: int) -> None:
     runs = {label: graphed_prefill(model, label == "mode", tokens) for label in ("default", "mode")}
     by_class = {label: collections.Counter() for label in runs}
+    launches = {label: collections.Counter() for label in runs}  # kernels per replay: each adds a gap
     for label, (_, kernels) in runs.items():
-        for name, (ms, _) in kernels.items():
+        for name, (ms, calls) in kernels.items():
             by_class[label][kernel_class(name)] += ms
+            launches[label][kernel_class(name)] += calls
     print(f"\nprefill {tokens} tokens, torch.compile + CUDA graphs: default {runs['default'][0]:.2f} ms, "
           f"mode {runs['mode'][0]:.2f} ms ({runs['default'][0] / runs['mode'][0]:.2f}x)")
-    print("| kernel class | default GPU ms | mode GPU ms | mode - default |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| kernel class | default GPU ms | mode GPU ms | mode - default | kernels default / mode |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for cls in [c for c, _ in CLASSES] + ["other", "all"]:
-        d = sum(by_class["default"].values()) if cls == "all" else by_class["default"][cls]
-        m = sum(by_class["mode"].values()) if cls == "all" else by_class["mode"][cls]
-        print(f"| {cls} | {d:.2f} | {m:.2f} | {m - d:+.2f} |")
+        d, m = (sum(by_class[x].values()) if cls == "all" else by_class[x][cls] for x in ("default", "mode"))
+        nd, nm = (sum(launches[x].values()) if cls == "all" else launches[x][cls] for x in ("default", "mode"))
+        print(f"| {cls} | {d:.2f} | {m:.2f} | {m - d:+.2f} | {nd} / {nm} |")
     for label, (_, kernels) in runs.items():
-        top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:10]
+        top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:16]
         print(f"{label}, heaviest kernels (GPU ms, calls): "
               + "; ".join(f"{name[:70]} {ms:.2f} {n}" for name, (ms, n) in top), flush=True)
 
