@@ -109,11 +109,13 @@ run_step() {
              2>&1 | tail -5
            NONDET_KERNEL_TUNING=/tmp/table.json timeout 150 "${probe[@]}" --out /tmp/run-tuned 2>&1 | tail -3
            python3 scripts/compare_runs.py /tmp/run-untuned /tmp/run-tuned 2>&1 | tail -12 ;;
-    cross-record) timeout 300 python3 -m nondet probe --device cuda --kernels batch-invariant --batch-sizes 1,2,8 \
+    cross-record) rm -rf /tmp/run-cross  # a warm machine keeps /tmp: a second probe there would refuse the --out
+                  timeout 300 python3 -m nondet probe --device cuda --kernels batch-invariant --batch-sizes 1,2,8 \
                     --out /tmp/run-cross 2>&1 | tail -4
                   cp /tmp/run-cross/streams.jsonl "$OUT/cross_streams.jsonl" ;;
     cross-compare) run_step cross-record
-                   mkdir -p /tmp/run-other && cp .cross/cross_streams.jsonl /tmp/run-other/streams.jsonl
+                   [ -s /tmp/run-cross/streams.jsonl ] || { echo "cross-record made no streams: nothing to compare"; return 1; }
+                   rm -rf /tmp/run-other && mkdir -p /tmp/run-other && cp .cross/cross_streams.jsonl /tmp/run-other/streams.jsonl
                    python3 scripts/compare_runs.py /tmp/run-other /tmp/run-cross 2>&1 | tail -20 ;;
     *) echo "unknown step $1 (see the header of scripts/gpu.sh)"; return 2 ;;
   esac
