@@ -74,6 +74,9 @@ def _parse():
     p.add_argument("--placement", default=None, help="default: the tree's own default for several prompts")
     p.add_argument("--gpu", action="store_true", help="the GPU case instead (CUDA)")
     p.add_argument("--compile", action="store_true", help="with --gpu: decode on the compiled path")
+    p.add_argument("--modes", default="default,batch-invariant", help="with --gpu --compile: the kernels modes")
+    p.add_argument("--no-mask-runs", action="store_true",
+                   help="the mode's masked attention tiles load their mask instead of testing runs (ops.MASK_RUNS)")
     return p.parse_args()
 
 
@@ -83,8 +86,12 @@ def _main_gpu(args) -> None:
 
     model = ModelSpec(name=str(default_model_dir(GPU_CASE)), device="cuda")
     sizes, tokens = (1, 2, 4, 8, 16, 32, 64, 128), 200
+    if args.no_mask_runs:
+        from nondet.kernels import ops
+
+        ops.MASK_RUNS = False
     if args.compile:
-        return _main_gpu_compiled(model, sizes, tokens)
+        return _main_gpu_compiled(model, sizes, tokens, tuple(args.modes.split(",")))
     step_ms = {}
     print(f"setup: 1 prompt x {tokens} tokens x batch sizes {sizes}, target at both ends, "
           f"{torch.cuda.get_device_name()}, random Qwen3 hidden 1024 x 8 layers bf16")
@@ -106,7 +113,7 @@ def _main_gpu(args) -> None:
     _print_roofline(model, tokens, step_ms)
 
 
-def _main_gpu_compiled(model: ModelSpec, sizes, tokens) -> None:
+def _main_gpu_compiled(model: ModelSpec, sizes, tokens, modes=("default", "batch-invariant")) -> None:
     """The GPU case on the compiled path: per mode, compile + warm-up apart from the decoding."""
     import torch
 
@@ -115,7 +122,7 @@ def _main_gpu_compiled(model: ModelSpec, sizes, tokens) -> None:
     print("| kernels | path | wall s | compile + warm-up s | decoding s | eager on an H200 s | speedup of the "
           "decoding | decode steps | ms per step | distinct completions | first numeric divergence |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for mode in ("default", "batch-invariant"):
+    for mode in modes:
         started = time.perf_counter()
         result = _gpu_probe(model, mode, sizes, tokens, compile_backend="inductor")
         wall = time.perf_counter() - started

@@ -165,6 +165,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return cpu.attention(q, k, v, keys.mask, scale, keys.kv_start.tolist(), softcap=softcap, sinks=sinks)
 
 
+# Benchmark switch: False gives the kernel no runs, so every masked tile loads its mask (the A / B of
+# scripts/bench_probe.py --no-mask-runs); the bits are the same either way.
+MASK_RUNS = True
+
+
 class KeyRanges(NamedTuple):
     """What the kernels read about the keys each query may see (attention_inputs)."""
     mask: torch.Tensor | None  # cut to the keys
@@ -190,4 +195,4 @@ def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None
         return KeyRanges(mask, kv_start, None, None, None)  # each query's visible range on the host)
     query_start = first_visible(mask, bsz, q.device) if sliding else None
     ends = query_end(mask, bsz, q.device)
-    return KeyRanges(mask, kv_start, query_start, ends, run_start(mask, ends, bsz))
+    return KeyRanges(mask, kv_start, query_start, ends, run_start(mask, ends, bsz) if MASK_RUNS else None)
