@@ -5,7 +5,7 @@ queries share the launch:
 
 - the KV range [kv_start, S) is cut into chunks of a FIXED size (`kv_chunk`, 512 for bf16 / fp16), never into
   a fixed number of splits; a chunk is summed with an online softmax in steps of `block_n`;
-- chunk results (max, sum, acc) are merged in chunk order by one shared `_merge` helper;
+- chunk results (max, sum, acc) are merged in chunk order by one shared `merge` helper (triton_attention_merge);
 - prefill runs one program per row tile that merges as it goes (fused). Decode (few rows: the
   row tiles alone leave the GPU idle) runs one program per (row tile, chunk) in the same launch
   (split): each writes its chunk's (max, sum, acc) to a workspace, and the last of a tile's
@@ -27,21 +27,10 @@ import triton.language as tl
 
 from nondet.kernels.config import LONG_CACHE, AttentionConfig, attention_config, sm_count
 from nondet.kernels.launch import interpreting, launch
+from nondet.kernels.triton_attention_merge import NEG, arrived_last, merge, merge_stored, store_chunk, workspace
 
 MASK_DTYPE = torch.int16  # what a bool mask is loaded as (see _mask_args)
-_NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: exp2(_NEG - m) is an exact 0
 _LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _merge(m, l, acc, m_c, l_c, acc_c):
-    """Fold one chunk's (max, sum, acc) into the running one; explicit fma pins the rounding."""
-    m_new = tl.maximum(m, m_c)
-    a = tl.exp2(m - m_new)
-    b = tl.exp2(m_c - m_new)
-    l = tl.fma(l_c, b, l * a)
-    acc = tl.fma(acc_c, b[:, None], acc * a[:, None])
-    return m_new, l, acc
 
 
 @triton.jit
@@ -63,7 +52,7 @@ def _chunk(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_ms,
     MASK_KIND: 0 none (causal or full), 1 a bool mask, 2 an additive mask, 3 the mask's rows as runs of
     keys [run_lo, run_hi) (BLOCK_M,): the same visible set as kinds 1 / 2 give those rows, tested by
     position (an additive mask's run adds exactly 0 and hides the rest, whose p is an exact 0 either way)."""
-    m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
+    m = tl.full((BLOCK_M,), NEG, dtype=tl.float32)
     l = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
     d_ok = offs_d < D
@@ -175,7 +164,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr, run_p
         last = tl.minimum(last, tl.minimum(tl.maximum(tile_end, 0), S) - 1)  # clamped like kv_start
     # the tile's chunks: the fused loop computes and merges these, the split merge reads the same
     # values back, so both merge the same (max, sum, acc) in the same order. A row that ends earlier
-    # than the tile's last row gets (_NEG, 0, 0) from its later chunks, which leaves it unchanged.
+    # than the tile's last row gets (NEG, 0, 0) from its later chunks, which leaves it unchanged.
     n_chunks = tl.cdiv(last + 1 - start, CHUNK)
     if SPLIT:
         c_lo = tl.program_id(2)
@@ -199,9 +188,9 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, start_ptr, end_ptr, run_p
                                  UPCAST, SOFTCAP)
     if SPLIT:
         ws_row = ((b * H + head) * Q + qi) * NC  # (B, H, Q, NC) layout of the workspace: chunk 0 of each row
-        _store_chunk(ws_m, ws_l, ws_acc, ws_row + c_lo, m, l, acc, row_ok, offs_dv, BLOCK_DV)
-        if _arrived_last(count_ptr):
-            m, l, acc = _merge_stored(ws_m, ws_l, ws_acc, ws_row, n_chunks, row_ok, offs_dv, BLOCK_M, BLOCK_DV,
+        store_chunk(ws_m, ws_l, ws_acc, ws_row + c_lo, m, l, acc, row_ok, offs_dv, BLOCK_DV)
+        if arrived_last(count_ptr):
+            m, l, acc = merge_stored(ws_m, ws_l, ws_acc, ws_row, n_chunks, row_ok, offs_dv, BLOCK_M, BLOCK_DV,
                                       MERGE_BLOCK)
             _store_out(o_ptr, sink_ptr, m, l, acc, b, qi, head, row_ok, offs_dv, Q, H, DV, SINKS)
     else:
@@ -216,7 +205,7 @@ def _tile_chunks(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_m
                  UPCAST: tl.constexpr, SOFTCAP: tl.constexpr):
     """The tile's chunks c_lo..c_hi-1 of CHUNK keys from `start`, merged in order (fused), or the one chunk
     of a split program: (max, sum, acc) of the tile's rows."""
-    m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
+    m = tl.full((BLOCK_M,), NEG, dtype=tl.float32)
     l = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
     for c in range(c_lo, c_hi):
@@ -228,77 +217,8 @@ def _tile_chunks(q, k_base, v_base, mask_base, s_ks, s_kd, s_vs, s_vd, s_mq, s_m
         if SPLIT:
             m, l, acc = m_c, l_c, acc_c
         else:
-            m, l, acc = _merge(m, l, acc, m_c, l_c, acc_c)
+            m, l, acc = merge(m, l, acc, m_c, l_c, acc_c)
     return m, l, acc
-
-
-@triton.jit
-def _store_chunk(ws_m, ws_l, ws_acc, idx, m, l, acc, row_ok, offs_dv, BLOCK_DV: tl.constexpr):
-    """One chunk's (max, sum, acc) of the tile's rows into the workspace at row indices idx (BLOCK_M,)."""
-    tl.store(ws_m + idx, m, mask=row_ok)
-    tl.store(ws_l + idx, l, mask=row_ok)
-    tl.store(ws_acc + idx[:, None] * BLOCK_DV + offs_dv[None, :], acc, mask=row_ok[:, None])
-
-
-@triton.jit
-def _arrived_last(count_ptr):
-    """Whether this program is the last of its row tile's chunk programs to finish. Counters: one int32
-    per (batch x kv head, row tile), zeroed per call. acq_rel: this program's workspace stores are
-    released before the count, and the last program acquires every other program's."""
-    tl.debug_barrier()  # every thread's part of the chunk is written before the release below
-    tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    return arrived == tl.num_programs(2) - 1
-
-
-@triton.jit
-def _merge_stored(ws_m, ws_l, ws_acc, ws_row, n_chunks, row_ok, offs_dv,
-                  BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, MERGE_BLOCK: tl.constexpr):
-    """Chunks 0..n_chunks-1 of the tile's rows (workspace rows ws_row, (BLOCK_M,)) merged in chunk order
-    from the empty state: the fused loop's merges, on the same chunk values. .cg loads read L2, where
-    the other programs' stores are (L1 is per SM and not coherent). MERGE_BLOCK 4 loads four chunks per
-    round trip and merges them one by one (no merge past n_chunks): the same merges, fewer waits."""
-    m = tl.full((BLOCK_M,), _NEG, dtype=tl.float32)
-    l = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
-    if MERGE_BLOCK == 1:
-        for c in range(0, n_chunks):
-            idx = ws_row + c
-            m_c = tl.load(ws_m + idx, mask=row_ok, other=_NEG, cache_modifier=".cg")
-            l_c = tl.load(ws_l + idx, mask=row_ok, other=0.0, cache_modifier=".cg")
-            acc_c = tl.load(ws_acc + idx[:, None] * BLOCK_DV + offs_dv[None, :], mask=row_ok[:, None], other=0.0,
-                            cache_modifier=".cg")
-            m, l, acc = _merge(m, l, acc, m_c, l_c, acc_c)
-    else:
-        tl.static_assert(MERGE_BLOCK == 4)
-        j = tl.arange(0, 4)
-        for c0 in range(0, n_chunks, 4):
-            idx = ws_row[:, None] + c0 + j[None, :]  # (BLOCK_M, 4): a row's four chunks are adjacent
-            ok = row_ok[:, None] & (c0 + j[None, :] < n_chunks)
-            m4 = tl.load(ws_m + idx, mask=ok, other=_NEG, cache_modifier=".cg")
-            l4 = tl.load(ws_l + idx, mask=ok, other=0.0, cache_modifier=".cg")
-            acc4 = tl.load(ws_acc + idx[:, None, :] * BLOCK_DV + offs_dv[None, :, None], mask=ok[:, None, :],
-                           other=0.0, cache_modifier=".cg")  # (BLOCK_M, BLOCK_DV, 4)
-            m0, m1, m2, m3 = _quarters(tl.reshape(m4, (BLOCK_M, 2, 2)))
-            l0, l1, l2, l3 = _quarters(tl.reshape(l4, (BLOCK_M, 2, 2)))
-            a0, a1, a2, a3 = _quarters(tl.reshape(acc4, (BLOCK_M, BLOCK_DV, 2, 2)))
-            m, l, acc = _merge(m, l, acc, m0, l0, a0)  # c0 < n_chunks
-            if c0 + 1 < n_chunks:
-                m, l, acc = _merge(m, l, acc, m1, l1, a1)
-            if c0 + 2 < n_chunks:
-                m, l, acc = _merge(m, l, acc, m2, l2, a2)
-            if c0 + 3 < n_chunks:
-                m, l, acc = _merge(m, l, acc, m3, l3, a3)
-    return m, l, acc
-
-
-@triton.jit
-def _quarters(x):
-    """x (..., 2, 2), the last axis of four reshaped (j = 2 * high + low) -> slices j = 0, 1, 2, 3 (moves only)."""
-    even, odd = tl.split(x)  # low 0 / 1: (..., 2) over high
-    x0, x2 = tl.split(even)
-    x1, x3 = tl.split(odd)
-    return x0, x1, x2, x3
 
 
 @triton.jit
@@ -375,7 +295,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     if split is None:
         split = use_split(row_tiles * bsz * kvh, chunks, q.device)
     nc = chunks if split else 1
-    ws_m, ws_l, ws_acc, counts = _workspace(out, nq, nc, block_dv, row_tiles * bsz * kvh) if split else (out,) * 4
+    ws_m, ws_l, ws_acc, counts = workspace(out, nq, nc, block_dv, row_tiles * bsz * kvh) if split else (out,) * 4
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     cap_in, cap_out = (float(scale) / softcap, softcap * _LOG2E) if softcap else (0.0, 0.0)
     # sinks in log2 units, fp32, one per head; the output tensor stands in when there are none
@@ -396,16 +316,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 def _per_query(t: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """A (B or 1, Q) index tensor as the kernel reads it: (B, Q) int32, dense, on q's device."""
     return t.expand(q.shape[0], q.shape[2]).to(device=q.device, dtype=torch.int32).contiguous()
-
-
-def _workspace(out, nq, nc, block_dv, tiles):
-    """The split launch's fp32 workspace, (m, l) (B, H, Q, NC) and acc (B, H, Q, NC, BLOCK_DV), and
-    its arrival counters (tiles,) int32. The counters are zeroed per call (a memset, also inside a
-    CUDA graph): a buffer kept between calls would be shared by launches on different streams."""
-    bsz, h = out.shape[0], out.shape[2]
-    ws_m = torch.empty((bsz, h, nq, nc), dtype=torch.float32, device=out.device)
-    ws_acc = torch.empty((bsz, h, nq, nc, block_dv), dtype=torch.float32, device=out.device)
-    return ws_m, torch.empty_like(ws_m), ws_acc, torch.zeros(tiles, dtype=torch.int32, device=out.device)
 
 
 def _mask_args(mask, bsz, nq, s, like):
