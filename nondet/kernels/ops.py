@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 
 from nondet.kernels import cpu
-from nondet.kernels.masks import visible
+from nondet.kernels.masks import for_kernel, visible
 
 TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -172,7 +172,7 @@ MASK_RUNS = True
 
 class KeyRanges(NamedTuple):
     """What the kernels read about the keys each query may see (attention_inputs)."""
-    mask: torch.Tensor | None  # cut to the keys
+    mask: torch.Tensor | None  # cut to the keys; on the Triton path as the kernel loads it (masks.for_kernel)
     kv_start: torch.Tensor  # (B,) leading positions no query sees (left padding): the chunks start there
     query_start: torch.Tensor | None  # (B, Q) a sliding window's first visible position: the query's own chunks
     query_end: torch.Tensor | None  # (B, Q) one past the last visible position (with a mask, Triton path)
@@ -195,4 +195,7 @@ def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None
         return KeyRanges(mask, kv_start, None, None, None)  # each query's visible range on the host)
     query_start = first_visible(mask, bsz, q.device) if sliding else None
     ends = query_end(mask, bsz, q.device)
-    return KeyRanges(mask, kv_start, query_start, ends, run_start(mask, ends, bsz) if MASK_RUNS else None)
+    runs = run_start(mask, ends, bsz) if MASK_RUNS else None
+    # the mask as the kernel loads it, converted here: in a graph Inductor fuses the copy with the index
+    # arithmetic above instead of the opaque kernel launching one per layer
+    return KeyRanges(for_kernel(mask), kv_start, query_start, ends, runs)

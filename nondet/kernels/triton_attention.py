@@ -27,9 +27,10 @@ import triton.language as tl
 
 from nondet.kernels.config import LONG_CACHE, AttentionConfig, attention_config, sm_count
 from nondet.kernels.launch import interpreting, launch
+from nondet.kernels.masks import KERNEL_MASK_DTYPE, for_kernel
 from nondet.kernels.triton_attention_merge import NEG, arrived_last, merge, merge_stored, store_chunk, workspace
 
-MASK_DTYPE = torch.int16  # what a bool mask is loaded as (see _mask_args)
+MASK_DTYPE = KERNEL_MASK_DTYPE  # what a bool mask is loaded as (see _mask_args)
 _LOG2E = 1.4426950408889634
 
 
@@ -323,13 +324,12 @@ def _mask_args(mask, bsz, nq, s, like):
     if mask is None:
         return 0, like, (0, 0, 0)
     assert mask.dim() == 4 and mask.shape[1] == 1, "mask must be (B or 1, 1, Q, S)"
-    kind = 1 if mask.dtype == torch.bool else 2
-    if kind == 1:
-        # int16, not the bool's own bytes: Triton sizes the p @ V operand layout (kWidth) from the
-        # narrowest type that feeds p, and an 8-bit mask gave kWidth 4 where the causal binary has
-        # 2, a different K order inside the MMA and 1-ULP differences between a masked call (a
-        # verification chunk, a padded batch) and a causal one (H100; tests/test_kernels_ttgir.py).
-        # Converted before the expand, so a mask shared by the batch is not copied per row.
-        mask = mask.to(MASK_DTYPE)
-    m = mask.expand(bsz, 1, nq, s)
+    # a bool mask (or one ops already converted: KERNEL_MASK_DTYPE, nonzero = attend) is loaded as int16,
+    # not as the bool's own bytes: Triton sizes the p @ V operand layout (kWidth) from the narrowest type
+    # that feeds p, and an 8-bit mask gave kWidth 4 where the causal binary has 2, a different K order
+    # inside the MMA and 1-ULP differences between a masked call (a verification chunk, a padded batch)
+    # and a causal one (H100; tests/test_kernels_ttgir.py). Converted before the expand, so a mask shared
+    # by the batch is not copied per row.
+    kind = 1 if mask.dtype in (torch.bool, MASK_DTYPE) else 2
+    m = for_kernel(mask).expand(bsz, 1, nq, s)
     return kind, m, (m.stride(0), m.stride(2), m.stride(3))
