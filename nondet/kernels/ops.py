@@ -131,7 +131,7 @@ def run_start(mask: torch.Tensor, ends: torch.Tensor, bsz: int) -> torch.Tensor:
     position, as it does a causal row, instead of loading its mask: transformers' causal, padded,
     sliding-window and static-cache masks are all runs; a tree or block-sparse mask is not."""
     keep = visible(mask)[:, 0]  # (B or 1, Q, S)
-    first = keep.to(torch.int32).argmax(-1).to(torch.int32)
+    first = first_visible(mask, bsz, mask.device)
     runs = keep.sum(-1, dtype=torch.int32) == ends - first  # a row that sees nothing is an empty run
     if mask.dtype != torch.bool:  # an additive mask must add exactly 0 where it lets a query see and hide the
         # rest (a NaN does neither: its row keeps the mask, which carries the NaN into the output as before)
