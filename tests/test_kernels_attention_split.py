@@ -183,6 +183,20 @@ else:
             ends = ops.query_end(mask, mask.shape[0], DEVICE)
             assert ops.run_start(mask, ends, mask.shape[0]).tolist() == expected, name
 
+    def test_attention_inputs_give_the_kernel_runs_and_its_mask_dtype(monkeypatch):
+        """What ops hands the Triton kernel for a padded bool mask: the mask as int16 (converted in the graph,
+        masks.for_kernel), query_end and run_start; with ops.MASK_RUNS off, no runs (the benchmarks' A / B)."""
+        q, k, v, kw = case("bool mask with left padding")
+        monkeypatch.setattr(ops, "_triton", lambda x: True)  # the CUDA branch, on whatever device this runs
+        keys = ops.attention_inputs(q, k, kw["mask"], True, False)
+        assert keys.mask.dtype == torch.int16 and torch.equal(keys.mask.bool(), kw["mask"])
+        assert keys.query_end.tolist() == [[87, 88, 89, 90]] * 3
+        assert keys.run_start.tolist() == [[0] * 4, [13] * 4, [0] * 4]
+        assert same_bits(attend(q, k, v, False, mask=keys.mask, kv_start=keys.kv_start, query_end=keys.query_end,
+                                run_start=keys.run_start), attend(q, k, v, False, **kw))
+        monkeypatch.setattr(ops, "MASK_RUNS", False)
+        assert ops.attention_inputs(q, k, kw["mask"], True, False).run_start is None
+
     def test_a_tile_of_runs_does_not_load_the_mask():
         """Not vacuous: given runs that disagree with the mask (a run that starts later than the mask's
         first visible key), a tile of runs follows the runs, and one row that is not a run (-1) sends its
