@@ -63,6 +63,7 @@ else:
     from triton.compiler import ASTSource
 
     from nondet.kernels import triton_attention as ta
+    from nondet.kernels.masks import KERNEL_MASK_DTYPE
 
     MASK_TYPES = {torch.int16: "*i16", torch.int32: "*i32", torch.uint8: "*u8", torch.bool: "*i1"}
     INTS = ("Q", "S", "H", "KVH", "D", "DV", "NC", "s_qb", "s_qh", "s_qq", "s_qd", "s_kb", "s_kh", "s_ks", "s_kd",
@@ -81,7 +82,7 @@ else:
                      CAUSAL=mask_kind == 0, MASK_KIND=mask_kind, PRECISION="tf32", UPCAST=False, SOFTCAP=False,
                      SINKS=False, ONE_QUERY=False, HAS_END=mask_kind != 0, HAS_RUNS=runs, MERGE_BLOCK=4)
         sig = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "ws_m", "ws_l", "ws_acc", "sink_ptr")}
-        sig.update(count_ptr="*i32", mask_ptr=MASK_TYPES[ta.MASK_DTYPE] if mask_kind == 1 else "*bf16", start_ptr="*i32",
+        sig.update(count_ptr="*i32", mask_ptr=MASK_TYPES[KERNEL_MASK_DTYPE] if mask_kind == 1 else "*bf16", start_ptr="*i32",
                    end_ptr="*i32", run_ptr="*i32", qk_scale="fp32", cap_in="fp32", cap_out="fp32")
         sig.update({name: "i32" for name in INTS})
         sig.update({name: "constexpr" for name in const})

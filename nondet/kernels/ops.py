@@ -130,8 +130,9 @@ def run_start(mask: torch.Tensor, ends: torch.Tensor, bsz: int) -> torch.Tensor:
     all of value 0), its first position, else -1. On the device. The kernel tests a row given as a run by
     position, as it does a causal row, instead of loading its mask: transformers' causal, padded,
     sliding-window and static-cache masks are all runs; a tree or block-sparse mask is not."""
-    keep = visible(mask)[:, 0]  # (B or 1, Q, S)
-    first = first_visible(mask, bsz, mask.device)
+    keep = visible(mask)  # (B or 1, 1, Q, S)
+    first = first_visible(keep, bsz, mask.device)
+    keep = keep[:, 0]
     runs = keep.sum(-1, dtype=torch.int32) == ends - first  # a row that sees nothing is an empty run
     if mask.dtype != torch.bool:  # an additive mask must add exactly 0 where it lets a query see and hide the
         # rest (a NaN does neither: its row keeps the mask, which carries the NaN into the output as before)
@@ -190,11 +191,14 @@ def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None
         mask = torch.ones((1, 1, nq, s), dtype=torch.bool, device=q.device)
     if mask is not None:
         mask = mask[..., :s]
-    kv_start = kv_start_from_mask(mask, bsz, s, q.device)
+    # what the mask lets each query see, found once (a float mask's comparison is a pass over the mask);
+    # the helpers below take it as a bool mask
+    keep = None if mask is None else visible(mask)
+    kv_start = kv_start_from_mask(keep, bsz, s, q.device)
     if not (_triton(q) and mask is not None):  # the rest only the Triton kernel reads (the CPU path finds
         return KeyRanges(mask, kv_start, None, None, None)  # each query's visible range on the host)
-    query_start = first_visible(mask, bsz, q.device) if sliding else None
-    ends = query_end(mask, bsz, q.device)
+    query_start = first_visible(keep, bsz, q.device) if sliding else None
+    ends = query_end(keep, bsz, q.device)
     runs = run_start(mask, ends, bsz) if MASK_RUNS else None
     # the mask as the kernel loads it, converted here: in a graph Inductor fuses the copy with the index
     # arithmetic above instead of the opaque kernel launching one per layer

@@ -30,7 +30,6 @@ from nondet.kernels.launch import interpreting, launch
 from nondet.kernels.masks import KERNEL_MASK_DTYPE, for_kernel
 from nondet.kernels.triton_attention_merge import NEG, arrived_last, merge, merge_stored, store_chunk, workspace
 
-MASK_DTYPE = KERNEL_MASK_DTYPE  # what a bool mask is loaded as (see _mask_args)
 _LOG2E = 1.4426950408889634
 
 
@@ -330,6 +329,6 @@ def _mask_args(mask, bsz, nq, s, like):
     # inside the MMA and 1-ULP differences between a masked call (a verification chunk, a padded batch)
     # and a causal one (H100; tests/test_kernels_ttgir.py). Converted before the expand, so a mask shared
     # by the batch is not copied per row.
-    kind = 1 if mask.dtype in (torch.bool, MASK_DTYPE) else 2
+    kind = 1 if mask.dtype in (torch.bool, KERNEL_MASK_DTYPE) else 2
     m = for_kernel(mask).expand(bsz, 1, nq, s)
     return kind, m, (m.stride(0), m.stride(2), m.stride(3))
