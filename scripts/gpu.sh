@@ -5,6 +5,7 @@
 #
 # Correctness
 #   tests        pytest tests/gpu (kernel bits, invariance, tuning; the e2e Qwen3 tests included)
+#   rows-tests   the row kernels' tests (mean_sq == mean_last over stored squares, bits)
 #   tile-tests   the tile-by-launch tests: attention tiles vs the decode tile, every matmul M bucket (bits)
 #   sanitize     the kernel tests under compute-sanitizer memcheck
 #   attention    sinks, softcap, sliding window, MLA: tests/test_kernels_attention_features.py on CUDA
@@ -63,6 +64,8 @@ print(d(S(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_at
 run_step() {
   case "$1" in
     tests) timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu -rA 2>&1 | tail -40 ;;
+    rows-tests) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "rows or mean_sq" \
+                  -rf 2>&1 | tail -15 ;;
     tile-tests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_kernels_gpu_bench.py \
                   -k "not generate_one_completion and not bench_sections" -rf 2>&1 | tail -15 ;;
     sanitize) timeout 300 compute-sanitizer --tool memcheck --print-limit 10 python3 -m pytest -q -x \

@@ -1,4 +1,5 @@
-"""Running a test file's Triton checks under TRITON_INTERPRET=1 on the CPU.
+"""Running a test file's Triton checks under TRITON_INTERPRET=1 on the CPU, or compiling for a GPU
+target without one (`rerun_compiling_for_gpus`: Triton ships ptxas).
 
 TRITON_INTERPRET must be set before triton is first imported, which another test may already have
 done in this process, so a file re-runs itself in a fresh interpreter with the variable set
@@ -16,6 +17,16 @@ def rerun_under_interpreter(path: str, inner_flag: str) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", inner_flag: "1"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", path],
                           env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+def rerun_compiling_for_gpus(path: str, inner_flag: str, cache_dir) -> None:
+    """Run the test file `path` in a fresh pytest with `inner_flag`=1 and without TRITON_INTERPRET
+    (inherited from another test file, it would stop Triton compiling for a GPU target); assert it passed."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update({inner_flag: "1", "TRITON_CACHE_DIR": str(cache_dir), "TRITON_DEFAULT_FP_FUSION": "1"})
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", path],
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
 
 

@@ -134,6 +134,19 @@ else:
         lsm = triton_rows.softmax(x, log=True, dtype=torch.float32)
         assert rel(lsm, reference.softmax(x, log=True)) < 1e-5
 
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+    def test_mean_sq_gives_mean_last_over_the_stored_squares(dtype):
+        # the summation layout is held equal by tests/test_kernels_ttgir_rows.py; here the arithmetic
+        torch.manual_seed(5)
+        for n in (61, 128, 1000):
+            x = (torch.randn(5, 3, n) * 3).to(dtype)
+            got = triton_rows.mean_sq(x, keepdim=True)
+            assert got.dtype == torch.float32 and got.shape == (5, 3, 1)
+            assert torch.equal(got, triton_rows.mean_last(x.float().pow(2), keepdim=True)), n
+        assert triton_rows.mean_sq(x).shape == (5, 3)
+        with pytest.raises(ValueError, match="at most"):  # one block per row; ops.mean_sq stores squares past it
+            triton_rows.mean_sq(torch.randn(2, triton_rows.ROW_BLOCK_MAX + 1))
+
     def test_row_kernels_walk_long_rows_in_blocks(monkeypatch):
         monkeypatch.setattr(triton_rows, "ROW_BLOCK_MAX", 16)
         x = torch.randn(3, 61)
@@ -144,7 +157,7 @@ else:
         torch.manual_seed(3)
         x = torch.randn(12, 61, dtype=torch.bfloat16)
         w = torch.randn(61, dtype=torch.bfloat16)
-        fns = [lambda t: triton_rows.rms_norm(t, w), lambda t: triton_rows.mean_last(t.float()),
+        fns = [lambda t: triton_rows.rms_norm(t, w), lambda t: triton_rows.mean_last(t.float()), triton_rows.mean_sq,
                lambda t: triton_rows.softmax(t), lambda t: triton_rows.layer_norm(t, w, w)[0]]
         for fn in fns:
             row0 = fn(x[:1])[0]

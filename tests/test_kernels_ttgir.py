@@ -11,10 +11,9 @@ mask kind and asserts every reduction left over a row is a max (exact in any ord
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+from interpreter import rerun_compiling_for_gpus
 
 INNER = os.environ.get("NONDET_TTGIR_INNER") == "1"
 MASK_KINDS = (0, 1, 2)  # causal (no mask), bool mask, additive mask
@@ -23,12 +22,7 @@ MASK_KINDS = (0, 1, 2)  # causal (no mask), bool mask, additive mask
 if not INNER:
 
     def test_attention_ir_has_no_layout_dependent_sum(tmp_path):
-        # a fresh interpreter: TRITON_INTERPRET (set by another test file) must not be inherited
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env.update(NONDET_TTGIR_INNER="1", TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                              env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+        rerun_compiling_for_gpus(__file__, "NONDET_TTGIR_INNER", tmp_path)
 
     def test_row_kernels_get_rows_in_one_aligned_dense_form():
         """The row kernels' launchers pass every input as dense, 16-byte aligned rows, so one

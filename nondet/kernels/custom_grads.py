@@ -71,6 +71,19 @@ def _mean_backward(ctx, g):
     return (g / ctx.shape[-1]).expand(ctx.shape).to(ctx.dtype), None
 
 
+def _save_mean_sq(ctx, inputs, output):
+    x, keepdim = inputs
+    ctx.save_for_backward(x)
+    ctx.keepdim = keepdim
+
+
+def _mean_sq_backward(ctx, g):
+    # d mean(x^2) / dx = 2 x / n, for the fp32 upcast of x; back to x's dtype as the upcast's backward
+    (x,) = ctx.saved_tensors
+    g = g if ctx.keepdim else g.unsqueeze(-1)
+    return (g * (2.0 / x.shape[-1]) * x.float()).to(x.dtype), None
+
+
 def _save_softmax(ctx, inputs, output):
     x, log = inputs
     ctx.save_for_backward(output)
@@ -139,6 +152,7 @@ FORMULAS = {
     "addmm": (_save_ab, _addmm_backward),
     "bmm": (_save_ab, _bmm_backward),
     "mean_last": (_save_mean, _mean_backward),
+    "mean_sq": (_save_mean_sq, _mean_sq_backward),
     "softmax": (_save_softmax, _softmax_backward),
     "layer_norm": (_save_layer_norm, _layer_norm_backward),
     "attention": (_save_attention, _attention_backward),

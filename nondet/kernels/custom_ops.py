@@ -72,6 +72,14 @@ def ensure_registered() -> None:
     def _(x, keepdim):
         return x.new_empty((*x.shape[:-1], 1) if keepdim else x.shape[:-1])
 
+    @torch.library.custom_op("nondet::mean_sq", mutates_args=())
+    def mean_sq(x: torch.Tensor, keepdim: bool) -> torch.Tensor:
+        return ops.mean_sq(x, keepdim)
+
+    @mean_sq.register_fake
+    def _(x, keepdim):
+        return x.new_empty((*x.shape[:-1], 1) if keepdim else x.shape[:-1], dtype=torch.float32)
+
     @torch.library.custom_op("nondet::softmax", mutates_args=())
     def softmax(x: torch.Tensor, log: bool) -> torch.Tensor:
         return (ops.log_softmax if log else ops.softmax)(x)
@@ -98,8 +106,8 @@ def ensure_registered() -> None:
     def _(x, weight, counts, stored_out_in):
         return x.new_empty((x.shape[0], weight.shape[1] if stored_out_in else weight.shape[2]))
 
-    _REGISTERED.update(mm=mm, addmm=addmm, grouped_mm=grouped_mm_op, layer_norm=layer_norm, bmm=bmm, mean_last=mean_last, softmax=softmax,
-                       attention=attention)
+    _REGISTERED.update(mm=mm, addmm=addmm, grouped_mm=grouped_mm_op, layer_norm=layer_norm, bmm=bmm, mean_last=mean_last,
+                       mean_sq=mean_sq, softmax=softmax, attention=attention)
     _REGISTERED.update(_register_gpu_ops(ops))
     # the bare attention kernel and the grouped matmul have no backward: a training forward takes the
     # whole attention op and the experts' loop (grouped.applies)
@@ -126,6 +134,10 @@ def _register_gpu_ops(ops) -> dict:
     def mean_last_gpu(x: torch.Tensor, keepdim: bool) -> torch.Tensor:
         return ops.mean_last(x, keepdim)
 
+    @triton_op("nondet::mean_sq_gpu", mutates_args=())
+    def mean_sq_gpu(x: torch.Tensor, keepdim: bool) -> torch.Tensor:
+        return ops.mean_sq(x, keepdim)
+
     @triton_op("nondet::softmax_gpu", mutates_args=())
     def softmax_gpu(x: torch.Tensor, log: bool) -> torch.Tensor:
         return (ops.log_softmax if log else ops.softmax)(x)
@@ -148,13 +160,13 @@ def _register_gpu_ops(ops) -> dict:
         return q.new_empty((q.shape[0], q.shape[2], q.shape[1], v.shape[3]))
 
     return dict(mm_gpu=mm_gpu, addmm_gpu=addmm_gpu, bmm_gpu=bmm_gpu, mean_last_gpu=mean_last_gpu,
-                softmax_gpu=softmax_gpu, attention_kernel=attention_kernel)
+                mean_sq_gpu=mean_sq_gpu, softmax_gpu=softmax_gpu, attention_kernel=attention_kernel)
 
 
 # The ops whose Inductor-launched kernels were checked bitwise equal to the eager launch (H200,
-# torch 2.11, triton 3.6). layer_norm gave other bits under Inductor and attention did not compile
+# torch 2.11, triton 3.6; mean_sq: H100, 2026-11-26). layer_norm gave other bits under Inductor and attention did not compile
 # there (Inductor specializes its arguments differently from the JIT): both stay opaque custom ops.
-GPU_OPS = frozenset({"mm", "addmm", "bmm", "mean_last", "softmax"})
+GPU_OPS = frozenset({"mm", "addmm", "bmm", "mean_last", "mean_sq", "softmax"})
 # Row counts up to a decode batch keep the opaque op: a decode step runs as a CUDA graph, which
 # replays it without host cost, and Inductor compiling our kernels per shape tripled the compile
 # time of the 8B shape's decode (43 -> 137 s, H200). Above it (a prefill, not replayed as a graph

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 
 from nondet.kernels import cpu
+from nondet.kernels.config import ROW_BLOCK_MAX
 from nondet.kernels.masks import for_kernel, visible
 
 TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -60,6 +61,16 @@ def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None 
 
         return triton_rows.mean_last(x, keepdim, dtype)
     return cpu.mean_last(x, keepdim, dtype)
+
+
+def mean_sq(x: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """x.float().pow(2).mean(-1, keepdim) in fp32, with the bits of mean_last over the stored squares.
+    On CUDA the squares are never written (rows up to ROW_BLOCK_MAX: triton_rows.mean_sq)."""
+    if _triton(x) and x.shape[-1] <= ROW_BLOCK_MAX:
+        from nondet.kernels import triton_rows
+
+        return triton_rows.mean_sq(x, keepdim)
+    return mean_last(x.float().pow(2), keepdim)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:

@@ -4,7 +4,7 @@ nondet:: custom ops (custom_ops.py), so a traced graph holds them as opaque call
 torch.compile (dynamo) traces through an active TorchFunctionMode, so the functions a transformers
 model calls (F.linear, torch.matmul, Tensor.mean over the last dim, softmax / log_softmax, F.layer_norm,
 torch.topk) become nondet:: ops in the graph, each computing exactly what the eager mode's aten
-overrides compute. Inductor schedules around them but cannot re-derive their reductions (an RMSNorm's
+overrides compute (an RMSNorm's mean of x.float().pow(2) becomes one op reading x: squares.py). Inductor schedules around them but cannot re-derive their reductions (an RMSNorm's
 mean, a softmax) in its own order. Everything else (elementwise ops, gathers) Inductor compiles as
 usual. Used by `batch_invariant(..., traceable=True)`; in eager the aten overrides do the same work.
 
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from nondet.kernels import custom_ops
+from nondet.kernels import custom_ops, squares
 
 op = custom_ops.op  # the nondet:: op for these tensors (its _gpu triton_op on CUDA)
 
@@ -51,6 +51,9 @@ def _last_dim(dim, ndim: int) -> bool:
 def _mean(x, dim=None, keepdim=False, *, dtype=None):
     if dim is None or dtype is not None or not _last_dim(dim, x.dim()) or not x.is_floating_point():
         return None
+    source = squares.squared_source(x)  # an RMSNorm's x.float().pow(2): one op reads x (squares.py)
+    if source is not None:
+        return op("mean_sq", source)(source, keepdim)
     return op("mean_last", x)(x, keepdim)
 
 
@@ -98,6 +101,8 @@ class TracedMode(TorchFunctionMode):
         super().__init__()
         custom_ops.ensure_registered()
         self.table = _table(ops)
+        self.taggers = squares.TAGGERS if "norm" in ops else {}
+        self.in_place = squares.in_place_functions() if "norm" in ops else {}
         _never_a_frame_of_its_own()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -107,7 +112,13 @@ class TracedMode(TorchFunctionMode):
             out = route(*args, **kwargs)
             if out is not None:
                 return out
-        return func(*args, **kwargs)
+        if self.taggers:
+            squares.mark_writes(func, args, kwargs, self.in_place)
+        out = func(*args, **kwargs)
+        tag = self.taggers.get(func)
+        if tag is not None:
+            tag(out, args, kwargs)
+        return out
 
 
 def _never_a_frame_of_its_own() -> None:

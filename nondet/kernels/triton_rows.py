@@ -1,4 +1,5 @@
-"""Row kernels in Triton: RMSNorm, LayerNorm, mean over the last dim, softmax, log_softmax.
+"""Row kernels in Triton: RMSNorm, LayerNorm, mean over the last dim (of a row or of its squares),
+softmax, log_softmax.
 
 One program owns one row, so a row's reduction tree depends only on the row length (the block
 size is fixed by N), never on how many rows are in the launch. Rows longer than ROW_BLOCK_MAX
@@ -34,6 +35,29 @@ def _mean_kernel(x_ptr, y_ptr, N, s_x, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     total = _row_sum(x_ptr + row * s_x, N, BLOCK, False)
     tl.store(y_ptr + row, (total / N).to(y_ptr.dtype.element_ty))
+
+
+# Elements per thread in the layout of a row of fp32 (16-byte vectors); mean_sq's kernel loads its
+# narrower rows in this width so that its squares are summed in _mean_kernel's layout.
+FP32_VECTOR = 4
+
+
+@triton.jit
+def _mean_sq_kernel(x_ptr, y_ptr, N, s_x, BLOCK: tl.constexpr, VECTOR: tl.constexpr):
+    """One row's mean of fp32 squares, summed as _mean_kernel sums a row of stored fp32 squares.
+
+    A bf16 row loads in 16-byte vectors of 8 elements, so each thread would hold 8 squares and sum
+    them in another tree than _mean_kernel gives fp32 rows (4 per thread). The offsets are declared
+    contiguous in runs of VECTOR only, which caps the vector at VECTOR elements: the same layout
+    (sizePerThread, threads, warps) for every input dtype (TTGIR for sm_80 / sm_90:
+    tests/test_kernels_ttgir.py). One block per row (N <= BLOCK): acc is 0 + x*x, the square rounded
+    once, even where the compiler fuses the multiply and the add."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.max_contiguous(tl.arange(0, BLOCK), VECTOR)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    x = tl.load(x_ptr + row * s_x + offs, mask=offs < N, other=0.0).to(tl.float32)
+    acc += x * x
+    tl.store(y_ptr + row, tl.sum(acc, axis=0) / N)
 
 
 @triton.jit
@@ -140,6 +164,21 @@ def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None 
         launch(_mean_kernel, (rows.shape[0],), y)(rows, y, n, rows.stride(0), BLOCK=block, num_warps=warps)
     shape = (*x.shape[:-1], 1) if keepdim else x.shape[:-1]
     return y.reshape(shape)
+
+
+def mean_sq(x: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """x.float().pow(2).mean(-1, keepdim) in fp32, without writing the squares: the bits of mean_last
+    over the stored squares. Rows of at most ROW_BLOCK_MAX (one block: see _mean_sq_kernel)."""
+    n = x.shape[-1]
+    if n > ROW_BLOCK_MAX:
+        raise ValueError(f"mean_sq takes rows of at most {ROW_BLOCK_MAX} elements, not {n}")
+    rows = _rows(x)
+    y = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
+    block, warps = _block(n)
+    if rows.shape[0]:
+        launch(_mean_sq_kernel, (rows.shape[0],), y)(rows, y, n, rows.stride(0), BLOCK=block, VECTOR=FP32_VECTOR,
+                                                     num_warps=warps)
+    return y.reshape((*x.shape[:-1], 1) if keepdim else x.shape[:-1])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:

@@ -29,7 +29,7 @@ def _ids(batch: int, length: int = 40):
 
 def _launched(source: str) -> set:
     """Our Triton kernels that Inductor's generated code launches (it names them `<kernel>_<n>`)."""
-    return set(re.findall(r"\b(_mm_tma_kernel|_mm_kernel|_mean_kernel)_\d+\b", source))
+    return set(re.findall(r"\b(_mm_tma_kernel|_mm_kernel|_mean_kernel|_mean_sq_kernel)_\d+\b", source))
 
 
 def test_inductor_launches_the_kernels_itself_and_keeps_the_eager_modes_bits(qwen3):
@@ -44,9 +44,10 @@ def test_inductor_launches_the_kernels_itself_and_keeps_the_eager_modes_bits(qwe
         alone = compiled(ids[:1], use_cache=False).logits
     source = "\n".join(code)
     launched = _launched(source)
-    assert "_mean_kernel" in launched and launched & {"_mm_kernel", "_mm_tma_kernel"}, launched
+    # the norms' means read their bf16 inputs (squares.py): the eager mode's pow + _mean_kernel bits
+    assert "_mean_sq_kernel" in launched and launched & {"_mm_kernel", "_mm_tma_kernel"}, launched
     # no per-op Python call left for them; attention stays the opaque custom op (custom_ops.GPU_OPS)
-    assert "nondet.mm" not in source and "nondet.mean_last" not in source and "nondet.attention" in source
+    assert "nondet.mm" not in source and "nondet.mean" not in source and "nondet.attention" in source
     assert torch.equal(out.logits, eager)
     assert torch.equal(alone[0], out.logits[0])
 

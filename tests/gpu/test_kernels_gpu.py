@@ -62,6 +62,22 @@ def test_bmm_and_addmm_invariant():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_mean_sq_gives_the_bits_of_mean_last_over_stored_squares(dtype):
+    """The compiled mode's RMSNorm mean (squares taken in the kernel) against the eager mode's (aten's
+    pow writes fp32 squares, then _mean_kernel), at q / k norm and hidden widths and odd lengths;
+    past ROW_BLOCK_MAX ops.mean_sq stores the squares itself."""
+    from nondet.kernels import ops
+
+    gen = torch.Generator("cuda").manual_seed(7)
+    for n in (64, 100, 128, 256, 1000, 2880, 4096, 5120, 8192, 8200):
+        x = (torch.randn(300, n, device="cuda", generator=gen) * 3).to(dtype)
+        for rows in (1, 7, 300):
+            stored = ops.mean_last(x[:rows].float().pow(2), True)
+            assert torch.equal(ops.mean_sq(x[:rows], True), stored), (n, rows)
+        assert torch.equal(ops.mean_sq(x[1:])[0], ops.mean_sq(x[1:2])[0])  # a misaligned start: the same row bits
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_rows_correct_and_invariant(dtype):
     from nondet.kernels import triton_rows
 

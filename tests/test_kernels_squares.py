@@ -1,0 +1,141 @@
+"""An RMSNorm's mean of squares under the traced mode (squares.py): the written patterns become one
+nondet::mean_sq reading the norm's input, anything else stays a mean over the stored squares, and a
+write in between keeps the squares that were taken.
+
+Each case runs eagerly under the mode and compiled (dynamo, a recording backend, fullgraph): the
+values must be those of plain torch either way; the graph tells which op took the mean.
+"""
+
+import pytest
+import torch
+
+from nondet.kernels import squares
+from nondet.kernels.traced import traced_scope
+
+NORM = frozenset({"norm"})
+
+
+def _run(fn, x):
+    """(eager result under the mode, compiled result, the nondet ops in the compiled graph)."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad(), traced_scope(NORM):
+        eager = fn(x.clone())
+        compiled = torch.compile(fn, backend=record, fullgraph=True)(x.clone())
+    ops = [str(n.target).split(".default")[0] for g in graphs for n in g.graph.nodes
+           if n.op == "call_function" and "nondet" in str(n.target)]
+    return eager, compiled, ops
+
+
+def _x(dtype=torch.bfloat16):
+    return (torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(0)) * 4).to(dtype)
+
+
+FUSED = {
+    "llama: to(float32).pow(2)": lambda x: x.to(torch.float32).pow(2).mean(-1, keepdim=True),
+    "gemma: float().square()": lambda x: x.float().square().mean(-1, keepdim=True),
+    "torch.pow, dim=-1 by keyword": lambda x: torch.pow(x.float(), 2).mean(dim=-1, keepdim=True),
+    "torch.square of fp32 input": lambda x: torch.square(x.float() + 1).mean(-1),
+    "pow(2.0)": lambda x: x.float().pow(2.0).mean(-1),
+}
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_a_norms_mean_of_squares_is_one_op_with_plain_values(name):
+    fn = FUSED[name]
+    x = _x()
+    eager, compiled, ops = _run(fn, x)
+    assert ops == ["nondet.mean_sq"], ops
+    plain = fn(x)  # no mode: aten's pow and mean
+    assert eager.dtype == compiled.dtype == torch.float32 and eager.shape == plain.shape
+    torch.testing.assert_close(eager, plain, rtol=1e-6, atol=0)
+    assert torch.equal(compiled, eager)
+
+
+def _write_to_source(x):
+    h = x.to(torch.float32)
+    sq = h.pow(2)
+    x.add_(1)  # after the squares were taken: the mean must not re-read x
+    return sq.mean(-1, keepdim=True)
+
+
+def _write_to_squares(x):
+    sq = x.float().pow(2)
+    sq[..., 0] = 0.0
+    return sq.mean(-1)
+
+
+def _write_to_upcast(x):
+    h = x.float()
+    h.mul_(2)  # before the square: the squares are of 2x, not of x
+    return h.pow(2).mean(-1)
+
+
+def _write_by_out(x):
+    h = x.float()
+    sq = h.pow(2)
+    torch.add(sq, 1.0, out=sq)
+    return sq.mean(-1)
+
+
+NOT_FUSED = {
+    "cube": lambda x: x.float().pow(3).mean(-1),
+    # not recognised (no norm in transformers writes it): with Tensor.__pow__ among the tagged functions,
+    # dynamo's guard on that lookup failed on the frame that made it (torch 2.13)
+    "operator **": lambda x: (x.float() ** 2).mean(-1),
+    "squares of bf16 (rounded to bf16)": lambda x: x.pow(2).mean(-1),
+    "mean over another dim": lambda x: x.float().pow(2).mean(0),
+    "a tensor exponent": lambda x: x.float().pow(torch.tensor(2.0)).mean(-1),
+    "write to the source": _write_to_source,
+    "write to the squares": _write_to_squares,
+    "write to the upcast": _write_to_upcast,
+    "write by out=": _write_by_out,
+}
+
+
+@pytest.mark.parametrize("name", NOT_FUSED)
+def test_other_means_and_written_tensors_keep_the_stored_squares(name):
+    fn = NOT_FUSED[name]
+    x = _x()
+    eager, compiled, ops = _run(fn, x)
+    assert "nondet.mean_sq" not in ops, ops
+    plain = fn(x.clone())
+    torch.testing.assert_close(eager, plain, rtol=1e-6, atol=0)
+    torch.testing.assert_close(compiled, plain, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("fn", [_write_to_source, _write_to_upcast, _write_by_out])
+def test_without_the_write_marks_the_mean_would_read_the_wrong_tensor(fn, monkeypatch):
+    """The control: with writes unmarked, these cases fuse and give other values, so the marks are
+    what keeps them right."""
+    monkeypatch.setattr(squares, "mutated", lambda t: False)
+    x = _x()
+    eager, _, ops = _run(fn, x)
+    assert ops == ["nondet.mean_sq"] and not torch.allclose(eager, fn(x.clone()))
+
+
+def test_the_traced_graph_of_a_norm_has_no_squares_left_to_write():
+    """What the op saves: in the graph Inductor gets, the squares are dead once the mean reads x."""
+    def rms_norm(x):
+        h = x.to(torch.float32)
+        variance = h.pow(2).mean(-1, keepdim=True)
+        return (h * torch.rsqrt(variance + 1e-6)).to(x.dtype)
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad(), traced_scope(NORM):
+        torch.compile(rms_norm, backend=record, fullgraph=True)(_x())
+    gm = graphs[0]
+    gm.graph.eliminate_dead_code()
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert any("mean_sq" in t for t in targets) and not any("pow" in t for t in targets), targets
