@@ -1,5 +1,5 @@
 """mean_sq's compiled IR, checked on the CPU: it sums a row's squares in the layout mean_last sums
-a row of stored fp32 squares in, for bf16, fp16 and fp32 rows.
+a row of stored fp32 squares in, for bf16 and fp16 rows (the kernel's inputs) and fp32 rows.
 
 The eager mode computes an RMSNorm's mean as aten's pow (fp32 squares written to memory) and then
 _mean_kernel over them; the compiled mode reads the norm's bf16 input and squares it in the kernel
@@ -30,7 +30,7 @@ else:
 
     # (row length, whether the launcher's N and row stride are multiples of 16): the widths of q / k
     # norms and hidden sizes, a length no vector divides, and ROW_BLOCK_MAX
-    ROWS = [(128, True), (256, True), (1024, True), (2880, True), (4096, True), (5120, True), (8192, True),
+    ROWS = [(64, True), (128, True), (256, True), (1024, True), (2880, True), (4096, True), (5120, True), (8192, True),
             (100, False)]
 
     def _reduced_layout(kernel, x_type: str, n: int, divisible: bool, arch: int, **const) -> str:

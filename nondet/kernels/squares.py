@@ -7,8 +7,10 @@ mode's opaque mean reads them back: on the 8B shape's CUDA-graph prefill, one su
 mean_last's order, so the traced mode (traced.py) routes such a mean there.
 
 The pattern is followed by tags on the tensors the mode sees being made (tensor attributes, which
-dynamo traces as side effects of the graph): an upcast remembers its bf16 / fp16 source, a square of
-fp32 remembers the tensor it was squared from before any upcast. A tensor that an in-place op or an
+dynamo traces as side effects of the graph): an upcast remembers its bf16 / fp16 source, and a square
+of that upcast the source. Only half types: their squares are exact in fp32, which is what lets the
+kernel fuse the squaring into its sum without changing a bit (triton_rows._mean_sq_kernel); an fp32
+model's norms keep aten's pow and the mean over the stored squares. A tensor that an in-place op or an
 `out=` writes to is marked mutated, and a mean whose tags lead through a mutated tensor is left as
 written: after a write the source would no longer give the squares that were taken.
 """
@@ -18,7 +20,7 @@ import functools
 import torch
 
 UPCAST_OF = "_nondet_upcast_of"  # on h = x.float(): x
-SQUARE_OF = "_nondet_square_of"  # on h.pow(2), h fp32: x where h is x's upcast, else h
+SQUARE_OF = "_nondet_square_of"  # on h.pow(2) where h = x.float(): x
 MUTATED = "_nondet_mutated"  # on a tensor some op wrote to in place
 HALF_TYPES = (torch.bfloat16, torch.float16)  # their upcast to fp32 is exact
 IN_PLACE_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
@@ -39,9 +41,10 @@ def _is_two(value) -> bool:
 
 
 def _tag_square(out, h) -> None:
-    if (isinstance(out, torch.Tensor) and isinstance(h, torch.Tensor) and h.dtype == torch.float32
-            and out.dtype == torch.float32 and out.shape == h.shape and not mutated(h)):
-        setattr(out, SQUARE_OF, getattr(h, UPCAST_OF, h))
+    source = getattr(h, UPCAST_OF, None) if isinstance(h, torch.Tensor) else None
+    if (source is not None and isinstance(out, torch.Tensor) and out.dtype == torch.float32
+            and out.shape == h.shape and not mutated(h)):
+        setattr(out, SQUARE_OF, source)
 
 
 def _tag_pow(out, args, kwargs) -> None:

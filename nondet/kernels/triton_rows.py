@@ -49,9 +49,11 @@ def _mean_sq_kernel(x_ptr, y_ptr, N, s_x, BLOCK: tl.constexpr, VECTOR: tl.conste
     A bf16 row loads in 16-byte vectors of 8 elements, so each thread would hold 8 squares and sum
     them in another tree than _mean_kernel gives fp32 rows (4 per thread). The offsets are declared
     contiguous in runs of VECTOR only, which caps the vector at VECTOR elements: the same layout
-    (sizePerThread, threads, warps) for every input dtype (TTGIR for sm_80 / sm_90:
-    tests/test_kernels_ttgir.py). One block per row (N <= BLOCK): acc is 0 + x*x, the square rounded
-    once, even where the compiler fuses the multiply and the add."""
+    (sizePerThread, threads, warps) for bf16, fp16 and fp32 rows (TTGIR for sm_80 / sm_90:
+    tests/test_kernels_ttgir_rows.py). x is bf16 or fp16 (mean_sq): its square is exact in fp32 (8 or 11
+    significant bits, squared: at most 22 of fp32's 24), so the fused multiply-adds the compiler makes
+    of `x * x` and the sum's adds round like adds of stored squares. (fp32 rows are not: on an H100 the
+    mean of 300 rows of 64 differed.) One block per row (N <= BLOCK)."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.max_contiguous(tl.arange(0, BLOCK), VECTOR)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -166,12 +168,16 @@ def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None 
     return y.reshape(shape)
 
 
+SQUARE_EXACT_DTYPES = (torch.bfloat16, torch.float16)  # their squares are exact in fp32
+
+
 def mean_sq(x: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
-    """x.float().pow(2).mean(-1, keepdim) in fp32, without writing the squares: the bits of mean_last
-    over the stored squares. Rows of at most ROW_BLOCK_MAX (one block: see _mean_sq_kernel)."""
+    """x.float().pow(2).mean(-1, keepdim) in fp32 for bf16 / fp16 x, without writing the squares: the
+    bits of mean_last over the stored squares. Rows of at most ROW_BLOCK_MAX (one block: see
+    _mean_sq_kernel)."""
     n = x.shape[-1]
-    if n > ROW_BLOCK_MAX:
-        raise ValueError(f"mean_sq takes rows of at most {ROW_BLOCK_MAX} elements, not {n}")
+    if n > ROW_BLOCK_MAX or x.dtype not in SQUARE_EXACT_DTYPES:
+        raise ValueError(f"mean_sq takes bf16 / fp16 rows of at most {ROW_BLOCK_MAX} elements, not {x.dtype} x {n}")
     rows = _rows(x)
     y = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
     block, warps = _block(n)
