@@ -33,6 +33,7 @@
 #   compile-tests tests/gpu/test_compile_gpu.py (compiled vs eager bits: prefill, decode, a training forward)
 #   speculative  scripts/bench_speculative.py (speedup kept under the mode)
 #   speculative-wide  the same on the compiled path where speculation pays (8B widths, damped target, 2-layer draft)
+#   speculative-profile  scripts/gpu_speculative_profile.py on that case: wall vs GPU ms per token, heaviest kernels, host
 #   agreement    scripts/speculative_agreement.py on that damped target (after speculative-wide built it)
 #   tune         nondet kernels tune, then the score under the tuned table
 # One fleet, one answer (bitwise identical streams under the mode)
@@ -96,6 +97,8 @@ run_step() {
     speculative) timeout 540 python3 scripts/bench_speculative.py 2>&1 | tail -14 ;;
     speculative-wide) timeout 540 python3 scripts/bench_speculative.py --case wide --damp 0.02 --forms draft:DRAFT:4 \
                         --prompts 1 --tokens 96 --compile ${SPEC_ARGS:-} 2>&1 | quiet | tail -16 ;;
+    speculative-profile) timeout 560 python3 scripts/gpu_speculative_profile.py --repeats 2 --kernels 14 \
+                           ${SPEC_PROFILE_ARGS:-} 2>&1 | quiet | grep -v cudagraph | tail -150 ;;
     agreement) for target in "$NONDET_CACHE"/damped-*-l2-x0.02; do
                  timeout 200 python3 scripts/speculative_agreement.py --target "$target" --device cuda 2>&1 | tail -3
                done ;;

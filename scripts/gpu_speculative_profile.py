@@ -7,7 +7,7 @@ The case of `bench_speculative.py --case wide --damp F --compile`: a random Qwen
 and 16 layers whose layers past the second are damped, its first 2 layers as the draft (K = 4), one
 built-in prompt, greedy. Per kernels mode (default, then the mode with traceable=True), after a
 warm-up call of each: plain and speculative decoding's wall ms per token (median of --repeats calls), GPU ms per token (sum of
-the kernels' time, torch.profiler), the rounds, and the host functions that take the speculative
+the kernels' time, torch.profiler), the rounds, the heaviest kernels (`--kernels N`), and the host functions that take the speculative
 call's time (cProfile, by cumulative and own time). Wall minus GPU time is what the host adds.
 """
 
@@ -69,15 +69,18 @@ def fresh_caches(fresh: bool):
         static_caches.static_cache = held
 
 
-def gpu_ms(call) -> float:
-    """Total kernel time of call() in ms (torch.profiler, CUDA activity only)."""
+def gpu_ms(call) -> tuple[float, list]:
+    """(total kernel time of call() in ms, [(kernel, ms, calls)] heaviest first) (torch.profiler, CUDA only)."""
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
-        return 0.0
+        return 0.0, []
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         call()
-    return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    events.sort(key=lambda e: -e.self_device_time_total)
+    return (sum(e.self_device_time_total for e in events) / 1e3,
+            [(e.key, e.self_device_time_total / 1e3, e.count) for e in events])
 
 
 def host_top(call, n: int = 25) -> str:
@@ -104,6 +107,7 @@ def main() -> None:
     parser.add_argument("--no-host", action="store_true", help="skip the cProfile run")
     parser.add_argument("--host-of", default="speculative", choices=("speculative", "plain"),
                         help="which decoding's call cProfile looks at")
+    parser.add_argument("--kernels", type=int, default=0, help="also the N heaviest kernels per decoding (us / token)")
     parser.add_argument("--repeats", type=int, default=3, help="measured calls (the median is printed)")
     parser.add_argument("--traced", default="compiled_calls", choices=("compiled_calls", "body"),
                         help="the mode traced inside generate's compiled forwards (the probe's path) or the whole call")
@@ -120,7 +124,7 @@ def main() -> None:
     print("| kernels | static caches | decoding | tokens | rounds | acceptance | wall ms / token | GPU ms / token | "
           "host ms / token |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |", flush=True)
-    hosts = {}
+    hosts, tops = {}, {}
     for mode in args.modes.split(","):
         for caches in args.caches.split(","):
             traceable = True if args.traced == "body" else COMPILED_CALLS
@@ -134,11 +138,18 @@ def main() -> None:
                         made, rounds = run()
                         walls.append((time.perf_counter() - started) * 1e3 / made)
                     wall = statistics.median(walls)
-                    gpu = gpu_ms(run) / made
-                    print(f"| {mode} | {caches} | {'speculative' if spec else 'plain'} | {made} | {len(rounds.produced)} | "
+                    total, kernels = gpu_ms(run)
+                    gpu = total / made
+                    decoding = 'speculative' if spec else 'plain'
+                    print(f"| {mode} | {caches} | {decoding} | {made} | {len(rounds.produced)} | "
                           f"{rounds.rate() if spec else '-'} | {wall:.2f} | {gpu:.2f} | {wall - gpu:.2f} |", flush=True)
+                    if args.kernels:
+                        tops[f"{mode}, {decoding}"] = "; ".join(
+                            f"{name[:60]} {ms * 1e3 / made:.1f} us x{calls / made:.1f}" for name, ms, calls in kernels[:args.kernels])
                     if spec == (args.host_of == "speculative") and not args.no_host:
                         hosts[f"{mode}, {caches} caches"] = host_top(run)
+    for label, text in tops.items():
+        print(f"\nheaviest kernels, {label} (GPU us per token, launches per token): {text}", flush=True)
     for mode, text in hosts.items():
         print(f"\nhost time of one {args.host_of} call, {mode} (cProfile):\n{text}", flush=True)
 
