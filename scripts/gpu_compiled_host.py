@@ -1,0 +1,71 @@
+"""The host time the mode adds to a compiled, CUDA-graphed decode step, where the GPU work is small.
+
+    python3 scripts/gpu_compiled_host.py [--layers 2] [--tokens 32]
+
+The 8B widths with few layers (the speculative case's draft has 2), B = 1, static cache, transformers'
+compiled decode; the mode as the probe runs it (traceable="compiled_calls": the TorchFunctionMode
+entered around each compiled forward). Per kernels mode: ms per decode step, and from cProfile of
+one generate call: Python function calls per step, the mode's __torch_function__ calls per step at
+run time (after compile and graph capture) and their callers, and the heaviest functions by own time.
+"""
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+from gpu_compile import build, generate, step_ms
+
+
+def profiled(call) -> pstats.Stats:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    call()
+    torch.cuda.synchronize()
+    profiler.disable()
+    return pstats.Stats(profiler)
+
+
+def mode_calls(stats: pstats.Stats) -> tuple[int, dict]:
+    """(calls of TracedMode.__torch_function__, {caller: calls})."""
+    for (path, _, name), (_, calls, _, _, callers) in stats.stats.items():
+        if name == "__torch_function__" and path.endswith("traced.py"):
+            return calls, {f"{p.rsplit('/', 1)[-1]}:{line}({fn})": c[0] for (p, line, fn), c in callers.items()}
+    return 0, {}
+
+
+def main() -> None:
+    from nondet.kernels import batch_invariant
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=32)
+    args = parser.parse_args()
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+          flush=True)
+    model = build(args.layers)
+    ids = torch.randint(3, 32000, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    for label in ("default", "mode"):
+        torch._dynamo.reset()
+        scope = batch_invariant(model=model, traceable="compiled_calls") if label == "mode" else torch.no_grad()
+        with torch.no_grad(), scope:
+            _, ms = step_ms(model, 1, args.tokens)
+            stats = profiled(lambda: generate(model, ids, args.tokens + 1, True))
+        steps = args.tokens + 1
+        calls, callers = mode_calls(stats)
+        print(f"\n{label}: {ms:.2f} ms / decode step; Python calls / step {stats.total_calls / steps:.0f}; "
+              f"the mode's __torch_function__ / step {calls / steps:.1f}", flush=True)
+        if callers:
+            top = sorted(callers.items(), key=lambda kv: -kv[1])[:12]
+            print("  called from (per step): " + "; ".join(f"{k} {v / steps:.1f}" for k, v in top))
+        text = io.StringIO()
+        stats.stream = text
+        stats.sort_stats("tottime").print_stats(18)
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[-3500:], flush=True)
+
+
+if __name__ == "__main__":
+    main()
