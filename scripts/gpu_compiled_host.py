@@ -6,7 +6,8 @@ The 8B widths with few layers (the speculative case's draft has 2), B = 1, stati
 compiled decode; the mode as the probe runs it (traceable="compiled_calls": the TorchFunctionMode
 entered around each compiled forward). Per kernels mode: ms per decode step, and from cProfile of
 one generate call: Python function calls per step, the mode's __torch_function__ calls per step at
-run time (after compile and graph capture) and their callers, and the heaviest functions by own time.
+run time (after compile and graph capture) and their callers, and the heaviest functions by own time
+(by cumulative time too, `--cumulative N`, and the callers of named functions, `--callers-of`).
 """
 
 import argparse
@@ -43,6 +44,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--cumulative", type=int, default=0, help="also the N heaviest functions by cumulative time")
+    parser.add_argument("--callers-of", nargs="*", default=[], help="print_callers of these function names (regex)")
+    parser.add_argument("--width", type=int, default=3500, help="characters of each listing kept")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
           flush=True)
@@ -61,10 +65,20 @@ def main() -> None:
         if callers:
             top = sorted(callers.items(), key=lambda kv: -kv[1])[:12]
             print("  called from (per step): " + "; ".join(f"{k} {v / steps:.1f}" for k, v in top))
-        text = io.StringIO()
-        stats.stream = text
-        stats.sort_stats("tottime").print_stats(18)
-        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[-3500:], flush=True)
+        print(listing(stats, "tottime", 18, args.width), flush=True)
+        print(listing(stats, "cumulative", args.cumulative, args.width), flush=True)
+        for name in args.callers_of:
+            text = io.StringIO()
+            stats.stream = text
+            stats.print_callers(name)
+            print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[-2500:], flush=True)
+
+
+def listing(stats: pstats.Stats, key: str, n: int, width: int) -> str:
+    text = io.StringIO()
+    stats.stream = text
+    stats.sort_stats(key).print_stats(n)
+    return "\n".join(line for line in text.getvalue().splitlines() if line.strip())[-width:]
 
 
 if __name__ == "__main__":
