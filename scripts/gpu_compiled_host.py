@@ -11,6 +11,7 @@ run time (after compile and graph capture) and their callers, and the heaviest f
 """
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
@@ -38,6 +39,32 @@ def mode_calls(stats: pstats.Stats) -> tuple[int, dict]:
     return 0, {}
 
 
+@contextlib.contextmanager
+def without_squares():
+    """The mode as before squares.py: no tags, no write marks (the A/B of --ab-squares)."""
+    from nondet.kernels import squares
+
+    taggers, in_place = squares.TAGGERS, squares.in_place_functions
+    squares.TAGGERS, squares.in_place_functions = {}, dict
+    try:
+        yield
+    finally:
+        squares.TAGGERS, squares.in_place_functions = taggers, in_place
+
+
+def ab_squares(model, tokens: int) -> None:
+    """ms per decode step, interleaved: default, the mode, the mode without squares.py, ..."""
+    from nondet.kernels import batch_invariant
+
+    order = ["default", "mode", "mode without squares.py", "mode", "mode without squares.py", "default"]
+    for label in order:
+        torch._dynamo.reset()
+        scope = batch_invariant(model=model, traceable="compiled_calls") if label != "default" else torch.no_grad()
+        with torch.no_grad(), (without_squares() if "without" in label else contextlib.nullcontext()), scope:
+            _, ms = step_ms(model, 1, tokens, repeats=5)
+        print(f"{label}: {ms:.2f} ms / decode step", flush=True)
+
+
 def main() -> None:
     from nondet.kernels import batch_invariant
 
@@ -47,10 +74,13 @@ def main() -> None:
     parser.add_argument("--cumulative", type=int, default=0, help="also the N heaviest functions by cumulative time")
     parser.add_argument("--callers-of", nargs="*", default=[], help="print_callers of these function names (regex)")
     parser.add_argument("--width", type=int, default=3500, help="characters of each listing kept")
+    parser.add_argument("--ab-squares", action="store_true", help="only ms per step, the mode with and without squares.py")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
           flush=True)
     model = build(args.layers)
+    if args.ab_squares:
+        return ab_squares(model, args.tokens)
     ids = torch.randint(3, 32000, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     for label in ("default", "mode"):
         torch._dynamo.reset()
