@@ -20,6 +20,7 @@
 #   prefill-breakdown scripts/gpu_prefill_breakdown.py: the CUDA-graph prefill's GPU time by kernel class, and each shape alone
 #   small-m      scripts/gpu_matmul_small_m.py: matmul at M 1..128 (split K) vs cuBLAS, chunk-sum loop rolled vs unrolled
 #   compiled-host scripts/gpu_compiled_host.py: the host time the mode adds to a compiled decode step (2 layers, B = 1)
+#   compiled-events the same, one process per kernels mode (twice each): torch.profiler's CPU events per step
 #   host         scripts/gpu_host_profile.py: the mode's host cost per op and the 8B eager prefill, default vs the mode
 
 #   demo         probe / speculative / rl on the demo model with --confirm
@@ -85,6 +86,9 @@ run_step() {
     small-m) timeout 200 python3 scripts/gpu_matmul_small_m.py 2>&1 | tail -20 ;;
     prefill-breakdown) timeout 480 python3 scripts/gpu_prefill_breakdown.py ${BREAKDOWN_ARGS:-} 2>&1 | quiet | tail -40 ;;
     compiled-host) timeout 400 python3 scripts/gpu_compiled_host.py ${HOST_ARGS:-} 2>&1 | quiet | tail -80 ;;
+    compiled-events) for mode in default mode default mode; do  # a fresh process each: step times drift within one
+                       timeout 150 python3 scripts/gpu_compiled_host.py --events $mode 2>&1 | quiet | tail -32
+                     done ;;
     host) timeout 240 python3 scripts/gpu_host_profile.py 2>&1 | quiet | head -60 ;;
     moe) timeout 480 python3 scripts/gpu_moe.py 2>&1 | quiet | grep -v "Loading weights" | tail -150 ;;
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4

@@ -8,6 +8,7 @@ entered around each compiled forward). Per kernels mode: ms per decode step, and
 one generate call: Python function calls per step, the mode's __torch_function__ calls per step at
 run time (after compile and graph capture) and their callers, and the heaviest functions by own time
 (by cumulative time too, `--cumulative N`, and the callers of named functions, `--callers-of`).
+`--events MODE`: one kernels mode per process, torch.profiler's CPU events per step.
 """
 
 import argparse
@@ -65,6 +66,29 @@ def ab_squares(model, tokens: int) -> None:
         print(f"{label}: {ms:.2f} ms / decode step", flush=True)
 
 
+def host_events(model, label: str, tokens: int, top: int) -> None:
+    """One kernels mode in this process (a fresh one per mode: step times drift as compiles accumulate):
+    ms per decode step, then torch.profiler's CPU events of one generate call, per step, by total time
+    (dynamo's cache lookup, the compiled region, the cudagraph replay, aten ops the loop runs)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from nondet.kernels import batch_invariant
+
+    ids = torch.randint(3, 32000, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    scope = batch_invariant(model=model, traceable="compiled_calls") if label == "mode" else contextlib.nullcontext()
+    with torch.no_grad(), scope:
+        _, ms = step_ms(model, 1, tokens, repeats=5)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            generate(model, ids, tokens + 1, True)
+            torch.cuda.synchronize()
+    steps = tokens + 1
+    events = sorted(prof.key_averages(), key=lambda e: -e.cpu_time_total)[:top]
+    print(f"{label}: {ms:.2f} ms / decode step; CPU events per step (name, total us, self us, calls):", flush=True)
+    for e in events:
+        print(f"  {e.key[:70]:70s} {e.cpu_time_total / steps:9.1f} {e.self_cpu_time_total / steps:9.1f} "
+              f"{e.count / steps:6.1f}", flush=True)
+
+
 def main() -> None:
     from nondet.kernels import batch_invariant
 
@@ -75,12 +99,17 @@ def main() -> None:
     parser.add_argument("--callers-of", nargs="*", default=[], help="print_callers of these function names (regex)")
     parser.add_argument("--width", type=int, default=3500, help="characters of each listing kept")
     parser.add_argument("--ab-squares", action="store_true", help="only ms per step, the mode with and without squares.py")
+    parser.add_argument("--events", choices=("default", "mode"),
+                        help="only this kernels mode: ms per step and torch.profiler's CPU events per step")
+    parser.add_argument("--top", type=int, default=30, help="events printed with --events")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
           flush=True)
     model = build(args.layers)
     if args.ab_squares:
         return ab_squares(model, args.tokens)
+    if args.events:
+        return host_events(model, args.events, args.tokens, args.top)
     ids = torch.randint(3, 32000, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     for label in ("default", "mode"):
         torch._dynamo.reset()
