@@ -21,6 +21,7 @@
 #   small-m      scripts/gpu_matmul_small_m.py: matmul at M 1..128 (split K) vs cuBLAS, chunk-sum loop rolled vs unrolled
 #   compiled-host scripts/gpu_compiled_host.py: the host time the mode adds to a compiled decode step (2 layers, B = 1)
 #   compiled-events the same, one process per kernels mode (twice each): torch.profiler's CPU events per step
+#   compiled-gaps the same, per step: kernel time and the GPU's idle time between kernels (HOST_ARGS="--layers 16")
 #   host         scripts/gpu_host_profile.py: the mode's host cost per op and the 8B eager prefill, default vs the mode
 
 #   demo         probe / speculative / rl on the demo model with --confirm
@@ -89,6 +90,9 @@ run_step() {
     compiled-events) for mode in default mode default mode; do  # a fresh process each: step times drift within one
                        timeout 150 python3 scripts/gpu_compiled_host.py --events $mode 2>&1 | quiet | tail -32
                      done ;;
+    compiled-gaps) for mode in default mode default mode; do
+                     timeout 200 python3 scripts/gpu_compiled_host.py --gaps $mode ${HOST_ARGS:-} 2>&1 | quiet | tail -2
+                   done ;;
     host) timeout 240 python3 scripts/gpu_host_profile.py 2>&1 | quiet | head -60 ;;
     moe) timeout 480 python3 scripts/gpu_moe.py 2>&1 | quiet | grep -v "Loading weights" | tail -150 ;;
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4

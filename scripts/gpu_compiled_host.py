@@ -8,7 +8,8 @@ entered around each compiled forward). Per kernels mode: ms per decode step, and
 one generate call: Python function calls per step, the mode's __torch_function__ calls per step at
 run time (after compile and graph capture) and their callers, and the heaviest functions by own time
 (by cumulative time too, `--cumulative N`, and the callers of named functions, `--callers-of`).
-`--events MODE`: one kernels mode per process, torch.profiler's CPU events per step.
+`--events MODE`: one kernels mode per process, torch.profiler's CPU events per step; `--gaps MODE`: the
+GPU's busy and idle time per step.
 """
 
 import argparse
@@ -89,6 +90,33 @@ def host_events(model, label: str, tokens: int, top: int) -> None:
               f"{e.count / steps:6.1f}", flush=True)
 
 
+def gaps(model, label: str, tokens: int) -> None:
+    """One kernels mode in this process: per decode step, the kernels' summed time, the GPU's idle time
+    between kernels split at 20 us (short: between kernels of one replayed graph; long: waiting for the
+    host), from torch.profiler's CUDA activity over one generate call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from nondet.kernels import batch_invariant
+
+    ids = torch.randint(3, 32000, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    scope = batch_invariant(model=model, traceable="compiled_calls") if label == "mode" else contextlib.nullcontext()
+    with torch.no_grad(), scope:
+        _, ms = step_ms(model, 1, tokens, repeats=5)
+        generate(model, ids, tokens + 1, True)  # this prompt's shapes recorded before the profiled call
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            generate(model, ids, tokens + 1, True)
+            torch.cuda.synchronize()
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+    busy = sum(end - start for start, end in spans)
+    idle = [b[0] - a[1] for a, b in zip(spans, spans[1:]) if b[0] > a[1]]
+    short, long = sum(g for g in idle if g < 20), sum(g for g in idle if g >= 20)
+    steps = tokens + 1
+    print(f"{label}: {ms:.2f} ms / decode step; per step: kernels {busy / steps / 1e3:.2f} ms in {len(spans) / steps:.0f} "
+          f"kernels, idle between kernels {short / steps / 1e3:.2f} ms in gaps < 20 us, {long / steps / 1e3:.2f} ms "
+          f"in longer ones", flush=True)
+
+
 def main() -> None:
     from nondet.kernels import batch_invariant
 
@@ -102,6 +130,8 @@ def main() -> None:
     parser.add_argument("--events", choices=("default", "mode"),
                         help="only this kernels mode: ms per step and torch.profiler's CPU events per step")
     parser.add_argument("--top", type=int, default=30, help="events printed with --events")
+    parser.add_argument("--gaps", choices=("default", "mode"),
+                        help="only this kernels mode: per step, kernel time and the GPU's idle time between kernels")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
           flush=True)
@@ -110,6 +140,8 @@ def main() -> None:
         return ab_squares(model, args.tokens)
     if args.events:
         return host_events(model, args.events, args.tokens, args.top)
+    if args.gaps:
+        return gaps(model, args.gaps, args.tokens)
     ids = torch.randint(3, 32000, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     for label in ("default", "mode"):
         torch._dynamo.reset()
