@@ -161,6 +161,9 @@ def attention_config(dtype: torch.dtype, rows: int = 1, by_position: bool = Fals
 # Row kernels (norms, softmax): a whole row in one program up to this many columns;
 # longer rows are walked in blocks of this size, in order.
 ROW_BLOCK_MAX = 8192
+# Their squares are exact in fp32 (8 or 11 significant bits squared: at most 22 of fp32's 24), so a
+# kernel may square them inside its sum without changing a bit (triton_rows._mean_sq_kernel).
+SQUARE_EXACT_DTYPES = (torch.bfloat16, torch.float16)
 
 # CPU path: every row of a matmul / reduction is computed inside a call of exactly this many
 # rows (the last block padded with zeros), so MKL/oneDNN always sees the same shape.

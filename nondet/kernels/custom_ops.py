@@ -164,8 +164,9 @@ def _register_gpu_ops(ops) -> dict:
 
 
 # The ops whose Inductor-launched kernels were checked bitwise equal to the eager launch (H200,
-# torch 2.11, triton 3.6; mean_sq: H100, 2026-11-26). layer_norm gave other bits under Inductor and attention did not compile
-# there (Inductor specializes its arguments differently from the JIT): both stay opaque custom ops.
+# torch 2.11, triton 3.6; mean_sq: H100, 2026-11-26). layer_norm gave other bits under Inductor and
+# attention did not compile there (Inductor specializes its arguments differently from the JIT): both
+# stay opaque custom ops.
 GPU_OPS = frozenset({"mm", "addmm", "bmm", "mean_last", "mean_sq", "softmax"})
 # Row counts up to a decode batch keep the opaque op: a decode step runs as a CUDA graph, which
 # replays it without host cost, and Inductor compiling our kernels per shape tripled the compile

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 
 from nondet.kernels import cpu
-from nondet.kernels.config import ROW_BLOCK_MAX
+from nondet.kernels.config import ROW_BLOCK_MAX, SQUARE_EXACT_DTYPES
 from nondet.kernels.masks import for_kernel, visible
 
 TRITON_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -66,7 +66,7 @@ def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None 
 def mean_sq(x: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
     """x.float().pow(2).mean(-1, keepdim) in fp32, with the bits of mean_last over the stored squares.
     On CUDA the squares of bf16 / fp16 rows up to ROW_BLOCK_MAX are never written (triton_rows.mean_sq)."""
-    if _triton(x) and x.shape[-1] <= ROW_BLOCK_MAX and x.dtype in (torch.bfloat16, torch.float16):
+    if _triton(x) and x.shape[-1] <= ROW_BLOCK_MAX and x.dtype in SQUARE_EXACT_DTYPES:
         from nondet.kernels import triton_rows
 
         return triton_rows.mean_sq(x, keepdim)

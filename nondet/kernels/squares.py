@@ -12,17 +12,19 @@ of that upcast the source. Only half types: their squares are exact in fp32, whi
 kernel fuse the squaring into its sum without changing a bit (triton_rows._mean_sq_kernel); an fp32
 model's norms keep aten's pow and the mean over the stored squares. A tensor that an in-place op or an
 `out=` writes to is marked mutated, and a mean whose tags lead through a mutated tensor is left as
-written: after a write the source would no longer give the squares that were taken.
+written: after a write the source would no longer give the squares that were taken. (The marks stay
+on the tensors, the KV cache a forward writes included: an attribute nothing else reads.)
 """
 
 import functools
 
 import torch
 
+from nondet.kernels.config import SQUARE_EXACT_DTYPES
+
 UPCAST_OF = "_nondet_upcast_of"  # on h = x.float(): x
 SQUARE_OF = "_nondet_square_of"  # on h.pow(2) where h = x.float(): x
 MUTATED = "_nondet_mutated"  # on a tensor some op wrote to in place
-HALF_TYPES = (torch.bfloat16, torch.float16)  # their upcast to fp32 is exact
 IN_PLACE_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
                               "__imod__", "__ipow__", "__imatmul__", "__iand__", "__ior__", "__ixor__",
                               "__ilshift__", "__irshift__"})
@@ -31,7 +33,7 @@ IN_PLACE_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__",
 def _tag_upcast(out, args, kwargs) -> None:
     src = args[0] if args else None
     if (isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor) and out is not src
-            and out.dtype == torch.float32 and src.dtype in HALF_TYPES and out.shape == src.shape
+            and out.dtype == torch.float32 and src.dtype in SQUARE_EXACT_DTYPES and out.shape == src.shape
             and out.device == src.device):
         setattr(out, UPCAST_OF, src)
 

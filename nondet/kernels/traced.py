@@ -4,9 +4,10 @@ nondet:: custom ops (custom_ops.py), so a traced graph holds them as opaque call
 torch.compile (dynamo) traces through an active TorchFunctionMode, so the functions a transformers
 model calls (F.linear, torch.matmul, Tensor.mean over the last dim, softmax / log_softmax, F.layer_norm,
 torch.topk) become nondet:: ops in the graph, each computing exactly what the eager mode's aten
-overrides compute (an RMSNorm's mean of x.float().pow(2) becomes one op reading x: squares.py). Inductor schedules around them but cannot re-derive their reductions (an RMSNorm's
-mean, a softmax) in its own order. Everything else (elementwise ops, gathers) Inductor compiles as
-usual. Used by `batch_invariant(..., traceable=True)`; in eager the aten overrides do the same work.
+overrides compute (an RMSNorm's mean of x.float().pow(2) becomes one op reading x: squares.py).
+Inductor schedules around them but cannot re-derive their reductions (an RMSNorm's mean, a softmax)
+in its own order. Everything else (elementwise ops, gathers) Inductor compiles as usual. Used by
+`batch_invariant(..., traceable=True)`; in eager the aten overrides do the same work.
 
 Inductor's elementwise code must round like eager too: by default it keeps a fused chain of bf16
 ops in fp32 and picks fusions by shape, so on an H100 row 0 of a compiled Qwen3 differed alone and in

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nondet.kernels.config import ROW_BLOCK_MAX
+from nondet.kernels.config import ROW_BLOCK_MAX, SQUARE_EXACT_DTYPES
 from nondet.kernels.launch import aligned16, launch
 
 
@@ -166,9 +166,6 @@ def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None 
         launch(_mean_kernel, (rows.shape[0],), y)(rows, y, n, rows.stride(0), BLOCK=block, num_warps=warps)
     shape = (*x.shape[:-1], 1) if keepdim else x.shape[:-1]
     return y.reshape(shape)
-
-
-SQUARE_EXACT_DTYPES = (torch.bfloat16, torch.float16)  # their squares are exact in fp32
 
 
 def mean_sq(x: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
