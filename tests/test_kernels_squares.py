@@ -15,8 +15,8 @@ from nondet.kernels.traced import traced_scope
 NORM = frozenset({"norm"})
 
 
-def _run(fn, x):
-    """(eager result under the mode, compiled result, the nondet ops in the compiled graph)."""
+def _traced(fn, x):
+    """(eager result under the mode, compiled result, the graphs dynamo traced)."""
     graphs = []
 
     def record(gm, example_inputs):
@@ -27,6 +27,12 @@ def _run(fn, x):
     with torch.no_grad(), traced_scope(NORM):
         eager = fn(x.clone())
         compiled = torch.compile(fn, backend=record, fullgraph=True)(x.clone())
+    return eager, compiled, graphs
+
+
+def _run(fn, x):
+    """(eager result under the mode, compiled result, the nondet ops in the compiled graph)."""
+    eager, compiled, graphs = _traced(fn, x)
     ops = [str(n.target).split(".default")[0] for g in graphs for n in g.graph.nodes
            if n.op == "call_function" and "nondet" in str(n.target)]
     return eager, compiled, ops
@@ -137,15 +143,7 @@ def test_the_traced_graph_of_a_norm_has_no_squares_left_to_write():
         variance = h.pow(2).mean(-1, keepdim=True)
         return (h * torch.rsqrt(variance + 1e-6)).to(x.dtype)
 
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    with torch.no_grad(), traced_scope(NORM):
-        torch.compile(rms_norm, backend=record, fullgraph=True)(_x())
+    _, _, graphs = _traced(rms_norm, _x())
     gm = graphs[0]
     gm.graph.eliminate_dead_code()
     targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
