@@ -33,6 +33,34 @@ def profiled(call) -> pstats.Stats:
     return pstats.Stats(profiler)
 
 
+def prompt() -> torch.Tensor:
+    """(1, 16) token ids, the same every call."""
+    return torch.randint(3, 32000, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+
+
+def kernels(model, mode: bool):
+    """The mode as the probe's compiled path enters it, or nothing (default kernels)."""
+    from nondet.kernels import batch_invariant
+
+    return batch_invariant(model=model, traceable="compiled_calls") if mode else contextlib.nullcontext()
+
+
+def step_and_profile(model, label: str, tokens: int, activity, warm: bool = False):
+    """(ms per decode step, torch.profiler of one generate call with `activity`) for one kernels mode;
+    warm: one more generate of the prompt first, so the profiled call records no graph."""
+    from torch.profiler import profile
+
+    ids = prompt()
+    with torch.no_grad(), kernels(model, label == "mode"):
+        _, ms = step_ms(model, 1, tokens, repeats=5)
+        if warm:
+            generate(model, ids, tokens + 1, True)
+        with profile(activities=[activity]) as prof:
+            generate(model, ids, tokens + 1, True)
+            torch.cuda.synchronize()
+    return ms, prof
+
+
 def mode_calls(stats: pstats.Stats) -> tuple[int, dict]:
     """(calls of TracedMode.__torch_function__, {caller: calls})."""
     for (path, _, name), (_, calls, _, _, callers) in stats.stats.items():
@@ -56,13 +84,11 @@ def without_squares():
 
 def ab_squares(model, tokens: int) -> None:
     """ms per decode step, interleaved: default, the mode, the mode without squares.py, ..."""
-    from nondet.kernels import batch_invariant
-
     order = ["default", "mode", "mode without squares.py", "mode", "mode without squares.py", "default"]
     for label in order:
         torch._dynamo.reset()
-        scope = batch_invariant(model=model, traceable="compiled_calls") if label != "default" else torch.no_grad()
-        with torch.no_grad(), (without_squares() if "without" in label else contextlib.nullcontext()), scope:
+        with torch.no_grad(), (without_squares() if "without" in label else contextlib.nullcontext()), \
+                kernels(model, label != "default"):
             _, ms = step_ms(model, 1, tokens, repeats=5)
         print(f"{label}: {ms:.2f} ms / decode step", flush=True)
 
@@ -71,17 +97,9 @@ def host_events(model, label: str, tokens: int, top: int) -> None:
     """One kernels mode in this process (a fresh one per mode: step times drift as compiles accumulate):
     ms per decode step, then torch.profiler's CPU events of one generate call, per step, by total time
     (dynamo's cache lookup, the compiled region, the cudagraph replay, aten ops the loop runs)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    from nondet.kernels import batch_invariant
-
-    ids = torch.randint(3, 32000, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    scope = batch_invariant(model=model, traceable="compiled_calls") if label == "mode" else contextlib.nullcontext()
-    with torch.no_grad(), scope:
-        _, ms = step_ms(model, 1, tokens, repeats=5)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            generate(model, ids, tokens + 1, True)
-            torch.cuda.synchronize()
+    ms, prof = step_and_profile(model, label, tokens, ProfilerActivity.CPU)
     steps = tokens + 1
     events = sorted(prof.key_averages(), key=lambda e: -e.cpu_time_total)[:top]
     print(f"{label}: {ms:.2f} ms / decode step; CPU events per step (name, total us, self us, calls):", flush=True)
@@ -94,18 +112,9 @@ def gaps(model, label: str, tokens: int) -> None:
     """One kernels mode in this process: per decode step, the kernels' summed time, the GPU's idle time
     between kernels split at 20 us (short: between kernels of one replayed graph; long: waiting for the
     host), from torch.profiler's CUDA activity over one generate call."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    from nondet.kernels import batch_invariant
-
-    ids = torch.randint(3, 32000, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    scope = batch_invariant(model=model, traceable="compiled_calls") if label == "mode" else contextlib.nullcontext()
-    with torch.no_grad(), scope:
-        _, ms = step_ms(model, 1, tokens, repeats=5)
-        generate(model, ids, tokens + 1, True)  # this prompt's shapes recorded before the profiled call
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            generate(model, ids, tokens + 1, True)
-            torch.cuda.synchronize()
+    ms, prof = step_and_profile(model, label, tokens, ProfilerActivity.CUDA, warm=True)
     spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
                    if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
     busy = sum(end - start for start, end in spans)
@@ -118,8 +127,6 @@ def gaps(model, label: str, tokens: int) -> None:
 
 
 def main() -> None:
-    from nondet.kernels import batch_invariant
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=32)
@@ -142,11 +149,10 @@ def main() -> None:
         return host_events(model, args.events, args.tokens, args.top)
     if args.gaps:
         return gaps(model, args.gaps, args.tokens)
-    ids = torch.randint(3, 32000, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    ids = prompt()
     for label in ("default", "mode"):
         torch._dynamo.reset()
-        scope = batch_invariant(model=model, traceable="compiled_calls") if label == "mode" else torch.no_grad()
-        with torch.no_grad(), scope:
+        with torch.no_grad(), kernels(model, label == "mode"):
             _, ms = step_ms(model, 1, args.tokens)
             stats = profiled(lambda: generate(model, ids, args.tokens + 1, True))
         steps = args.tokens + 1
@@ -159,16 +165,18 @@ def main() -> None:
         print(listing(stats, "tottime", 18, args.width), flush=True)
         print(listing(stats, "cumulative", args.cumulative, args.width), flush=True)
         for name in args.callers_of:
-            text = io.StringIO()
-            stats.stream = text
-            stats.print_callers(name)
-            print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[-2500:], flush=True)
+            print(captured(stats, lambda: stats.print_callers(name), 2500), flush=True)
 
 
 def listing(stats: pstats.Stats, key: str, n: int, width: int) -> str:
+    return captured(stats, lambda: stats.sort_stats(key).print_stats(n), width)
+
+
+def captured(stats: pstats.Stats, show, width: int) -> str:
+    """What show() (a pstats printing call on stats) prints, blank lines dropped, its last `width` characters."""
     text = io.StringIO()
     stats.stream = text
-    stats.sort_stats(key).print_stats(n)
+    show()
     return "\n".join(line for line in text.getvalue().splitlines() if line.strip())[-width:]
 
 

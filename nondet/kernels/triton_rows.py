@@ -56,6 +56,8 @@ def _mean_sq_kernel(x_ptr, y_ptr, N, s_x, BLOCK: tl.constexpr, VECTOR: tl.conste
     mean of 300 rows of 64 differed.) One block per row (N <= BLOCK)."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.max_contiguous(tl.arange(0, BLOCK), VECTOR)
+    # an accumulator from zero as _mean_kernel's: the form whose layout and bits were checked (one block,
+    # so 0 + x*x is the square itself)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     x = tl.load(x_ptr + row * s_x + offs, mask=offs < N, other=0.0).to(tl.float32)
     acc += x * x
