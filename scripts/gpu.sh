@@ -37,6 +37,8 @@
 #   speculative  scripts/bench_speculative.py (speedup kept under the mode)
 #   speculative-wide  the same on the compiled path where speculation pays (8B widths, damped target, 2-layer draft)
 #   speculative-profile  scripts/gpu_speculative_profile.py on that case: wall vs GPU ms per token, heaviest kernels, host
+#   speculative-trace  the same, every call's ms per token, a chrome trace per mode and decoding ($OUT) and
+#                scripts/trace_steps.py over them: GPU busy / idle and the host's ops per token
 #   agreement    scripts/speculative_agreement.py on that damped target (after speculative-wide built it)
 #   tune         nondet kernels tune, then the score under the tuned table
 # One fleet, one answer (bitwise identical streams under the mode)
@@ -109,6 +111,9 @@ run_step() {
                         --prompts 1 --tokens 96 --compile ${SPEC_ARGS:-} 2>&1 | quiet | tail -16 ;;
     speculative-profile) timeout 560 python3 scripts/gpu_speculative_profile.py --repeats 2 --kernels 14 \
                            ${SPEC_PROFILE_ARGS:-} 2>&1 | quiet | grep -v cudagraph | tail -150 ;;
+    speculative-trace) timeout 500 python3 scripts/gpu_speculative_profile.py --repeats 5 --walls --no-host \
+                         --trace "$OUT" ${SPEC_PROFILE_ARGS:-} 2>&1 | quiet | grep -v cudagraph | tail -30
+                       python3 scripts/trace_steps.py "$OUT"/trace-*.json.gz --top 14 ;;
     agreement) for target in "$NONDET_CACHE"/damped-*-l2-x0.02; do
                  timeout 200 python3 scripts/speculative_agreement.py --target "$target" --device cuda 2>&1 | tail -3
                done ;;

@@ -9,15 +9,22 @@ built-in prompt, greedy. Per kernels mode (default, then the mode with traceable
 warm-up call of each: plain and speculative decoding's wall ms per token (median of --repeats calls), GPU ms per token (sum of
 the kernels' time, torch.profiler), the rounds, the heaviest kernels (`--kernels N`), and the host functions that take the speculative
 call's time (cProfile, by cumulative and own time). Wall minus GPU time is what the host adds.
+`--walls` prints every measured call's ms per token; `--prefill` times a 1-token call (the eager prefill
+alone) per kernels mode, the rounds' ms past it, and a loop of small torch calls on the device made
+inside the mode's scope (between compiled calls: is the host slower there?); `--trace DIR` writes a chrome trace (CPU and CUDA
+events, gzip) of one call per kernels mode and decoding, for scripts/trace_steps.py.
 """
 
 import argparse
 import contextlib
 import cProfile
+import gzip
 import io
+import json
 import pstats
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -83,6 +90,48 @@ def gpu_ms(call) -> tuple[float, list]:
             [(e.key, e.self_device_time_total / 1e3, e.count) for e in events])
 
 
+def median_ms(call, repeats: int) -> float:
+    """Median wall ms of call() (one warm-up call first)."""
+    call()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(times)
+
+
+def small_calls_us(device) -> float:
+    """Host us per loop of six small torch calls (what generate's eager loop does between steps)."""
+    x = torch.arange(64, device=device)
+    y = torch.arange(8, device=device)
+    loops = 2000
+    started = time.perf_counter()
+    for _ in range(loops):
+        torch.isin(x, y), x.view(8, 8), torch.arange(16, device=device), x.add(1), x[1:3], x.argmax()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - started) * 1e6 / loops
+
+
+def write_trace(call, path: Path) -> None:
+    """A chrome trace of call() (CPU ops and CUDA kernels, torch.profiler), gzip-compressed, with the
+    tokens the call made as its "tokens" field (scripts/trace_steps.py reports per token)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        made, _ = call()
+    plain = path.with_suffix("")  # export_chrome_trace writes plain JSON
+    prof.export_chrome_trace(str(plain))
+    trace = json.loads(plain.read_text())
+    trace["tokens"] = made
+    with gzip.open(path, "wt") as out:
+        json.dump(trace, out)
+    plain.unlink()
+
+
 def host_top(call, n: int = 25) -> str:
     """The host functions of call() by cumulative and by own time (cProfile)."""
     profiler = cProfile.Profile()
@@ -109,6 +158,10 @@ def main() -> None:
                         help="which decoding's call cProfile looks at")
     parser.add_argument("--kernels", type=int, default=0, help="also the N heaviest kernels per decoding (us / token)")
     parser.add_argument("--repeats", type=int, default=3, help="measured calls (the median is printed)")
+    parser.add_argument("--prefill", action="store_true",
+                        help="time the prefill alone (a 1-token call), the rounds past it, and small torch calls")
+    parser.add_argument("--walls", action="store_true", help="print every measured call's ms per token")
+    parser.add_argument("--trace", help="a folder: one chrome trace (.json.gz) per kernels mode and decoding")
     parser.add_argument("--traced", default="compiled_calls", choices=("compiled_calls", "body"),
                         help="the mode traced inside generate's compiled forwards (the probe's path) or the whole call")
     args = parser.parse_args()
@@ -129,6 +182,11 @@ def main() -> None:
         for caches in args.caches.split(","):
             traceable = True if args.traced == "body" else COMPILED_CALLS
             with kernels_mode(mode, target.model, traceable=traceable), compile_scope(), fresh_caches(caches == "fresh"):
+                prefill = None
+                if args.prefill:
+                    prefill = median_ms(lambda: decode(target.model, draft.model, target.tokenizer, ids, 1, False), 5)
+                    print(f"  {mode}: prefill (a 1-token call) {prefill:.2f} ms; a loop of small torch calls "
+                          f"{small_calls_us(target.model.device):.1f} us", flush=True)
                 for spec in (False, True):
                     run = lambda: decode(target.model, draft.model, target.tokenizer, ids, args.tokens, spec)  # noqa: E731
                     run()  # warm-up: compile and CUDA-graph capture of every shape
@@ -138,9 +196,17 @@ def main() -> None:
                         made, rounds = run()
                         walls.append((time.perf_counter() - started) * 1e3 / made)
                     wall = statistics.median(walls)
+                    if prefill is not None:
+                        print(f"  {mode} {'speculative' if spec else 'plain'}: past the prefill "
+                              f"{(wall * made - prefill) / len(rounds.produced):.2f} ms per round of "
+                              f"{made / len(rounds.produced):.2f} tokens", flush=True)
+                    decoding = 'speculative' if spec else 'plain'
+                    if args.walls:
+                        print(f"  {mode} {decoding}: ms / token per call " + " ".join(f"{w:.2f}" for w in walls), flush=True)
+                    if args.trace:
+                        write_trace(run, Path(args.trace) / f"trace-{mode}-{decoding}.json.gz")
                     total, kernels = gpu_ms(run)
                     gpu = total / made
-                    decoding = 'speculative' if spec else 'plain'
                     print(f"| {mode} | {caches} | {decoding} | {made} | {len(rounds.produced)} | "
                           f"{rounds.rate() if spec else '-'} | {wall:.2f} | {gpu:.2f} | {wall - gpu:.2f} |", flush=True)
                     if args.kernels:

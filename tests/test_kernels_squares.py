@@ -132,8 +132,8 @@ def test_without_the_write_marks_the_mean_would_read_the_wrong_tensor(fn, monkey
     what keeps them right."""
     monkeypatch.setattr(squares, "mutated", lambda t: False)
     x = _x()
-    eager, _, ops = _run(fn, x)
-    assert ops == ["nondet.mean_sq"] and not torch.allclose(eager, fn(x.clone()))
+    _, compiled, ops = _run(fn, x)
+    assert ops == ["nondet.mean_sq"] and not torch.allclose(compiled, fn(x.clone()))
 
 
 def test_the_traced_graph_of_a_norm_has_no_squares_left_to_write():
@@ -148,3 +148,18 @@ def test_the_traced_graph_of_a_norm_has_no_squares_left_to_write():
     gm.graph.eliminate_dead_code()
     targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     assert any("mean_sq" in t for t in targets) and not any("pow" in t for t in targets), targets
+
+
+def test_at_run_time_the_mode_makes_no_tags():
+    """Outside a trace (cudagraph trees' bookkeeping inside a compiled call, a frame dynamo skipped) the
+    mode passes torch functions through: no tags and no marks, whose only reader is a trace; the mean
+    then takes the stored squares, mean_sq's bits."""
+    x = _x()
+    with torch.no_grad(), traced_scope(NORM):
+        h = x.float()
+        sq = h.pow(2)
+        x.add_(0)
+        mean = sq.mean(-1, keepdim=True)
+    assert not any(hasattr(t, name) for t in (h, sq, x) for name in (squares.UPCAST_OF, squares.SQUARE_OF,
+                                                                     squares.MUTATED))
+    torch.testing.assert_close(mean, x.float().pow(2).mean(-1, keepdim=True), rtol=1e-6, atol=0)

@@ -113,8 +113,12 @@ class TracedMode(TorchFunctionMode):
             out = route(*args, **kwargs)
             if out is not None:
                 return out
-        if self.taggers:
-            squares.mark_writes(func, args, kwargs, self.in_place)
+        if not (self.taggers and torch.compiler.is_compiling()):
+            # At run time (cudagraph trees' bookkeeping inside a compiled call, ~20 calls a decode
+            # step; a frame dynamo skipped) tags have no reader: a mean without them takes
+            # mean_last over the stored squares, the bits mean_sq gives. So none are made there.
+            return func(*args, **kwargs)
+        squares.mark_writes(func, args, kwargs, self.in_place)
         out = func(*args, **kwargs)
         tag = self.taggers.get(func)
         if tag is not None:
