@@ -128,3 +128,19 @@ def test_speculative_decoding_on_the_compiled_path(tmp_path, default_model_dir):
     assert env["decode_path"] == "torch.compile (aot_eager), static KV cache"
     _, eager = spec_probe(tmp_path, "eager", None, kernels=("batch-invariant",))
     assert {k: v for k, v in steps.items() if k[0] == "batch-invariant"} == eager
+
+
+def test_a_speculative_condition_is_warmed_up_as_often_as_its_device_needs(tmp_path, default_model_dir, monkeypatch):
+    """On CUDA two whole calls warm a speculative condition up (the second still records CUDA graphs);
+    here the CPU is given that count, and every condition gets two warm-up calls before its measured one."""
+    from nondet.probes import compiled as compiled_path
+
+    monkeypatch.setitem(compiled_path.SPECULATIVE_WARM_CALLS, "cpu", 2)
+    warm_ups = []
+    original = compiled_path.DecodePaths.warm_up
+    monkeypatch.setattr(compiled_path.DecodePaths, "warm_up",
+                        lambda self, mode, warm: (warm_ups.append(mode), original(self, mode, warm)))
+    result, _ = spec_probe(tmp_path, "warm", "aot_eager", kernels=("default",))
+    conditions = result.summary["decode_path"]["modes"]["default"]["conditions"]
+    assert conditions == 3 and warm_ups == ["default"] * 2 * conditions
+    assert compiled_path.speculative_warm_calls("cuda") == 2 and compiled_path.speculative_warm_calls("mps") == 1

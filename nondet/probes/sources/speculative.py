@@ -16,7 +16,8 @@ transformers runs assisted decoding at batch size 1 only, so every condition is 
 
 With --compile both decode on transformers' compiled static-cache path (probes/compiled.py; its
 assisted decoding runs the verification passes through the compiled forward). A verification pass
-has 1 to k+1 query rows, each a shape of its own, so the warm-up is the whole call once, timed apart.
+has 1 to k+1 query rows, each a shape of its own, so the warm-up is the whole call, timed apart (twice
+on CUDA, where the second call still records CUDA graphs: compiled.SPECULATIVE_WARM_CALLS).
 Every round crops the target's static cache back to the accepted tokens; a model with a sliding-window
 layer whose static cache is longer than the window cannot be cropped (static_caches.py), so --compile
 refuses it in open(), before any condition; a draft model's static cache likewise, where that draft
@@ -128,17 +129,18 @@ class SpeculativeSource:
         self.drafts = {}
 
     def _decode_on_path(self, mode: str, ids: list[int], form: Speculation | None):
-        """_decode eager, or on the compiled path: the whole call once as the warm-up (every
-        verification shape compiled and captured), then the measured call (compiled.DecodePaths)."""
+        """_decode eager, or on the compiled path: the whole call as the warm-up (every verification
+        shape compiled and captured; twice on CUDA), then the measured call (compiled.DecodePaths)."""
         settings = DecodeSettings(self.config.max_new_tokens, 0.0, self.config.seed)
         if self.paths is None:
             return self._decode(ids, form, settings)
-        from nondet.probes.compiled import compile_scope
+        from nondet.probes.compiled import compile_scope, speculative_warm_calls
 
         compiled = replace(settings, compile_backend=self.config.compile_backend)
         with compile_scope():
-            if self.paths.compiles(mode):
-                self.paths.warm_up(mode, lambda: self._decode(ids, form, compiled))
+            for _ in range(speculative_warm_calls(self.loaded.model.device.type)):
+                if self.paths.compiles(mode):
+                    self.paths.warm_up(mode, lambda: self._decode(ids, form, compiled))
             started = time.perf_counter()
             decoded = self._decode(ids, form, compiled if self.paths.compiles(mode) else settings)
         self.paths.measured(mode, time.perf_counter() - started)
