@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from nondet.errors import NondetError
 
 WARM_STEPS = 4  # decode steps: dynamo compiles on the 1st, cudagraph trees warm up on the 2nd, record on the 3rd
-# A speculative call on CUDA is warmed up twice: the call after one whole-call warm-up still records
-# CUDA graphs (cudagraph trees record a sequence of graphs on its second run, and a round's draft and
-# verification calls make new sequences): on an H100 (2026-11-26, the 8B-wide damped case) it took
-# 2.1-2.6x the ms per token of the calls after it, for default kernels and the mode alike.
+# A speculative call on CUDA is warmed up twice: on an H100 (2026-11-26, the 8B-wide damped case) the
+# call after one whole-call warm-up took 1.8-2.6x the ms per token of the calls after it, for default
+# kernels and the mode alike; the third call on were steady. (Our reading, not traced: cudagraph trees
+# record a sequence of graphs the second time it runs, and a round's draft and verification calls
+# make new sequences.)
 SPECULATIVE_WARM_CALLS = {"cuda": 2}
 RECOMPILE_LIMIT = 256  # one graph per batch shape and cache length per kernels mode; dynamo's default stops at 8
 COMPILED, EAGER = "compiled", "eager"

@@ -17,7 +17,7 @@ transformers runs assisted decoding at batch size 1 only, so every condition is 
 With --compile both decode on transformers' compiled static-cache path (probes/compiled.py; its
 assisted decoding runs the verification passes through the compiled forward). A verification pass
 has 1 to k+1 query rows, each a shape of its own, so the warm-up is the whole call, timed apart (twice
-on CUDA, where the second call still records CUDA graphs: compiled.SPECULATIVE_WARM_CALLS).
+on CUDA, where the second call was still 1.8-2.6x slower: compiled.SPECULATIVE_WARM_CALLS).
 Every round crops the target's static cache back to the accepted tokens; a model with a sliding-window
 layer whose static cache is longer than the window cannot be cropped (static_caches.py), so --compile
 refuses it in open(), before any condition; a draft model's static cache likewise, where that draft
