@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from bench_speculative import CASES, damped_target_dir
+from gpu_host_scope import small_calls_us
 from nondet.probes.batch import Batch, tokenize_inputs
 from nondet.probes.compiled import compile_scope
 from nondet.probes.compiled_draft import static_drafts
@@ -99,19 +100,6 @@ def median_ms(call, repeats: int) -> float:
         call()
         times.append((time.perf_counter() - started) * 1e3)
     return statistics.median(times)
-
-
-def small_calls_us(device) -> float:
-    """Host us per loop of six small torch calls (what generate's eager loop does between steps)."""
-    x = torch.arange(64, device=device)
-    y = torch.arange(8, device=device)
-    loops = 2000
-    started = time.perf_counter()
-    for _ in range(loops):
-        torch.isin(x, y), x.view(8, 8), torch.arange(16, device=device), x.add(1), x[1:3], x.argmax()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - started) * 1e6 / loops
 
 
 def write_trace(call, path: Path) -> None:
