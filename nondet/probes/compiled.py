@@ -22,7 +22,7 @@ from nondet.errors import NondetError
 WARM_STEPS = 4  # decode steps: dynamo compiles on the 1st, cudagraph trees warm up on the 2nd, record on the 3rd
 # A speculative call on CUDA is warmed up twice: on an H100 (2026-11-26, the 8B-wide damped case) the
 # call after one whole-call warm-up took 1.8-2.6x the ms per token of the calls after it, for default
-# kernels and the mode alike; the third call on were steady. (Our reading, not traced: cudagraph trees
+# kernels and the mode alike; the calls from the third on were steady. (Our reading, not traced: cudagraph trees
 # record a sequence of graphs the second time it runs, and a round's draft and verification calls
 # make new sequences.)
 SPECULATIVE_WARM_CALLS = {"cuda": 2}
