@@ -163,3 +163,38 @@ def test_at_run_time_the_mode_makes_no_tags():
     assert not any(hasattr(t, name) for t in (h, sq, x) for name in (squares.UPCAST_OF, squares.SQUARE_OF,
                                                                      squares.MUTATED))
     torch.testing.assert_close(mean, x.float().pow(2).mean(-1, keepdim=True), rtol=1e-6, atol=0)
+
+
+def _guard_names(ops: frozenset, fn, x) -> list[str]:
+    names = []
+    torch._dynamo.reset()
+    with torch.no_grad(), traced_scope(ops):
+        torch._dynamo.optimize("eager", guard_export_fn=lambda guards: names.extend(g.name for g in guards))(fn)(x)
+    return names
+
+
+def test_a_compiled_graph_guards_the_modes_op_classes_not_its_lookup_tables():
+    """The routes, taggers and in-place functions are looked up at trace time and kept as constants:
+    the graph guards the mode's op classes (a graph traced for other classes is not reused), not each
+    key of those tables (252 guards for the in-place functions alone, checked on every call)."""
+    def fn(x):
+        h = x.float()
+        mean = h.pow(2).mean(-1, keepdim=True)
+        x.add_(1)
+        return torch.nn.functional.linear(h, torch.ones(4, 64)), mean
+
+    names = _guard_names(frozenset({"norm", "matmul"}), fn, _x()[0])
+    on_mode = sorted({n.split(").", 1)[1] for n in names if "function_mode_stack_at" in n})
+    assert on_mode == ["ops", "tags"], on_mode
+    counts = []
+
+    def count(gm, example_inputs):
+        counts.append(1)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=count)
+    for ops in ({"norm", "matmul"}, {"norm", "matmul"}, {"norm"}):
+        with torch.no_grad(), traced_scope(frozenset(ops)):
+            compiled(_x()[0])
+    assert len(counts) == 2  # the same classes reuse the graph; other classes compile their own

@@ -64,6 +64,23 @@ TAGGERS = {
     torch.Tensor.pow: _tag_pow, torch.pow: _tag_pow,
     torch.Tensor.square: _tag_square_call, torch.square: _tag_square_call,
 }
+TAGS = {"upcast": _tag_upcast, "pow": _tag_pow, "square": _tag_square_call}  # tagger_name's names
+
+
+# Dynamo calls the two lookups below while it traces and keeps their answers as constants: looked up
+# inline, a dict keyed by functions is guarded key by key in every compiled graph, and each guard is
+# checked on every call (the write check alone added 252 guards to a decode step's graph).
+@torch._dynamo.assume_constant_result
+def tagger_name(func) -> str | None:
+    """The TAGS name of the tagger for func's output, or None."""
+    tagger = TAGGERS.get(func)
+    return None if tagger is None else next(name for name, t in TAGS.items() if t is tagger)
+
+
+@torch._dynamo.assume_constant_result
+def writes_first_argument(func) -> bool:
+    """Whether func writes its first argument (in_place_functions)."""
+    return func in in_place_functions()
 
 
 def mutated(t: torch.Tensor) -> bool:
@@ -81,12 +98,12 @@ def in_place_functions() -> dict:
     return {f: True for f in tensor + module if callable(f)}
 
 
-def mark_writes(func, args, kwargs, in_place: dict) -> None:
-    """Mark the tensor func writes to: the first argument of an in-place function (in_place, from
-    in_place_functions()) or of one called with `inplace=True`, or an `out=` argument."""
+def mark_writes(func, args, kwargs) -> None:
+    """Mark the tensor func writes to: the first argument of an in-place function (in_place_functions())
+    or of one called with `inplace=True`, or an `out=` argument."""
     out = kwargs.get("out")
-    target = out if out is not None else (args[0] if args and (in_place.get(func) or kwargs.get("inplace") is True)
-                                          else None)
+    target = out if out is not None else (args[0] if args and (writes_first_argument(func)
+                                                                or kwargs.get("inplace") is True) else None)
     for t in target if isinstance(target, (tuple, list)) else (target,):
         if isinstance(t, torch.Tensor):
             setattr(t, MUTATED, True)

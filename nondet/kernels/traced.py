@@ -17,6 +17,7 @@ rounds where eager rounds: row 0 invariant in both dtypes and, in bf16, equal to
 """
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -79,20 +80,33 @@ def _topk(x, k, dim=-1, largest=True, sorted=True):
     return ordered.narrow(dim, 0, k), order.narrow(dim, 0, k)
 
 
+ROUTES = {"linear": _linear, "matmul": _matmul, "mean": _mean, "layer_norm": _layer_norm,
+          "softmax": _softmax(False), "log_softmax": _softmax(True), "topk": _topk}
+
+
+@functools.cache
 def _table(ops: frozenset) -> dict:
+    """{torch function: ROUTES name} for the op classes `ops`."""
     table = {}
     if "matmul" in ops:
-        table.update({F.linear: _linear, torch.matmul: _matmul, torch.Tensor.matmul: _matmul,
-                      torch.Tensor.__matmul__: _matmul, torch.bmm: _matmul, torch.Tensor.bmm: _matmul})
+        table.update({F.linear: "linear", torch.matmul: "matmul", torch.Tensor.matmul: "matmul",
+                      torch.Tensor.__matmul__: "matmul", torch.bmm: "matmul", torch.Tensor.bmm: "matmul"})
     if "norm" in ops:
-        table.update({torch.mean: _mean, torch.Tensor.mean: _mean, F.layer_norm: _layer_norm})
+        table.update({torch.mean: "mean", torch.Tensor.mean: "mean", F.layer_norm: "layer_norm"})
     if "softmax" in ops:
-        table.update({F.softmax: _softmax(False), torch.softmax: _softmax(False), torch.Tensor.softmax: _softmax(False),
-                      F.log_softmax: _softmax(True), torch.log_softmax: _softmax(True),
-                      torch.Tensor.log_softmax: _softmax(True)})
+        table.update({F.softmax: "softmax", torch.softmax: "softmax", torch.Tensor.softmax: "softmax",
+                      F.log_softmax: "log_softmax", torch.log_softmax: "log_softmax",
+                      torch.Tensor.log_softmax: "log_softmax"})
     if "router" in ops:
-        table.update({torch.topk: _topk, torch.Tensor.topk: _topk})
+        table.update({torch.topk: "topk", torch.Tensor.topk: "topk"})
     return table
+
+
+@torch._dynamo.assume_constant_result
+def _route_name(ops: frozenset, func) -> str | None:
+    """The ROUTES name for func under `ops`, or None. Dynamo keeps the answer as a constant (guarding
+    `ops` alone), where looking func up in the table inline guarded every key of it (squares.py)."""
+    return _table(ops).get(func)
 
 
 class TracedMode(TorchFunctionMode):
@@ -101,28 +115,27 @@ class TracedMode(TorchFunctionMode):
     def __init__(self, ops: frozenset):
         super().__init__()
         custom_ops.ensure_registered()
-        self.table = _table(ops)
-        self.taggers = squares.TAGGERS if "norm" in ops else {}
-        self.in_place = squares.in_place_functions() if "norm" in ops else {}
+        self.ops = frozenset(ops)
+        self.tags = "norm" in ops  # squares.py's tags and write marks
         _never_a_frame_of_its_own()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        route = self.table.get(func)
+        route = _route_name(self.ops, func)
         if route is not None:  # training graphs too: the ops have backward formulas (custom_grads.py)
-            out = route(*args, **kwargs)
+            out = ROUTES[route](*args, **kwargs)
             if out is not None:
                 return out
-        if not (self.taggers and torch.compiler.is_compiling()):
+        if not (self.tags and torch.compiler.is_compiling()):
             # At run time (cudagraph trees' bookkeeping inside a compiled call, ~20 calls a decode
             # step; a frame dynamo skipped) tags have no reader: a mean without them takes
             # mean_last over the stored squares, the bits mean_sq gives. So none are made there.
             return func(*args, **kwargs)
-        squares.mark_writes(func, args, kwargs, self.in_place)
+        squares.mark_writes(func, args, kwargs)
         out = func(*args, **kwargs)
-        tag = self.taggers.get(func)
+        tag = squares.tagger_name(func)
         if tag is not None:
-            tag(out, args, kwargs)
+            squares.TAGS[tag](out, args, kwargs)
         return out
 
 
