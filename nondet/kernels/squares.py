@@ -59,12 +59,12 @@ def _tag_square_call(out, args, kwargs) -> None:
     _tag_square(out, args[0] if args else kwargs.get("input"))
 
 
-TAGGERS = {
-    torch.Tensor.to: _tag_upcast, torch.Tensor.float: _tag_upcast,
-    torch.Tensor.pow: _tag_pow, torch.pow: _tag_pow,
-    torch.Tensor.square: _tag_square_call, torch.square: _tag_square_call,
+TAGS = {"upcast": _tag_upcast, "pow": _tag_pow, "square": _tag_square_call}
+TAGGERS = {  # torch function -> the TAGS name of what tags its output
+    torch.Tensor.to: "upcast", torch.Tensor.float: "upcast",
+    torch.Tensor.pow: "pow", torch.pow: "pow",
+    torch.Tensor.square: "square", torch.square: "square",
 }
-TAGS = {"upcast": _tag_upcast, "pow": _tag_pow, "square": _tag_square_call}  # tagger_name's names
 
 
 # Dynamo calls the two lookups below while it traces and keeps their answers as constants: looked up
@@ -73,8 +73,7 @@ TAGS = {"upcast": _tag_upcast, "pow": _tag_pow, "square": _tag_square_call}  # t
 @torch._dynamo.assume_constant_result
 def tagger_name(func) -> str | None:
     """The TAGS name of the tagger for func's output, or None."""
-    tagger = TAGGERS.get(func)
-    return None if tagger is None else next(name for name, t in TAGS.items() if t is tagger)
+    return TAGGERS.get(func)
 
 
 @torch._dynamo.assume_constant_result
