@@ -109,17 +109,17 @@ def host_events(model, label: str, tokens: int, top: int) -> None:
 
 
 def gaps(model, label: str, tokens: int) -> None:
-    """One kernels mode in this process: per decode step, the kernels' summed time, the GPU's idle time
-    between kernels split at 20 us (short: between kernels of one replayed graph; long: waiting for the
-    host), from torch.profiler's CUDA activity over one generate call."""
+    """One kernels mode in this process: per decode step, the kernels' time (their union) and the GPU's
+    idle time between kernels split at 20 us as trace_steps.py splits it (short: between kernels of one
+    replayed graph; long: waiting for the host), from torch.profiler's CUDA activity over one generate call."""
     from torch.profiler import ProfilerActivity
+    from trace_steps import idle_us, union_us
 
     ms, prof = step_and_profile(model, label, tokens, ProfilerActivity.CUDA, warm=True)
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
-    busy = sum(end - start for start, end in spans)
-    idle = [b[0] - a[1] for a, b in zip(spans, spans[1:]) if b[0] > a[1]]
-    short, long = sum(g for g in idle if g < 20), sum(g for g in idle if g >= 20)
+    spans = sorted(((e.time_range.start, e.time_range.end, None) for e in prof.events()
+                    if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start), key=lambda s: s[:2])
+    busy = union_us(spans)
+    short, long = idle_us(spans)
     steps = tokens + 1
     print(f"{label}: {ms:.2f} ms / decode step; per step: kernels {busy / steps / 1e3:.2f} ms in {len(spans) / steps:.0f} "
           f"kernels, idle between kernels {short / steps / 1e3:.2f} ms in gaps < 20 us, {long / steps / 1e3:.2f} ms "

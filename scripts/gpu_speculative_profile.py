@@ -184,11 +184,11 @@ def main() -> None:
                         made, rounds = run()
                         walls.append((time.perf_counter() - started) * 1e3 / made)
                     wall = statistics.median(walls)
+                    decoding = 'speculative' if spec else 'plain'
                     if prefill is not None:
-                        print(f"  {mode} {'speculative' if spec else 'plain'}: past the prefill "
+                        print(f"  {mode} {decoding}: past the prefill "
                               f"{(wall * made - prefill) / len(rounds.produced):.2f} ms per round of "
                               f"{made / len(rounds.produced):.2f} tokens", flush=True)
-                    decoding = 'speculative' if spec else 'plain'
                     if args.walls:
                         print(f"  {mode} {decoding}: ms / token per call " + " ".join(f"{w:.2f}" for w in walls), flush=True)
                     if args.trace:

@@ -69,19 +69,25 @@ def summary(path: str, per: int, top: int) -> str:
     everything = kernels + host_ops + runtime
     first, last = min(s for s, _, _ in everything), max(e for _, e, _ in everything)
     busy = union_us(kernels)
-    idle = [b[0] - a for a, b in zip(_reaches(kernels), kernels[1:]) if b[0] > a]
-    short = sum(g for g in idle if g < SHORT_GAP_US)
+    short, long = idle_us(kernels)
     host_busy = union_us(host_ops + runtime)
     ms = lambda us: us / per / 1e3  # noqa: E731
     lines = [f"{path}: per {per}: span {ms(last - first):.2f} ms; GPU kernels {ms(busy):.2f} ms in "
              f"{len(kernels) / per:.0f} kernels, idle {ms(short):.2f} ms in gaps < {SHORT_GAP_US:.0f} us, "
-             f"{ms(sum(idle) - short):.2f} ms in longer ones; host in torch ops or runtime calls "
+             f"{ms(long):.2f} ms in longer ones; host in torch ops or runtime calls "
              f"{ms(host_busy):.2f} ms, in neither {ms(last - first - host_busy):.2f} ms"]
     for title, intervals in (("top-level CPU ops", host_ops), ("CUDA runtime calls", runtime)):
         rows = sorted(by_name(intervals).items(), key=lambda kv: -kv[1][0])[:top]
         lines.append(f"  {title} (ms, calls, per {per}): " + "; ".join(
             f"{name[:48]} {ms(total):.3f} x{count / per:.1f}" for name, (total, count) in rows))
     return "\n".join(lines)
+
+
+def idle_us(kernels: list[tuple[float, float, dict]]) -> tuple[float, float]:
+    """(us, us): the GPU's idle time between kernels (sorted by start) in gaps < SHORT_GAP_US and longer."""
+    idle = [b[0] - a for a, b in zip(_reaches(kernels), kernels[1:]) if b[0] > a]
+    short = sum(g for g in idle if g < SHORT_GAP_US)
+    return short, sum(idle) - short
 
 
 def _reaches(kernels: list[tuple[float, float, dict]]) -> list[float]:
