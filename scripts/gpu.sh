@@ -19,6 +19,7 @@
 #   split-tests  tests/test_kernels_attention_split.py on CUDA (split-KV merge == fused bits, 50 racing repeats)
 #   prefill-breakdown scripts/gpu_prefill_breakdown.py: the CUDA-graph prefill's GPU time by kernel class, and each shape alone
 #   small-m      scripts/gpu_matmul_small_m.py: matmul at M 1..128 (split K) vs cuBLAS, chunk-sum loop rolled vs unrolled
+#   decode-tiles scripts/gpu_decode_tiles.py: decode-sized matmuls (M 1..16), narrow fused tiles vs the split launch
 #   compiled-host scripts/gpu_compiled_host.py: the host time the mode adds to a compiled decode step (2 layers, B = 1)
 #   compiled-events the same, one process per kernels mode (twice each): torch.profiler's CPU events per step
 #   compiled-gaps the same, per step: kernel time and the GPU's idle time between kernels (HOST_ARGS="--layers 16")
@@ -86,6 +87,7 @@ run_step() {
     attention-stages) timeout 200 python3 scripts/gpu_attention_stages.py 2>&1 | tail -20 ;;
     split-tests) NONDET_ATTN_SPLIT_INNER=1 NONDET_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider \
                    tests/test_kernels_attention_split.py 2>&1 | tail -15 ;;
+    decode-tiles) timeout 400 python3 scripts/gpu_decode_tiles.py ${TILES_ARGS:-} 2>&1 | quiet | tail -30 ;;
     small-m) timeout 200 python3 scripts/gpu_matmul_small_m.py 2>&1 | tail -20 ;;
     prefill-breakdown) timeout 480 python3 scripts/gpu_prefill_breakdown.py ${BREAKDOWN_ARGS:-} 2>&1 | quiet | tail -40 ;;
     compiled-host) timeout 400 python3 scripts/gpu_compiled_host.py ${HOST_ARGS:-} 2>&1 | quiet | tail -80 ;;
@@ -95,7 +97,7 @@ run_step() {
     compiled-gaps) for mode in default mode default mode; do
                      timeout 200 python3 scripts/gpu_compiled_host.py --gaps $mode ${HOST_ARGS:-} 2>&1 | quiet | tail -2
                    done ;;
-    host) timeout 240 python3 scripts/gpu_host_profile.py 2>&1 | quiet | head -60 ;;
+    host) timeout 240 python3 scripts/gpu_host_profile.py ${HOST_ARGS:-} 2>&1 | quiet | head -${HOST_LINES:-60} ;;
     moe) timeout 480 python3 scripts/gpu_moe.py 2>&1 | quiet | grep -v "Loading weights" | tail -150 ;;
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4
           timeout 120 python3 -m nondet rl --device cuda --confirm -n 32 --out /tmp/run-rl 2>&1 | quiet | tail -20 ;;

@@ -1,12 +1,14 @@
 """Where the mode's host time goes on an 8B-shaped Qwen3 (hidden 4096, 32 / 8 heads, bf16), eager.
 
-    python3 scripts/gpu_host_profile.py [--layers 36] [--tokens 512] [--parts ops,breakdown,prefill]
+    python3 scripts/gpu_host_profile.py [--layers 36] [--tokens 512] [--parts ops,breakdown,launch,prefill]
 
 Parts (--parts, all by default):
 - ops: host microseconds per call of the ops a layer's prefill runs, ours against torch's, the GPU
   kept busy by a sleep kernel so the calls only enqueue;
 - breakdown: one invariant linear piece by piece, and host vs in-kernel TMA descriptors (host and
   GPU time, same bits);
+- launch: the TMA matmul's launch alone: Triton's JIT call against its compiled kernel called
+  directly (`CompiledKernel[grid]`), and the scratch scope around it;
 - prefill: the eager prefill of `--tokens` tokens (transformers runs generate's prefill eager, also
   on the compiled path): wall ms, default vs the mode (and the mode with host TMA descriptors), and
   cProfile of the mode's forward.
@@ -109,6 +111,61 @@ def print_matmul_breakdown(tokens: int) -> None:
     print(f"both give the same bits: {torch.equal(outs[0], outs[1])}", flush=True)
 
 
+def print_launch_costs(tokens: int) -> None:
+    """Host us of the TMA matmul's launch through Triton's JIT (binding, specialization, cache key)
+    against calling the compiled kernel it returned, same arguments (tokens x 4096 @ 4096 x 4096)."""
+    import inspect
+
+    import triton
+
+    from nondet.kernels import triton_matmul as tm
+    from nondet.kernels.config import k_chunk_for, matmul_config, sm_count
+    from nondet.kernels.launch import triton_scratch
+
+    g = torch.Generator("cuda").manual_seed(0)
+    a = torch.randn(tokens, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    c = torch.empty(tokens, 4096, device="cuda", dtype=torch.bfloat16)
+    cfg = matmul_config(a.dtype, tokens, 4096, 4096, a.device)
+    m, n, k = tokens, 4096, 4096
+    programs = min(sm_count(a.device), triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
+    args = dict(a_src=a, b_src=w, c_ptr=c, bias_ptr=c, M=m, N=n, K=k, s_cm=c.stride(0), s_cn=c.stride(1),
+                s_biasm=c.stride(0), s_biasn=c.stride(1), alpha=1.0, beta=1.0, BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk_for(k, cfg), GROUP_M=cfg.group_m,
+                NUM_PROGRAMS=programs, HAS_BIAS=False, UNIT_SCALE=True, UPCAST=False, DEVICE_DESC=True)
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    with triton_scratch():
+        compiled = tm._mm_tma_kernel[(programs,)](**args, **options)
+    ordered = [args[name] for name in tm._mm_tma_kernel.arg_names]
+
+    def jit_call():
+        with triton_scratch():
+            tm._mm_tma_kernel[(programs,)](**args, **options)
+
+    def direct_call():
+        with triton_scratch():
+            compiled[(programs, 1, 1)](*ordered)
+
+    def scope():
+        with triton_scratch():
+            pass
+
+    reference = tm.mm(a, w.t())
+    rows = {"Triton JIT call (kernel[grid](...))": jit_call, "compiled kernel called directly": direct_call,
+            "triton_scratch scope alone": scope, "triton_matmul._mm_tma": lambda: tm._mm_tma(a, w.t(), c, None, 1.0, 1.0, cfg),
+            "triton_matmul.mm": lambda: tm.mm(a, w.t())}
+    print(f"| TMA matmul launch ({tokens} x 4096 @ 4096 x 4096) | host us |")
+    print("| --- | ---: |")
+    for name, fn in rows.items():
+        print(f"| {name} | {host_us(fn):.1f} |", flush=True)
+    c.zero_()
+    direct_call()
+    print(f"direct call gives mm's bits: {torch.equal(c, reference)}", flush=True)
+    print(f"triton {triton.__version__}; CompiledKernel.__getitem__ source:", flush=True)
+    print(inspect.getsource(type(compiled).__getitem__), flush=True)
+    print(inspect.getsource(type(tm._mm_tma_kernel).run), flush=True)
+
+
 def print_prefill_profile(model, tokens: int, top: int = 25) -> None:
     from nondet.kernels import batch_invariant, triton_matmul
 
@@ -140,7 +197,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=36)
     parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--parts", default="ops,breakdown,prefill", help="which of ops, breakdown, prefill to run")
+    parser.add_argument("--parts", default="ops,breakdown,launch,prefill", help="which of ops, breakdown, launch, prefill to run")
     args = parser.parse_args()
     parts = args.parts.split(",")
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -149,6 +206,8 @@ def main() -> None:
         print_op_costs(args.tokens)
     if "breakdown" in parts:
         print_matmul_breakdown(args.tokens)
+    if "launch" in parts:
+        print_launch_costs(args.tokens)
     if "prefill" in parts:
         print_prefill_profile(build(args.layers), args.tokens)
 

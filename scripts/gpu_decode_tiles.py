@@ -1,0 +1,94 @@
+"""Decode-sized matmuls (M = 1..16) without split K: narrow fused tiles against the split launch.
+
+    python3 scripts/gpu_decode_tiles.py [--m 1,16]
+
+The shipped decode bucket (16 x 128 tiles) splits K over programs, which costs a counter fill
+(a zeros kernel per matmul, ~113 per token of an 8B-shaped decode graph) and a workspace round
+trip. A fused tile narrow enough to give as many programs (16 x 16: N / 16 tiles) walks the same
+K chunks in the same order, so it gives the same bits (checked per cell). Each cell is timed under
+a CUDA graph that cycles over 4 copies of the weight (> L2 together for every shape here, as a
+decode's layers are), microseconds per matmul; BITS marks a cell whose output differs.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from nondet.kernels import triton_matmul
+from nondet.kernels.config import MatmulConfig, matmul_config
+
+SHAPES = ((4096, 1024), (4096, 4096), (4096, 12288), (12288, 4096), (4096, 14336), (14336, 4096))
+COPIES = 4
+# (block_n, warps, stages) of a 16-row fused tile; block_k and k_chunk are the dtype's K order
+NARROW = ((16, 2, 4), (16, 4, 4), (16, 4, 6), (32, 4, 4), (32, 4, 6), (64, 4, 4))
+
+
+def graph_us(fns, rounds: int = 5) -> float:
+    """Median microseconds per call of a graph replaying every fn in `fns` once, in order."""
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(fns))
+    return statistics.median(times)
+
+
+def cell(x, weights, cfg, split, reference):
+    """'us (ratio)' of one launch choice over the weight copies, BITS if it differs from the shipped output."""
+    same = torch.equal(triton_matmul.mm(x, weights[0].t(), split=split, cfg=cfg), reference)
+    fns = [lambda w=w: triton_matmul.mm(x, w.t(), split=split, cfg=cfg) for w in weights] * 5
+    return graph_us(fns), same
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--m", default="1,16")
+    parser.add_argument("--narrow", default="", help="tiles as block_n:warps:stages,... (default: NARROW)")
+    parser.add_argument("--splits", default="fused,auto", help="fused (no split K), auto (the occupancy rule) or both")
+    args = parser.parse_args()
+    narrow = [tuple(int(v) for v in spec.split(":")) for spec in args.narrow.split(",")] if args.narrow else NARROW
+    splits = [{"fused": False, "auto": None}[name] for name in args.splits.split(",")]
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+          flush=True)
+    for m in (int(v) for v in args.m.split(",")):
+        for k, n in SHAPES:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(COPIES)]
+            shipped = matmul_config(torch.bfloat16, m, k, n, x.device)
+            reference = triton_matmul.mm(x, weights[0].t())
+            cublas = graph_us([lambda w=w: F.linear(x, w) for w in weights] * 5)
+            ours, _ = cell(x, weights, shipped, None, reference)
+            cells = []
+            for block_n, warps, stages in narrow:
+                cfg = MatmulConfig(16, block_n, shipped.block_k, shipped.k_chunk, shipped.group_m, warps, stages)
+                for split in splits:  # None: the occupancy rule (use_split) picks
+                    try:
+                        us, same = cell(x, weights, cfg, split, reference)
+                    except Exception as exc:  # noqa: BLE001 - a candidate that fails is a cell, not a stop
+                        cells.append((float("inf"), f"16x{block_n} w{warps} s{stages} failed: {type(exc).__name__}"))
+                        continue
+                    label = "fused" if split is False else "auto"
+                    cells.append((us, f"16x{block_n} w{warps} s{stages} {label} {us:.1f} ({cublas / us:.2f}x)"
+                                      f"{'' if same else ' BITS'}"))
+            cells.sort()
+            print(f"M {m} K {k} N {n}: cuBLAS {cublas:.1f} us; shipped {ours:.1f} ({cublas / ours:.2f}x); fastest: "
+                  + "; ".join(text for _, text in cells[:6]), flush=True)
+            del weights
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
