@@ -279,6 +279,22 @@ else:
         for m in (64, 65, 128, 129, 256, 257, 512, 513):
             assert torch.equal(triton_matmul.mm(a[:m], b).view(torch.int16), full[:m].view(torch.int16)), m
 
+    @pytest.mark.parametrize("n", [24, 8200])
+    def test_matmul_decode_buckets_by_width_give_the_largest_ms_bits(n):
+        # M <= 16 takes 16x32 tiles for narrow N, 16x128 up to 4 rows and 16x64 past them for wide N;
+        # K 1100 is two chunks, so narrow N splits K over programs (the interpreter has 4 "SMs")
+        from nondet.kernels.config import matmul_config
+
+        assert [matmul_config(torch.bfloat16, m, 1100, n).block_n for m in (1, 4, 5, 16)] == \
+            ([32] * 4 if n == 24 else [128, 128, 64, 64])
+        assert matmul_config(torch.bfloat16, 10, 1100, 4096).block_n == 128
+        torch.manual_seed(7)
+        a = torch.randn(20, 1100, dtype=torch.bfloat16)
+        b = torch.randn(n, 1100, dtype=torch.bfloat16).t()
+        full = triton_matmul.mm(a, b)
+        for m in (1, 4, 5, 16, 17):
+            assert torch.equal(triton_matmul.mm(a[:m], b).view(torch.int16), full[:m].view(torch.int16)), m
+
     def test_attention_kv_start_outside_the_cache_is_clamped():
         # an unwritten kv_start buffer handed the decode kernel garbage that addressed
         # outside K/V. Below 0 it now means 0, at or past S the row sees nothing (zeros).

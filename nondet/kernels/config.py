@@ -64,8 +64,10 @@ MATMUL_CONFIGS = {
 _SMALL = MatmulConfig(64, 64, 64, 1024, 8, 4, 4)
 _SQUARE = MatmulConfig(128, 128, 64, 1024, 8, 8, 4, tma=True)
 _WIDE = MatmulConfig(128, 256, 64, 1024, 8, 8, 3, tma=True)
+_DECODE = MatmulConfig(16, 128, 64, 1024, 8, 4, 4)  # decode: W read once, N/128 x chunks programs
 _HALF_BUCKETS = (
-    (16, MatmulConfig(16, 128, 64, 1024, 8, 4, 4)),  # decode: W read once, N/128 x chunks programs
+    (4, _DECODE),  # the two decode buckets differ only by N (_BY_N)
+    (16, _DECODE),
     (64, _SMALL),
     (128, MatmulConfig(64, 128, 64, 1024, 8, 4, 4)),
     (256, _SQUARE),  # the 512 bucket's tile; by N below
@@ -91,7 +93,20 @@ _NARROW = MatmulConfig(64, 128, 64, 1024, 8, 4, 4, tma=True)
 # M 65..128 with N <= 2048 (a decode batch's K / V projections) takes the 64-row bucket's 64x64 tile:
 # H100 (2026-11-26, gpu_prefill_breakdown.py --sweep 64,128) M 128 K 4096 N 1024 11.4 -> 9.3 us
 # (cuBLAS 7.7); wider N within noise either way, N 14336 much slower (61.9 vs 49.0).
+
+# Decode-sized launches (M <= 16, split K) by N: narrower tiles give narrow N (K / V projections) and,
+# past 4 rows, wide N (gate / up) more programs. H200 (2026-11-26, scripts/gpu_decode_tiles.py, CUDA
+# graph cycling 4 weight copies past L2, us per matmul, cuBLAS in brackets; no tile changed a bit):
+#   K 4096 N 1024,  M 1 / 4 / 16:  16x128 8.5 / 9.2 / 9.2-9.4 -> 16x32 s6 8.3 / 7.0 / 6.7-6.9  (6.1-6.2)
+#   K 4096 N 14336, M 5..16:       16x128 35.1-37.5           -> 16x64 s6 32.3-32.6          (29.7-32.4)
+#   K 4096 N 12288, M 8..16:       16x128 30.4-31.7           -> 16x64 s6 29.3-29.4          (27.4-27.7)
+# At M 1 the 16x64 tile was slower on wide N (N 12288: 44.8 vs 29.9 us), so up to 4 rows keep 16x128
+# there; N 4096 and K 12288 / 14336 stay within noise of 16x128 at every M.
+_DECODE_NARROW = MatmulConfig(16, 32, 64, 1024, 8, 4, 6)
+_DECODE_WIDE = MatmulConfig(16, 64, 64, 1024, 8, 4, 6)
 _BY_N = {  # bucket's largest M -> ((largest N, config; None: the bucket's own), ...)
+    4: ((2048, _DECODE_NARROW), (None, None)),
+    16: ((2048, _DECODE_NARROW), (8191, None), (None, _DECODE_WIDE)),
     128: ((2048, _SMALL), (None, None)),
     256: ((8191, _NARROW), (None, _WIDE)),
     512: ((2048, _NARROW), (8191, None), (None, _WIDE)),
