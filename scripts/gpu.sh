@@ -87,7 +87,7 @@ run_step() {
     attention-stages) timeout 200 python3 scripts/gpu_attention_stages.py 2>&1 | tail -20 ;;
     split-tests) NONDET_ATTN_SPLIT_INNER=1 NONDET_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider \
                    tests/test_kernels_attention_split.py 2>&1 | tail -15 ;;
-    decode-tiles) timeout 400 python3 scripts/gpu_decode_tiles.py ${TILES_ARGS:-} 2>&1 | quiet | tail -30 ;;
+    decode-tiles) timeout 400 python3 scripts/gpu_decode_tiles.py ${TILES_ARGS:-} 2>&1 | quiet | tail -80 ;;
     small-m) timeout 200 python3 scripts/gpu_matmul_small_m.py 2>&1 | tail -20 ;;
     prefill-breakdown) timeout 480 python3 scripts/gpu_prefill_breakdown.py ${BREAKDOWN_ARGS:-} 2>&1 | quiet | tail -40 ;;
     compiled-host) timeout 400 python3 scripts/gpu_compiled_host.py ${HOST_ARGS:-} 2>&1 | quiet | tail -80 ;;

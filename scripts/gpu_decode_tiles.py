@@ -1,6 +1,6 @@
-"""Decode-sized matmuls (M = 1..16) without split K: narrow fused tiles against the split launch.
+"""Small-M matmuls (decode, M = 1..16; decode batches, M 64 / 128) under other tiles than the shipped one.
 
-    python3 scripts/gpu_decode_tiles.py [--m 1,16]
+    python3 scripts/gpu_decode_tiles.py [--m 1,16] [--narrow 32:64:4:4,...] [--splits fused,auto]
 
 The shipped decode bucket (16 x 128 tiles) splits K over programs, which costs a counter fill
 (a zeros kernel per matmul, ~113 per token of an 8B-shaped decode graph) and a workspace round
@@ -22,8 +22,8 @@ from nondet.kernels.config import MatmulConfig, matmul_config
 
 SHAPES = ((4096, 1024), (4096, 4096), (4096, 12288), (12288, 4096), (4096, 14336), (14336, 4096))
 COPIES = 4
-# (block_n, warps, stages) of a 16-row fused tile; block_k and k_chunk are the dtype's K order
-NARROW = ((16, 2, 4), (16, 4, 4), (16, 4, 6), (32, 4, 4), (32, 4, 6), (64, 4, 4))
+# (block_m, block_n, warps, stages); block_k and k_chunk are the dtype's K order
+NARROW = ((16, 16, 2, 4), (16, 16, 4, 4), (16, 16, 4, 6), (16, 32, 4, 4), (16, 32, 4, 6), (16, 64, 4, 4))
 
 
 def graph_us(fns, rounds: int = 5) -> float:
@@ -56,10 +56,12 @@ def cell(x, weights, cfg, split, reference):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--m", default="1,16")
-    parser.add_argument("--narrow", default="", help="tiles as block_n:warps:stages,... (default: NARROW)")
+    parser.add_argument("--narrow", default="", help="tiles as [block_m:]block_n:warps:stages,... (block_m 16 "
+                        "when left out; default: NARROW)")
     parser.add_argument("--splits", default="fused,auto", help="fused (no split K), auto (the occupancy rule) or both")
     args = parser.parse_args()
-    narrow = [tuple(int(v) for v in spec.split(":")) for spec in args.narrow.split(",")] if args.narrow else NARROW
+    narrow = [tuple(int(v) for v in ("16:" * (spec.count(":") == 2) + spec).split(":"))
+              for spec in args.narrow.split(",")] if args.narrow else NARROW
     splits = [{"fused": False, "auto": None}[name] for name in args.splits.split(",")]
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
           flush=True)
@@ -72,16 +74,16 @@ def main() -> None:
             cublas = graph_us([lambda w=w: F.linear(x, w) for w in weights] * 5)
             ours, _ = cell(x, weights, shipped, None, reference)
             cells = []
-            for block_n, warps, stages in narrow:
-                cfg = MatmulConfig(16, block_n, shipped.block_k, shipped.k_chunk, shipped.group_m, warps, stages)
+            for block_m, block_n, warps, stages in narrow:
+                cfg = MatmulConfig(block_m, block_n, shipped.block_k, shipped.k_chunk, shipped.group_m, warps, stages)
                 for split in splits:  # None: the occupancy rule (use_split) picks
                     try:
                         us, same = cell(x, weights, cfg, split, reference)
                     except Exception as exc:  # noqa: BLE001 - a candidate that fails is a cell, not a stop
-                        cells.append((float("inf"), f"16x{block_n} w{warps} s{stages} failed: {type(exc).__name__}"))
+                        cells.append((float("inf"), f"{block_m}x{block_n} w{warps} s{stages} failed: {type(exc).__name__}"))
                         continue
                     label = "fused" if split is False else "auto"
-                    cells.append((us, f"16x{block_n} w{warps} s{stages} {label} {us:.1f} ({cublas / us:.2f}x)"
+                    cells.append((us, f"{block_m}x{block_n} w{warps} s{stages} {label} {us:.1f} ({cublas / us:.2f}x)"
                                       f"{'' if same else ' BITS'}"))
             cells.sort()
             print(f"M {m} K {k} N {n}: cuBLAS {cublas:.1f} us; shipped {ours:.1f} ({cublas / ours:.2f}x); fastest: "

@@ -9,6 +9,8 @@ Parts (--parts, all by default):
   GPU time, same bits);
 - launch: the TMA matmul's launch alone: Triton's JIT call against its compiled kernel called
   directly (`CompiledKernel[grid]`), and the scratch scope around it;
+- prefill-diff: cProfile of the eager prefill under default kernels and under the mode, the functions
+  whose own time (tottime) grew most;
 - prefill: the eager prefill of `--tokens` tokens (transformers runs generate's prefill eager, also
   on the compiled path): wall ms, default vs the mode (and the mode with host TMA descriptors), and
   cProfile of the mode's forward.
@@ -166,6 +168,44 @@ def print_launch_costs(tokens: int) -> None:
     print(inspect.getsource(type(tm._mm_tma_kernel).run), flush=True)
 
 
+def profiled(forward) -> pstats.Stats:
+    """cProfile of one call of forward (after a warm-up call), GPU work included by a synchronize."""
+    forward()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    forward()
+    torch.cuda.synchronize()
+    profiler.disable()
+    return pstats.Stats(profiler)
+
+
+def print_prefill_diff(model, tokens: int, top: int = 30) -> None:
+    """The eager prefill's functions whose own time (ms) grew most under the mode, with call counts."""
+    from nondet.kernels import batch_invariant
+
+    ids = torch.randint(3, 32000, (1, tokens), device="cuda")
+    with torch.no_grad():
+        default = profiled(lambda: model(ids, use_cache=False)).stats
+        with batch_invariant(model=model):
+            mode = profiled(lambda: model(ids, use_cache=False)).stats
+    rows = []
+    for key in set(default) | set(mode):
+        d_calls, d_own = (default[key][1], default[key][2]) if key in default else (0, 0.0)
+        m_calls, m_own = (mode[key][1], mode[key][2]) if key in mode else (0, 0.0)
+        rows.append((m_own - d_own, key, d_calls, d_own, m_calls, m_own))
+    rows.sort(key=lambda row: -row[0])
+    total_default = sum(v[2] for v in default.values()) * 1e3
+    total_mode = sum(v[2] for v in mode.values()) * 1e3
+    print(f"eager prefill {tokens} tokens under cProfile: default {total_default:.1f} ms, mode {total_mode:.1f} ms")
+    print("| function | default calls | default own ms | mode calls | mode own ms | grew ms |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for grew, (path, line, name), d_calls, d_own, m_calls, m_own in rows[:top]:
+        where = f"{path.rsplit('/', 2)[-1]}:{line} {name}" if line else name
+        print(f"| {where} | {d_calls} | {d_own * 1e3:.2f} | {m_calls} | {m_own * 1e3:.2f} | {grew * 1e3:.2f} |",
+              flush=True)
+
+
 def print_prefill_profile(model, tokens: int, top: int = 25) -> None:
     from nondet.kernels import batch_invariant, triton_matmul
 
@@ -197,7 +237,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=36)
     parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--parts", default="ops,breakdown,launch,prefill", help="which of ops, breakdown, launch, prefill to run")
+    parser.add_argument("--parts", default="ops,breakdown,launch,prefill", help="which of ops, breakdown, launch, prefill-diff, prefill to run")
     args = parser.parse_args()
     parts = args.parts.split(",")
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -208,6 +248,8 @@ def main() -> None:
         print_matmul_breakdown(args.tokens)
     if "launch" in parts:
         print_launch_costs(args.tokens)
+    if "prefill-diff" in parts:
+        print_prefill_diff(build(args.layers), args.tokens)
     if "prefill" in parts:
         print_prefill_profile(build(args.layers), args.tokens)
 
