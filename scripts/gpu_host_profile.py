@@ -25,6 +25,7 @@ import time
 import torch
 
 from gpu_compile import build, prefill_ms
+from gpu_compiled_host import profiled
 
 
 def host_us(fn, calls: int = 50) -> float:
@@ -168,27 +169,18 @@ def print_launch_costs(tokens: int) -> None:
     print(inspect.getsource(type(tm._mm_tma_kernel).run), flush=True)
 
 
-def profiled(forward) -> pstats.Stats:
-    """cProfile of one call of forward (after a warm-up call), GPU work included by a synchronize."""
-    forward()
-    torch.cuda.synchronize()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    forward()
-    torch.cuda.synchronize()
-    profiler.disable()
-    return pstats.Stats(profiler)
-
-
 def print_prefill_diff(model, tokens: int, top: int = 30) -> None:
     """The eager prefill's functions whose own time (ms) grew most under the mode, with call counts."""
     from nondet.kernels import batch_invariant
 
     ids = torch.randint(3, 32000, (1, tokens), device="cuda")
+    forward = lambda: model(ids, use_cache=False)  # noqa: E731
     with torch.no_grad():
-        default = profiled(lambda: model(ids, use_cache=False)).stats
+        forward()  # warm-ups: Triton's compiles stay out of the profiles
+        default = profiled(forward).stats
         with batch_invariant(model=model):
-            mode = profiled(lambda: model(ids, use_cache=False)).stats
+            forward()
+            mode = profiled(forward).stats
     rows = []
     for key in set(default) | set(mode):
         d_calls, d_own = (default[key][1], default[key][2]) if key in default else (0, 0.0)
