@@ -47,7 +47,7 @@ def graph_us(fns, rounds: int = 5) -> float:
 
 
 def cell(x, weights, cfg, split, reference):
-    """'us (ratio)' of one launch choice over the weight copies, BITS if it differs from the shipped output."""
+    """(us per matmul of one launch choice over the weight copies, whether its output has the shipped bits)."""
     same = torch.equal(triton_matmul.mm(x, weights[0].t(), split=split, cfg=cfg), reference)
     fns = [lambda w=w: triton_matmul.mm(x, w.t(), split=split, cfg=cfg) for w in weights] * 5
     return graph_us(fns), same
@@ -86,7 +86,9 @@ def main() -> None:
                     cells.append((us, f"{block_m}x{block_n} w{warps} s{stages} {label} {us:.1f} ({cublas / us:.2f}x)"
                                       f"{'' if same else ' BITS'}"))
             cells.sort()
-            print(f"M {m} K {k} N {n}: cuBLAS {cublas:.1f} us; shipped {ours:.1f} ({cublas / ours:.2f}x); fastest: "
+            differ = sum(text.endswith(" BITS") for _, text in cells)
+            print(f"M {m} K {k} N {n}: cuBLAS {cublas:.1f} us; shipped {ours:.1f} ({cublas / ours:.2f}x); "
+                  f"{differ} of {len(cells)} cells differ in bits; fastest: "
                   + "; ".join(text for _, text in cells[:6]), flush=True)
             del weights
             torch.cuda.empty_cache()

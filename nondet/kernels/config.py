@@ -96,7 +96,7 @@ _NARROW = MatmulConfig(64, 128, 64, 1024, 8, 4, 4, tma=True)
 
 # Decode-sized launches (M <= 16, split K) by N: narrower tiles give narrow N (K / V projections) and,
 # past 4 rows, wide N (gate / up) more programs. H200 (2026-11-26, scripts/gpu_decode_tiles.py, CUDA
-# graph cycling 4 weight copies past L2, us per matmul, cuBLAS in brackets; no tile changed a bit):
+# graph cycling 4 weight copies past L2, us per matmul, cuBLAS in brackets; none of these changed a bit):
 #   K 4096 N 1024,  M 1 / 4 / 16:  16x128 8.5 / 9.2 / 9.2-9.4 -> 16x32 s6 8.3 / 7.0 / 6.7-6.9  (6.1-6.2)
 #   K 4096 N 14336, M 5..16:       16x128 35.1-37.5           -> 16x64 s6 32.3-32.6          (29.7-32.4)
 #   K 4096 N 12288, M 8..16:       16x128 30.4-31.7           -> 16x64 s6 29.3-29.4          (27.4-27.7)
