@@ -11,11 +11,11 @@ decode's layers are), microseconds per matmul; BITS marks a cell whose output di
 """
 
 import argparse
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
+from gpu_attention_stages import graph_us
 
 from nondet.kernels import triton_matmul
 from nondet.kernels.config import MatmulConfig, matmul_config
@@ -26,31 +26,15 @@ COPIES = 4
 NARROW = ((16, 16, 2, 4), (16, 16, 4, 4), (16, 16, 4, 6), (16, 32, 4, 4), (16, 32, 4, 6), (16, 64, 4, 4))
 
 
-def graph_us(fns, rounds: int = 5) -> float:
-    """Median microseconds per call of a graph replaying every fn in `fns` once, in order."""
-    for fn in fns:
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(fns))
-    return statistics.median(times)
+def per_matmul_us(matmul, weights) -> float:
+    """us per call of matmul(w), under a CUDA graph that cycles over the weight copies five times."""
+    return graph_us(lambda: [matmul(w) for w in weights], calls=5) / len(weights)
 
 
 def cell(x, weights, cfg, split, reference):
     """(us per matmul of one launch choice over the weight copies, whether its output has the shipped bits)."""
     same = torch.equal(triton_matmul.mm(x, weights[0].t(), split=split, cfg=cfg), reference)
-    fns = [lambda w=w: triton_matmul.mm(x, w.t(), split=split, cfg=cfg) for w in weights] * 5
-    return graph_us(fns), same
+    return per_matmul_us(lambda w: triton_matmul.mm(x, w.t(), split=split, cfg=cfg), weights), same
 
 
 def main() -> None:
@@ -71,7 +55,7 @@ def main() -> None:
             weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(COPIES)]
             shipped = matmul_config(torch.bfloat16, m, k, n, x.device)
             reference = triton_matmul.mm(x, weights[0].t())
-            cublas = graph_us([lambda w=w: F.linear(x, w) for w in weights] * 5)
+            cublas = per_matmul_us(lambda w: F.linear(x, w), weights)
             ours, _ = cell(x, weights, shipped, None, reference)
             cells = []
             for block_m, block_n, warps, stages in narrow:

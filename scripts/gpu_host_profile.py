@@ -17,9 +17,7 @@ Parts (--parts, all by default):
 """
 
 import argparse
-import cProfile
 import io
-import pstats
 import time
 
 import torch
@@ -211,17 +209,14 @@ def print_prefill_profile(model, tokens: int, top: int = 25) -> None:
                 triton_matmul.EAGER_DEVICE_DESC = True
             mode = prefill_ms(model, tokens)
             ids = torch.randint(3, 32000, (1, tokens), device="cuda")
-            profiler = cProfile.Profile()
-            profiler.enable()
-            model(ids, use_cache=False)
-            torch.cuda.synchronize()
-            profiler.disable()
+            stats = profiled(lambda: model(ids, use_cache=False))
     print(f"eager prefill {tokens} tokens: default {default:.2f} ms, mode {mode:.2f} ms ({default / mode:.2f}x); "
           f"with host TMA descriptors {before:.2f} ms ({default / before:.2f}x)",
           flush=True)
     for key in ("tottime", "cumtime"):
         text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(top)
+        stats.stream = text
+        stats.sort_stats(key).print_stats(top)
         print(f"-- the mode's prefill by {key}:\n" + "\n".join(text.getvalue().splitlines()[4:4 + top + 4]), flush=True)
 
 
