@@ -16,7 +16,8 @@
 #   prefill      the same model's 512-token prefill: eager, compiled, and compiled under CUDA graphs
 #   attention-prefill scripts/gpu_attention_prefill.py: prefill attention by row tile / warps / stages vs SDPA, bits vs shipped
 #   attention-stages scripts/gpu_attention_stages.py: decode attention at B = 1 by warps / stages / merge block vs SDPA
-#   split-tests  tests/test_kernels_attention_split.py on CUDA (split-KV merge == fused bits, 50 racing repeats)
+#   split-tests  tests/test_kernels_attention_split.py and test_kernels_counters.py on CUDA (split == fused bits,
+#                50 racing repeats; the counter buffer left at zero, other streams, a captured graph)
 #   prefill-breakdown scripts/gpu_prefill_breakdown.py: the CUDA-graph prefill's GPU time by kernel class, and each shape alone
 #   small-m      scripts/gpu_matmul_small_m.py: matmul at M 1..128 (split K) vs cuBLAS, chunk-sum loop rolled vs unrolled
 #   decode-tiles scripts/gpu_decode_tiles.py: decode-sized matmuls (M 1..16), narrow fused tiles vs the split launch
@@ -85,14 +86,14 @@ run_step() {
     prefill) timeout 560 python3 scripts/gpu_compile.py --prefill ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
     attention-prefill) timeout 300 python3 scripts/gpu_attention_prefill.py 2>&1 | tail -60 ;;
     attention-stages) timeout 200 python3 scripts/gpu_attention_stages.py 2>&1 | tail -20 ;;
-    split-tests) NONDET_ATTN_SPLIT_INNER=1 NONDET_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider \
-                   tests/test_kernels_attention_split.py 2>&1 | tail -15 ;;
+    split-tests) NONDET_ATTN_SPLIT_INNER=1 NONDET_COUNTERS_INNER=1 NONDET_TEST_DEVICE=cuda timeout 200 python3 -m pytest \
+                   -q -p no:cacheprovider tests/test_kernels_attention_split.py tests/test_kernels_counters.py 2>&1 | tail -15 ;;
     decode-tiles) timeout 400 python3 scripts/gpu_decode_tiles.py ${TILES_ARGS:-} 2>&1 | quiet | tail -80 ;;
     small-m) timeout 200 python3 scripts/gpu_matmul_small_m.py 2>&1 | tail -20 ;;
     prefill-breakdown) timeout 480 python3 scripts/gpu_prefill_breakdown.py ${BREAKDOWN_ARGS:-} 2>&1 | quiet | tail -40 ;;
     compiled-host) timeout 400 python3 scripts/gpu_compiled_host.py ${HOST_ARGS:-} 2>&1 | quiet | tail -80 ;;
     compiled-events) for mode in default mode default mode; do  # a fresh process each: step times drift within one
-                       timeout 150 python3 scripts/gpu_compiled_host.py --events $mode 2>&1 | quiet | tail -32
+                       timeout 150 python3 scripts/gpu_compiled_host.py --events $mode ${HOST_ARGS:-} 2>                       timeout 150 python3 scripts/gpu_compiled_host.py --events $mode 2>&1 | quiet | tail -321 | quiet | tail -32
                      done ;;
     compiled-gaps) for mode in default mode default mode; do
                      timeout 200 python3 scripts/gpu_compiled_host.py --gaps $mode ${HOST_ARGS:-} 2>&1 | quiet | tail -2

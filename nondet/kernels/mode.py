@@ -24,6 +24,8 @@ import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import torch
+
 from nondet.kernels import collective, experts, hf, overrides, router
 
 OP_CLASSES = ("matmul", "norm", "attention", "softmax", "experts", "router")
@@ -117,6 +119,7 @@ def batch_invariant(ops: Iterable[str] | str | None = None, model=None,
     traced = None
     try:
         _install(frame.ops)
+        _reserve_counters()
         if model is not None:
             _select_on_model(frame)
         if traceable:
@@ -133,6 +136,16 @@ def batch_invariant(ops: Iterable[str] | str | None = None, model=None,
             _restore_model(frame)
         finally:
             _install(active_ops())
+
+
+def _reserve_counters() -> None:
+    """The split launches' counter buffer on the current CUDA device, made here on the default stream
+    so that a compiled step whose first split launch is captured into a CUDA graph finds it
+    (counters.py). Never initialises CUDA itself."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        from nondet.kernels import counters
+
+        counters.reserve(torch.device("cuda", torch.cuda.current_device()))
 
 
 def _select_on_model(frame: _Frame) -> None:

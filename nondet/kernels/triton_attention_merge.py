@@ -7,6 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nondet.kernels import counters
+
 NEG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima: exp2(NEG - m) is an exact 0
 
 
@@ -32,12 +34,16 @@ def store_chunk(ws_m, ws_l, ws_acc, idx, m, l, acc, row_ok, offs_dv, BLOCK_DV: t
 @triton.jit
 def arrived_last(count_ptr):
     """Whether this program is the last of its row tile's chunk programs to finish. Counters: one int32
-    per (batch x kv head, row tile), zeroed per call. acq_rel: this program's workspace stores are
-    released before the count, and the last program acquires every other program's."""
+    per (batch x kv head, row tile), zero at the start; the last program stores the zero back
+    (counters.py). acq_rel: this program's workspace stores are released before the count, and the
+    last program acquires every other program's."""
     tl.debug_barrier()  # every thread's part of the chunk is written before the release below
-    tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    return arrived == tl.num_programs(2) - 1
+    counter = count_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    last = arrived == tl.num_programs(2) - 1
+    if last:  # every program has counted: zero again for the next launch
+        tl.store(counter, 0)
+    return last
 
 
 @triton.jit
@@ -92,9 +98,8 @@ def _quarters(x):
 
 def workspace(out, nq, nc, block_dv, tiles):
     """The split launch's fp32 workspace, (m, l) (B, H, Q, NC) and acc (B, H, Q, NC, BLOCK_DV), and
-    its arrival counters (tiles,) int32. The counters are zeroed per call (a memset, also inside a
-    CUDA graph): a buffer kept between calls would be shared by launches on different streams."""
+    its arrival counters (tiles,) int32, zero, which the launch leaves at zero (counters.py)."""
     bsz, h = out.shape[0], out.shape[2]
     ws_m = torch.empty((bsz, h, nq, nc), dtype=torch.float32, device=out.device)
     ws_acc = torch.empty((bsz, h, nq, nc, block_dv), dtype=torch.float32, device=out.device)
-    return ws_m, torch.empty_like(ws_m), ws_acc, torch.zeros(tiles, dtype=torch.int32, device=out.device)
+    return ws_m, torch.empty_like(ws_m), ws_acc, counters.zeroed(tiles, out)

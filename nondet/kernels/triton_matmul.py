@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nondet.kernels import counters
 from nondet.kernels.config import MatmulConfig, k_chunk_for, matmul_config, sm_count
 from nondet.kernels.launch import aligned16, interpreting, launch, triton_scratch
 
@@ -133,14 +134,16 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr, count_ptr,
 
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if SPLIT:
-        # workspace: (chunks, batch, M, N) fp32, contiguous; counters: (batch, tiles) int32, zeroed
+        # workspace: (chunks, batch, M, N) fp32, contiguous; counters: (batch, tiles) int32, zero
         nb = tl.num_programs(1)
         chunks = tl.num_programs(2)
         ws = ws_ptr + (pid_b * M + offs_m[:, None]) * N + offs_n[None, :]
         tl.store(ws + c_lo * nb * M * N, acc, mask=out_mask)
         tl.debug_barrier()  # every thread's part of the chunk sum is written before the release below
-        arrived = tl.atomic_add(count_ptr + pid_b * tl.num_programs(0) + pid, 1, sem="acq_rel", scope="gpu")
+        counter = count_ptr + pid_b * tl.num_programs(0) + pid
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
         if arrived == chunks - 1:  # the tile's other chunk sums are all written: add them in order, from zero
+            tl.store(counter, 0)  # every program has counted: zero again for the next launch (counters.py)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             if NUM_CHUNKS > 0:  # unrolled: the loads are independent and can all be in flight before the adds
                 for c in tl.static_range(NUM_CHUNKS):
@@ -241,9 +244,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
         _mm_tma(a[0], b[0], c[0], None if not has_bias else bias_t[0], alpha, beta, cfg)
         return c
     ws = torch.empty((chunks, nb, m, n), dtype=torch.float32, device=a.device) if split else c
-    # zeroed per call (a memset, also inside a CUDA graph): a counter buffer kept between calls
-    # would be shared by launches on different streams
-    counts = torch.zeros((nb, tiles), dtype=torch.int32, device=a.device) if split else c
+    counts = counters.zeroed(nb * tiles, c) if split else c  # (batch, tiles), left at zero by the launch
     launch(_mm_kernel, (tiles, nb, chunks if split else 1), c)(
         a, b, c, bias_t, ws, counts, m, n, k,
         a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
