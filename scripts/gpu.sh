@@ -93,7 +93,7 @@ run_step() {
     prefill-breakdown) timeout 480 python3 scripts/gpu_prefill_breakdown.py ${BREAKDOWN_ARGS:-} 2>&1 | quiet | tail -40 ;;
     compiled-host) timeout 400 python3 scripts/gpu_compiled_host.py ${HOST_ARGS:-} 2>&1 | quiet | tail -80 ;;
     compiled-events) for mode in default mode default mode; do  # a fresh process each: step times drift within one
-                       timeout 150 python3 scripts/gpu_compiled_host.py --events $mode ${HOST_ARGS:-} 2>                       timeout 150 python3 scripts/gpu_compiled_host.py --events $mode 2>&1 | quiet | tail -321 | quiet | tail -32
+                       timeout 150 python3 scripts/gpu_compiled_host.py --events $mode ${HOST_ARGS:-} 2>&1 | quiet | tail -32
                      done ;;
     compiled-gaps) for mode in default mode default mode; do
                      timeout 200 python3 scripts/gpu_compiled_host.py --gaps $mode ${HOST_ARGS:-} 2>&1 | quiet | tail -2
