@@ -15,7 +15,7 @@
 #   compile-profile  the same model: prefill of 512 tokens and B=1, B=32 decode steps' GPU time by kernel
 #   prefill      the same model's 512-token prefill: eager, compiled, and compiled under CUDA graphs
 #   attention-prefill scripts/gpu_attention_prefill.py: prefill attention by row tile / warps / stages vs SDPA, bits vs shipped
-#   attention-stages scripts/gpu_attention_stages.py: decode attention at B = 1 by warps / stages / merge block vs SDPA
+#   attention-stages scripts/gpu_attention_stages.py: decode attention by warps / stages / merge block vs SDPA (STAGES_ARGS)
 #   split-tests  tests/test_kernels_attention_split.py and test_kernels_counters.py on CUDA (split == fused bits,
 #                50 racing repeats; the counter buffer left at zero, other streams, a captured graph)
 #   prefill-breakdown scripts/gpu_prefill_breakdown.py: the CUDA-graph prefill's GPU time by kernel class, and each shape alone
@@ -85,7 +85,7 @@ run_step() {
     compile-profile) timeout 400 python3 scripts/gpu_compile.py --profile ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
     prefill) timeout 560 python3 scripts/gpu_compile.py --prefill ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
     attention-prefill) timeout 300 python3 scripts/gpu_attention_prefill.py 2>&1 | tail -60 ;;
-    attention-stages) timeout 200 python3 scripts/gpu_attention_stages.py 2>&1 | tail -20 ;;
+    attention-stages) timeout 300 python3 scripts/gpu_attention_stages.py ${STAGES_ARGS:-} 2>&1 | tail -30 ;;
     split-tests) NONDET_ATTN_SPLIT_INNER=1 NONDET_COUNTERS_INNER=1 NONDET_TEST_DEVICE=cuda timeout 200 python3 -m pytest \
                    -q -p no:cacheprovider tests/test_kernels_attention_split.py tests/test_kernels_counters.py 2>&1 | tail -15 ;;
     decode-tiles) timeout 400 python3 scripts/gpu_decode_tiles.py ${TILES_ARGS:-} 2>&1 | quiet | tail -80 ;;

@@ -34,6 +34,19 @@ if not INNER:
     def test_triton_kernels_under_interpreter():
         rerun_under_interpreter(__file__, "NONDET_TRITON_INNER")
 
+    def test_decodes_of_few_chunk_programs_take_the_deeper_pipeline():
+        # 32 / 8 heads, 512-key chunks: below 256 programs (B x 8 KV heads x chunks) the decode takes
+        # 8 warps and 3 stages; from there on, and for more than one query, the shipped decode tile
+        import torch
+
+        from nondet.kernels.triton_attention import few_decode_programs
+
+        bf16 = torch.bfloat16
+        assert few_decode_programs(bf16, 1, 1, 8, 1024) and few_decode_programs(bf16, 1, 1, 8, 8192)
+        assert few_decode_programs(bf16, 2, 1, 8, 4096) and few_decode_programs(bf16, 8, 1, 8, 1024)
+        assert not few_decode_programs(bf16, 1, 1, 8, 16384) and not few_decode_programs(bf16, 4, 1, 8, 4096)
+        assert not few_decode_programs(bf16, 1, 5, 8, 1024)  # a verification of 5 rows
+
     def test_matmul_builds_tma_descriptors_in_the_kernel_in_a_trace_and_by_default_in_eager(monkeypatch):
         # Inductor fails on host descriptors built in a triton_op's body, so a trace always builds them
         # in the kernel; eager does too unless EAGER_DEVICE_DESC is off (host descriptors cost ~30 us
@@ -257,6 +270,10 @@ else:
         # a decode over a long cache keeps the decode tile and the K order, with 8 warps (speed only)
         long = attention_config(torch.bfloat16, 4, by_position=not masked, long_cache=True)
         assert (long.block_m, long.block_n, long.kv_chunk, long.num_warps) == (16, shipped.block_n, shipped.kv_chunk, 8)
+        # a decode of few chunk programs, the same, with 8 warps and 3 stages (speed only)
+        few = attention_config(torch.bfloat16, 4, by_position=not masked, few_programs=True)
+        assert (few.block_m, few.block_n, few.kv_chunk, few.num_warps, few.num_stages) == (
+            16, shipped.block_n, shipped.kv_chunk, 8, 3)
         small = triton_attention.attention(q, k, v, mask, cfg=shipped)
         assert torch.equal(triton_attention.attention(q, k, v, mask), small)
         for i in (0, 211, 255):

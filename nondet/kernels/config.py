@@ -153,15 +153,23 @@ _ATTENTION_BY_ROWS = (  # (fewest rows per KV head, by position only?, (block_m,
 # (2026-11-26, scripts/gpu_attention_stages.py, two runs) KV 16k 35.5-35.8 -> 33.8-34.4 us, KV 32k
 # 65.6-65.8 -> 63.7-63.9 us (SDPA 29.9 / 51.1-51.4); shorter caches within noise either way.
 LONG_CACHE = 16384
+# A decode step whose launch has few chunk programs (batch x KV heads x kv_chunk chunks, fewer than
+# this) takes 8 warps and 3 stages: each program walks only four 128-key steps, and the deeper
+# pipeline hides more of their load latency. H100, 2026-11-27 (scripts/gpu_attention_stages.py,
+# 32/8 heads, bf16, us vs SDPA): B = 1 KV 1k / 4k / 8k 12.1 / 14.0 / 17.2 -> 10.5 / 11.5 / 13.4
+# (0.54 / 0.71 / 0.72x -> 0.63 / 0.86 / 0.92x); B = 2 KV 4k 0.74 -> 0.95x; B = 8 KV 1k 0.80 -> 1.02x.
+# At 256 programs and more (B = 1 KV 16k, B = 2 KV 8k, B = 4 KV 4k) it was 0.03-0.07x slower.
+FEW_DECODE_PROGRAMS = 256
 
 
 @functools.lru_cache(maxsize=4096)  # on every attention launch's path; rows vary with prompt length
 def attention_config(dtype: torch.dtype, rows: int = 1, by_position: bool = False, head_dim: int = 128,
-                     long_cache: bool = False) -> AttentionConfig:
+                     long_cache: bool = False, few_programs: bool = False) -> AttentionConfig:
     """The tile for an attention launch of `rows` query rows per KV head (queries x heads per KV
     head); by_position: the keys a row sees follow from positions (causal, or a mask's rows given as
     runs), no mask loaded per key; head_dim: the larger of q's and v's; long_cache: at least
-    LONG_CACHE keys. block_n and kv_chunk, the order of a row's sum, never move. Head dims past 128
+    LONG_CACHE keys; few_programs: a one-query decode of fewer than FEW_DECODE_PROGRAMS chunk programs.
+    block_n and kv_chunk, the order of a row's sum, never move. Head dims past 128
     (Gemma's 256, MLA's 192) keep the 16-row tile: a 128-row one does not fit shared memory there,
     and they were not swept."""
     cfg = ATTENTION_CONFIGS[dtype]
@@ -170,6 +178,8 @@ def attention_config(dtype: torch.dtype, rows: int = 1, by_position: bool = Fals
     for fewest, position_only, (block_m, warps, stages) in _ATTENTION_BY_ROWS:
         if rows >= fewest and (by_position or not position_only):
             return replace(cfg, block_m=block_m, num_warps=warps, num_stages=stages)
+    if few_programs:
+        return replace(cfg, num_warps=8, num_stages=3)
     return replace(cfg, num_warps=8) if long_cache else cfg
 
 

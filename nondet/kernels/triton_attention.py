@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nondet.kernels.config import LONG_CACHE, AttentionConfig, attention_config, sm_count
+from nondet.kernels.config import (ATTENTION_CONFIGS, FEW_DECODE_PROGRAMS, LONG_CACHE, AttentionConfig, attention_config,
+                                  sm_count)
 from nondet.kernels.launch import interpreting, launch
 from nondet.kernels.masks import KERNEL_MASK_DTYPE, for_kernel
 from nondet.kernels.triton_attention_merge import NEG, arrived_last, merge, merge_stored, store_chunk, workspace
@@ -244,6 +245,12 @@ def use_split(programs: int, chunks: int, device: torch.device) -> bool:
     return chunks > 1 and programs < 2 * sm_count(device)
 
 
+def few_decode_programs(dtype: torch.dtype, bsz: int, nq: int, kvh: int, s: int) -> bool:
+    """A one-query decode whose chunk programs (batch x KV heads x chunks of S keys) are fewer than
+    config.FEW_DECODE_PROGRAMS: it takes the deeper pipeline (speed only)."""
+    return nq == 1 and bsz * kvh * triton.cdiv(s, ATTENTION_CONFIGS[dtype].kv_chunk) < FEW_DECODE_PROGRAMS
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
               scale: float | None = None, kv_start: torch.Tensor | None = None,
               split: bool | None = None, cfg: AttentionConfig | None = None,
@@ -281,7 +288,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     has_end = query_end is not None and mask is not None
     has_runs = has_end and run_start is not None
     cfg = cfg or attention_config(q.dtype, 1 if one_query else nq * g, by_position=mask is None or has_runs,
-                                  head_dim=max(d, dv), long_cache=s >= LONG_CACHE)
+                                  head_dim=max(d, dv), long_cache=s >= LONG_CACHE,
+                                  few_programs=few_decode_programs(q.dtype, bsz, nq, kvh, s))
     if one_query:
         assert g <= cfg.block_m, "a tile must hold a query's heads"
         kv_start = query_start.expand(bsz, nq)
