@@ -254,10 +254,18 @@ def tuning_path() -> Path:
     return Path(os.environ.get(TUNING_ENV, default))
 
 
+_TUNING_GENERATION = [0]  # counts clear_tuning_cache calls: launches bound under an older table are not reused
+
+
 def clear_tuning_cache() -> None:
     """Forget loaded tables (after `nondet kernels tune` wrote one, or in tests)."""
     _load_tuning.cache_clear()
     _tuning_for.cache_clear()
+    _TUNING_GENERATION[0] += 1
+
+
+def tuning_generation() -> int:
+    return _TUNING_GENERATION[0]
 
 
 def tuning_key(device: torch.device) -> dict:

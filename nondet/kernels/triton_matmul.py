@@ -22,13 +22,14 @@ bucket gives the same bits (asserted on the device for M = 1..8192 and under the
 """
 
 import functools
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-from nondet.kernels import counters
-from nondet.kernels.config import MatmulConfig, k_chunk_for, matmul_config, sm_count
+from nondet.kernels import bound, counters
+from nondet.kernels.config import TUNING_ENV, MatmulConfig, k_chunk_for, matmul_config, sm_count, tuning_generation
 from nondet.kernels.launch import aligned16, interpreting, launch, triton_scratch
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -307,20 +308,45 @@ def _host_descs(a, b, cfg):
 
 
 def _mm_tma(a, b, c, bias, alpha, beta, cfg):
-    """c = a (M, K) @ b (K, N) [* alpha + beta * bias (M, N)] through the persistent TMA kernel."""
+    """c = a (M, K) @ b (K, N) [* alpha + beta * bias (M, N)] through the persistent TMA kernel.
+    Returns what a BoundLaunch needs: the launch's result (the compiled kernel, in eager), grid,
+    positional arguments and keywords."""
     m, n = c.shape
     unit = alpha == 1.0 and (beta == 1.0 or bias is None)
     device_desc = _device_desc(a)
     a_src, b_src = (a, b.t()) if device_desc else _host_descs(a, b, cfg)
     programs = min(sm_count(a.device), triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
     bias_t = bias if bias is not None else c
+    args = (a_src, b_src, c, bias_t, m, n, a.shape[1], c.stride(0), c.stride(1),
+            bias_t.stride(0), bias_t.stride(1), float(alpha), float(beta))
+    meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk_for(a.shape[1], cfg),
+                GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, HAS_BIAS=bias is not None, UNIT_SCALE=unit,
+                UPCAST=interpreting(), DEVICE_DESC=device_desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     with triton_scratch():  # the descriptors' global memory (a traced launch gets Inductor's instead)
-        launch(_mm_tma_kernel, (programs,), c)(
-            a_src, b_src, c, bias_t, m, n, a.shape[1], c.stride(0), c.stride(1),
-            bias_t.stride(0), bias_t.stride(1), float(alpha), float(beta),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk_for(a.shape[1], cfg),
-            GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, HAS_BIAS=bias is not None, UNIT_SCALE=unit,
-            UPCAST=interpreting(), DEVICE_DESC=device_desc, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        result = launch(_mm_tma_kernel, (programs,), c)(*args, **meta)
+    return result, (programs,), args, meta
+
+
+# Eager TMA matmuls without bias (a transformers linear), bound per _plan_key (bound.py): ~10 us of
+# Triton's dispatch and our own (config, TMA eligibility, split decision) skipped per call. False:
+# every launch through the JIT (benchmarks compare the two).
+BIND_EAGER_LAUNCHES = True
+_TMA_PLANS = bound.Plans()
+
+
+def _plan_key(a: torch.Tensor, b: torch.Tensor) -> tuple:
+    """Everything mm's TMA launch without bias depends on: shapes and strides (so M, N, K, the tile,
+    the split decision and every integer Triton specialises on), dtypes, the device, the operands'
+    16-byte alignment, the descriptor switch and which tuned table is loaded."""
+    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, a.data_ptr() % 16 == 0,
+            b.data_ptr() % 16 == 0, EAGER_DEVICE_DESC, tuning_generation(), os.environ.get(TUNING_ENV))
+
+
+def _bound_mm(a: torch.Tensor, b: torch.Tensor, plan: bound.BoundLaunch) -> torch.Tensor:
+    c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    with triton_scratch():
+        plan(a, b.t(), c, c)  # bias_ptr: c, as _mm_tma passes it without a bias
+    return c
 
 
 def _bias_only(bias, c, beta):
@@ -334,6 +360,13 @@ def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
        cfg: MatmulConfig | None = None) -> torch.Tensor:
     """(M, K) @ (K, N) [* alpha + beta * bias] -> (M, N); bias is (N,), (1, N) or (M, N)."""
     assert a.dim() == 2 and b.dim() == 2
+    bindable = (BIND_EAGER_LAUNCHES and bias is None and split is None and cfg is None and alpha == 1.0
+                and bound.bindable(a))
+    if bindable:
+        key = _plan_key(a, b)
+        plan = _TMA_PLANS.get(key)
+        if plan is not None:
+            return _bound_mm(a, b, plan)
     m, k = a.shape
     n = b.shape[1]
     cfg = cfg or matmul_config(a.dtype, m, k, n, a.device)
@@ -341,7 +374,9 @@ def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
             and (split is False or not use_split(1, m, n, k, cfg, a.device, 4))):
         # the persistent TMA kernel straight away: bmm's 3-d views cost the host ~10 us per call
         c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-        _mm_tma(a, b, c, None if bias is None else bias.expand(m, n), alpha, beta, cfg)
+        compiled, grid, args, meta = _mm_tma(a, b, c, None if bias is None else bias.expand(m, n), alpha, beta, cfg)
+        if bindable and meta["DEVICE_DESC"] and compiled is not None:
+            _TMA_PLANS.add(key, bound.BoundLaunch(_mm_tma_kernel, compiled, grid, args, meta, 4, c.device.index))
         return c
     bias3 = None if bias is None else bias.expand(a.shape[0], b.shape[1]).unsqueeze(0)
     return bmm(a.unsqueeze(0), b.unsqueeze(0), bias3, alpha=alpha, beta=beta, split=split, cfg=cfg)[0]

@@ -51,6 +51,34 @@ def test_matmul_correct_and_row0_invariant(dtype):
     assert torch.equal(triton_matmul.mm(a[:64], b, split=True), triton_matmul.mm(a[:64], b, split=False))
 
 
+def test_a_bound_eager_matmul_keeps_the_jit_launchs_bits():
+    # the second eager call of a shape skips Triton's JIT dispatch (bound.py); same binary, same bits
+    from nondet.kernels import triton_matmul
+    from nondet.kernels.config import matmul_config
+
+    plans = triton_matmul._TMA_PLANS
+    plans.clear()
+    torch.manual_seed(0)
+    a = torch.randn(512, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
+    first = triton_matmul.mm(a, w.t())
+    if not plans.table:
+        pytest.skip("no TMA matmul on this GPU: nothing is bound")
+    assert len(plans.table) == 1
+    for rows in (512, 300):  # the bound launch, then another shape: its own plan
+        unbound = triton_matmul.mm(a[:rows], w.t(), cfg=matmul_config(a.dtype, rows, 4096, 1024, a.device))
+        assert torch.equal(triton_matmul.mm(a[:rows], w.t()), unbound), rows
+        assert torch.equal(triton_matmul.mm(a[:rows], w.t()), unbound), rows
+    assert torch.equal(first, triton_matmul.mm(a, w.t()))
+    assert len(plans.table) == 2
+    side = torch.cuda.Stream()  # a bound launch runs on the current stream
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = triton_matmul.mm(a, w.t())
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(on_side, first)
+
+
 def test_bmm_and_addmm_invariant():
     from nondet.kernels import triton_matmul
 
