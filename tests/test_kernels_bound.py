@@ -40,3 +40,24 @@ def test_plans_are_bounded():
     assert plans.get(0) == "plan 0" and len(plans.table) == bound.MAX_PLANS
     plans.add("one more", "p")
     assert plans.get(0) is None and plans.get("one more") == "p"
+
+
+def test_a_keyed_launch_goes_through_the_jit_once_per_key_and_never_without_a_key(monkeypatch):
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
+    compiled, jit_calls = FakeCompiled(), []
+
+    def jit(kernel, grid, like):
+        def call(*args, **meta):
+            jit_calls.append(args)
+            return compiled
+        return call
+
+    monkeypatch.setattr(bound, "launch", jit)
+    plans, like = bound.Plans(), torch.empty(2)
+    meta = dict(BLOCK=64, PROGRAMS=4, FLAG=False, num_warps=4)
+    for tensors in (("A", "B", "C"), ("D", "E", "F")):
+        bound.launch_keyed(plans, "key", FakeKernel, (4,), like, (*tensors, 7, 9, 1.0), meta, 3)
+    assert jit_calls == [("A", "B", "C", 7, 9, 1.0)]  # the second call took the plan
+    assert compiled.calls == [(("D", "E", "F", 7, 9, 1.0, 64, 4, False), 7)]
+    bound.launch_keyed(plans, None, FakeKernel, (4,), like, ("G", "H", "I", 7, 9, 1.0), meta, 3)
+    assert len(jit_calls) == 2 and len(plans.table) == 1

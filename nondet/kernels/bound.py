@@ -15,7 +15,7 @@ Plans are only made for plain CUDA tensors outside a trace and off the interpret
 
 import torch
 
-from nondet.kernels.launch import _plain, interpreting
+from nondet.kernels.launch import _plain, interpreting, launch
 
 MAX_PLANS = 4096  # per table: a model has a handful of widths, a probe a handful of prompt lengths
 
@@ -57,3 +57,17 @@ class Plans:
 
     def clear(self) -> None:
         self.table.clear()
+
+
+def launch_keyed(plans: Plans, key, kernel, grid: tuple, like: torch.Tensor, args: tuple, meta: dict,
+                 tensors: int) -> None:
+    """launch(kernel, grid, like)(*args, **meta), bound under `key` after its first JIT launch; key None
+    (not bindable) always takes the JIT. The first `tensors` arguments are the call's tensors; every
+    other argument (and the grid) must follow from the key."""
+    plan = plans.get(key) if key is not None else None
+    if plan is not None:
+        plan(*args[:tensors])
+        return
+    result = launch(kernel, grid, like)(*args, **meta)
+    if key is not None and result is not None:
+        plans.add(key, BoundLaunch(kernel, result, grid, args, meta, tensors, like.device.index))

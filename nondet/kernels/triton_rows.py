@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nondet.kernels import bound
 from nondet.kernels.config import ROW_BLOCK_MAX, SQUARE_EXACT_DTYPES
 from nondet.kernels.launch import aligned16, launch
 
@@ -158,6 +159,15 @@ def _weight(w: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
     return rows if w is None else _dense_aligned(w)
 
 
+# Eager row launches bound per (kernel, rows' shape, dtypes, device) (bound.py): rows reach the kernels
+# dense and 16-byte aligned (_rows), so the shape fixes every integer Triton specialises on.
+_PLANS = bound.Plans()
+
+
+def _key(kernel, rows: torch.Tensor, y: torch.Tensor):
+    return (kernel, rows.shape, rows.dtype, y.dtype, rows.device) if bound.bindable(rows) else None
+
+
 def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
     """x.mean(-1, keepdim, dtype=dtype), accumulated in fp32 one row per program."""
     n = x.shape[-1]
@@ -165,7 +175,8 @@ def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None 
     y = torch.empty(rows.shape[0], dtype=dtype or x.dtype, device=x.device)
     block, warps = _block(n)
     if rows.shape[0]:
-        launch(_mean_kernel, (rows.shape[0],), y)(rows, y, n, rows.stride(0), BLOCK=block, num_warps=warps)
+        bound.launch_keyed(_PLANS, _key(_mean_kernel, rows, y), _mean_kernel, (rows.shape[0],), y,
+                           (rows, y, n, rows.stride(0)), dict(BLOCK=block, num_warps=warps), 2)
     shape = (*x.shape[:-1], 1) if keepdim else x.shape[:-1]
     return y.reshape(shape)
 
@@ -181,8 +192,8 @@ def mean_sq(x: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
     y = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
     block, warps = _block(n)
     if rows.shape[0]:
-        launch(_mean_sq_kernel, (rows.shape[0],), y)(rows, y, n, rows.stride(0), BLOCK=block, VECTOR=FP32_VECTOR,
-                                                     num_warps=warps)
+        bound.launch_keyed(_PLANS, _key(_mean_sq_kernel, rows, y), _mean_sq_kernel, (rows.shape[0],), y,
+                           (rows, y, n, rows.stride(0)), dict(BLOCK=block, VECTOR=FP32_VECTOR, num_warps=warps), 2)
     return y.reshape((*x.shape[:-1], 1) if keepdim else x.shape[:-1])
 
 
@@ -224,6 +235,7 @@ def softmax(x: torch.Tensor, log: bool = False, dtype: torch.dtype | None = None
     y = torch.empty(rows.shape, dtype=dtype or x.dtype, device=x.device)
     block, warps = _block(n)
     if rows.shape[0] and n:
-        launch(_softmax_kernel, (rows.shape[0],), y)(rows, y, n, rows.stride(0), y.stride(0), LOG=log,
-                                          BLOCK=block, num_warps=warps)
+        key = _key(_softmax_kernel, rows, y)
+        bound.launch_keyed(_PLANS, key and (*key, log), _softmax_kernel, (rows.shape[0],), y,
+                           (rows, y, n, rows.stride(0), y.stride(0)), dict(LOG=log, BLOCK=block, num_warps=warps), 2)
     return y.reshape(x.shape)

@@ -79,6 +79,20 @@ def test_a_bound_eager_matmul_keeps_the_jit_launchs_bits():
     assert torch.equal(on_side, first)
 
 
+def test_bound_eager_row_launches_keep_the_jit_launchs_bits():
+    from nondet.kernels import triton_rows
+
+    triton_rows._PLANS.clear()
+    torch.manual_seed(0)
+    x = torch.randn(37, 4096, device="cuda", dtype=torch.bfloat16)
+    for fn in (triton_rows.mean_last, triton_rows.mean_sq, triton_rows.softmax):
+        first = fn(x)  # through the JIT; binds
+        assert torch.equal(fn(x), first) and torch.equal(fn(x), first), fn.__name__  # bound
+    assert torch.equal(triton_rows.softmax(x, log=True), triton_rows.softmax(x, log=True))
+    assert len(triton_rows._PLANS.table) == 4
+    assert not torch.equal(triton_rows.softmax(x, log=True), triton_rows.softmax(x))  # LOG is in the key
+
+
 def test_bmm_and_addmm_invariant():
     from nondet.kernels import triton_matmul
 
