@@ -92,20 +92,15 @@ else:
     def test_a_launch_that_finds_counters_nonzero_misses_its_merges():
         """The control for the two above: counters that do not start at zero break the launch, so the
         zero each launch leaves is what the next one rests on. At 100 no program of a tile is the third
-        arrival: nothing merges, nothing resets (100 + 3 left). At 1 (on the CPU, where programs run in
-        order) the second arrival merges before the last chunk is written: other bits. On a GPU the
-        racing programs and a workspace that the caching allocator hands back holding the last launch's
-        chunks can hide wrong bits, so there the counters are what is checked."""
+        arrival: nothing merges, nothing resets (100 + 3 left). (Wrong bits are not asserted: the
+        workspace the caching allocator hands back can still hold the last launch's chunks.)"""
         a, b = operands(seed=1)
-        fused = triton_matmul.bmm(a, b, cfg=MM_CFG, split=True)
+        triton_matmul.bmm(a, b, cfg=MM_CFG, split=True)
         assert not device_buffer().any()
         try:
             device_buffer()[:18] = 100
             triton_matmul.bmm(a, b, cfg=MM_CFG, split=True)
             assert torch.equal(device_buffer()[:18], torch.full_like(device_buffer()[:18], 103))
-            if DEVICE == "cpu":
-                device_buffer()[:18] = 1
-                assert not torch.equal(triton_matmul.bmm(a, b, cfg=MM_CFG, split=True), fused)
         finally:
             device_buffer().zero_()
 
