@@ -2,8 +2,8 @@
 
 A split launch (triton_matmul's split K, triton_attention's split KV) counts its programs' arrivals
 per tile in int32 counters that must read zero when it starts; the last program of a tile stores
-the zero back (`reset_counter` in the kernels), so after any launch the counters it used are zero
-again. A buffer kept per device then serves every launch, where a fresh `torch.zeros` per launch
+the zero back (triton_matmul._mm_kernel, triton_attention_merge.arrived_last), so after any launch
+the counters it used are zero again. A buffer kept per device then serves every launch, where a fresh `torch.zeros` per launch
 cost a memset each: ~100 extra nodes in a 16-layer 8B-shaped decode step's CUDA graph and ~0.2 ms
 of cudaGraphLaunch host time per step (H200, 2026-11-26, docs/benchmarks.md).
 
