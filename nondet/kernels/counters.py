@@ -33,11 +33,10 @@ _BUFFERS: dict[tuple[str, int | None], tuple[torch.Tensor, int | None]] = {}  # 
 
 def zeroed(n: int, like: torch.Tensor) -> torch.Tensor:
     """n int32 counters on like's device that read zero and that the launch leaves at zero."""
-    entry = _BUFFERS.get((like.device.type, like.device.index))  # a tensor's CUDA device has its index
-    if entry is None and _plain(like) and n <= SLOTS:
-        entry = _make(like.device)
-    if entry is not None and n <= SLOTS and _plain(like) and _owns(entry[1], like.device):
-        return entry[0][:n]
+    if _plain(like) and n <= SLOTS:
+        entry = _BUFFERS.get(_key(like.device)) or _make(like.device)
+        if entry is not None and _owns(entry[1], like.device):
+            return entry[0][:n]
     return torch.zeros(n, dtype=torch.int32, device=like.device)
 
 

@@ -164,8 +164,9 @@ def _weight(w: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
 _PLANS = bound.Plans()
 
 
-def _key(kernel, rows: torch.Tensor, y: torch.Tensor):
-    return (kernel, rows.shape, rows.dtype, y.dtype, rows.device) if bound.bindable(rows) else None
+def _key(kernel, rows: torch.Tensor, y: torch.Tensor, *constants):
+    """The launch's plan key (constants: its constexprs that the shape does not fix), None if not bindable."""
+    return (kernel, rows.shape, rows.dtype, y.dtype, rows.device, *constants) if bound.bindable(rows) else None
 
 
 def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -235,7 +236,6 @@ def softmax(x: torch.Tensor, log: bool = False, dtype: torch.dtype | None = None
     y = torch.empty(rows.shape, dtype=dtype or x.dtype, device=x.device)
     block, warps = _block(n)
     if rows.shape[0] and n:
-        key = _key(_softmax_kernel, rows, y)
-        bound.launch_keyed(_PLANS, key and (*key, log), _softmax_kernel, (rows.shape[0],), y,
+        bound.launch_keyed(_PLANS, _key(_softmax_kernel, rows, y, log), _softmax_kernel, (rows.shape[0],), y,
                            (rows, y, n, rows.stride(0), y.stride(0)), dict(LOG=log, BLOCK=block, num_warps=warps), 2)
     return y.reshape(x.shape)
