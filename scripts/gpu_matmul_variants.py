@@ -113,12 +113,15 @@ def _tma_ws_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N:
 
 
 def tma_ws(x, w, bm, bn, warps, stages, flat_k, ws=True):
+    """x (M, K) @ w (N, K).T through _tma_ws_kernel: the shipped K order (block_k 64, the dtype's chunk)."""
     m, k = x.shape
     n = w.shape[0]
     c = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    programs = min(torch.cuda.get_device_properties(0).multi_processor_count, triton.cdiv(m, bm) * triton.cdiv(n, bn))
-    with triton_scratch():
-        _tma_ws_kernel[(programs,)](x, w, c, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, K_CHUNK=k_chunk_for(k, matmul_config(x.dtype, m)),
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    programs = min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn))
+    k_chunk = k_chunk_for(k, matmul_config(x.dtype, m))
+    with triton_scratch():  # the in-kernel descriptors' global memory
+        _tma_ws_kernel[(programs,)](x, w, c, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, K_CHUNK=k_chunk,
                                     GROUP_M=8, NUM_PROGRAMS=programs, FLAT=flat_k, WS=ws, num_warps=warps,
                                     num_stages=stages)
     return c
