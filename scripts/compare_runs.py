@@ -2,6 +2,11 @@
 
     python scripts/compare_runs.py RUN_A RUN_B
 
+Prints first, when the two runs' environments (fingerprint.json) differ in a setting that can move
+bits (device, CPU instruction set, library versions, dtype, kernels, kernel table, decode path),
+one line naming each such setting with both values: the cause to look at when streams differ, and
+what a "bitwise equal" verdict spans when they do not.
+
 Pairs the streams of two run directories by (condition, row, prompt, occurrence) and compares
 every step's token and logprob bits (float.hex as recorded). Prints one line per stream that
 differs (first token / first logprob-bits divergence) and a last line `N of M streams bitwise
@@ -17,7 +22,22 @@ from collections import Counter
 
 from nondet.errors import NondetError
 from nondet.rundir import RunDir
-from nondet.rundir.reader import read_streams
+from nondet.rundir.reader import read_document, read_streams
+
+
+# fingerprint.json settings that can change a stream's bits (threads are left out: the mode's bits do
+# not follow them, and the default kernels' differences are what a comparison is there to find)
+NUMERIC_SETTINGS = ("device", "cpu_capability", "torch", "triton", "transformers", "cuda", "dtype", "kernels",
+                    "kernel_tuning", "decode_path")
+
+
+def environment_differences(run_a: str, run_b: str) -> list[str]:
+    """'setting: A | B' for each NUMERIC_SETTINGS entry the two fingerprints disagree on (none when
+    either run has no fingerprint.json)."""
+    fa, fb = (read_document(RunDir(run), "fingerprint.json", {}) for run in (run_a, run_b))
+    if not fa or not fb:
+        return []
+    return [f"{key}: {fa.get(key)} | {fb.get(key)}" for key in NUMERIC_SETTINGS if fa.get(key) != fb.get(key)]
 
 
 def keyed(run: str) -> dict[tuple, list]:
@@ -65,9 +85,12 @@ def main() -> int:
     args = p.parse_args()
     try:
         lines, equal, total = compare(args.run_a, args.run_b)
+        settings = environment_differences(args.run_a, args.run_b)
     except NondetError as exc:
         print(f"compare_runs: {exc}", file=sys.stderr)
         return 2
+    if settings:
+        print("environments differ in " + "; ".join(settings))
     for line in lines:
         print(line)
     print(f"{equal} of {total} streams bitwise equal")

@@ -8,8 +8,10 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_runs.py"
 
 
-def _run_dir(path: Path, logprobs: list[list[str]], tokens: list[list[int]]) -> str:
+def _run_dir(path: Path, logprobs: list[list[str]], tokens: list[list[int]], fingerprint: dict | None = None) -> str:
     path.mkdir()
+    if fingerprint is not None:
+        (path / "fingerprint.json").write_text(json.dumps(fingerprint))
     records = [{"run_id": i, "condition_id": f"batch-invariant/bs{1 + 7 * i}/ends", "kernels": "batch-invariant",
                 "position": 0, "is_reference": i == 0, "prompt_id": 0,
                 "steps": [{"token": t, "logprob": lp} for t, lp in zip(toks, lps)]}
@@ -45,3 +47,25 @@ def test_one_logprob_bit_and_one_token_are_found(tmp_path):
 def test_a_missing_run_directory_is_one_line_exit_2(tmp_path):
     code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS), str(tmp_path / "nowhere"))
     assert code == 2 and len(out.strip().splitlines()) == 1 and out.startswith("compare_runs: ")
+
+
+FP = {"device": "NVIDIA H100 80GB HBM3", "cpu_capability": "AVX2", "torch": "2.11.0", "kernels": "batch-invariant",
+      "threads": 16}
+
+
+def test_environments_that_differ_are_named_first(tmp_path):
+    # Positive control: another instruction set (and another device) is named with both values, before
+    # the verdict; threads are no numeric setting and stay out.
+    other = {**FP, "device": "NVIDIA H200", "cpu_capability": "DEFAULT", "threads": 8}
+    code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS, FP), _run_dir(tmp_path / "b", LPS, TOKS, other))
+    lines = out.strip().splitlines()
+    assert code == 0 and lines[-1] == "2 of 2 streams bitwise equal"
+    assert lines[0] == ("environments differ in device: NVIDIA H100 80GB HBM3 | NVIDIA H200; "
+                        "cpu_capability: AVX2 | DEFAULT")
+
+
+def test_equal_environments_add_no_line(tmp_path):
+    # Negative control: the same fingerprint but for threads prints the verdict alone.
+    code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS, FP),
+                         _run_dir(tmp_path / "b", LPS, TOKS, {**FP, "threads": 2}))
+    assert code == 0 and out.strip() == "2 of 2 streams bitwise equal"

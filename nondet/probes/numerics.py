@@ -47,6 +47,9 @@ def fingerprint(model_description: dict, kernels: str) -> dict:
         "device": _device_name(model_description.get("device", "cpu")),
         "dtype": model_description.get("dtype"),
         "threads": torch.get_num_threads(),
+        # the vector instruction set torch's CPU kernels dispatch to (ATEN_CPU_CAPABILITY caps it): on the
+        # CPU it picks their code, so two runs differ in bits across it even under the mode
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "tf32_cudnn": torch.backends.cudnn.allow_tf32,
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
