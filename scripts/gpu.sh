@@ -45,8 +45,8 @@
 #   tune         nondet kernels tune, then the score under the tuned table
 # One fleet, one answer (bitwise identical streams under the mode)
 #   tuned        a tuned and an untuned kernel table on this device
-#   cross-record the probe's streams on this device -> $OUT/cross_streams.jsonl
-#   cross-compare the same probe, compared with .cross/cross_streams.jsonl recorded on another kind
+#   cross-record the probe's streams on this device -> $OUT/cross_streams.jsonl (and cross_fingerprint.json)
+#   cross-compare the same probe, compared with .cross/cross_streams.jsonl (and its fingerprint) recorded on another kind
 # Tensor parallelism needs 2 GPUs: scripts/gpu_tp.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -132,15 +132,18 @@ run_step() {
            NONDET_KERNEL_TUNING=/tmp/table.json timeout 200 python3 -m nondet kernels tune --out /tmp/table.json \
              2>&1 | tail -5
            NONDET_KERNEL_TUNING=/tmp/table.json timeout 150 "${probe[@]}" --out /tmp/run-tuned 2>&1 | tail -3
-           python3 scripts/compare_runs.py /tmp/run-untuned /tmp/run-tuned 2>&1 | tail -12 ;;
+           python3 -m nondet compare /tmp/run-untuned /tmp/run-tuned 2>&1 | tail -12 ;;
     cross-record) rm -rf /tmp/run-cross  # a warm machine keeps /tmp: a second probe there would refuse the --out
                   timeout 300 python3 -m nondet probe --device cuda --kernels batch-invariant --batch-sizes 1,2,8 \
                     --out /tmp/run-cross 2>&1 | tail -4
-                  cp /tmp/run-cross/streams.jsonl "$OUT/cross_streams.jsonl" ;;
+                  cp /tmp/run-cross/streams.jsonl "$OUT/cross_streams.jsonl"
+                  cp /tmp/run-cross/fingerprint.json "$OUT/cross_fingerprint.json" ;;
     cross-compare) run_step cross-record
                    [ -s /tmp/run-cross/streams.jsonl ] || { echo "cross-record made no streams: nothing to compare"; return 1; }
                    rm -rf /tmp/run-other && mkdir -p /tmp/run-other && cp .cross/cross_streams.jsonl /tmp/run-other/streams.jsonl
-                   python3 scripts/compare_runs.py /tmp/run-other /tmp/run-cross 2>&1 | tail -20 ;;
+                   # the other kind's fingerprint, where recorded: compare then names the device (and any version) that differs
+                   [ -s .cross/cross_fingerprint.json ] && cp .cross/cross_fingerprint.json /tmp/run-other/fingerprint.json
+                   python3 -m nondet compare /tmp/run-other /tmp/run-cross 2>&1 | tail -20 ;;
     *) echo "unknown step $1 (see the header of scripts/gpu.sh)"; return 2 ;;
   esac
 }

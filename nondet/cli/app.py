@@ -34,7 +34,7 @@ def _register_commands() -> None:
     # Each module defines its command(s) on `app` (or a sub-app) at import time.
     from nondet.cli import probe  # noqa: F401
 
-    for optional in ("bisect", "report", "gate", "kernels", "rl"):
+    for optional in ("bisect", "report", "compare", "gate", "kernels", "rl"):
         try:
             __import__(f"nondet.cli.{optional}")
         except ModuleNotFoundError as exc:

@@ -1,4 +1,5 @@
-"""scripts/compare_runs.py: two run directories compared stream by stream, bit for bit."""
+"""`nondet compare` (and scripts/compare_runs.py, its earlier name): two run directories compared
+stream by stream, bit for bit, and their environments on the settings that can move bits."""
 
 import json
 import subprocess
@@ -20,8 +21,8 @@ def _run_dir(path: Path, logprobs: list[list[str]], tokens: list[list[int]], fin
     return str(path)
 
 
-def _compare(a: str, b: str):
-    proc = subprocess.run([sys.executable, str(SCRIPT), a, b], capture_output=True, text=True, timeout=120)
+def _compare(a: str, b: str, command=(sys.executable, "-m", "nondet", "compare")):
+    proc = subprocess.run([*command, a, b], capture_output=True, text=True, timeout=120)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -44,9 +45,20 @@ def test_one_logprob_bit_and_one_token_are_found(tmp_path):
     assert code == 1 and "first token divergence 2" in out
 
 
-def test_a_missing_run_directory_is_one_line_exit_2(tmp_path):
+def test_a_missing_run_directory_is_one_line_exit_4(tmp_path):
     code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS), str(tmp_path / "nowhere"))
-    assert code == 2 and len(out.strip().splitlines()) == 1 and out.startswith("compare_runs: ")
+    assert code == 4 and len(out.strip().splitlines()) == 1 and out.startswith("nondet: error: run directory not found")
+
+
+def test_a_stream_without_its_twin_fails(tmp_path):
+    code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS), _run_dir(tmp_path / "b", LPS[:1], TOKS[:1]))
+    assert code == 1 and "batch-invariant/bs8/ends row 0 prompt 0: not in" in out
+    assert out.strip().endswith("1 of 2 streams bitwise equal")
+
+
+def test_the_script_under_its_earlier_name_gives_the_same_answer(tmp_path):
+    a, b = _run_dir(tmp_path / "a", LPS, TOKS), _run_dir(tmp_path / "b", LPS, [TOKS[0], [5, 9, 12]])
+    assert _compare(a, b, (sys.executable, str(SCRIPT))) == _compare(a, b)
 
 
 FP = {"device": "NVIDIA H100 80GB HBM3", "cpu_capability": "AVX2", "torch": "2.11.0", "kernels": "batch-invariant",

@@ -1,0 +1,84 @@
+"""Two run directories compared stream by stream, bit for bit: one fleet, one answer.
+
+Streams are paired by (condition, row, prompt, occurrence); every step's token and logprob bits
+(float.hex as recorded) are compared. The two fingerprints are compared too, on the settings that
+can move bits, so a verdict says what it spans (an H100 and an H200) or what to look at when it
+fails (another CPU instruction set). Reads files only: no torch.
+"""
+
+from collections import Counter
+from dataclasses import dataclass
+
+from nondet.rundir.files import RunDir
+from nondet.rundir.reader import read_document, read_streams
+
+# fingerprint.json settings that can change a stream's bits. Threads are left out: the mode's bits do
+# not follow them, and the default kernels' differences are what a comparison is there to find.
+NUMERIC_SETTINGS = ("device", "cpu_capability", "torch", "triton", "transformers", "cuda", "dtype", "kernels",
+                    "kernel_tuning", "decode_path")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    differing: list[str]  # one line per stream that differs or has no twin
+    equal: int  # streams of A bitwise equal to their twin in B
+    total: int  # streams of A
+    settings: list[str]  # "setting: A | B" for each NUMERIC_SETTINGS entry the fingerprints disagree on
+
+    @property
+    def identical(self) -> bool:
+        return self.total > 0 and not self.differing
+
+    def lines(self) -> list[str]:
+        """What `nondet compare` prints: the settings line (if any), the differing streams, the verdict."""
+        head = ["environments differ in " + "; ".join(self.settings)] if self.settings else []
+        return head + self.differing + [f"{self.equal} of {self.total} streams bitwise equal"]
+
+
+def compare_runs(run_a: str, run_b: str) -> Comparison:
+    a, b = _keyed(run_a), _keyed(run_b)
+    differing, equal = [], 0
+    for key, steps in a.items():
+        other = b.get(key)
+        if other is None:
+            differing.append(f"{_name(key)}: not in {run_b}")
+            continue
+        token, bits = _first(steps, other, "token"), _first(steps, other, "logprob")
+        if token is None and bits is None:
+            equal += 1
+        else:
+            differing.append(f"{_name(key)}: first token divergence {token}, first logprob-bits divergence {bits}")
+    differing += [f"{_name(k)}: not in {run_a}" for k in b if k not in a]
+    return Comparison(differing, equal, len(a), environment_differences(run_a, run_b))
+
+
+def environment_differences(run_a: str, run_b: str) -> list[str]:
+    """'setting: A | B' for each NUMERIC_SETTINGS entry the two fingerprints disagree on (none when
+    either run has no fingerprint.json)."""
+    fa, fb = (read_document(RunDir(run), "fingerprint.json", {}) for run in (run_a, run_b))
+    if not fa or not fb:
+        return []
+    return [f"{key}: {fa.get(key)} | {fb.get(key)}" for key in NUMERIC_SETTINGS if fa.get(key) != fb.get(key)]
+
+
+def _keyed(run: str) -> dict[tuple, list]:
+    """(condition_id, position, prompt_id, n-th such stream) -> steps."""
+    seen: Counter = Counter()
+    out = {}
+    for s in read_streams(RunDir(run)):
+        base = (s.condition_id, s.position, s.prompt_id)
+        out[(*base, seen[base])] = s.steps
+        seen[base] += 1
+    return out
+
+
+def _name(key: tuple) -> str:
+    return f"{key[0]} row {key[1]} prompt {key[2]}"
+
+
+def _first(a: list, b: list, field: str) -> int | None:
+    """The first StepRecord whose `field` differs (a length difference counts at the shorter end)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if getattr(x, field) != getattr(y, field):
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
