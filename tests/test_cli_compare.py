@@ -9,10 +9,13 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_runs.py"
 
 
-def _run_dir(path: Path, logprobs: list[list[str]], tokens: list[list[int]], fingerprint: dict | None = None) -> str:
+def _run_dir(path: Path, logprobs: list[list[str]], tokens: list[list[int]], fingerprint: dict | None = None,
+             config: dict | None = None) -> str:
     path.mkdir()
     if fingerprint is not None:
         (path / "fingerprint.json").write_text(json.dumps(fingerprint))
+    if config is not None:
+        (path / "config.json").write_text(json.dumps({"command": "probe", "config": config}))
     records = [{"run_id": i, "condition_id": f"batch-invariant/bs{1 + 7 * i}/ends", "kernels": "batch-invariant",
                 "position": 0, "is_reference": i == 0, "prompt_id": 0,
                 "steps": [{"token": t, "logprob": lp} for t, lp in zip(toks, lps)]}
@@ -62,22 +65,45 @@ def test_the_script_under_its_earlier_name_gives_the_same_answer(tmp_path):
 
 
 FP = {"device": "NVIDIA H100 80GB HBM3", "cpu_capability": "AVX2", "torch": "2.11.0", "kernels": "batch-invariant",
-      "threads": 16}
+      "threads": 16, "model": {"name": "/data/m", "architecture": "Qwen3ForCausalLM", "layers": 8, "hidden": 1024,
+                               "vocab": 151936, "params": 596049920}}
 
 
 def test_environments_that_differ_are_named_first(tmp_path):
     # Positive control: another instruction set (and another device) is named with both values, before
     # the verdict; threads are no numeric setting and stay out.
-    other = {**FP, "device": "NVIDIA H200", "cpu_capability": "DEFAULT", "threads": 8}
+    other = {**FP, "device": "NVIDIA H200", "cpu_capability": "DEFAULT", "threads": 8,
+             "model": {**FP["model"], "name": "/elsewhere/m", "layers": 4}}
     code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS, FP), _run_dir(tmp_path / "b", LPS, TOKS, other))
     lines = out.strip().splitlines()
     assert code == 0 and lines[-1] == "2 of 2 streams bitwise equal"
     assert lines[0] == ("environments differ in device: NVIDIA H100 80GB HBM3 | NVIDIA H200; "
-                        "cpu_capability: AVX2 | DEFAULT")
+                        "cpu_capability: AVX2 | DEFAULT; model: Qwen3ForCausalLM 8 1024 151936 596049920 | "
+                        "Qwen3ForCausalLM 4 1024 151936 596049920")
 
 
 def test_equal_environments_add_no_line(tmp_path):
-    # Negative control: the same fingerprint but for threads prints the verdict alone.
-    code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS, FP),
-                         _run_dir(tmp_path / "b", LPS, TOKS, {**FP, "threads": 2}))
+    # Negative control: the same fingerprint but for threads and the model's directory prints the verdict alone.
+    other = {**FP, "threads": 2, "model": {**FP["model"], "name": "/elsewhere/m"}}
+    code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS, FP), _run_dir(tmp_path / "b", LPS, TOKS, other))
+    assert code == 0 and out.strip() == "2 of 2 streams bitwise equal"
+
+
+CONFIG = {"prompt": "hi", "batch_sizes": [1, 8], "max_new_tokens": 3, "seed": 0, "model": {"name": "/data/a"},
+          "fillers": ["a filler long enough " * 6], "out": "/runs/a", "threads": 16}
+
+
+def test_probe_settings_that_differ_are_named_and_long_values_shortened(tmp_path):
+    # Positive control: another token count and other fillers are named (the fillers too long for the line).
+    other = {**CONFIG, "max_new_tokens": 4, "fillers": ["another filler " * 8]}
+    code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS, config=CONFIG),
+                         _run_dir(tmp_path / "b", LPS, TOKS, config=other))
+    assert out.splitlines()[0] == "probe settings differ in fillers (differs); max_new_tokens: 3 | 4"
+
+
+def test_a_model_elsewhere_and_another_out_are_no_probe_difference(tmp_path):
+    # Negative control: the same weights in another directory, another --out and threads add no line.
+    other = {**CONFIG, "model": {"name": "/mnt/b"}, "out": "/runs/b", "threads": 2}
+    code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS, config=CONFIG),
+                         _run_dir(tmp_path / "b", LPS, TOKS, config=other))
     assert code == 0 and out.strip() == "2 of 2 streams bitwise equal"

@@ -3,7 +3,8 @@
 Streams are paired by (condition, row, prompt, occurrence); every step's token and logprob bits
 (float.hex as recorded) are compared. The two fingerprints are compared too, on the settings that
 can move bits, so a verdict says what it spans (an H100 and an H200) or what to look at when it
-fails (another CPU instruction set). Reads files only: no torch.
+fails (another CPU instruction set), and the two probe configs, on the settings that decide which
+streams exist (a run of 6 tokens against one of 8). Reads files only: no torch.
 """
 
 from collections import Counter
@@ -18,20 +19,29 @@ NUMERIC_SETTINGS = ("device", "cpu_capability", "torch", "triton", "transformers
                     "kernel_tuning", "decode_path")
 
 
+# config.json settings that decide which streams a probe writes: runs that differ in one pair few or no
+# streams (the model is left out: the same weights sit in other directories on other machines)
+PROBE_SETTINGS = ("prompt", "prompts", "batch_sizes", "placement", "runs", "fillers", "ragged", "max_new_tokens",
+                  "temperature", "seed", "speculative", "tp", "kv_cache", "compile_backend", "chat", "system")
+
+
 @dataclass(frozen=True)
 class Comparison:
     differing: list[str]  # one line per stream that differs or has no twin
     equal: int  # streams of A bitwise equal to their twin in B
     total: int  # streams of A
     settings: list[str]  # "setting: A | B" for each NUMERIC_SETTINGS entry the fingerprints disagree on
+    probe: list[str]  # the same for PROBE_SETTINGS in the two config.json files
 
     @property
     def identical(self) -> bool:
         return self.total > 0 and not self.differing
 
     def lines(self) -> list[str]:
-        """What `nondet compare` prints: the settings line (if any), the differing streams, the verdict."""
-        head = ["environments differ in " + "; ".join(self.settings)] if self.settings else []
+        """What `nondet compare` prints: the probe and environment settings that differ (a line each, where
+        any), the differing streams, the verdict."""
+        head = ["probe settings differ in " + "; ".join(self.probe)] if self.probe else []
+        head += ["environments differ in " + "; ".join(self.settings)] if self.settings else []
         return head + self.differing + [f"{self.equal} of {self.total} streams bitwise equal"]
 
 
@@ -49,16 +59,41 @@ def compare_runs(run_a: str, run_b: str) -> Comparison:
         else:
             differing.append(f"{_name(key)}: first token divergence {token}, first logprob-bits divergence {bits}")
     differing += [f"{_name(k)}: not in {run_a}" for k in b if k not in a]
-    return Comparison(differing, equal, len(a), environment_differences(run_a, run_b))
+    return Comparison(differing, equal, len(a), environment_differences(run_a, run_b),
+                      probe_differences(run_a, run_b))
 
 
 def environment_differences(run_a: str, run_b: str) -> list[str]:
-    """'setting: A | B' for each NUMERIC_SETTINGS entry the two fingerprints disagree on (none when
-    either run has no fingerprint.json)."""
+    """'setting: A | B' for each NUMERIC_SETTINGS entry the two fingerprints disagree on, and the model's
+    shape where it differs (none when either run has no fingerprint.json)."""
     fa, fb = (read_document(RunDir(run), "fingerprint.json", {}) for run in (run_a, run_b))
     if not fa or not fb:
         return []
-    return [f"{key}: {fa.get(key)} | {fb.get(key)}" for key in NUMERIC_SETTINGS if fa.get(key) != fb.get(key)]
+    found = [f"{key}: {fa.get(key)} | {fb.get(key)}" for key in NUMERIC_SETTINGS if fa.get(key) != fb.get(key)]
+    shape_a, shape_b = _model_shape(fa), _model_shape(fb)
+    return found + ([f"model: {shape_a} | {shape_b}"] if shape_a != shape_b else [])
+
+
+def _model_shape(fingerprint: dict) -> str:
+    """The model as the fingerprint describes it, its directory left out (the same weights live in other
+    directories on other machines): architecture, layers, hidden, vocab, parameters."""
+    model = fingerprint.get("model") or {}
+    return " ".join(str(model.get(k)) for k in ("architecture", "layers", "hidden", "vocab", "params"))
+
+
+def probe_differences(run_a: str, run_b: str) -> list[str]:
+    """'setting: A | B' for each PROBE_SETTINGS entry the two probe configs disagree on ('setting
+    (differs)' where the values are too long for a line: prompt lists, fillers); none when either run
+    has no config.json."""
+    ca, cb = (read_document(RunDir(run), "config.json", {}).get("config") or {} for run in (run_a, run_b))
+    if not ca or not cb:
+        return []
+    return [_difference(key, ca.get(key), cb.get(key)) for key in PROBE_SETTINGS if ca.get(key) != cb.get(key)]
+
+
+def _difference(key: str, a, b) -> str:
+    text = f"{key}: {a} | {b}"
+    return text if len(text) <= 100 else f"{key} (differs)"
 
 
 def _keyed(run: str) -> dict[tuple, list]:
