@@ -19,10 +19,11 @@ def compare(
     Run the same probe on two machines (an H100 and an H200, two CPUs, a tuned and an untuned
     kernel table) under the mode, bring one run directory to the other, and compare. Streams are
     paired by condition, row and prompt. Prints, first, the probe settings that decide which streams
-    exist (prompts, batch sizes, tokens, seed, ...) where the two runs' configs differ, and the settings
-    that can move bits (device, CPU instruction set, library versions, dtype, kernels, kernel table,
-    decode path, the model's shape) where their fingerprints differ; then each stream that differs, with its first divergent token and first
-    divergent logprob bits; last, "N of M streams bitwise equal". Needs no GPU and no torch.
+    exist (prompts, batch sizes, tokens, seed, ...) where the two runs' configs differ, and the
+    settings that can move bits (device, CPU instruction set, library versions, dtype, kernels,
+    kernel table, decode path, the model's shape) where their fingerprints differ; then each stream
+    that differs, with its first divergent token and first divergent logprob bits; last, "N of M
+    streams bitwise equal". Needs no GPU and no torch.
 
     Exit codes:
       0  every stream bitwise equal

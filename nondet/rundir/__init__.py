@@ -6,6 +6,7 @@ shapes.py   shape checks behind the records: valid JSON of the wrong shape is ex
 writer.py   RunWriter: the one writer of config.json, fingerprint.json, conditions.jsonl,
             streams.jsonl and summary.json
 reader.py   validated reading of those files into records
+compare.py  two run directories compared stream by stream, bit for bit (`nondet compare`)
 Imports no torch.
 """
 

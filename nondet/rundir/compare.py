@@ -30,7 +30,7 @@ class Comparison:
     differing: list[str]  # one line per stream that differs or has no twin
     equal: int  # streams of A bitwise equal to their twin in B
     total: int  # streams of A
-    settings: list[str]  # "setting: A | B" for each NUMERIC_SETTINGS entry the fingerprints disagree on
+    environment: list[str]  # "setting: A | B" where the fingerprints differ (NUMERIC_SETTINGS, the model's shape)
     probe: list[str]  # the same for PROBE_SETTINGS in the two config.json files
 
     @property
@@ -41,7 +41,7 @@ class Comparison:
         """What `nondet compare` prints: the probe and environment settings that differ (a line each, where
         any), the differing streams, the verdict."""
         head = ["probe settings differ in " + "; ".join(self.probe)] if self.probe else []
-        head += ["environments differ in " + "; ".join(self.settings)] if self.settings else []
+        head += ["environments differ in " + "; ".join(self.environment)] if self.environment else []
         return head + self.differing + [f"{self.equal} of {self.total} streams bitwise equal"]
 
 
