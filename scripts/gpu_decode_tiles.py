@@ -3,10 +3,11 @@
     python3 scripts/gpu_decode_tiles.py [--m 1,16] [--narrow 32:64:4:4,...] [--splits fused,auto]
 
 The shipped decode buckets split K over programs, which costs a workspace round trip (and, until
-2026-11-27, a counter fill per matmul: nondet/kernels/counters.py). A fused tile narrow enough to give as many programs (16 x 16: N / 16 tiles) walks the same
-K chunks in the same order, so it gives the same bits (checked per cell). Each cell is timed under
-a CUDA graph that cycles over 4 copies of the weight (> L2 together for every shape here, as a
-decode's layers are), microseconds per matmul; BITS marks a cell whose output differs.
+2026-11-27, a counter fill per matmul: nondet/kernels/counters.py). A fused tile narrow enough to
+give as many programs (16 x 16: N / 16 tiles) walks the same K chunks in the same order, so it gives
+the same bits (checked per cell). Each cell is timed under a CUDA graph that cycles over 4 copies of
+the weight (> L2 together for every shape here, as a decode's layers are), microseconds per matmul;
+BITS marks a cell whose output differs.
 """
 
 import argparse

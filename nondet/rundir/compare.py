@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from nondet.rundir.files import RunDir
-from nondet.rundir.reader import read_document, read_streams
+from nondet.rundir.reader import read_document, read_header, read_streams
 
 # fingerprint.json settings that can change a stream's bits. Threads are left out: the mode's bits do
 # not follow them, and the default kernels' differences are what a comparison is there to find.
@@ -85,10 +85,15 @@ def probe_differences(run_a: str, run_b: str) -> list[str]:
     """'setting: A | B' for each PROBE_SETTINGS entry the two probe configs disagree on ('setting
     (differs)' where the values are too long for a line: prompt lists, fillers); none when either run
     has no config.json."""
-    ca, cb = (read_document(RunDir(run), "config.json", {}).get("config") or {} for run in (run_a, run_b))
+    ca, cb = (_probe_config(RunDir(run)) for run in (run_a, run_b))
     if not ca or not cb:
         return []
     return [_difference(key, ca.get(key), cb.get(key)) for key in PROBE_SETTINGS if ca.get(key) != cb.get(key)]
+
+
+def _probe_config(rd: RunDir) -> dict:
+    """The command's config from config.json (read_header: shape and format version checked); {} without one."""
+    return read_header(rd).config if rd.exists("config.json") else {}
 
 
 def _difference(key: str, a, b) -> str:
