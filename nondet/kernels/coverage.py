@@ -40,9 +40,35 @@ def _reason(module) -> str | None:
 
 
 def check(model) -> None:
-    """Raise UnsupportedModel naming the first module the mode cannot cover."""
+    """Raise UnsupportedModel naming the first module the mode cannot cover (by its structure)."""
     missing = uncovered(model)
     if missing:
         path, reason = missing[0]
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise UnsupportedModel(f"the batch-invariant mode cannot cover {path}: {reason}{more}")
+
+
+def verify(model, compiled: bool = False, allow_uncovered: bool = False):
+    """The model's op census (census.py), after refusing what it shows the mode does not cover.
+
+    Raises UnsupportedModel, one line: for the first uncovered op (module and op) unless
+    `allow_uncovered` (then the caller labels its run "partly invariant"), and always when the
+    mode's logits leave the default kernels' beyond rounding."""
+    from nondet.kernels import census
+
+    check(model)
+    found = census.take(model, compiled)
+    missing = found.uncovered()
+    if missing and not allow_uncovered:
+        first = missing[0]
+        more = f" (and {len(missing) - 1} more; --allow-uncovered runs it labelled partly invariant)"
+        raise UnsupportedModel(f"{first.module or found.model_class}: {first.op} is not covered by the "
+                               f"batch-invariant mode{more if len(missing) > 1 else _ALLOW_HINT}")
+    if not found.agrees():
+        raise UnsupportedModel(f"the batch-invariant mode changes {found.model_class}'s logits by up to "
+                               f"{found.max_logit_diff:.3g} (rounding allows {found.tolerance:.3g}): a kernel "
+                               "computes something else, so the mode refuses this model")
+    return found
+
+
+_ALLOW_HINT = " (--allow-uncovered runs it labelled partly invariant)"

@@ -72,12 +72,17 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def mean_last(x: torch.Tensor, keepdim: bool, dtype: torch.dtype | None) -> torch.Tensor:
     """x.mean(-1), row-blocked through aten::mean.out."""
+    return row_blocked_reduce(aten.mean.out, x, keepdim, dtype)
+
+
+def row_blocked_reduce(out_op, x: torch.Tensor, keepdim: bool, dtype: torch.dtype | None) -> torch.Tensor:
+    """A reduction over the last dim (aten::mean.out, aten::sum.IntList_out), row-blocked."""
     rows = x.reshape(-1, x.shape[-1])
     out_dtype = dtype or x.dtype
     out = _rows(rows.shape[0], 1, rows, out_dtype)
     res = _rows(CPU_ROW_BLOCK, 1, rows, out_dtype)
     for start, n in _blocks(rows.shape[0]):
-        aten.mean.out(_padded(rows, start, n), [-1], True, dtype=dtype, out=res)
+        out_op(_padded(rows, start, n), [-1], True, dtype=dtype, out=res)
         out[start:start + n] = res[:n]
     return out.reshape((*x.shape[:-1], 1) if keepdim else x.shape[:-1])
 

@@ -88,14 +88,15 @@ def _install(ops: frozenset) -> None:
         warnings.simplefilter("ignore", UserWarning)
         for name, kernel in entries:
             if overrides.available(name):
-                for key in overrides.DISPATCH_KEYS:
+                for key in overrides.KEY_OF.get(name, overrides.DISPATCH_KEYS):
                     library.impl(name, kernel, key)
     _LIBRARY = library
 
 
 @contextlib.contextmanager
 def batch_invariant(ops: Iterable[str] | str | None = None, model=None,
-                    traceable: bool | str = False) -> Iterator[None]:
+                    traceable: bool | str = False, allow_uncovered: bool = False,
+                    _census: bool = True) -> Iterator[None]:
     """Run the body with batch-invariant kernels for the op classes `ops` (None = all).
 
     ops: a subset of OP_CLASSES ("matmul", "norm", "attention", "softmax", "experts", "router").
@@ -103,7 +104,9 @@ def batch_invariant(ops: Iterable[str] | str | None = None, model=None,
     implementation ("experts") are switched to the invariant ones for the body, its routers
     wrapped ("router"), and all of it restored afterwards. A model with a module the mode cannot
     make invariant raises coverage.UnsupportedModel (one line naming the module) before anything
-    is switched.
+    is switched: its structure is checked, then its op census is taken (census.py: one short
+    forward, cached per model class and config) and every reduction the mode does not route
+    refuses, unless `allow_uncovered` (the run is then partly invariant: coverage.verify).
     traceable: also route the model's torch functions to nondet:: custom ops (traced.py), so a
     torch.compile'd forward called in the body keeps the mode's reductions opaque (same bits as
     eager). Off by default: in eager the aten overrides do the work without the per-call cost.
@@ -114,7 +117,10 @@ def batch_invariant(ops: Iterable[str] | str | None = None, model=None,
     if model is not None:
         from nondet.kernels import coverage
 
-        coverage.check(model)
+        if _census:
+            coverage.verify(model, compiled=bool(traceable), allow_uncovered=allow_uncovered)
+        else:
+            coverage.check(model)
     _STACK.append(frame)
     traced = None
     try:

@@ -63,6 +63,15 @@ def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None 
     return cpu.mean_last(x, keepdim, dtype)
 
 
+def sum_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x.sum(-1, keepdim=keepdim, dtype=dtype): a router's top-k weight sum, a norm written as a sum."""
+    if _triton(x):
+        from nondet.kernels import triton_rows
+
+        return triton_rows.sum_last(x, keepdim, dtype)
+    return cpu.row_blocked_reduce(torch.ops.aten.sum.IntList_out, x, keepdim, dtype)
+
+
 def mean_sq(x: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
     """x.float().pow(2).mean(-1, keepdim) in fp32, with the bits of mean_last over the stored squares.
     On CUDA the squares of bf16 / fp16 rows up to ROW_BLOCK_MAX are never written (triton_rows.mean_sq)."""

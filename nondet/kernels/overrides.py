@@ -20,7 +20,7 @@ the forward logprobs must match the sampler's and cuBLAS is faster on the backwa
 
 import torch
 
-from nondet.kernels import ops, router
+from nondet.kernels import ops, router, sdpa
 
 aten = torch.ops.aten
 
@@ -35,44 +35,85 @@ def _ours(*ts: torch.Tensor) -> bool:
             and torch._C._current_autograd_node() is None)
 
 
+def _takes_mm(self, mat2):
+    return _ours(self, mat2)
+
+
 def mm(self, mat2):
-    if not _ours(self, mat2):
+    if not _takes_mm(self, mat2):
         return aten.mm.out(self, mat2, out=_empty(self))
     return ops.mm(self, mat2)
 
 
+def _takes_addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    return _ours(mat1, mat2) and self.dtype == mat1.dtype
+
+
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
-    if not _ours(mat1, mat2) or self.dtype != mat1.dtype:
+    if not _takes_addmm(self, mat1, mat2):
         return aten.addmm.out(self, mat1, mat2, beta=beta, alpha=alpha, out=_empty(mat1))
     return ops.addmm(self, mat1, mat2, beta=beta, alpha=alpha)
 
 
 def bmm(self, mat2):
-    if not _ours(self, mat2):
+    if not _takes_mm(self, mat2):
         return aten.bmm.out(self, mat2, out=_empty(self))
     return ops.bmm(self, mat2)
+
+
+def _takes_baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    return _ours(batch1, batch2) and self.dtype == batch1.dtype
+
+
+def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    """beta * self + alpha * (batch1 @ batch2) (Bloom's ALiBi scores): the invariant bmm, then the
+    elementwise combination (one more rounding than a fused kernel, the same at every batch size)."""
+    if not _takes_baddbmm(self, batch1, batch2):
+        return aten.baddbmm.out(self, batch1, batch2, beta=beta, alpha=alpha, out=_empty(batch1))
+    product = ops.bmm(batch1, batch2)
+    product = product if alpha == 1 else product * alpha
+    return product if beta == 0 else product + (self if beta == 1 else self * beta)
 
 
 def _is_last(dim, ndim: int) -> bool:
     return ndim >= 1 and dim is not None and len(dim) == 1 and dim[0] % ndim == ndim - 1
 
 
+def _takes_mean(self, dim, keepdim=False, *, dtype=None):
+    return _is_last(dim, self.dim()) and _ours(self) and self.numel() > 0
+
+
 def mean_dim(self, dim, keepdim=False, *, dtype=None):
-    if not (_is_last(dim, self.dim()) and _ours(self) and self.numel() > 0):
+    if not _takes_mean(self, dim):
         return aten.mean.out(self, dim, keepdim, dtype=dtype, out=_empty(self, dtype))
     return ops.mean_last(self, keepdim, dtype)
 
 
+def _takes_sum(self, dim, keepdim=False, *, dtype=None):
+    return (_is_last(dim, self.dim()) and _ours(self) and self.numel() > 0
+            and (dtype is None or dtype in ops.TRITON_DTYPES))
+
+
+def sum_dim(self, dim, keepdim=False, *, dtype=None):
+    if not _takes_sum(self, dim, keepdim, dtype=dtype):
+        return aten.sum.IntList_out(self, dim, keepdim, dtype=dtype, out=_empty(self, dtype))
+    return ops.sum_last(self, keepdim, dtype)
+
+
+def _takes_softmax(self, dim, half_to_float):
+    return _is_last([dim], self.dim()) and _ours(self) and self.numel() > 0
+
+
 def _softmax(self, dim, half_to_float):
     out_dtype = torch.float32 if half_to_float else self.dtype
-    if not (_is_last([dim], self.dim()) and _ours(self) and self.numel() > 0):
+    if not _takes_softmax(self, dim, half_to_float):
         return aten._softmax.out(self, dim, half_to_float, out=_empty(self, out_dtype))
     return ops.softmax(self, dtype=out_dtype)
 
 
 def _log_softmax(self, dim, half_to_float):
     out_dtype = torch.float32 if half_to_float else self.dtype
-    if not (_is_last([dim], self.dim()) and _ours(self) and self.numel() > 0):
+    if not _takes_softmax(self, dim, half_to_float):
         return aten._log_softmax.out(self, dim, half_to_float, out=_empty(self, out_dtype))
     return ops.log_softmax(self, dtype=out_dtype)
 
@@ -111,18 +152,56 @@ def _fused_rms_norm(input, normalized_shape, weight, eps):
     return y.to(input.dtype).reshape(input.shape), rstd.reshape(stat_shape)
 
 
+def _takes_safe_softmax(self, dim, dtype=None):
+    return _takes_softmax(self, dim, False) and dtype in (None, self.dtype, torch.float32)
+
+
+def _safe_softmax(self, dim, dtype=None):
+    """SDPA's math path: a softmax whose fully masked rows (all -inf) are 0 instead of NaN."""
+    if _takes_safe_softmax(self, dim, dtype):
+        out = ops.softmax(self, dtype=dtype or self.dtype)
+    else:  # the original arithmetic (no .out overload of _safe_softmax to hand it to)
+        x = self if dtype is None else self.to(dtype)
+        out = aten._softmax.out(x, dim, False, out=_empty(x))
+    return out.masked_fill(torch.isinf(self).logical_and(self < 0).all(dim, keepdim=True), 0.0)
+
+
 # op class -> [(aten op name with overload, kernel)]
 OP_TABLE = {
-    "matmul": [("mm", mm), ("addmm", addmm), ("bmm", bmm)],
-    "norm": [("mean.dim", mean_dim), ("native_layer_norm", native_layer_norm),
+    "matmul": [("mm", mm), ("addmm", addmm), ("bmm", bmm), ("baddbmm", baddbmm)],
+    "norm": [("mean.dim", mean_dim), ("sum.dim_IntList", sum_dim), ("native_layer_norm", native_layer_norm),
              ("_fused_rms_norm", _fused_rms_norm)],
     "softmax": [("_softmax", _softmax), ("_log_softmax", _log_softmax)],
-    "attention": [],  # through transformers' attention interface, not aten
+    # transformers' attention interface (hf.py); a direct SDPA call at its composite key (sdpa.py), and
+    # SDPA's math path's softmax when the call is not ours to take
+    "attention": [(sdpa.NAME, sdpa.attention), ("_safe_softmax", _safe_softmax)],
     "experts": [],  # through transformers' ExpertsInterface (experts.py), not aten
     "router": [("topk", router.topk)],  # ties by lowest index; the router's forward is wrapped too (router.py)
 }
 
 DISPATCH_KEYS = ("CPU", "CUDA")
+
+
+def _always(*args, **kwargs) -> bool:
+    return True
+
+
+# aten op name -> whether its override computes this call with the invariant kernel (same signature as
+# the kernel); a call it hands back to the original kernel is not covered. The census (census.py) asks.
+TAKES = {"mm": _takes_mm, "addmm": _takes_addmm, "bmm": _takes_mm, "mean.dim": _takes_mean,
+         "_softmax": _takes_softmax, "_log_softmax": _takes_softmax, "native_layer_norm": _always,
+         "_fused_rms_norm": _always, "topk": router.takes_topk, "baddbmm": _takes_baddbmm,
+         "sum.dim_IntList": _takes_sum, "_safe_softmax": _takes_safe_softmax, sdpa.NAME: sdpa.takes}
+# ops whose override sits at another dispatch key than DISPATCH_KEYS
+KEY_OF = {sdpa.NAME: (sdpa.DISPATCH_KEY,)}
+
+
+def op_class_of(name: str) -> str | None:
+    """The op class whose override handles aten op `name` ('mm', 'mean.dim', ...), or None."""
+    for cls, entries in OP_TABLE.items():
+        if any(entry_name == name for entry_name, _ in entries):
+            return cls
+    return None
 
 
 def available(name: str) -> bool:

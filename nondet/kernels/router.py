@@ -22,13 +22,19 @@ import torch
 
 aten = torch.ops.aten
 
-ROUTER_CLASSES = ("matmul", "softmax")  # what a router's own forward computes with
+ROUTER_CLASSES = ("matmul", "softmax", "norm")  # what a router's own forward computes with (norm: the
+# row sums that renormalize its top-k weights, Mixtral and DeepSeek-V3)
 _WRAPPED_ATTR = "_nondet_router_forward"
+
+
+def takes_topk(self, k, dim=-1, largest=True, sorted=True) -> bool:
+    """Whether topk below orders ties itself (else it runs the original kernel, fine for integers)."""
+    return self.dim() > 0 and self.is_floating_point()
 
 
 def topk(self, k, dim=-1, largest=True, sorted=True):
     """aten::topk with ties broken by the lowest index; same values and indices set as torch.topk."""
-    if self.dim() == 0 or not self.is_floating_point():
+    if not takes_topk(self, k):
         values, indices = torch.empty(0, dtype=self.dtype, device=self.device), torch.empty(
             0, dtype=torch.long, device=self.device)
         return aten.topk.values(self, k, dim, largest, sorted, values=values, indices=indices)

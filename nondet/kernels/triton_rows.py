@@ -38,6 +38,13 @@ def _mean_kernel(x_ptr, y_ptr, N, s_x, BLOCK: tl.constexpr):
     tl.store(y_ptr + row, (total / N).to(y_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _sum_kernel(x_ptr, y_ptr, N, s_x, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    total = _row_sum(x_ptr + row * s_x, N, BLOCK, False)
+    tl.store(y_ptr + row, total.to(y_ptr.dtype.element_ty))
+
+
 # Elements per thread in the layout of a row of fp32 (16-byte vectors); mean_sq's kernel loads its
 # narrower rows in this width so that its squares are summed in _mean_kernel's layout.
 FP32_VECTOR = 4
@@ -180,6 +187,17 @@ def mean_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None 
                            (rows, y, n, rows.stride(0)), dict(BLOCK=block, num_warps=warps), 2)
     shape = (*x.shape[:-1], 1) if keepdim else x.shape[:-1]
     return y.reshape(shape)
+
+
+def sum_last(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x.sum(-1, keepdim, dtype=dtype), accumulated in fp32 one row per program (mean_last's order)."""
+    rows = _rows(x)
+    y = torch.empty(rows.shape[0], dtype=dtype or x.dtype, device=x.device)
+    block, warps = _block(x.shape[-1])
+    if rows.shape[0]:
+        bound.launch_keyed(_PLANS, _key(_sum_kernel, rows, y), _sum_kernel, (rows.shape[0],), y,
+                           (rows, y, x.shape[-1], rows.stride(0)), dict(BLOCK=block, num_warps=warps), 2)
+    return y.reshape((*x.shape[:-1], 1) if keepdim else x.shape[:-1])
 
 
 def mean_sq(x: torch.Tensor, keepdim: bool = False) -> torch.Tensor:

@@ -1,0 +1,277 @@
+"""The op census: what the mode reaches on one model, found by running it, not assumed from a list.
+
+One short forward (PROMPT tokens of prefill at ROWS rows, then one decode step against the KV cache)
+runs under the whole mode inside a TorchDispatchMode that sees every aten op the model calls, with
+the module that called it. Each op is one of:
+
+- routed: computed by the mode's kernel (an aten override that takes the call, see
+  overrides.TAKES; a nondet:: custom op; or any op run inside one of our kernels, as the CPU
+  attention's own slices and matmuls);
+- row-independent: on op_kinds' reviewed allowlist (views, elementwise, indexing, exact reductions);
+- uncovered: any other reduction or contraction, or an op nobody reviewed. Its row may depend on
+  the batch while the mode claims otherwise, so coverage.check refuses the model.
+
+With `compiled=True` (the traced mode under torch.compile) only nondet:: ops count as routed: an
+aten reduction in the trace is compiled by Inductor in an order of its choosing.
+
+The same forward also runs with default kernels: the mode's logits must equal them within rounding
+(TOLERANCE, relative to the largest default logit). A mode that changes what the model computes
+beyond that is wrong, not invariant.
+
+The result is cached per (model class, config, dtype, device, compiled, instruction set): a probe
+enters the mode many times on one model.
+"""
+
+import contextlib
+import hashlib
+import inspect
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nondet.kernels import op_kinds, overrides
+
+ROUTED, ROW_INDEPENDENT, UNCOVERED = "routed", "row-independent", "uncovered"
+ROWS, PROMPT = 2, 5  # a short forward that still has a batch (rows) and a prefill longer than a decode
+# largest |mode - default| logit allowed, relative to the largest |default logit|: rounding of a few
+# ulps through a few layers, far below what a wrong kernel (a lost mask, a wrong scale) changes
+TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 1e-2}
+
+_KERNEL_DIR = os.path.dirname(os.path.abspath(__file__))
+# files of nondet.kernels whose functions run model code or hand a call back to the original kernel;
+# every other file there computes only inside the mode's kernels
+_PASS_THROUGH_FILES = {"census.py", "mode.py", "hf.py", "router.py", "variant.py", "traced.py", "coverage.py"}
+_PASS_THROUGH_FUNCTIONS = {"experts_forward", "previous_forward"}  # experts.py: the class switched off
+
+
+@dataclass(frozen=True)
+class OpUse:
+    """One (module, aten op) pair of the forward and how the mode meets it."""
+
+    module: str  # the innermost module that ran it ('' for the model's own forward)
+    op: str  # 'aten::cumsum', 'nondet::mm'
+    verdict: str  # ROUTED / ROW_INDEPENDENT / UNCOVERED
+    why: str  # 'elementwise', 'our attention kernel', 'no invariant kernel', ...
+    calls: int
+
+
+@dataclass(frozen=True)
+class Census:
+    model_class: str
+    dtype: str
+    compiled: bool
+    uses: tuple[OpUse, ...]
+    max_logit_diff: float  # largest |mode - default| logit over both forwards
+    tolerance: float  # the allowed largest difference (TOLERANCE x largest |default logit|)
+    skipped: tuple[str, ...] = field(default=())  # checks not made, with why
+
+    def uncovered(self) -> list[OpUse]:
+        return [use for use in self.uses if use.verdict == UNCOVERED]
+
+    def counts(self) -> dict[str, int]:
+        """Calls per verdict."""
+        totals = Counter({ROUTED: 0, ROW_INDEPENDENT: 0, UNCOVERED: 0})
+        for use in self.uses:
+            totals[use.verdict] += use.calls
+        return dict(totals)
+
+    def agrees(self) -> bool:
+        return self.max_logit_diff <= self.tolerance
+
+    def to_json(self) -> dict:
+        """What fingerprint.json and the report keep."""
+        return {"model_class": self.model_class, "dtype": self.dtype, "compiled": self.compiled,
+                "counts": self.counts(), "max_logit_diff": self.max_logit_diff, "tolerance": self.tolerance,
+                "uncovered": [f"{use.module or self.model_class}: {use.op}" for use in self.uncovered()],
+                "skipped": list(self.skipped)}
+
+
+_CACHE: dict[tuple, Census] = {}
+
+
+def take(model, compiled: bool = False) -> Census:
+    """The census of `model` (cached per class, config, dtype, device, compiled, instruction set)."""
+    key = _key(model, compiled)
+    if key not in _CACHE:
+        _CACHE[key] = _run(model, compiled)
+    return _CACHE[key]
+
+
+def _key(model, compiled: bool) -> tuple:
+    config = model.config.to_json_string() if hasattr(model, "config") else repr(model)
+    parameter = next(model.parameters(), None)
+    where = (str(parameter.dtype), str(parameter.device)) if parameter is not None else ("", "")
+    digest = hashlib.sha256(config.encode()).hexdigest()[:16]
+    return type(model).__qualname__, digest, where, compiled, torch.backends.cpu.get_cpu_capability()
+
+
+def _run(model, compiled: bool) -> Census:
+    from nondet.kernels.mode import batch_invariant
+
+    ids, mask = _inputs(model)
+    with torch.no_grad():
+        default = _forward(model, ids, mask)
+        recorder = _Recorder(model, compiled)
+        with batch_invariant(model=model, traceable=compiled, _census=False), recorder:
+            ours = _forward(model, ids, mask)
+    return Census(model_class=type(model).__name__, dtype=str(ids_dtype(model)).replace("torch.", ""),
+                  compiled=compiled, uses=recorder.uses(), max_logit_diff=_largest_diff(default, ours),
+                  tolerance=_tolerance(model, default))
+
+
+def ids_dtype(model) -> torch.dtype:
+    parameter = next(model.parameters(), None)
+    return parameter.dtype if parameter is not None else torch.float32
+
+
+def _inputs(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """ROWS x PROMPT token ids (different per row, no special low ids) on the model's device."""
+    vocab = model.get_input_embeddings().num_embeddings
+    parameter = next(model.parameters())
+    ids = (torch.arange(ROWS * PROMPT).reshape(ROWS, PROMPT) * 7 + 3) % max(vocab - 3, 1) + 3
+    return ids.to(parameter.device), torch.ones_like(ids, device=parameter.device)
+
+
+def _forward(model, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    """Prefill logits of the last position and one decode step's logits, (ROWS, V) each, in fp32.
+    The decode step feeds token ids[:, 0] (not the argmax, which may differ between the two forwards
+    at a near tie and would make their decode logits incomparable)."""
+    out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+    step = ids[:, :1]
+    mask = torch.cat([mask, torch.ones_like(step)], dim=1)
+    nxt = model(input_ids=step, attention_mask=mask, use_cache=True, **_cache_argument(model, out))
+    return [out.logits[:, -1].float(), nxt.logits[:, -1].float()]
+
+
+def _cache_argument(model, out) -> dict:
+    """The prefill's KV cache as the next call takes it: `cache` from transformers 5.2x on (it
+    deprecates `past_key_values`), `past_key_values` before."""
+    cache = out["cache"] if "cache" in out else out.get("past_key_values")
+    if cache is None:
+        return {}
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}
+
+
+def _largest_diff(default: list[torch.Tensor], ours: list[torch.Tensor]) -> float:
+    return max(float((a - b).abs().max()) for a, b in zip(default, ours))
+
+
+def _tolerance(model, default: list[torch.Tensor]) -> float:
+    scale = max(float(t.abs().max()) for t in default)
+    return TOLERANCE.get(ids_dtype(model), 1e-2) * max(scale, 1.0)
+
+
+class _Recorder(TorchDispatchMode):
+    """Every aten op of the forward, with the innermost module running and the verdict."""
+
+    def __init__(self, model, compiled: bool):
+        super().__init__()
+        self._compiled = compiled
+        self._names = {module: name for name, module in model.named_modules()}
+        self._stack: list[str] = []
+        self._hooks: list = []
+        self._model = model
+        self._counts: Counter = Counter()
+
+    def __enter__(self):
+        for module in self._names:
+            self._hooks.append(module.register_forward_pre_hook(self._push))
+            self._hooks.append(module.register_forward_hook(self._pop, always_call=True))
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._remove_hooks()
+            raise
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+
+    def _push(self, module, args):
+        self._stack.append(self._names[module])
+
+    def _pop(self, module, args, output):
+        if self._stack:
+            self._stack.pop()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        verdict, why = classify(func, args, kwargs, self._compiled, _inside_our_kernel())
+        module = self._stack[-1] if self._stack else ""
+        self._counts[(module, _op_name(func), verdict, why)] += 1
+        return func(*args, **kwargs)
+
+    def uses(self) -> tuple[OpUse, ...]:
+        return tuple(OpUse(module, op, verdict, why, calls)
+                     for (module, op, verdict, why), calls in self._counts.items())
+
+
+def classify(func, args, kwargs, compiled: bool, in_kernel: bool) -> tuple[str, str]:
+    """(verdict, why) of one aten call under the whole mode."""
+    namespace = func.namespace
+    if namespace == "nondet":
+        return ROUTED, "nondet custom op"
+    if in_kernel:
+        return ROUTED, "inside a nondet kernel"
+    kind = op_kinds.row_independent(func, args, kwargs)
+    if kind is not None:
+        return ROW_INDEPENDENT, kind
+    name = _override_name(func)
+    if name is not None and overrides.TAKES[name](*args, **kwargs):
+        if compiled:
+            return UNCOVERED, "an aten override, which a compiled graph does not call"
+        return ROUTED, f"aten override ({overrides.op_class_of(name)})"
+    if name is not None:
+        return UNCOVERED, "handed back to the original kernel (dim, dtype or shape not covered)"
+    return UNCOVERED, "no batch-invariant kernel"
+
+
+def _override_name(func) -> str | None:
+    """The key of overrides.TAKES for this overload ('mean.dim', 'mm'), or None."""
+    base = op_kinds.base_name(func)
+    overload = func._overloadname
+    for name in (f"{base}.{overload}", base if overload == "default" else None):
+        if name in overrides.TAKES:
+            return name
+    return None
+
+
+def _op_name(func) -> str:
+    return f"{func.namespace}::{op_kinds.base_name(func)}"
+
+
+def _inside_our_kernel() -> bool:
+    """Whether a frame of nondet.kernels' own arithmetic is on the Python stack (its inner ops are ours)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        directory, filename = os.path.split(code.co_filename)
+        if (directory == _KERNEL_DIR and filename not in _PASS_THROUGH_FILES
+                and code.co_name not in _PASS_THROUGH_FUNCTIONS):
+            return True
+        frame = frame.f_back
+    return False
+
+
+@contextlib.contextmanager
+def cleared():
+    """Forget every cached census for the body (tests)."""
+    saved = dict(_CACHE)
+    _CACHE.clear()
+    try:
+        yield
+    finally:
+        _CACHE.clear()
+        _CACHE.update(saved)
