@@ -8,6 +8,7 @@ Exit codes (also in the README):
      a tensor-parallel worker died
   4  bad run directory (missing or malformed files)
   5  server answered, but with an unusable response (HTTP error, malformed JSON)
+  130 interrupted (Ctrl-C): what was already written stays on disk, in an unfinished run directory
 """
 
 
@@ -63,6 +64,17 @@ class ServerResponseError(NondetError):
     """A live server answered with an HTTP error or a malformed body."""
 
     exit_code = 5
+
+
+class Interrupted(NondetError):
+    """Ctrl-C (SIGINT) stopped a run; the message names where what was written stays."""
+
+    exit_code = 130
+
+
+class PartialRunWarning(UserWarning):
+    """A run directory was read in part (a record cut off mid-write was left out); the CLI shows it as
+    one `nondet: warning:` line, a library caller as a Python warning."""
 
 
 _OOM_MESSAGES = ("can't allocate memory", "out of memory")  # torch CPU allocator; CUDA/HIP/MPS allocators

@@ -46,6 +46,10 @@ def assert_batch_invariant(model, tokenizer, prompts: "Sequence[Prompt] | None" 
     from nondet.prompt import label
 
     policy = Policy.parse(require)
+    if max(batch_sizes, default=1) <= 1:
+        raise ValueError(f"batch_sizes={tuple(batch_sizes)} leaves no condition to compare with the reference "
+                         "(the prompt alone at batch size 1): a policy over zero conditions proves nothing; "
+                         "give a size > 1, e.g. batch_sizes=(1, 8)")
     verdicts = []
     for prompt in prompts_of(prompts, prompts_file):
         config = ProbeConfig(prompt=prompt, batch_sizes=tuple(sorted({1, *batch_sizes})),
@@ -61,6 +65,9 @@ def assert_batch_invariant(model, tokenizer, prompts: "Sequence[Prompt] | None" 
 def prompts_of(prompts: "Sequence[Prompt] | None", prompts_file: Path | str | None) -> "Sequence[Prompt]":
     """The prompts given, or those of prompts_file read as every command reads one (nondet/prompt_file.py)."""
     if prompts_file is None:
+        if prompts is not None and not prompts:
+            raise ValueError("prompts is empty: nothing would be probed, and an assertion over nothing proves "
+                             "nothing; give at least one prompt (or leave prompts out for the built-in one)")
         return DEFAULT_PROMPTS if prompts is None else prompts
     if prompts is not None:
         raise ValueError("give either prompts or prompts_file, not both")
@@ -95,6 +102,9 @@ def assert_speculative_equivalent(model, tokenizer, prompts: Sequence[str] | Non
     from nondet.probes.probe import ProbeConfig
 
     names = tuple(f if ":" in f else f"{f}:{k}" for f in forms)
+    if not names:
+        raise ValueError("forms is empty: no speculative form to compare with plain greedy decoding, and an "
+                         "assertion over no comparison proves nothing; give e.g. forms=(\"self\",)")
     failures, passed = [], []
     for prompt in prompts_of(prompts, prompts_file):
         config = ProbeConfig(prompt=prompt, batch_sizes=(1,), max_new_tokens=max_new_tokens, kernels=(kernels,),

@@ -21,6 +21,7 @@ def _run_dir(path: Path, logprobs: list[list[str]], tokens: list[list[int]], fin
                 "steps": [{"token": t, "logprob": lp} for t, lp in zip(toks, lps)]}
                for i, (toks, lps) in enumerate(zip(tokens, logprobs))]
     (path / "streams.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (path / "summary.json").write_text('{"modes": {}}')  # a finished run: compare refuses an unfinished one
     return str(path)
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from nondet.errors import RunDirError
+from nondet.errors import PartialRunWarning, RunDirError
 from nondet.rundir import RunDir, float_to_hex, hex_to_float
 
 
@@ -27,12 +27,13 @@ def test_jsonl_skips_a_torn_last_line(tmp_path):
     rd.append_jsonl("s.jsonl", {"run_id": 0})
     with open(tmp_path / "s.jsonl", "a") as f:
         f.write('{"run_id": 1, "ste')  # the process died mid-write
-    assert rd.read_jsonl("s.jsonl") == [{"run_id": 0}]
+    with pytest.warns(PartialRunWarning, match=r"s\.jsonl:2: record cut off mid-write, left out"):
+        assert rd.read_jsonl("s.jsonl") == [{"run_id": 0}]
 
 
 def test_malformed_jsonl_line_is_a_run_dir_error(tmp_path):
     (tmp_path / "s.jsonl").write_text('{"a": 1}\nnot json\n{"a": 2}\n')
-    with pytest.raises(RunDirError, match=r"s\.jsonl: malformed JSON on line 2"):
+    with pytest.raises(RunDirError, match=r"s\.jsonl:2: malformed JSON"):
         RunDir(tmp_path).read_jsonl("s.jsonl")
 
 

@@ -112,7 +112,7 @@ def test_a_record_of_the_wrong_shape_names_file_record_and_field(toy_run, name, 
     lines[line - 1] = json.dumps(record)
     (toy_run / name).write_text("\n".join(lines) + "\n")
     reader = read_conditions if name == "conditions.jsonl" else read_streams
-    with pytest.raises(RunDirError, match=f"{name}: record {line}: field '{field}' must be"):
+    with pytest.raises(RunDirError, match=f"{name}:{line}: field '{field}' must be"):
         reader(RunDir(toy_run))
 
 
@@ -135,7 +135,7 @@ def test_report_on_a_condition_with_a_numeric_kernels_exits_4(toy_run):
     (toy_run / "conditions.jsonl").write_text("\n".join(lines) + "\n")
     r = _report(toy_run)
     assert r.returncode == 4, r.stderr
-    assert r.stderr == (f"nondet: error: {toy_run / 'conditions.jsonl'}: record 2: field 'kernels' must be "
+    assert r.stderr == (f"nondet: error: {toy_run / 'conditions.jsonl'}:2: field 'kernels' must be "
                         "a string, found a number 5\n")
 
 

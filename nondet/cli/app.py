@@ -45,15 +45,19 @@ def _register_commands() -> None:
     reflow_commands(app)
 
 
+INTERRUPTED = "interrupted; results already written stay in the run directory"
+
+
 def main() -> None:
     """Entry point: run the app behind the one error boundary."""
-    _register_commands()
+    _show_partial_run_warnings()
     try:
-        app(standalone_mode=False)
+        _register_commands()
+        code = app(standalone_mode=False)
     except NondetError as exc:
         _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
-        _fail("interrupted; results already written stay in the run directory", 130)
+        _fail(INTERRUPTED, 130)
     except Exception as exc:  # noqa: BLE001 - the boundary: never a traceback by default
         handled = _handle_click_exception(exc)
         if handled is None and is_out_of_memory(exc):
@@ -62,6 +66,35 @@ def main() -> None:
         if handled is None:
             _fail(f"internal error: {type(exc).__name__}: {exc} (NONDET_DEBUG=1 shows the traceback)", 70)
         sys.exit(handled)
+    _exit_with(code)
+
+
+def _exit_with(code) -> None:
+    """What app() returned outside standalone mode. typer catches a KeyboardInterrupt raised in a command
+    (Ctrl-C) and returns 130 (its Exit(130)) instead of raising it, and returns n for typer.Exit(n); a
+    command that finishes returns None. So 130 is the interrupt, any other integer the exit code."""
+    if code == 130:
+        _fail(INTERRUPTED, 130)
+    if isinstance(code, int) and code != 0:
+        sys.exit(code)
+
+
+def _show_partial_run_warnings() -> None:
+    """A PartialRunWarning (rundir: a torn record left out) is one `nondet: warning:` line on stderr;
+    every other warning shows as Python shows it."""
+    import warnings
+
+    from nondet.errors import PartialRunWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, PartialRunWarning):
+            print(f"nondet: warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 def _handle_click_exception(exc: Exception) -> int | None:
@@ -73,8 +106,8 @@ def _handle_click_exception(exc: Exception) -> int | None:
             raise exc
         show()
         return exit_code
-    if type(exc).__name__ == "Abort":
-        return 130
+    if type(exc).__name__ == "Abort":  # click's Ctrl-C or end of input at a prompt
+        _fail("aborted (Ctrl-C or end of input)", 130)
     return None
 
 
@@ -84,7 +117,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _fail(message: str, code: int) -> None:
-    if os.environ.get("NONDET_DEBUG") == "1":
+    if os.environ.get("NONDET_DEBUG") == "1" and sys.exc_info()[1] is not None:
         _show_whole_chain(sys.exc_info()[1])
         raise
     print(f"nondet: error: {message}", file=sys.stderr)

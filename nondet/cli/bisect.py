@@ -31,7 +31,8 @@ def bisect(
     prompt_file: o.PromptFileOpt = None,
     batch_sizes: o.BatchSizesOpt = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(
-        "--max-new-tokens", "-n", help="Tokens generated per request (default 200; 64 on the trained demo model).")] = None,
+        "--max-new-tokens", "-n", help="Tokens generated per request (default 200; 64 on the trained demo model).",
+        callback=o.at_least_one)] = None,
     dtype: o.DtypeOpt = "bfloat16",
     device: o.DeviceOpt = "cpu",
     attn_implementation: o.AttnOpt = None,
@@ -69,6 +70,11 @@ def bisect(
     if run_dir is not None and any(v is not None for v in (model, prompt, prompt_file, out)):
         raise UsageError("--model, --prompt, --prompt-file and --out apply only without RUN_DIR "
                          "(bisect reloads the probe's model and prompt from RUN_DIR/config.json)")
+    if run_dir is not None:
+        from nondet.rundir import RunDir
+        from nondet.rundir.reader import require_finished
+
+        require_finished(RunDir(run_dir))  # an interrupted probe's streams are no basis for a bisect
     if run_dir is None:
         run_dir = _probe_first(prompt, prompt_file, json_output, model=model, dtype=dtype, device=device,
                                attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
@@ -88,6 +94,7 @@ def bisect(
     if not console.is_terminal:  # piped or logged: don't squeeze module paths into 80 columns
         console = Console(width=140)
     print_bisect(result.bisect, result.modules, console)
+    print_partial(result.run_dir, console)
     console.print(f"run directory: {result.run_dir}")
     console.print(f"wall time: {result.seconds:.1f} s")
 
@@ -97,7 +104,7 @@ def _probe_first(prompt, prompt_file, quiet: bool, *, model, batch_sizes, max_ne
     trained demo model, its questions) to find a divergent condition."""
     from nondet.cli.options import read_prompt
     from nondet.cli.probe import run_with_progress
-    from nondet.cli.probe_config import build_probe_config, demo_defaults
+    from nondet.cli.probe_config import build_probe_config, check_context, demo_defaults
     from nondet.probes.probe import DEFAULT_PROMPT
 
     targets, chat = (read_prompt(prompt, prompt_file, DEFAULT_PROMPT),), False
@@ -105,6 +112,7 @@ def _probe_first(prompt, prompt_file, quiet: bool, *, model, batch_sizes, max_ne
         targets, chat, batch_sizes, max_new_tokens = demo_defaults(targets, chat, batch_sizes, max_new_tokens)
     config = build_probe_config("bisect", targets, model=model, batch_sizes=batch_sizes,
                                 max_new_tokens=max_new_tokens or 200, chat=chat, **options)
+    check_context(config)
     result = run_with_progress(config, quiet=quiet)
     if not quiet:
         from rich.console import Console
@@ -129,6 +137,17 @@ def _run_with_status(config, quiet: bool):
         return run(config)
     with Console(stderr=True).status("bisect") as status:
         return run(config, lambda text: status.update(f"bisect: {text}"))
+
+
+def print_partial(run_dir, console) -> None:
+    """A bisect over a run directory a crash tore: it chose its condition from the records before the tear."""
+    from nondet.rundir import RunDir
+    from nondet.rundir.reader import torn_records
+
+    partial = torn_records(RunDir(run_dir))
+    if partial:
+        console.print(f"partial: {partial}; the condition was chosen from the records before it",
+                      style="yellow", markup=False, highlight=False)
 
 
 def print_bisect(b: dict, modules: list[dict], console) -> None:

@@ -117,7 +117,10 @@ def gate(
     from nondet.gate.config import find_config, load_config, resolve
     from nondet.gate.run import GateOutputs, run_targets
 
-    flags = {"model": model_of(model_arg, model), "prompts": prompt or None,
+    from nondet.cli.options import check_utf8
+
+    prompt = [check_utf8(p, "--prompt") for p in prompt] if prompt else None
+    flags = {"model": model_of(model_arg, model), "prompts": prompt,
              "prompts-file": str(prompts_file) if prompts_file else None, "batch-sizes": batch_sizes,
              "positions": positions, "runs": runs, "max-new-tokens": max_new_tokens, "kernels": kernels,
              "require": require, "max-distinct": max_distinct, "min-divergence-step": min_divergence_step,
@@ -128,7 +131,9 @@ def gate(
     source = config if config is not None else find_config(Path.cwd())
     settings = resolve(flags, load_config(source) if source else {}, source)
     outputs = GateOutputs(str(junit) if junit else None, bisect)
-    result = run_targets(gate_targets(settings, str(out) if out else None), outputs, _hooks(outputs))
+    targets = gate_targets(settings, str(out) if out else None)
+    _check_contexts(targets)
+    result = run_targets(targets, outputs, _hooks(outputs))
     sys.exit(0 if result.passed else 1)  # sys.exit, not typer.Exit: standalone_mode=False would swallow it
 
 
@@ -154,6 +159,16 @@ def gate_targets(settings: "GateSettings", out: str | None) -> "list[GateTarget]
                 [f"prompt {label(config.prompt)[:60]!r}"] if len(configs) > 1 else [])
             targets.append(GateTarget(config, policy, ": ".join(names)))
     return targets
+
+
+def _check_contexts(targets: "list[GateTarget]") -> None:
+    """Every probe's prompts fit its model's context (nondet rl's prompts are its own to check)."""
+    from nondet.cli.probe_config import check_context
+    from nondet.probes.probe import ProbeConfig
+
+    for target in targets:
+        if isinstance(target.config, ProbeConfig):
+            check_context(target.config)
 
 
 def _default_run_dir() -> str:
@@ -218,11 +233,11 @@ def rl_config(settings: "GateSettings", out: str) -> "RLConfig":
 
 
 def _hooks(outputs) -> "GateHooks":
-    from nondet.cli.probe import run_with_progress, write_report_if_available
+    from nondet.cli.probe import run_keeping_streams, write_report_if_available
     from nondet.gate.run import GateHooks
 
-    return GateHooks(
-        probe=lambda config: run_with_progress(config, quiet=not sys.stderr.isatty()),  # no bar in CI logs
+    return GateHooks(  # Ctrl-C or out of memory during a probe names its run directory
+        probe=lambda config: run_keeping_streams(config, quiet=not sys.stderr.isatty()),  # no bar in CI logs
         rl=_run_rl,
         on_judged=lambda gated: _print(gated, outputs.junit),
         on_bisect=lambda run_dir, line: print(f"bisect: {line} (bisect.json in {run_dir})", flush=True),

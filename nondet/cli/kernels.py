@@ -1,14 +1,16 @@
 """`nondet kernels ...`: the batch-invariant kernels' own commands."""
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from nondet.cli.app import app
+from nondet.cli.options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TrustOpt
 from nondet.errors import UsageError
 
-kernels_app = typer.Typer(help="Batch-invariant kernels: benchmark them against the defaults, tune them.",
+kernels_app = typer.Typer(help="Batch-invariant kernels: what they cover on a model, benchmark, tune.",
                           no_args_is_help=True)
 app.add_typer(kernels_app, name="kernels")
 
@@ -81,3 +83,36 @@ def tune(
     ktune.write(results, path)
     typer.echo(ktune.summary(results)[-1])
     typer.echo(f"wrote {path}")
+
+
+@kernels_app.command("coverage")
+def coverage(
+    model: ModelOpt = None,
+    dtype: DtypeOpt = "bfloat16",
+    device: DeviceOpt = "cpu",
+    compiled: Annotated[bool, typer.Option(help="Census of the traced mode a compiled graph runs: only "
+                                                "nondet:: ops count as covered.")] = False,
+    trust_remote_code: TrustOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """What the batch-invariant mode covers on one model: its op census.
+
+    One short forward (2 rows of 5 tokens, then one decode step) runs under the mode and every aten
+    op is counted as routed (a batch-invariant kernel computes it), row-independent (elementwise,
+    views, indexing: no reduction) or uncovered (a reduction the mode does not reach). The mode's
+    logits are also compared with the default kernels'. Exits 3 when the mode would refuse the model.
+
+    Example: nondet kernels coverage --model ./my-model --dtype float32
+    """
+    from nondet.cli.render_coverage import render_census
+    from nondet.kernels.mode import census_of
+    from nondet.probes.loading import ModelSpec, load_model
+    from nondet.probes.kernel_coverage import census_entry
+
+    loaded = load_model(ModelSpec(model, dtype, device, trust_remote_code=trust_remote_code, inject_variance=False))
+    found = census_of(loaded.model, compiled)
+    if as_json:
+        typer.echo(json.dumps(found.to_json(), indent=2))
+    else:
+        render_census(found)
+    census_entry(loaded.model, compiled, allow_uncovered=False)  # the mode's refusal, as a probe would meet it

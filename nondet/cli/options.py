@@ -29,7 +29,18 @@ BatchSizesOpt = Annotated[Optional[str], typer.Option(
 MaxNewTokensOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens generated per request.")]
 KernelsOpt = Annotated[str, typer.Option(help="default | batch-invariant (nondet's invariant kernels).")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", "-o", help="Run directory to write (default nondet-runs/<time>-<command>).")]
-ThreadsOpt = Annotated[Optional[int], typer.Option(help="torch CPU threads (results depend on it; recorded).")]
+def at_least_one(param: typer.CallbackParam, value: Optional[int]) -> Optional[int]:
+    """A count flag (--threads, --max-new-tokens) below 1 is a usage error, not a silent default:
+    torch would keep its own thread count while config.json says 0, and -n 0 would run 200 tokens."""
+    from nondet.errors import UsageError
+
+    if value is not None and value < 1:
+        raise UsageError(f"{param.opts[0]} must be >= 1, not {value}")
+    return value
+
+
+ThreadsOpt = Annotated[Optional[int], typer.Option(
+    help="torch CPU threads (results depend on it; recorded).", callback=at_least_one)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the machine-readable summary on stdout instead of tables.")]
 
 
@@ -48,7 +59,21 @@ def read_prompt(prompt: str | None, prompt_file: Path | None, default: str) -> s
         return default
     if not prompt.strip():
         raise UsageError("the prompt is empty; pass --prompt TEXT or --prompt-file FILE")
-    return prompt
+    return check_utf8(prompt, "--prompt")
+
+
+def check_utf8(text: str, flag: str) -> str:
+    """Command-line text as Python received it: bytes that were not UTF-8 arrive as lone surrogates
+    (surrogateescape), which no tokenizer takes; refuse them in one line, as --prompt-file does."""
+    from nondet.errors import UsageError
+
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        byte = f"0x{ord(text[exc.start]) - 0xDC00:02x}" if 0xDC80 <= ord(text[exc.start]) <= 0xDCFF else "?"
+        raise UsageError(f"{flag} is not UTF-8 text (byte {byte} at character {exc.start}); pass UTF-8, "
+                         "or the prompt in a UTF-8 file with --prompt-file") from None
+    return text
 
 
 def read_targets(prompt: str | None, prompt_file: Path | None, prompts_file: Path | None,

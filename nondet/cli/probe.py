@@ -39,7 +39,8 @@ def probe(
     ragged: Annotated[bool, typer.Option(
         "--ragged", help="Also run left-padded batches of unequal lengths (a separate, labelled condition).")] = False,
     max_new_tokens: Annotated[Optional[int], typer.Option(
-        "--max-new-tokens", "-n", help="Tokens generated per request (default 200; 64 on the trained demo model).")] = None,
+        "--max-new-tokens", "-n", help="Tokens generated per request (default 200; 64 on the trained demo model).",
+        callback=o.at_least_one)] = None,
     temperature: Annotated[float, typer.Option(help="0 = greedy. >0 samples; each request has its own seeded generator.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of each request's generator when sampling.")] = 0,
     kernels: o.KernelsOpt = "default",
@@ -134,7 +135,7 @@ def probe(
     Tensor parallelism:  nondet probe --tp 1,2 --batch-sizes 1,2,8 --confirm
     """
     from nondet.cli.options import read_lines_file, read_targets
-    from nondet.cli.probe_config import build_load_config, build_probe_config, demo_defaults
+    from nondet.cli.probe_config import build_load_config, build_probe_config, check_context, demo_defaults
     from nondet.probes.corpus import FILLERS
 
     load_config = build_load_config(load, endpoint, resume, rate=rate, concurrency=concurrency,
@@ -153,6 +154,7 @@ def probe(
         budget=budget, kv_cache=kv_cache, tp_invariant=tp_invariant, **_tp_fields(tp),
         compile_backend="inductor" if compile else None, chat=chat, system=system,
     )
+    check_context(config)
     result = run_keeping_streams(config, quiet=json_output)
     write_report_if_available(result.run_dir)
     if json_output:
@@ -202,13 +204,18 @@ def _tp_fields(tp: str | None) -> dict:
 
 
 def run_keeping_streams(config, quiet: bool):
-    """run_with_progress; out of memory names where the streams already written are."""
-    from nondet.errors import OutOfMemoryError
+    """run_with_progress; out of memory and Ctrl-C name where the streams already written are."""
+    from nondet.errors import Interrupted, OutOfMemoryError
 
+    where = config.load.resume or config.out
     try:
         return run_with_progress(config, quiet)
     except OutOfMemoryError as exc:
-        raise OutOfMemoryError(f"{exc}; streams already written stay in {config.load.resume or config.out}") from exc
+        raise OutOfMemoryError(f"{exc}; streams already written stay in {where}") from exc
+    except KeyboardInterrupt:
+        finish = f"; finish it with --resume {where}" if config.load.mode == "server" else ""
+        raise Interrupted(f"interrupted; streams already written stay in {where}, an unfinished run "
+                          f"directory{finish}") from None
 
 
 def run_with_progress(config, quiet: bool):

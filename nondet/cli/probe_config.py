@@ -45,6 +45,15 @@ def build_probe_config(command: str, prompts: "Sequence[Prompt]" = (), *, model:
     )
 
 
+def check_context(config: "ProbeConfig") -> None:
+    """An in-process probe's prompts must fit the model's context with -n new tokens: refused now, in a
+    second, not after the sweep ran them (a server's model is the server's to check)."""
+    from nondet.probes.loading import check_prompts_fit
+
+    if config.load.mode != "server":
+        check_prompts_fit(config.model, config.targets, config.max_new_tokens, config.chat, config.system)
+
+
 def build_load_config(load: str = "static", endpoint: str | None = None, resume: str | Path | None = None,
                       **fields) -> "LoadConfig":
     """The traffic around the target: --endpoint (or --resume) means a live server, else --load.
@@ -76,8 +85,12 @@ def default_batch_sizes(prompts: "Sequence[Prompt]") -> str:
 
 
 def _batch_sizes(value: str | Sequence[int] | None, prompts: "tuple[Prompt, ...]") -> tuple[int, ...]:
+    from nondet.errors import UsageError
     from nondet.probes.conditions import parse_batch_sizes
 
+    if isinstance(value, str) and not value.strip():  # -b "": a sweep the user did not ask for is no default
+        raise UsageError("--batch-sizes is empty; give sizes like 1,2,8 or a range like 1-16 (or leave the flag "
+                         "out for the default)")
     if value is None or isinstance(value, str):
         return parse_batch_sizes(value or default_batch_sizes(prompts))
     return tuple(value)

@@ -136,7 +136,7 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
         kernels=_typed(values, "kernels", str, label) or "default",
         dtype=_typed(values, "dtype", str, label) or "bfloat16",
         device=_typed(values, "device", str, label) or "cpu",
-        threads=_typed(values, "threads", int, label),
+        threads=_positive(values, "threads", None, label),  # 0 would leave torch's count while config says 0
         load=_typed(values, "load", str, label) or "static",
         endpoint=_typed(values, "endpoint", str, label),
         rate=_typed(values, "rate", float, label),
@@ -214,7 +214,7 @@ def _flag(values: dict[str, Any], key: str, label: _Labels) -> bool:
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list"}
 
 
-def _positive(values: dict[str, Any], key: str, default: int, label: _Labels) -> int:
+def _positive(values: dict[str, Any], key: str, default: int | None, label: _Labels) -> int | None:
     value = _typed(values, key, int, label)
     if value is not None and value < 1:
         raise UsageError(f"{label(key)} must be >= 1, not {value}")

@@ -146,8 +146,21 @@ def evaluate(summary: dict, streams: list[dict] | None = None, policy: Policy = 
         raise UsageError("max-logprob-diff needs logprobs: " + (
             f"the server sent none (compared at level {level})" if blind else "pass the streams (streams.jsonl)"))
     results = [r for name_, mode in summary["modes"].items() for r in _judge_mode(name_, mode, streams, policy)]
+    results += _coverage_failures(summary)
     note = f"compared at level {level}: logprob bits not checked" if blind else ""
     return Verdict(policy, name, tuple(results), run_dir, note)
+
+
+def _coverage_failures(summary: dict) -> list[ConditionResult]:
+    """A run whose batch-invariant kernels were partly invariant (--allow-uncovered: the op census found
+    ops the mode does not cover) fails every policy: its agreement proves nothing about those ops."""
+    coverage = summary.get("kernel_coverage") or {}
+    if coverage.get("coverage") != "partly invariant":
+        return []
+    from nondet.probes.kernel_coverage import partly_line
+
+    message = partly_line(coverage.get("uncovered") or [])
+    return [ConditionResult("batch-invariant", "kernel-coverage", 0, None, None, False, message)]
 
 
 def _check_axis(summary: dict, policy: Policy) -> None:

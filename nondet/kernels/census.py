@@ -93,11 +93,13 @@ class Census:
 _CACHE: dict[tuple, Census] = {}
 
 
-def take(model, compiled: bool = False) -> Census:
-    """The census of `model` (cached per class, config, dtype, device, compiled, instruction set)."""
+def take(model, mode_scope, compiled: bool = False) -> Census:
+    """The census of `model` (cached per class, config, dtype, device, compiled, instruction set).
+    mode_scope(): a context manager of the whole mode on `model` (mode.census_of passes it), without a
+    census of its own."""
     key = _key(model, compiled)
     if key not in _CACHE:
-        _CACHE[key] = _run(model, compiled)
+        _CACHE[key] = _run(model, mode_scope, compiled)
     return _CACHE[key]
 
 
@@ -109,14 +111,12 @@ def _key(model, compiled: bool) -> tuple:
     return type(model).__qualname__, digest, where, compiled, torch.backends.cpu.get_cpu_capability()
 
 
-def _run(model, compiled: bool) -> Census:
-    from nondet.kernels.mode import batch_invariant
-
+def _run(model, mode_scope, compiled: bool) -> Census:
     ids, mask = _inputs(model)
     with torch.no_grad():
         default = _forward(model, ids, mask)
         recorder = _Recorder(model, compiled)
-        with batch_invariant(model=model, traceable=compiled, _census=False), recorder:
+        with mode_scope(), recorder:
             ours = _forward(model, ids, mask)
     return Census(model_class=type(model).__name__, dtype=str(ids_dtype(model)).replace("torch.", ""),
                   compiled=compiled, uses=recorder.uses(), max_logit_diff=_largest_diff(default, ours),
@@ -143,11 +143,11 @@ def _forward(model, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]
     out = model(input_ids=ids, attention_mask=mask, use_cache=True)
     step = ids[:, :1]
     mask = torch.cat([mask, torch.ones_like(step)], dim=1)
-    nxt = model(input_ids=step, attention_mask=mask, use_cache=True, **_cache_argument(model, out))
+    nxt = model(input_ids=step, attention_mask=mask, use_cache=True, **cache_argument(model, out))
     return [out.logits[:, -1].float(), nxt.logits[:, -1].float()]
 
 
-def _cache_argument(model, out) -> dict:
+def cache_argument(model, out) -> dict:
     """The prefill's KV cache as the next call takes it: `cache` from transformers 5.2x on (it
     deprecates `past_key_values`), `past_key_values` before."""
     cache = out["cache"] if "cache" in out else out.get("past_key_values")

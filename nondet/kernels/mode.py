@@ -118,7 +118,7 @@ def batch_invariant(ops: Iterable[str] | str | None = None, model=None,
         from nondet.kernels import coverage
 
         if _census:
-            coverage.verify(model, compiled=bool(traceable), allow_uncovered=allow_uncovered)
+            verify_coverage(model, compiled=bool(traceable), allow_uncovered=allow_uncovered)
         else:
             coverage.check(model)
     _STACK.append(frame)
@@ -142,6 +142,24 @@ def batch_invariant(ops: Iterable[str] | str | None = None, model=None,
             _restore_model(frame)
         finally:
             _install(active_ops())
+
+
+def census_of(model, compiled: bool = False):
+    """The model's op census (kernels/census.py), cached; refuses nothing."""
+    from nondet.kernels import census
+
+    return census.take(model, _census_scope(model, compiled), compiled)
+
+
+def verify_coverage(model, compiled: bool = False, allow_uncovered: bool = False):
+    """The model's op census after the mode's refusals (coverage.verify): UnsupportedModel, one line."""
+    from nondet.kernels import coverage
+
+    return coverage.verify(model, _census_scope(model, compiled), compiled, allow_uncovered)
+
+
+def _census_scope(model, compiled: bool):
+    return lambda: batch_invariant(model=model, traceable=compiled, _census=False)
 
 
 def _reserve_counters() -> None:

@@ -4,6 +4,7 @@ Every path goes through from_pretrained, so the embedded default exercises the s
 as a user's model. Errors become one-line ModelLoadError / UsageError.
 """
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,9 @@ def _resolve_source(name: str | None) -> str:
     looks_local = name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
     if looks_local and not Path(name).expanduser().is_dir():
         raise ModelLoadError(f"model directory not found: {name}")
+    if looks_local and not (Path(name).expanduser() / "config.json").is_file():
+        raise ModelLoadError(f"model directory {name} holds no model (no config.json); pass the directory "
+                             "save_pretrained wrote: config.json, the weights and the tokenizer")
     return str(Path(name).expanduser()) if looks_local else name
 
 
@@ -113,15 +117,96 @@ def _from_pretrained(source: str, spec: ModelSpec):
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         model = model.to(spec.device).eval()
-    except (OSError, ValueError, KeyError, RuntimeError, ImportError, MemoryError) as exc:
+    except (*_LOAD_ERRORS, *_weights_errors()) as exc:
         if is_out_of_memory(exc):  # torch.OutOfMemoryError on a GPU, a plain RuntimeError on CPU
             raise OutOfMemoryError(f"out of memory loading {source} on {spec.device}") from exc
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"cannot load model {source!r}: {first[:300]}") from exc
+        raise ModelLoadError(_load_failure(source, exc)) from exc
     finally:
         if bars_were_enabled:
             hf_logging.enable_progress_bar()
     return model, tokenizer
+
+
+_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, ImportError, MemoryError)
+
+
+def _weights_errors() -> tuple[type, ...]:
+    """safetensors' own error (a truncated or corrupt file) is none of the builtin ones."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return ()
+    return (SafetensorError,)
+
+
+def _load_failure(source: str, exc: Exception) -> str:
+    """One line: the broken weights file where one is found, else the library's message joined onto one
+    line (transformers' messages run over several, and their first alone stops mid-sentence)."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+    broken = next(filter(None, map(_safetensors_problem, sorted(Path(source).glob("*.safetensors")))), None)
+    if broken:
+        return f"cannot load model {source!r}: {broken} ({type(exc).__name__}: {text[:200]})"
+    return f"cannot load model {source!r}: {text[:300]}"
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """'FILE is truncated: ...' (or corrupt) when a safetensors file is not what its header says, else None.
+    Layout: 8 bytes little-endian header length N, N bytes of JSON header, then the tensors' bytes."""
+    import json
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if size < 8 or 8 + n > size:
+            return f"{path} is truncated: {size} bytes, shorter than its header"
+        try:
+            ends = [t["data_offsets"][1] for k, t in json.loads(f.read(n)).items() if k != "__metadata__"]
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):  # not JSON, or not a tensor table
+            return f"{path} is corrupt: its header is not a safetensors header"
+    expected = 8 + n + max(ends, default=0)
+    return f"{path} is truncated: {size} bytes of the {expected} its header lists" if size < expected else None
+
+
+def check_prompts_fit(spec: ModelSpec, prompts, max_new_tokens: int, chat: bool = False,
+                      system: str | None = None) -> None:
+    """UsageError when a prompt, with the tokens to generate, is longer than the model's context
+    (max_position_embeddings): positions past it were never trained, and a long prompt runs for
+    minutes before anything fails. Reads the tokenizer and config only, before the weights load.
+    The embedded demo is skipped: its prompts fit, and resolving it twice would print its note twice."""
+    if spec.name is None:
+        return
+    from nondet.probes.chat import model_texts
+
+    tokenizer, context = _tokenizer_and_context(_resolve_source(spec.name), spec.trust_remote_code)
+    if context is None:
+        return
+    for k, text in enumerate(model_texts(tokenizer, prompts, chat, system)):
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if n + max_new_tokens > context:
+            raise UsageError(_too_long("the prompt" if len(prompts) == 1 else f"prompt p{k}", n, max_new_tokens,
+                                       context))
+
+
+def _too_long(which: str, n: int, new: int, context: int) -> str:
+    limit = f"the model's context of {context} tokens (max_position_embeddings)"
+    if n > context:
+        return f"{which} is {n} tokens, longer than {limit}; shorten it"
+    return (f"{which} is {n} tokens; with --max-new-tokens {new} a request reaches {n + new} tokens, longer than "
+            f"{limit}; shorten the prompt or lower --max-new-tokens")
+
+
+@functools.lru_cache(maxsize=4)  # the gate checks each prompt's probe against the same model
+def _tokenizer_and_context(source: str, trust_remote_code: bool):
+    """(tokenizer, the model's context length or None) from the model directory or hub id."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except _LOAD_ERRORS as exc:
+        raise ModelLoadError(_load_failure(source, exc)) from exc
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return tokenizer, getattr(text_config, "max_position_embeddings", None)
 
 
 def _ensure_pad_token(tokenizer) -> None:

@@ -22,7 +22,8 @@ from nondet.probes.replay import KV_CACHES
 from nondet.probes.sources.base import Planned, Source
 from nondet.prompt import Chat, Prompt, as_prompt
 from nondet.rundir import RunDir
-from nondet.rundir.reader import read_streams
+from nondet.probes.kernel_coverage import census_entry, label_summary
+from nondet.rundir.reader import read_fingerprint, read_streams
 from nondet.rundir.records import to_json
 from nondet.rundir.writer import RunWriter, new_header, refuse_a_used_run_dir
 
@@ -71,6 +72,9 @@ class ProbeConfig:
     # --compile; "aot_eager" traces without Inductor, for tests), each kernels mode labelled with the
     # path it took (probes/compiled.py); None = eager
     compile_backend: str | None = None
+    # with batch-invariant kernels: run even where the op census finds ops the mode does not cover, the
+    # run labelled "partly invariant" (probes/kernel_coverage.py); off: such a model is refused (exit 3)
+    allow_uncovered: bool = False
     # in process: each plain-text prompt through the tokenizer's chat template (probes/chat.py), the ids
     # a server's /v1/chat/completions gives the model; a server load: load.chat sends messages instead.
     # A Chat prompt is chat-formatted with or without it
@@ -111,7 +115,7 @@ def run_probe(config: ProbeConfig, on_condition: OnCondition | None = None, on_p
             writer = _open(source, config)
             run_streams(source, writer, on_condition)
             streams = [to_json(s) for s in read_streams(writer.run_dir)]  # resumed ones included
-            summary = writer.write_summary(source.summarize(streams))
+            summary = writer.write_summary(label_summary(source.summarize(streams), read_fingerprint(writer.run_dir)))
     finally:
         source.close()
     return ProbeResult(writer.run_dir.path, summary, time.perf_counter() - started)
@@ -179,6 +183,10 @@ def _open(source: Source, config: ProbeConfig) -> RunWriter:
             refuse_a_used_run_dir(config.out)
     opened = source.open()
     writer = RunWriter(RunDir(opened.run_dir or config.out or default_run_dir("probe")))
+    model = getattr(getattr(source, "loaded", None), "model", None)
+    if opened.fingerprint is not None and model is not None and "batch-invariant" in config.kernels:
+        # before any condition runs: a model the mode cannot cover is refused now, not after the default's
+        opened.fingerprint["census"] = census_entry(model, bool(config.compile_backend), config.allow_uncovered)
     if opened.fingerprint is not None:
         writer.write_header(new_header("probe", asdict(config), config.argv), opened.fingerprint)
     source.attach(writer)
@@ -258,5 +266,9 @@ def _validate_speculative(config: ProbeConfig) -> None:
         raise UsageError(f"--speculative runs the model in process; drop --load {config.load.mode} / --endpoint")
     if config.temperature > 0:
         raise UsageError("--speculative compares greedy decoding; drop --temperature")
+    if config.compile_backend:
+        from nondet.probes.static_caches import refuse_compiled_speculation
+
+        refuse_compiled_speculation()  # transformers before 5.24: now, before any model loads (probe and gate)
 
 

@@ -31,6 +31,8 @@ class DecodeSettings:
     # the compiled path (probes/compiled.py): torch.compile backend of transformers' compiled decode
     # with a static cache (kv_cache is then ignored); None = eager
     compile_backend: str | None = None
+    # with batch-invariant kernels, run a model whose op census finds uncovered ops (partly invariant)
+    allow_uncovered: bool = False
 
 
 def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings) -> dict[int, list[dict]]:

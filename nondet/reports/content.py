@@ -51,8 +51,14 @@ def build_report(t: RunTables) -> Report:
 def _verdict(t: RunTables) -> Para:
     if t.summary.get("against"):  # two servers: the sentence that compares them (it names a cross-engine one)
         sentence = t.summary["verdict"]
-        return Para([sentence[:1].upper() + sentence[1:] + "."], kind="verdict")
-    return Para([report_verdict(t.modes, t.primary_mode, t.minimal_set)], kind="verdict")
+        return Para([sentence[:1].upper() + sentence[1:] + "." + partial_sentence(t.partial)], kind="verdict")
+    return Para([report_verdict(t.modes, t.primary_mode, t.minimal_set) + partial_sentence(t.partial)],
+                kind="verdict")
+
+
+def partial_sentence(partial: str) -> str:
+    """' Partial: ...' after the verdict when a torn record was left out; '' otherwise."""
+    return f" Partial: {partial}; the tables below cover the records before it." if partial else ""
 
 
 def _gate_note(t: RunTables) -> list[Para]:

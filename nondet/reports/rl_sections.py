@@ -10,9 +10,10 @@ import numpy as np
 
 from nondet.fmt import fmt_float
 from nondet.reports.blocks import Code, CodeBlock, Figure, Para, Report, Section, Table
+from nondet.reports.content import partial_sentence
 from nondet.reports.prompts import prompt_blocks
 from nondet.rundir import RunDir
-from nondet.rundir.reader import read_header, read_streams, read_summary
+from nondet.rundir.reader import read_header, read_streams, read_summary, torn_records
 from nondet.rundir.records import to_json
 
 
@@ -27,7 +28,8 @@ def rl_report(run_dir) -> Report:
     pairs = [p for p in summary.get("rl", {}).get("pairs", []) if p.get("n_tokens")]
     streams = [to_json(s) for s in read_streams(rd)]
     sections = [
-        Section("Verdict", "verdict", [Para([summary.get("verdict", "")], kind="verdict")]),
+        Section("Verdict", "verdict", [Para([summary.get("verdict", "") + partial_sentence(torn_records(rd))],
+                                            kind="verdict")]),
         *([Section("Prompts", "prompts", prompt_blocks(header.config))] if header.config.get("prompts") else []),
         Section("Sampler vs trainer", "rl", [metrics_table(pairs), Para([NOTE], kind="note")]),
         Section("Logprob differences", "rl-histogram", _figure(pairs, streams)),

@@ -61,6 +61,7 @@ class RunTables:
     minimal_set: list[str] | None = None  # smallest op-class set whose ablation removes the divergence
     gate: dict | None = None        # gate.json, None unless `nondet gate` wrote this run
     rl: pd.DataFrame = field(default_factory=lambda: _frame([], RL_COLUMNS))  # `nondet rl` runs: RL_COLUMNS
+    partial: str = ""  # what was left out of a torn JSONL file ("" when every record was read)
 
     @property
     def is_rl(self) -> bool:
@@ -80,7 +81,7 @@ class RunTables:
 def read_tables(path) -> RunTables:
     """Read a run directory into DataFrames; RunDirError if it is missing or malformed."""
     rd = RunDir(path)
-    rd.require()
+    reader.require_finished(rd)
     for name in ("conditions.jsonl", "streams.jsonl", "summary.json"):
         if not rd.exists(name):
             raise RunDirError(f"{rd.file(name)}: missing; not a finished probe run (run `nondet probe` first)")
@@ -94,7 +95,7 @@ def read_tables(path) -> RunTables:
             path=rd.path, config=_optional(rd, "config.json"), fingerprint=_optional(rd, "fingerprint.json"),
             summary=summary, streams=_streams(raw_streams), runs=_runs(raw_streams, raw_conditions, summary),
             conditions=_conditions(raw_conditions, summary), completions=_completions(summary),
-            rl=_rl(summary))
+            rl=_rl(summary), partial=reader.torn_records(rd))
         _add_bisect(rd, tables)
         _add_gate(rd, tables)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

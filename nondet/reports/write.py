@@ -9,11 +9,12 @@ from nondet.reports.html import render_html
 from nondet.reports.tables import read_tables
 from nondet.reports.markdown import render_markdown
 from nondet.reports.rl_sections import is_rl_run, rl_report
-from nondet.rundir import RunDir
+from nondet.rundir import RunDir, reader
 
 
 def write_report(run_dir) -> tuple[Path, Path]:
     """Render the run directory's report; returns (report.md path, report.html path)."""
+    reader.require_finished(RunDir(run_dir))  # an interrupted run's streams are no basis for a verdict
     try:
         report = rl_report(run_dir) if is_rl_run(run_dir) else build_report(read_tables(run_dir))
     except (KeyError, TypeError, ValueError) as exc:  # a summary.json or bisect.json field is off

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from nondet.rundir.files import RunDir
-from nondet.rundir.reader import read_document, read_header, read_streams
+from nondet.rundir.reader import read_document, read_header, read_streams, require_finished
 
 # fingerprint.json settings that can change a stream's bits. Threads are left out: the mode's bits do
 # not follow them, and the default kernels' differences are what a comparison is there to find.
@@ -46,6 +46,9 @@ class Comparison:
 
 
 def compare_runs(run_a: str, run_b: str) -> Comparison:
+    """RunDirError (exit 4, never "differs") for a run that is missing, unfinished, torn or malformed."""
+    for run in (run_a, run_b):
+        require_finished(RunDir(run))
     a, b = _keyed(run_a), _keyed(run_b)
     differing, equal = [], 0
     for key, steps in a.items():
@@ -105,7 +108,7 @@ def _keyed(run: str) -> dict[tuple, list]:
     """(condition_id, position, prompt_id, n-th such stream) -> steps."""
     seen: Counter = Counter()
     out = {}
-    for s in read_streams(RunDir(run)):
+    for s in read_streams(RunDir(run), whole=True):  # a torn record would read as a stream with no twin
         base = (s.condition_id, s.position, s.prompt_id)
         out[(*base, seen[base])] = s.steps
         seen[base] += 1

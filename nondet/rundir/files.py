@@ -3,17 +3,19 @@
 JSON is written with `ensure_ascii=True`, so model text survives exactly, including lone
 surrogates (bytes that were not valid UTF-8, decoded with "surrogateescape") and control
 characters. JSONL lines are flushed and fsynced one by one, so a crash loses at most the
-line being written; a reader skips such a torn last line. Imports no torch.
+line being written; a reader leaves such a torn last line out and warns (PartialRunWarning),
+or refuses it where a comparison needs every record. Imports no torch.
 """
 
 import csv
 import io
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
-from nondet.errors import RunDirError
+from nondet.errors import PartialRunWarning, RunDirError
 
 
 class RunDir:
@@ -61,20 +63,54 @@ class RunDir:
             os.fsync(f.fileno())
 
     def read_jsonl(self, name: str) -> list[Any]:
-        """All records. A torn last line (no newline, not parseable: a crash) is skipped."""
-        text = self.read_text(name)
-        lines = text.split("\n")
+        """All records. A torn last line (a crash) is left out, with a PartialRunWarning naming it."""
+        return [record for _, record in self.read_jsonl_lines(name)]
+
+    def read_jsonl_lines(self, name: str, whole: bool = False) -> list[tuple[int, Any]]:
+        """(line number, record) for every record. A torn last line (no newline, not parseable: the
+        write was cut off) is left out with a PartialRunWarning, or with whole=True refused."""
+        lines = self.read_text(name).split("\n")
         records = []
         for i, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                records.append((i, json.loads(line)))
             except json.JSONDecodeError as exc:
-                if i == len(lines):  # last line without a newline: the write was cut off
-                    break
-                raise RunDirError(f"{self.file(name)}: malformed JSON on line {i}: {exc.msg}") from None
+                if i < len(lines):  # a whole line (a newline follows it) that is not JSON
+                    raise RunDirError(f"{self.file(name)}:{i}: malformed JSON: {exc.msg}") from None
+                self._torn(name, i, whole)
         return records
+
+    def _torn(self, name: str, line: int, whole: bool) -> None:
+        where = f"{self.file(name)}:{line}"
+        if whole:
+            raise RunDirError(f"{where}: record cut off mid-write (the run was interrupted or the file "
+                              "truncated); this needs the whole run directory")
+        warnings.warn(PartialRunWarning(f"{where}: record cut off mid-write, left out; what is read from "
+                                        f"{self.path} is partial"), stacklevel=3)
+
+    def torn_line(self, name: str) -> int | None:
+        """The number of a torn last line of a JSONL file (see read_jsonl_lines), else None."""
+        if not self.exists(name):
+            return None
+        text = self.read_text(name)
+        if text.endswith("\n") or not text.strip():
+            return None
+        last = text.rsplit("\n", 1)[-1]
+        try:
+            json.loads(last)
+        except json.JSONDecodeError:
+            return text.count("\n") + 1
+        return None
+
+    def cut_torn_tail(self, name: str) -> None:
+        """Drop a torn last line, so records appended after it (a resumed run) start on a line of their own."""
+        if self.torn_line(name) is None:
+            return
+        data = self.file(name).read_bytes()
+        with open(self.file(name), "r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
 
     # -- CSV ----------------------------------------------------------------------------
 

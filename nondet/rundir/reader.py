@@ -1,9 +1,15 @@
 """Validated reading of a probe's run directory into typed records.
 
 Every file is checked against its record type (records.py): a record of the wrong shape is
-a RunDirError naming the file, the record number and the field. Run directories written
-before typed records (format 1: no format_version, no prompt_id) read the same way; a
-format newer than this nondet knows is refused with a line naming both versions.
+a RunDirError naming the file, its line and the field. Run directories written before typed
+records (format 1: no format_version, no prompt_id) read the same way; a format newer than this
+nondet knows is refused with a line naming both versions.
+
+A run is finished when its summary.json exists: the writer writes it last, atomically, after every
+stream, and takes it away when a resumed run adds to the directory again (writer.py). Directories
+of every format read by this one rule: one written before it existed has a summary.json exactly
+when its probe got to the end. A started run without one (config.json or streams.jsonl but no
+summary.json) was interrupted, killed, or is still running: `require_finished` refuses it.
 """
 
 from nondet.errors import RunDirError
@@ -20,20 +26,55 @@ def read_header(rd: RunDir) -> Header:
     return header
 
 
+def require_finished(rd: RunDir) -> None:
+    """RunDirError unless the run directory exists and, where a run began in it, finished (summary.json).
+    A directory holding none of a run's files is left to the caller's own check of what it needs."""
+    rd.require()
+    started = rd.exists("config.json") or rd.exists("streams.jsonl")
+    if started and not rd.exists("summary.json"):
+        raise RunDirError(f"{rd.path}: unfinished run (no summary.json: it was interrupted, killed, or is still "
+                          f"running); {_next_step(rd)}")
+
+
+def _next_step(rd: RunDir) -> str:
+    """A server probe (without --against) can be finished where it stopped; anything else is run again."""
+    try:
+        load = rd.read_json("config.json")["config"]["load"]
+        resumable = load["mode"] == "server" and not load.get("against")
+    except (RunDirError, KeyError, TypeError, AttributeError):  # no config.json, or an older or odd one
+        resumable = False
+    return f"finish it with `nondet probe --resume {rd.path}`" if resumable else "run it again"
+
+
 def read_conditions(rd: RunDir) -> list[ConditionRecord]:
-    name = str(rd.file("conditions.jsonl"))
-    return [from_json(ConditionRecord, c, f"{name}: record {i}")
-            for i, c in enumerate(rd.read_jsonl("conditions.jsonl"), start=1)]
+    return _records(rd, "conditions.jsonl", ConditionRecord, whole=False)
 
 
-def read_streams(rd: RunDir) -> list[StreamRecord]:
-    name = str(rd.file("streams.jsonl"))
-    return [from_json(StreamRecord, s, f"{name}: record {i}")
-            for i, s in enumerate(rd.read_jsonl("streams.jsonl"), start=1)]
+def read_streams(rd: RunDir, whole: bool = False) -> list[StreamRecord]:
+    """whole: a torn last record is an error (a comparison of two runs), not a warning and a partial read."""
+    return _records(rd, "streams.jsonl", StreamRecord, whole)
+
+
+def _records(rd: RunDir, name: str, cls, whole: bool) -> list:
+    where = str(rd.file(name))
+    return [from_json(cls, record, f"{where}:{line}") for line, record in rd.read_jsonl_lines(name, whole)]
+
+
+def torn_records(rd: RunDir) -> str:
+    """'' or which record a crash cut off mid-write (a partial read leaves it out and warns), for a
+    verdict to say that it is partial."""
+    torn = [f"{rd.file(name)}:{line}" for name in ("streams.jsonl", "conditions.jsonl")
+            if (line := rd.torn_line(name)) is not None]
+    return f"a record cut off mid-write at {' and '.join(torn)} is left out" if torn else ""
 
 
 def read_summary(rd: RunDir) -> Summary:
     return from_json(Summary, rd.read_json("summary.json"), str(rd.file("summary.json")))
+
+
+def read_fingerprint(rd: RunDir) -> dict | None:
+    """fingerprint.json as an object; None when the run directory has none."""
+    return read_document(rd, "fingerprint.json")
 
 
 def read_document(rd: RunDir, name: str, default=None, lists: tuple[str, ...] = ()):

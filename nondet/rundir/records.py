@@ -12,7 +12,7 @@ adds beyond the typed ones (the server's request_id, the engine's batch_requests
 from dataclasses import dataclass, field, fields
 
 from nondet.rundir.shapes import (BOOL, DICT, INT, LIST, OPT_INT, OPT_LIST, OPT_STR, STR, check_document,
-                                  check_fields)
+                                  check_fields, check_float_hex, check_top)
 
 FORMAT_VERSION = 2  # 1: before typed records (no format_version field); 2: prompt_id, format_version
 
@@ -108,6 +108,10 @@ def from_json(cls, data, where: str):
     known = {f.name for f in fields(cls)} - {"extra"}
     values = {k: v for k, v in data.items() if k in known}
     extra = {k: v for k, v in data.items() if k not in known}
+    if cls is StepRecord:  # the floats compared bit for bit must parse: a bad one names its record
+        check_float_hex(where, "logprob", data.get("logprob"))
+        check_float_hex(where, "margin", data.get("margin"))
+        check_top(where, data.get("top"))
     if cls is StreamRecord:
         values["steps"] = [from_json(StepRecord, s, f"{where}, step {i}") for i, s in enumerate(data["steps"])]
     if cls is Summary:

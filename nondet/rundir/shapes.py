@@ -38,6 +38,24 @@ def check_fields(where: str, record, required: dict, optional: dict) -> None:
             _check_type(where, name, record[name], types)
 
 
+def check_float_hex(where: str, name: str, value) -> None:
+    """A float stored bit for bit (float.hex) must parse, here, not later in a renderer."""
+    if value is None:
+        return
+    try:
+        float.fromhex(value)
+    except (TypeError, ValueError):
+        raise RunDirError(f"{where}: field {name!r} must be a float.hex() string, found {value!r:.40}") from None
+
+
+def check_top(where: str, top) -> None:
+    """top: [[token, float.hex logprob], ...]."""
+    for entry in top or ():
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int)):
+            raise RunDirError(f"{where}: field 'top' must hold [token, logprob] pairs, found {entry!r:.40}")
+        check_float_hex(where, "top", entry[1])
+
+
 def _check_type(where: str, name: str, value, types: tuple) -> None:
     # bool is an int in Python; an int field must not accept true/false, nor a bool field 0/1
     ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)

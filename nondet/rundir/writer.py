@@ -3,9 +3,12 @@ streams.jsonl, summary.json). Sources never write files; the probe loop hands th
 
 Records are appended as they arrive (one fsynced line each), so a crash loses nothing already
 computed; appends are serialised with a lock because a server source answers from threads.
+summary.json is written last: a directory without it is an unfinished run (reader.require_finished).
 """
 
+import os
 import threading
+from pathlib import Path
 
 from nondet.errors import UsageError
 from nondet.rundir.files import RunDir
@@ -16,20 +19,49 @@ def refuse_a_used_run_dir(path, hint: str = "pass a new --out, or remove it") ->
     """A run directory that already holds streams is never written into by a new run: its old
     streams would be diffed against the new ones (another model state, another code version, another
     host), and one comparison must never mix runs. A resumed server probe is the one caller that adds
-    to a run directory, and does not call this."""
-    if path and RunDir(path).exists("streams.jsonl"):
+    to a run directory, and does not call this. A path that cannot become a directory is refused
+    here too, before any model loads."""
+    if not path:
+        return
+    check_writable(Path(path))
+    if RunDir(path).exists("streams.jsonl"):
         raise UsageError(f"{path} already holds a run; {hint}")
+
+
+def check_writable(path: Path) -> None:
+    """UsageError unless `path` is, or can be made, a directory this process may write: the nearest
+    part of it that exists must be a directory we may write into (root may write anywhere: then a
+    failure can only show when the writer writes, see RunWriter.write_header)."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"lies under {existing}, which is not a directory"
+        raise UsageError(f"--out {path} {what}; pass a directory path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {path}: cannot write into {existing} (permission denied); pass another path")
 
 
 class RunWriter:
     def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
         self._lock = threading.Lock()
+        self._reopen()
         self._conditions = {c.get("condition_id") for c in self._existing("conditions.jsonl")}
 
+    def _reopen(self) -> None:
+        """A resumed run adds to its directory: the record the last run tore is cut off (it is sent
+        again), and a summary.json from an earlier finish is removed, since it no longer describes the
+        streams; the directory reads as unfinished until write_summary writes a new one, last."""
+        for name in ("streams.jsonl", "conditions.jsonl"):
+            self.run_dir.cut_torn_tail(name)
+        self.run_dir.file("summary.json").unlink(missing_ok=True)
+
     def write_header(self, header: Header, fingerprint: dict) -> None:
-        self.run_dir.path.mkdir(parents=True, exist_ok=True)
-        self.run_dir.write_json("config.json", to_json(header))
+        try:
+            self.run_dir.path.mkdir(parents=True, exist_ok=True)
+            self.run_dir.write_json("config.json", to_json(header))
+        except OSError as exc:  # the first write: a path the early check could not judge (e.g. a read-only mount)
+            raise UsageError(f"cannot write the run directory {self.run_dir.path}: "
+                             f"{exc.strerror or exc}; pass another --out") from None
         self.run_dir.write_json("fingerprint.json", fingerprint)
 
     def append_to_header(self, key: str, entry: dict) -> None:
@@ -61,6 +93,7 @@ class RunWriter:
         return line
 
     def write_summary(self, summary: Summary) -> dict:
+        """Written last: its presence marks the run finished (reader.require_finished)."""
         doc = to_json(summary)
         self.run_dir.write_json("summary.json", doc)
         return doc

@@ -156,13 +156,15 @@ def _replayer(loaded, ref: Batch, div: Batch, row: int, settings: DecodeSettings
 
 
 def kernel_scope(mode: str, ops: tuple[str, ...], model):
-    """The kernels of one replay: the condition's mode, or exactly `ops` made batch-invariant."""
+    """The kernels of one replay: the condition's mode, or exactly `ops` made batch-invariant.
+    Uncovered ops are allowed: bisect claims nothing from the mode's label, only from the bits it
+    compares (a probe run already refused, or labelled, a model the mode does not cover)."""
     from nondet.probes.sources.static import kernels_mode
 
     if not ops or mode != "default":
-        return lambda: kernels_mode(mode, model)
+        return lambda: kernels_mode(mode, model, allow_uncovered=True)
 
-    return lambda: kernels_mode("batch-invariant", model, set(ops))
+    return lambda: kernels_mode("batch-invariant", model, set(ops), allow_uncovered=True)
 
 
 def _ablate(config: BisectConfig, target: Target, main: Lockstep, replay, stage: OnStage,

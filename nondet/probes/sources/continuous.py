@@ -21,6 +21,7 @@ from nondet.probes.pieces import token_piece
 from nondet.probes.replay import eos_ids
 from nondet.probes.sources.base import Emit, Opened, Planned
 from nondet.probes.sources.static import step_record
+from nondet.probes.kernel_coverage import PARTLY
 from nondet.probes.summarize import summarize_modes
 from nondet.rundir.records import ConditionRecord, StreamRecord, Summary
 
@@ -103,7 +104,12 @@ class ContinuousSource:
 
     def summarize(self, streams: list[dict]) -> Summary:
         doc = summarize_modes(streams, self.loaded.tokenizer)
-        return Summary(doc["modes"], doc["verdict"], extra={"load": self._load_summary()})
+        extra = {"load": self._load_summary()}
+        if "batch-invariant" in self.config.kernels and not self.engine.invariant_attention_ok:
+            # the mode's label must say what the engine kept (probes/kernel_coverage.py; the gate fails it)
+            extra["kernel_coverage"] = {"coverage": PARTLY, "uncovered": [
+                f"attention: the engine's {self.engine.attn_implementation} path (paged / packed)"]}
+        return Summary(doc["modes"], doc["verdict"], extra=extra)
 
     def close(self) -> None:
         if self.engine is not None:

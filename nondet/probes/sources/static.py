@@ -92,7 +92,8 @@ class StaticSource:
 
         def seconds(b: int, steps: int) -> float:
             timing = cond.Condition(f"{mode}/timing/bs{b}", mode, b, tuple(range(b)), "copies")
-            settings = DecodeSettings(steps, self.config.temperature, self.config.seed, self.config.kv_cache)
+            settings = DecodeSettings(steps, self.config.temperature, self.config.seed, self.config.kv_cache,
+                                      allow_uncovered=self.config.allow_uncovered)
             started = time.perf_counter()
             replay_condition(self.loaded.model, self.loaded.tokenizer, timing, target, fillers, settings)
             return time.perf_counter() - started
@@ -123,7 +124,8 @@ class StaticSource:
         """One condition's streams through `run(settings, warm)`: eager, or on the compiled path
         (a warm-up call first, timed apart; compiled.DecodePaths)."""
         c = self.config
-        settings = DecodeSettings(c.max_new_tokens, c.temperature, c.seed, c.kv_cache)
+        settings = DecodeSettings(c.max_new_tokens, c.temperature, c.seed, c.kv_cache,
+                                  allow_uncovered=c.allow_uncovered)
         if self.paths is None:
             return run(settings)
         from nondet.probes.compiled import compile_scope
@@ -179,7 +181,8 @@ def replay_condition(model, tokenizer, condition: cond.Condition, target: list[i
     compiled.WARM_STEPS decode steps, nothing recorded ({})."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batch = build_batch(condition, target, fillers, pad_id or 0, prompts)
-    with kernels_mode(condition.kernels, model, traceable=COMPILED_CALLS if settings.compile_backend else False):
+    with kernels_mode(condition.kernels, model, traceable=COMPILED_CALLS if settings.compile_backend else False,
+                      allow_uncovered=settings.allow_uncovered):
         if not warm:
             return generate_condition(model, tokenizer, batch, settings)
         from nondet.probes.compiled import warm_up_stop
@@ -191,21 +194,19 @@ def replay_condition(model, tokenizer, condition: cond.Condition, target: list[i
 COMPILED_CALLS = "compiled_calls"  # the mode traced inside generate's compiled forwards only (kernels/traced.py)
 
 
-def kernels_mode(mode: str, model, ops=None, traceable: bool | str = False):
+def kernels_mode(mode: str, model, ops=None, traceable: bool | str = False, allow_uncovered: bool = False):
     """The batch-invariant mode around a call (all op classes, or `ops`), or nothing for the default
-    kernels. A model the mode cannot cover is UnsupportedModelError (exit 3), one line naming the module.
+    kernels. A model the mode cannot cover is UnsupportedModelError (exit 3), one line naming the module
+    and op (its op census, kernels/census.py), unless allow_uncovered (the run is partly invariant).
     traceable: the body runs a torch.compile'd forward (kernels/traced.py); COMPILED_CALLS: only the
     forwards generate compiles (transformers' get_compiled_call) see the traced mode."""
     if mode == "default" and ops is None:
         return contextlib.nullcontext()
     from nondet.kernels import batch_invariant
-    from nondet.kernels.coverage import UnsupportedModel, check
+    from nondet.probes.kernel_coverage import census_entry
 
-    try:
-        check(model)
-    except UnsupportedModel as exc:
-        raise UnsupportedModelError(str(exc)) from None
-    return batch_invariant(ops=ops, model=model, traceable=traceable)
+    census_entry(model, bool(traceable), allow_uncovered)  # refuses here, as one line (cached census)
+    return batch_invariant(ops=ops, model=model, traceable=traceable, allow_uncovered=allow_uncovered)
 
 
 def step_record(step: dict, piece: str) -> StepRecord:
