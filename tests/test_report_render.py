@@ -9,7 +9,7 @@ from report_fixtures import write_run
 
 from nondet.reports import write_report
 
-HEADINGS = ["# nondet report: run", "## Verdict", "## Prompts", "## Conditions", "## Branch tree", "## Token diff",
+HEADINGS = ["# nondet probe: nondet-embedded-qwen3 (run)", "## Verdict", "## Prompts", "## Conditions", "## Branch tree", "## Token diff",
             "## Figures", "### First divergence steps", "### Completions by batch size",
             "### Bisect: where the difference is born", "### Bisect: amplification",
             "### Before / after: batch-invariant kernels", "## Ablation", "## Environment", "## Reproduce"]

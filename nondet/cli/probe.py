@@ -113,6 +113,10 @@ def probe(
         "--kv-cache", help="KV cache of the static batches' generate: dynamic (transformers' default) or static "
                            "(preallocated prompt + max-new-tokens positions, the layout CUDA graphs need; "
                            "never compiled). The mode gives the same bits with either.")] = "dynamic",
+    allow_uncovered: Annotated[bool, typer.Option(
+        "--allow-uncovered", help="With batch-invariant kernels, run a model whose op census finds ops the "
+                                  "mode does not cover (refused otherwise, exit 3); the run is labelled partly "
+                                  "invariant and lists them (see nondet kernels coverage).")] = False,
     compile: Annotated[bool, typer.Option(
         "--compile", help="Decode on the compiled path a deployment uses: transformers' torch.compile'd generate "
                           "with a static KV cache (CUDA graphs on CUDA), default kernels and the mode alike. "
@@ -153,6 +157,7 @@ def probe(
         kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads, speculative=speculative,
         budget=budget, kv_cache=kv_cache, tp_invariant=tp_invariant, **_tp_fields(tp),
         compile_backend="inductor" if compile else None, chat=chat, system=system,
+        allow_uncovered=allow_uncovered,
     )
     check_context(config)
     result = run_keeping_streams(config, quiet=json_output)

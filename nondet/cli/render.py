@@ -20,6 +20,9 @@ def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
     if len(summary["modes"]) > 1:
         console.print(_side_by_side(summary["modes"]))
     console.print(Text(summary["verdict"], style="bold"))
+    coverage = summary.get("kernel_coverage") or {}
+    if coverage.get("injected_control"):
+        console.print(f"note: {coverage['injected_control']}")
     for mode, m in summary["modes"].items():
         if m.get("routing"):
             console.print(f"{mode}: {routing_count_line(m['routing'])}")

@@ -113,7 +113,7 @@ def _key(model, compiled: bool) -> tuple:
 
 def _run(model, mode_scope, compiled: bool) -> Census:
     ids, mask = _inputs(model)
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_transformers():
         default = _forward(model, ids, mask)
         recorder = _Recorder(model, compiled)
         with mode_scope(), recorder:
@@ -263,6 +263,20 @@ def _inside_our_kernel() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' warnings of the census's own forwards (a kernel fallback, a deprecated argument) are
+    not the user's: the model's real run prints them where they belong."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
 
 
 @contextlib.contextmanager

@@ -28,7 +28,8 @@ MAX_TREE_NODES = 30                      # branch points drawn before the tree i
 
 def build_report(t: RunTables) -> Report:
     sections = [
-        Section("Verdict", "verdict", [_verdict(t), *_gate_note(t), *_model_note(t), *_decode_path_note(t)]),
+        Section("Verdict", "verdict", [_verdict(t), *_coverage_note(t), *_gate_note(t), *_model_note(t),
+                                       *_decode_path_note(t)]),
         Section("Prompts", "prompts", prompt_blocks(t.config.get("config") or {})),
         Section("Conditions", "conditions", _conditions(t)),
         *speculative_sections(t),
@@ -42,7 +43,13 @@ def build_report(t: RunTables) -> Report:
         Section("Environment", "environment", _environment(t)),
         Section("Reproduce", "reproduce", _reproduce(t)),
     ]
-    return Report(f"nondet report: {t.path.resolve().name}", sections)
+    return Report(_title(t), sections)
+
+
+def _title(t: RunTables) -> str:
+    """The command and the model, then the run directory: 'nondet probe: Qwen3ForCausalLM (run-dir)'."""
+    model = (t.fingerprint.get("model") or {}).get("name") or "unknown model"
+    return f"nondet {t.config.get('command', 'probe')}: {model} ({t.path.resolve().name})"
 
 
 # -- verdict ----------------------------------------------------------------------------
@@ -59,6 +66,22 @@ def _verdict(t: RunTables) -> Para:
 def partial_sentence(partial: str) -> str:
     """' Partial: ...' after the verdict when a torn record was left out; '' otherwise."""
     return f" Partial: {partial}; the tables below cover the records before it." if partial else ""
+
+
+def _coverage_note(t: RunTables) -> list[Para]:
+    """What the batch-invariant kernels covered (the op census): partly invariant runs, and the demo's
+    injected control, whose fix under the mode is by construction."""
+    coverage = t.summary.get("kernel_coverage") or {}
+    notes = []
+    if coverage.get("coverage") == "partly invariant":
+        uncovered = coverage.get("uncovered") or []
+        notes.append(Para([f"Batch-invariant kernels were partly invariant: {len(uncovered)} op(s) not covered ("
+                           + "; ".join(uncovered[:5]) + ("; ..." if len(uncovered) > 5 else "")
+                           + "). Agreement under them proves nothing about those ops."], kind="note"))
+    if coverage.get("injected_control"):
+        notes.append(Para([coverage["injected_control"][:1].upper() + coverage["injected_control"][1:] + "."],
+                          kind="note"))
+    return notes
 
 
 def _gate_note(t: RunTables) -> list[Para]:
