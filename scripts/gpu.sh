@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one entry point for work on a lent GPU machine: named steps, one log per step under $OUT.
+# The one entry point for work on a GPU machine: named steps, one log per step under $OUT.
 #
 #   OUT=dir bash scripts/gpu.sh STEP...          (repository root; default OUT=device-out)
 #

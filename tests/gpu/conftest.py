@@ -1,4 +1,4 @@
-"""GPU tests run only where CUDA is visible (the lent device); elsewhere they are skipped."""
+"""GPU tests run only where CUDA is visible; elsewhere they are skipped."""
 
 import pytest
 
