@@ -1,5 +1,5 @@
 """fingerprint.json records the CPU instruction set torch's kernels dispatch to: across it a CPU run's
-bits differ even under the mode (README, One fleet, one answer), so a comparison must be able to see it."""
+bits differ even under the mode (docs/batch-invariant-mode.md), so a comparison must be able to see it."""
 
 import os
 import subprocess

@@ -80,7 +80,7 @@ def _speculative(text: str, batch_sizes, prompts: "tuple[Prompt, ...]") -> tuple
 
 def default_batch_sizes(prompts: "Sequence[Prompt]") -> str:
     """One prompt: the full sweep. Several: fewer sizes each, so the demo's 8 prompts take
-    about the time of one prompt's full sweep (docs: README "What it shows")."""
+    about the time of one prompt's full sweep (README, "The demo")."""
     return "1,2,4,8,16" if len(prompts) <= 1 else "1,2,8"
 
 

@@ -49,7 +49,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     # Packed rows (several sequences in one row, as trainers pack a micro-batch) are found from the
     # mask's contents (nonzero: a host sync and, under torch.compile, a graph break in every layer), so
     # a traced forward skips the search: transformers' static-cache generate never packs rows, and a
-    # compiled training forward over packed rows is not covered (README, "The compiled path").
+    # compiled training forward over packed rows is not covered (docs/batch-invariant-mode.md).
     bounds = packed.segments(attention_mask, q_len, key.shape[2]) if is_causal and not compiling else None
     if bounds is not None:  # a packed row: each sequence on its own, as its decode computes it
         out = packed.per_segment(lambda q, k, v: attend(q, k, v, None, scaling, True, softcap, sinks, False),
