@@ -10,6 +10,7 @@
 #   sanitize     the kernel tests under compute-sanitizer memcheck
 #   attention    sinks, softcap, sliding window, MLA: tests/test_kernels_attention_features.py on CUDA
 #   family       scripts/gpu_family_matrix.py: every supported model family, invariant under the mode
+#   census       scripts/bench_census.py --moe: the op census's one-time cost on the 8B-shaped Qwen3 and the MoE
 #   moe          scripts/gpu_moe.py: a Qwen3-30B-A3B-shaped MoE, default vs the mode, and its step time
 #   compile      scripts/gpu_compile.py: an 8B-shaped Qwen3 decoded on the compiled path, default vs the mode
 #   compile-profile  the same model: prefill of 512 tokens and B=1, B=32 decode steps' GPU time by kernel
@@ -81,6 +82,7 @@ run_step() {
     attention) NONDET_ATTN_FEATURES_INNER=1 NONDET_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider \
                  tests/test_kernels_attention_features.py 2>&1 | tail -30 ;;
     family) timeout 300 python3 scripts/gpu_family_matrix.py 2>&1 | quiet | grep -v "Loading weights" | tail -80 ;;
+    census) timeout 400 python3 scripts/bench_census.py --moe 2>&1 | quiet | tail -12 ;;
     compile) timeout 560 python3 scripts/gpu_compile.py ${COMPILE_ARGS:-} 2>&1 | quiet | tail -40 ;;
     compile-profile) timeout 400 python3 scripts/gpu_compile.py --profile ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
     prefill) timeout 560 python3 scripts/gpu_compile.py --prefill ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;

@@ -141,6 +141,8 @@ else:
         w = torch.randn(61, dtype=dtype)
         tol = TOL[dtype]
         assert rel(triton_rows.mean_last(x, keepdim=True), reference.mean_last(x, keepdim=True)) < tol
+        assert rel(triton_rows.sum_last(x, keepdim=True), x.double().sum(-1, keepdim=True)) < tol
+        assert triton_rows.sum_last(x).shape == (2, 9)
         assert rel(triton_rows.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6)) < tol
         assert rel(triton_rows.layer_norm(x, w, w, 1e-5)[0], reference.layer_norm(x, w, w, 1e-5)) < tol
         assert rel(triton_rows.softmax(x), reference.softmax(x)) < tol
@@ -174,6 +176,7 @@ else:
         x = torch.randn(12, 61, dtype=torch.bfloat16)
         w = torch.randn(61, dtype=torch.bfloat16)
         fns = [lambda t: triton_rows.rms_norm(t, w), lambda t: triton_rows.mean_last(t.float()), triton_rows.mean_sq,
+               lambda t: triton_rows.sum_last(t.float()),
                lambda t: triton_rows.softmax(t), lambda t: triton_rows.layer_norm(t, w, w)[0]]
         for fn in fns:
             row0 = fn(x[:1])[0]
