@@ -37,9 +37,10 @@ from nondet.kernels import op_kinds, overrides
 
 ROUTED, ROW_INDEPENDENT, UNCOVERED = "routed", "row-independent", "uncovered"
 ROWS, PROMPT = 2, 5  # a short forward that still has a batch (rows) and a prefill longer than a decode
-# largest |mode - default| logit allowed, relative to the largest |default logit|: rounding of a few
-# ulps through a few layers, far below what a wrong kernel (a lost mask, a wrong scale) changes
-TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 1e-2}
+# largest |mode - default| logit allowed, relative to the largest |default logit|: rounding through
+# the layers (an 8B-shaped random bf16 Qwen3 of 36 layers on an H200: 0.25 of 3.4, so 0.07), far below
+# what a wrong kernel (a lost mask, a wrong scale) changes, which moves logits by their own size
+TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 1e-1, torch.float16: 2e-2}
 
 _KERNEL_DIR = os.path.dirname(os.path.abspath(__file__))
 # files of nondet.kernels whose functions run model code or hand a call back to the original kernel;
