@@ -1,8 +1,9 @@
 """The model-family matrix on CUDA (the Triton kernels): per family and dtype, is a row alone equal to
 the same row in a batch of 4 under the mode (24 greedy steps, logits bitwise), how far the mode's
 prefill is from the default kernels', does the positive control fire, and do default kernels alone
-already differ (the variance the mode removes). The same models and checks as
-tests/test_family_matrix.py (tests/family_models.py).
+already differ (the variance the mode removes). A family the mode refuses (family_models.REFUSED)
+gets its one-line refusal instead. The same models and checks as tests/test_family_matrix.py
+(tests/family_models.py), every family in fp32 and bf16.
 
     python3 scripts/gpu_family_matrix.py [FAMILY...]
 """
@@ -18,11 +19,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import family_models as fm  # noqa: E402
 
 from nondet.kernels import batch_invariant  # noqa: E402
+from nondet.kernels.coverage import UnsupportedModel  # noqa: E402
 
 
 def row(name: str, directory: str, dtype: torch.dtype) -> str:
     model = fm.load(directory, dtype, "cuda")
     ids = fm.prompts()
+    try:
+        with batch_invariant(model=model):
+            pass
+    except UnsupportedModel as exc:
+        expected = "as expected" if name in fm.REFUSED else "UNEXPECTED"
+        return f"| {name} | {str(dtype)[6:]} | refused ({expected}): {exc} | | | | |"
 
     def mode():
         return batch_invariant(model=model)
@@ -52,7 +60,7 @@ def main() -> None:
           "(rel.) | positive control | s |")
     print("| --- | --- | --- | --- | ---: | --- | ---: |")
     root = Path(tempfile.mkdtemp())
-    for name in sys.argv[1:] or fm.FAMILIES:
+    for name in sys.argv[1:] or fm.ALL_FAMILIES:
         try:
             directory = fm.save_family(name, root / name)
         except (AttributeError, ValueError, TypeError) as exc:  # a family this transformers lacks

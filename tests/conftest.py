@@ -41,3 +41,19 @@ def tiny_chat_model_dir(tmp_path_factory):
     tokenizer.chat_template = CHAT_TEMPLATE
     return save_qwen3(tmp_path_factory.mktemp("tiny-chat-qwen3"), tokenizer, hidden=64, layers=2, heads=4,
                       kv_heads=2, seed=1)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Count the invariance tests that proved nothing on this host: their control did not fire
+    (tests/controls.py require_variance), so they were skipped."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    from controls import control_skips
+
+    found = control_skips(skipped)
+    if found:
+        terminalreporter.write_sep("-", f"{len(found)} invariance test(s) skipped: the host's default kernels are "
+                                        "invariant on their case")
+        for nodeid, reason in found:
+            terminalreporter.write_line(f"{nodeid}: {reason}")

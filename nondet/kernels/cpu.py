@@ -13,9 +13,24 @@ Attention on the CPU runs one batch row and one query at a time, each query slic
 positions it may see, so every query meets exactly the shapes of a one-token decode at its
 position: invariant in the batch, in the padding and in the number of query rows (a speculative
 k+1 verification chunk equals k+1 one-token decodes, bit for bit).
+
+Elementwise ops are not row-independent on a CPU either: aten's vectorized loop runs its body over
+whole steps of two vectors from the start of the (coalesced) tensor and computes the rest, the
+tail, with the scalar function, and for sigmoid, silu, gelu, softplus, pow, ... the two round
+differently (AVX-512 fp32: 3.8% of silu's inputs, 1 ulp). So an element's bits follow its position
+in the call, and a row's position and the call's length follow the batch: a (T, 8) sigmoid over a
+router's logits is all tail for one token and all body for four. `pointwise` computes such an op
+with every element inside a body: in chunks below aten's grain size (one thread, no chunk boundary
+inside a vector), each copied into a zeroed buffer of whole CPU_VECTOR_BLOCKs; `whole_vectors()`
+sends a body's calls of the POSITION_DEPENDENT ops there. tests/test_elementwise_position.py
+measures which ops those are on the host's instruction set.
 """
 
+import contextlib
+import functools
+
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nondet.kernels.config import CPU_ROW_BLOCK
 from nondet.kernels.masks import visible
@@ -203,3 +218,122 @@ def _one_query(qi: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, keep: torch
         probs = probs[..., :-1].contiguous()
     probs = torch.nan_to_num(probs, nan=0.0)
     return aten.bmm.out(probs, vf, out=torch.empty(0, device=qi.device))[:, 0].to(qi.dtype)  # (H, D)
+
+
+# Elementwise ops (module docstring). A vectorized loop steps two vectors at a time: 32 fp32 or 64 bf16
+# elements on AVX-512, 16 fp32 on AVX2 and on the default build; a buffer of whole 64-element blocks is
+# all body on each. Chunks stay below aten's grain size (32768 elements), so one thread computes a call.
+CPU_VECTOR_BLOCK = 64
+CPU_POINTWISE_CHUNK = 16384
+
+# aten ops whose vector body and scalar tail round differently on this torch's CPU kernels (AVX-512,
+# AVX2 or default; measured by tests/test_elementwise_position.py, which fails when an op outside this
+# set depends on its position). add and sub only with alpha != 1 in bf16 (the body fuses the multiply-add);
+# exp, tanh, erf, log, sqrt, mul, div, addcmul, addcdiv and lerp do not.
+POSITION_DEPENDENT = frozenset({"sigmoid", "silu", "gelu", "softplus", "mish", "elu", "pow", "rsqrt", "exp2",
+                                "sinh", "cosh", "atan2", "add", "sub"})
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def pointwise(func, *args, **kwargs) -> torch.Tensor:
+    """func (a functional aten overload: aten.silu.default, aten.pow.Tensor_Scalar, ...) with every
+    element computed inside a vectorized body, whatever its position: the tensor arguments are
+    broadcast, flattened and cut into chunks, each padded with zeros to whole CPU_VECTOR_BLOCKs and
+    computed by the op's .out overload (never overridden)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    flat = [a.expand(shape).reshape(-1) if isinstance(a, torch.Tensor) else a for a in args]
+    out = torch.empty(shape, dtype=dtype, device=tensors[0].device)
+    out_flat = out.view(-1)
+    op_out = _out_overload(func)
+    for start in range(0, out.numel(), CPU_POINTWISE_CHUNK):
+        n = min(CPU_POINTWISE_CHUNK, out.numel() - start)
+        chunk = [_whole_blocks(a, start, n) if isinstance(a, torch.Tensor) else a for a in flat]
+        res = op_out(*chunk, **kwargs, out=torch.empty(0, dtype=dtype, device=out.device))
+        out_flat[start:start + n] = res[:n]
+    return out
+
+
+def _whole_blocks(flat: torch.Tensor, start: int, n: int) -> torch.Tensor:
+    """flat[start:start + n] in a fresh zeroed buffer of whole CPU_VECTOR_BLOCKs."""
+    size = -(-n // CPU_VECTOR_BLOCK) * CPU_VECTOR_BLOCK
+    buf = torch.zeros(size, dtype=flat.dtype, device=flat.device)
+    buf[:n] = flat[start:start + n]
+    return buf
+
+
+def _out_overload(func):
+    """aten.silu.default -> aten.silu.out, aten.pow.Tensor_Scalar -> aten.pow.Tensor_Scalar_out,
+    aten.div.Tensor -> aten.div.out (or None)."""
+    packet, name = func.overloadpacket, func._overloadname
+    return (name != "default" and getattr(packet, f"{name}_out", None)) or getattr(packet, "out", None)
+
+
+def _functional(func):
+    """The functional overload `pointwise` computes for func (an in-place silu_ -> silu), or None."""
+    base = func.overloadpacket.__name__
+    if base.endswith("_") and func._overloadname == "default":
+        base = base[:-1]
+        func = getattr(getattr(aten, base, None), "default", None)
+    if base not in POSITION_DEPENDENT or func is None or _out_overload(func) is None:
+        return None
+    return func
+
+
+def takes(func, args) -> bool:
+    """Whether `pointwise` computes this call: a POSITION_DEPENDENT op on non-empty float CPU tensors."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return (bool(tensors) and _functional(func) is not None and all(t.device.type == "cpu" for t in tensors)
+            and all(t.dtype in _FLOATS for t in tensors) and all(t.numel() > 0 for t in tensors))
+
+
+def _whole_vectors(func, args, kwargs):
+    """A call `takes` accepts, computed by `pointwise` (in place for silu_ and the like)."""
+    result = pointwise(_functional(func), *args, **kwargs)
+    return args[0].copy_(result) if func.overloadpacket.__name__.endswith("_") else result
+
+
+class _WholeVectors(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        return _whole_vectors(func, args, kwargs) if takes(func, args) else func(*args, **kwargs)
+
+
+def whole_vectors(*inputs):
+    """A context in which the POSITION_DEPENDENT ops on CPU tensors go through `pointwise`, so a row's
+    elementwise results do not depend on the length of the call. Nothing (a null context) when an input
+    is not on the CPU, none is a tensor, or inside torch.compile (a traced graph's elementwise code is
+    Inductor's)."""
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    if torch.compiler.is_compiling() or not tensors or any(t.device.type != "cpu" for t in tensors):
+        return contextlib.nullcontext()
+    return _WholeVectors()
+
+
+# The mode's Library entries that would send every CPU call of these ops through `pointwise` (not installed
+# by the mode yet: `whole_vectors` covers the routers and experts; a dense MLP's silu over (T, I), with I
+# not a multiple of 32, needs these): aten name -> kernel, for overrides.OP_TABLE. Not add and sub: every
+# residual add would pay for the few bf16 calls with alpha != 1.
+POINTWISE_OPS = ("sigmoid", "sigmoid_", "silu", "silu_", "gelu", "gelu_", "softplus", "mish", "mish_", "elu",
+                 "elu_", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "rsqrt", "rsqrt_", "exp2",
+                 "exp2_", "sinh", "sinh_", "cosh", "cosh_", "atan2", "atan2_")
+
+
+def pointwise_override(name: str):
+    """An aten kernel for `name` (one of POINTWISE_OPS): `pointwise` where `takes`, else the original kernel
+    through the op's .out overload (never overridden; out= the input for an in-place op)."""
+    base, _, overload = name.partition(".")
+    func = getattr(getattr(aten, base), overload or "default")
+
+    def kernel(*args, **kwargs):
+        if takes(func, args):
+            return _whole_vectors(func, args, kwargs)
+        functional = _functional(func)
+        if base.endswith("_"):
+            return _out_overload(functional)(*args, **kwargs, out=args[0])
+        meta = functional(*[a.to("meta") if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        return _out_overload(functional)(*args, **kwargs, out=torch.empty(0, dtype=meta.dtype, device=device))
+
+    return kernel

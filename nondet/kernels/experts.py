@@ -12,6 +12,9 @@ token alone:
   expert that received 1 token or 300 computes a token's row the same way); they go through
   torch.mm, so autograd records them (an RL trainer's forward) and the mode's override computes
   them; with the experts class on and the matmul class off (an ablation) the body turns matmul on;
+- on the CPU the activation between the projections computes its elementwise ops whose vector body
+  and scalar tail round differently (gpt-oss's sigmoid over a contiguous (n, I)) on whole vectors
+  (cpu.whole_vectors), so a row's bits do not follow how many tokens the expert received;
 - a token's expert outputs are weighted and added in fp32, in increasing expert index, whatever
   else is in the batch, then cast once to the input dtype.
 
@@ -29,7 +32,7 @@ import contextlib
 
 import torch
 
-from nondet.kernels import grouped
+from nondet.kernels import cpu, grouped
 
 EXPERTS_IMPLEMENTATION = "nondet_batch_invariant"
 PREVIOUS_ATTR = "_nondet_previous_experts"  # set on each experts module by the mode: what to fall back to
@@ -79,14 +82,21 @@ def _experts_hit(top_k_index: torch.Tensor, num_experts: int) -> list[int]:
 def _expert_rows(self, expert: int, x: torch.Tensor) -> torch.Tensor:
     """One expert's output for its tokens x (n, H) -> (n, H), through invariant matmuls."""
     if getattr(self, "has_gate", True):
-        proj = _linear(self, x, self.gate_up_proj[expert], "gate_up_proj_bias", expert)
-        hidden = self._apply_gate(proj)
+        hidden = activation(self, _linear(self, x, self.gate_up_proj[expert], "gate_up_proj_bias", expert))
     else:
-        hidden = self.act_fn(_linear(self, x, self.up_proj[expert], "up_proj_bias", expert))
+        hidden = activation(self, _linear(self, x, self.up_proj[expert], "up_proj_bias", expert))
     rows = _linear(self, hidden, self.down_proj[expert], "down_proj_bias", expert)
     if getattr(self, "has_post_expert_norm", False):
         rows = self.post_expert_norm(rows)
     return rows
+
+
+def activation(self, proj: torch.Tensor) -> torch.Tensor:
+    """The module's gate (gated experts) or activation on the first projection's rows (n, I) -> (n, I'), its
+    elementwise ops on whole vectors on the CPU (cpu.whole_vectors): otherwise gpt-oss's sigmoid over a
+    contiguous (n, I) is partly scalar tail or vector body as the expert's token count n changes."""
+    with cpu.whole_vectors(proj):
+        return self._apply_gate(proj) if getattr(self, "has_gate", True) else self.act_fn(proj)
 
 
 def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias_name: str, expert: int) -> torch.Tensor:

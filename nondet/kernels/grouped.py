@@ -59,11 +59,12 @@ def combine(module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
 
 def _expert_rows(module, x: torch.Tensor, expert: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """experts._expert_rows for all sorted rows at once: (R, H) -> (R, H)."""
+    from nondet.kernels.experts import activation  # the loop's activation (experts imports this module)
+
     if getattr(module, "has_gate", True):
-        proj = _linear(module, x, module.gate_up_proj, "gate_up_proj_bias", expert, counts)
-        hidden = module._apply_gate(proj)
+        hidden = activation(module, _linear(module, x, module.gate_up_proj, "gate_up_proj_bias", expert, counts))
     else:
-        hidden = module.act_fn(_linear(module, x, module.up_proj, "up_proj_bias", expert, counts))
+        hidden = activation(module, _linear(module, x, module.up_proj, "up_proj_bias", expert, counts))
     rows = _linear(module, hidden, module.down_proj, "down_proj_bias", expert, counts)
     if getattr(module, "has_post_expert_norm", False):
         rows = module.post_expert_norm(rows)

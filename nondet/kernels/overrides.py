@@ -96,7 +96,10 @@ def _takes_sum(self, dim, keepdim=False, *, dtype=None):
 
 def sum_dim(self, dim, keepdim=False, *, dtype=None):
     if not _takes_sum(self, dim, keepdim, dtype=dtype):
-        return aten.sum.IntList_out(self, dim, keepdim, dtype=dtype, out=_empty(self, dtype))
+        # as torch: a bool or integer tensor sums to int64 (transformers 5.17's assisted decoding
+        # subtracts its bool mask's sum: a bool result raised there)
+        widened = dtype or (torch.int64 if not (self.is_floating_point() or self.is_complex()) else None)
+        return aten.sum.IntList_out(self, dim, keepdim, dtype=dtype, out=_empty(self, widened))
     return ops.sum_last(self, keepdim, dtype)
 
 

@@ -10,7 +10,10 @@ token's expert set, so the router is its own op class ("router"): with it on,
   break differently for a token alone and in a batch;
 - every router module's forward runs with the invariant matmul and softmax as well (a nested
   mode context), so `ops={"router"}` alone makes exactly the routing decisions invariant: what
-  bisect's ablation needs to tell routing from the experts' arithmetic.
+  bisect's ablation needs to tell routing from the experts' arithmetic;
+- on the CPU its elementwise ops whose vector body and scalar tail round differently (a sigmoid)
+  compute on whole vectors (cpu.whole_vectors), so a token's scores do not follow the length of the
+  (T, E) call.
 
 Nothing here runs unless the mode installs it.
 """
@@ -19,6 +22,8 @@ import contextlib
 import functools
 
 import torch
+
+from nondet.kernels import cpu
 
 aten = torch.ops.aten
 
@@ -52,7 +57,8 @@ def routers(model) -> list:
 
 
 def wrap(model, scope) -> list:
-    """Run every router's forward inside `scope()` (a context manager factory); returns the modules."""
+    """Run every router's forward inside `scope(*inputs)` (a context manager factory given the forward's
+    arguments); returns the modules."""
     wrapped = []
     for module in routers(model):
         if _WRAPPED_ATTR in module.__dict__:
@@ -61,7 +67,7 @@ def wrap(model, scope) -> list:
 
         @functools.wraps(original)
         def forward(*args, _original=original, **kwargs):
-            with scope():
+            with scope(*args, *kwargs.values()):
                 return _original(*args, **kwargs)
 
         module.__dict__[_WRAPPED_ATTR] = True
@@ -77,12 +83,19 @@ def unwrap(modules: list) -> None:
 
 
 def router_scope(active_ops, batch_invariant):
-    """A context factory: the router's own classes on top of whatever is active, or nothing when they are."""
+    """A context factory: the router's own classes on top of whatever is active (nothing more when they
+    are), and on the CPU its elementwise ops on whole vectors (cpu.whole_vectors): DeepSeek-V3's sigmoid
+    over the (T, E) logits is otherwise all scalar tail for one token and all vector body for four, 1 ulp
+    apart on AVX-512, which moves the top-k weights."""
 
-    def scope():
+    @contextlib.contextmanager
+    def scope(*inputs):
         ops = active_ops()
-        if "router" not in ops or set(ROUTER_CLASSES) <= ops:
-            return contextlib.nullcontext()
-        return batch_invariant(ops=ops | set(ROUTER_CLASSES))
+        if "router" not in ops:
+            yield
+            return
+        own = contextlib.nullcontext() if set(ROUTER_CLASSES) <= ops else batch_invariant(ops=ops | set(ROUTER_CLASSES))
+        with own, cpu.whole_vectors(*inputs):
+            yield
 
     return scope

@@ -109,8 +109,8 @@ class DecodePaths:
             raise
         except Exception as exc:  # noqa: BLE001 - dynamo / Inductor / CUDA-graph failures have no common base
             if entry.conditions:
-                raise NondetError(f"--compile: {mode} kernels failed to compile a later batch shape "
-                                  f"({_first_line(exc)}); rerun without --compile") from exc
+                raise NondetError(f"--compile: {mode} kernels compiled their first condition but failed on a "
+                                  f"later one ({_first_line(exc)}); rerun without --compile") from exc
             entry.path, entry.reason = EAGER, _first_line(exc)
         finally:
             entry.warmup_s += time.perf_counter() - started

@@ -14,12 +14,19 @@ A sliding-window layer's static cache (transformers' StaticSlidingWindowLayer) h
 once the cache is longer than the window, positions a crop would return to have been written over, so
 it reports `is_croppable` False (transformers 5.24: max_cache_len <= sliding_window) and assisted
 decoding refuses it at its first verification pass. `uncroppable_layer` reads that from the real cache.
+
+Before 5.24 (5.17-5.23, the floor pyproject.toml allows) assisted generation refuses any static cache
+("assisted generate is not supported with Static cache classes"), so `--speculative --compile` is
+refused up front there (`refuse_compiled_speculation`); plain `--compile` works, on a cache per call.
 """
 
 import weakref
 from typing import NamedTuple
 
+from nondet.errors import UsageError
+
 _HELD: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> ((batch, length), StaticCache)
+CROPPABLE_SINCE = "5.24"  # the first transformers whose StaticLayer crops, and whose assisted generation takes it
 
 
 def reusable_static_cache() -> bool:
@@ -28,6 +35,19 @@ def reusable_static_cache() -> bool:
     from transformers.cache_utils import StaticLayer
 
     return bool(getattr(StaticLayer, "is_croppable", False))
+
+
+def refuse_compiled_speculation() -> None:
+    """`--speculative --compile` before transformers 5.24: one line (exit 2), before the model loads.
+    StaticLayer.is_croppable arrived in 5.24 with assisted generation on a static cache; 5.17-5.23
+    raise at the first speculative condition, after the plain reference has compiled."""
+    if reusable_static_cache():
+        return
+    import transformers
+
+    raise UsageError(f"--speculative with --compile needs transformers {CROPPABLE_SINCE} or later (installed "
+                     f"{transformers.__version__}: its assisted generation refuses a static cache); "
+                     f"pip install 'transformers>={CROPPABLE_SINCE},<6', or rerun without --compile")
 
 
 class Uncroppable(NamedTuple):
@@ -40,11 +60,9 @@ class Uncroppable(NamedTuple):
 
 def uncroppable_layer(model, max_cache_len: int) -> Uncroppable | None:
     """The first sliding-window layer of the model's static cache of this length that `crop` cannot put
-    back as it was; None when every one can, and before 5.24 (no crop support to read). Builds the
-    StaticCache generate builds, without tensors (its layers allocate at their first update). Only
-    sliding layers: a linear-attention layer knows whether it can crop only after the prefill."""
-    if not reusable_static_cache():
-        return None
+    back as it was; None when every one can (5.24 and later: refuse_compiled_speculation comes first).
+    Builds the StaticCache generate builds, without tensors (its layers allocate at their first update).
+    Only sliding layers: a linear-attention layer knows whether it can crop only after the prefill."""
     from transformers import StaticCache
     from transformers.cache_utils import get_layer_types_and_kwargs
 

@@ -21,7 +21,9 @@ on CUDA, where the second call was still 1.8-2.6x slower: compiled.SPECULATIVE_W
 Every round crops the target's static cache back to the accepted tokens; a model with a sliding-window
 layer whose static cache is longer than the window cannot be cropped (static_caches.py), so --compile
 refuses it in open(), before any condition; a draft model's static cache likewise, where that draft
-keeps transformers' own eager assistant instead.
+keeps transformers' own eager assistant instead. Before transformers 5.24 assisted generation takes no
+static cache at all: probe.validate_config refuses --compile before the model loads
+(static_caches.refuse_compiled_speculation).
 """
 
 import contextlib
@@ -40,7 +42,7 @@ from nondet.probes.sources.base import Emit, Opened, Planned
 from nondet.probes.sources.speculation import Speculation, parse_speculative
 from nondet.probes.sources.static import COMPILED_CALLS, kernels_mode
 from nondet.probes.sources.static import step_record as to_step_record
-from nondet.probes.static_caches import Uncroppable, reusable_static_cache, uncroppable_layer
+from nondet.probes.static_caches import Uncroppable, uncroppable_layer
 from nondet.probes.speculative_summary import speculative_section
 from nondet.probes.summarize import as_summary, summarize_modes
 from nondet.rundir.records import ConditionRecord, StreamRecord
@@ -97,7 +99,9 @@ class SpeculativeSource:
         prompt_id, form = planned.plan
         ids = self.inputs[prompt_id]
         traceable = COMPILED_CALLS if self.paths is not None else False
-        with kernels_mode(planned.kernels, self.loaded.model, traceable=traceable), self._draft_kernels(planned, form):
+        with (kernels_mode(planned.kernels, self.loaded.model, traceable=traceable,
+                           allow_uncovered=self.config.allow_uncovered),
+              self._draft_kernels(planned, form)):
             steps, rounds, seconds = self._decode_on_path(planned.kernels, ids, form)
         emit(self._stream(planned, prompt_id, form, ids, steps, rounds, seconds))
         return ConditionRecord(condition_id=planned.condition_id, kernels=planned.kernels, batch_size=1,
@@ -150,7 +154,7 @@ class SpeculativeSource:
         """One greedy generate of the prompt alone -> (step dicts, RoundLog, seconds)."""
         model, tokenizer = self.loaded.model, self.loaded.tokenizer
         batch = Batch(input_ids=[ids], attention_mask=[[1] * len(ids)], target_rows=(0,))
-        rounds = RoundLog(len(ids))
+        rounds = RoundLog(len(ids), assisted=form is not None)
         with self._assist(form, settings) as assist, rounds.watching(model):
             started = time.perf_counter()
             out = generate(model, tokenizer, batch, settings, None, stopping=[rounds], assist=assist)
@@ -178,11 +182,10 @@ class SpeculativeSource:
     def _compiled_draft(self, form: Speculation, settings: DecodeSettings | None) -> bool:
         """Whether a form's draft decodes on the compiled path: a draft model, on a call that decodes
         compiled (settings None: whenever the target does), where transformers' static cache can be
-        cropped (5.24 and later, and no sliding-window layer shorter than the draft's cache; otherwise
-        transformers' own eager draft, whose dynamic cache keeps what a crop needs)."""
+        cropped (no sliding-window layer shorter than the draft's cache; otherwise transformers' own
+        eager draft, whose dynamic cache keeps what a crop needs)."""
         compiled = self.paths is not None and (settings is None or settings.compile_backend is not None)
-        return (form.kind == "draft" and compiled and reusable_static_cache()
-                and form.name not in self.uncroppable_drafts)
+        return form.kind == "draft" and compiled and form.name not in self.uncroppable_drafts
 
     def _draft_path(self, form: Speculation) -> str:
         """The fingerprint's words for how a form's draft decodes."""
@@ -287,10 +290,14 @@ class RoundLog:
     tokens) is noted where generate prepares its inputs; the last forward before the stopping
     criterion (called once per round, after the accepted tokens are appended) is the round's
     verification, also when the target is its own draft. A plain run has one token per round.
+    transformers 5.17's assisted decoding also calls the criterion on each round's candidates, before
+    the verification pass (its `is_done_candidate`; 5.18 dropped it): an `assisted` log skips that call.
     """
 
-    def __init__(self, prompt_tokens: int) -> None:
+    def __init__(self, prompt_tokens: int, assisted: bool = False) -> None:
         self.length = prompt_tokens  # context length before the current round
+        self.skips_candidates = assisted and _checks_candidates()  # 5.17: every odd call is the candidates'
+        self.calls = 0
         self.seen: int | None = None  # sequence length the latest target forward reaches
         self.drafted: list[int] = []  # per round: tokens the draft proposed
         self.produced: list[int] = []  # per round: tokens appended (accepted drafts + the target's own)
@@ -315,10 +322,12 @@ class RoundLog:
     def __call__(self, input_ids, scores, **kwargs):
         import torch
 
-        new = int(input_ids.shape[-1])
-        self.drafted.append(max(0, (self.seen or self.length) - self.length))
-        self.produced.append(new - self.length)
-        self.length = new
+        self.calls += 1
+        if not (self.skips_candidates and self.calls % 2):
+            new = int(input_ids.shape[-1])
+            self.drafted.append(max(0, (self.seen or self.length) - self.length))
+            self.produced.append(new - self.length)
+            self.length = new
         return torch.zeros((input_ids.shape[0],), dtype=torch.bool, device=input_ids.device)
 
     def accepted(self) -> list[int]:
@@ -331,3 +340,11 @@ class RoundLog:
 
     def round_of_steps(self) -> list[int]:
         return [r for r, n in enumerate(self.produced) for _ in range(n)]
+
+
+def _checks_candidates() -> bool:
+    """Whether transformers' assisted decoding calls the stopping criteria on the candidates too (5.17)."""
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__) < Version("5.18")
