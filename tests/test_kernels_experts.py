@@ -74,7 +74,8 @@ def test_topk_breaks_ties_by_lowest_index_under_the_router_class():
 
 
 def test_router_alone_makes_the_router_forward_invariant_and_nothing_else(moe_dir, monkeypatch):
-    """ops={"router"}: inside a router's forward the matmul and softmax classes are on; outside, off."""
+    """ops={"router"}: inside a router's forward the matmul, softmax and norm (its top-k weight sum) classes
+    are on; outside, off."""
     from nondet.kernels import active_ops
 
     model = fm.load(moe_dir, torch.float32)
@@ -91,4 +92,4 @@ def test_router_alone_makes_the_router_forward_invariant_and_nothing_else(moe_di
     with batch_invariant(ops={"router"}, model=model), torch.no_grad():
         model(fm.prompts())
     assert seen["experts"] == {"router"}
-    assert seen["router"] == {"router", "matmul", "softmax"}
+    assert seen["router"] == {"router", "matmul", "softmax", "norm"}

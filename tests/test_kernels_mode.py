@@ -21,7 +21,7 @@ def state():
 
 
 def test_op_classes_and_default_off():
-    assert OP_CLASSES == ("matmul", "norm", "attention", "softmax", "experts", "router")
+    assert OP_CLASSES == ("matmul", "norm", "attention", "softmax", "experts", "router", "elementwise")
     assert active_ops() == frozenset() and not is_active()
     assert not any(state()[1].values())
 

@@ -226,14 +226,15 @@ def classify(func, args, kwargs, compiled: bool, in_kernel: bool) -> tuple[str, 
         return ROUTED, "nondet custom op"
     if in_kernel:
         return ROUTED, "inside a nondet kernel"
+    name = _override_name(func)
+    taken = name is not None and overrides.TAKES[name](*args, **kwargs)
+    if taken and not compiled:
+        return ROUTED, f"aten override ({overrides.op_class_of(name)})"
     kind = op_kinds.row_independent(func, args, kwargs)
     if kind is not None:
         return ROW_INDEPENDENT, kind
-    name = _override_name(func)
-    if name is not None and overrides.TAKES[name](*args, **kwargs):
-        if compiled:
-            return UNCOVERED, "an aten override, which a compiled graph does not call"
-        return ROUTED, f"aten override ({overrides.op_class_of(name)})"
+    if taken:
+        return UNCOVERED, "an aten override, which a compiled graph does not call"
     if name is not None:
         return UNCOVERED, "handed back to the original kernel (dim, dtype or shape not covered)"
     return UNCOVERED, "no batch-invariant kernel"

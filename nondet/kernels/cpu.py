@@ -320,6 +320,14 @@ POINTWISE_OPS = ("sigmoid", "sigmoid_", "silu", "silu_", "gelu", "gelu_", "softp
                  "exp2_", "sinh", "sinh_", "cosh", "cosh_", "atan2", "atan2_")
 
 
+def pointwise_takes(name: str):
+    """overrides.TAKES' predicate for `name` (one of POINTWISE_OPS): whether pointwise_override's kernel
+    computes the call with `pointwise`."""
+    base, _, overload = name.partition(".")
+    func = getattr(getattr(aten, base), overload or "default")
+    return lambda *args, **kwargs: takes(func, args)
+
+
 def pointwise_override(name: str):
     """An aten kernel for `name` (one of POINTWISE_OPS): `pointwise` where `takes`, else the original kernel
     through the op's .out overload (never overridden; out= the input for an in-place op)."""

@@ -28,7 +28,7 @@ import torch
 
 from nondet.kernels import collective, experts, hf, overrides, router
 
-OP_CLASSES = ("matmul", "norm", "attention", "softmax", "experts", "router")
+OP_CLASSES = ("matmul", "norm", "attention", "softmax", "experts", "router", "elementwise")
 EXTRA_CLASSES = ("collective",)  # accepted in ops; on with "matmul" (None = all includes it that way)
 
 

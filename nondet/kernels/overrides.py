@@ -20,7 +20,7 @@ the forward logprobs must match the sampler's and cuBLAS is faster on the backwa
 
 import torch
 
-from nondet.kernels import ops, router, sdpa
+from nondet.kernels import cpu, ops, router, sdpa
 
 aten = torch.ops.aten
 
@@ -179,7 +179,10 @@ OP_TABLE = {
     # SDPA's math path's softmax when the call is not ours to take
     "attention": [(sdpa.NAME, sdpa.attention), ("_safe_softmax", _safe_softmax)],
     "experts": [],  # through transformers' ExpertsInterface (experts.py), not aten
-    "router": [("topk", router.topk)],  # ties by lowest index; the router's forward is wrapped too (router.py)
+    "router": [("topk", router.topk)],
+    # CPU only: ops whose vectorized loop body and scalar tail round differently (cpu.POSITION_DEPENDENT),
+    # computed with every element in the vector body, so a row's bits do not follow the call's length
+    "elementwise": [(name, cpu.pointwise_override(name)) for name in cpu.POINTWISE_OPS],  # ties by lowest index; the router's forward is wrapped too (router.py)
 }
 
 DISPATCH_KEYS = ("CPU", "CUDA")
@@ -196,7 +199,8 @@ TAKES = {"mm": _takes_mm, "addmm": _takes_addmm, "bmm": _takes_mm, "mean.dim": _
          "_fused_rms_norm": _always, "topk": router.takes_topk, "baddbmm": _takes_baddbmm,
          "sum.dim_IntList": _takes_sum, "_safe_softmax": _takes_safe_softmax, sdpa.NAME: sdpa.takes}
 # ops whose override sits at another dispatch key than DISPATCH_KEYS
-KEY_OF = {sdpa.NAME: (sdpa.DISPATCH_KEY,)}
+KEY_OF = {sdpa.NAME: (sdpa.DISPATCH_KEY,), **{name: ("CPU",) for name in cpu.POINTWISE_OPS}}
+TAKES.update({name: cpu.pointwise_takes(name) for name in cpu.POINTWISE_OPS})
 
 
 def op_class_of(name: str) -> str | None:
