@@ -83,6 +83,11 @@ def toy(tiny_model_dir):
     saved = {}
     layer.post_attention_layernorm.register_forward_pre_hook(lambda m, args: saved.update(residual=args[0]))
     layer.mlp.down_proj = _variant_projection(layer.mlp.down_proj, lambda: saved["residual"])
+    from nondet.kernels.mode import verify_coverage
+
+    # the mode's op census runs the model once, decode step included, when first entered: taken here, so
+    # it does not count as one of the variant projection's batched decode calls
+    verify_coverage(loaded.model)
     return loaded
 
 
