@@ -24,7 +24,7 @@ def cb_attention_forward(module, query, key, value, attention_mask, dropout: flo
     assert "cu_seq_lens_q" in kwargs, "only for transformers' continuous-batching engine (packed requests)"
     if cache is not None:
         # transformers <= 5.23 hands the engine's paged cache to the attention function to update
-        key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
+        key, value = _update(cache, key, value, module.layer_idx, kwargs)
     # transformers >= 5.24 updates it in the attention layer and hands over the gathered keys; a block
     # table instead means the keys stay in the paged cache for a flash kernel to read, not ours
     assert kwargs.get("block_table") is None, "the paged cache's block-table layout is flash-only"
@@ -45,6 +45,18 @@ def invariant_attention(model):
         yield
     finally:
         model.set_attn_implementation(previous)
+
+
+def _update(cache, key, value, layer_idx: int, kwargs):
+    """The paged cache's update -> the gathered keys and values (1, KVH, Tk, D). 5.19-5.23 take the
+    attention kwargs; 5.17-5.18 take the read and write indices and return (Tk, KVH, D)."""
+    import inspect
+
+    if "kwargs" in inspect.signature(cache.update).parameters:
+        return cache.update(key_states=key, value_states=value, layer_idx=layer_idx, kwargs=kwargs)
+    key, value = cache.update(key_states=key, value_states=value, layer_idx=layer_idx,
+                              read_index=kwargs["read_index"], write_index=kwargs["write_index"])
+    return key.transpose(0, 1).unsqueeze(0), value.transpose(0, 1).unsqueeze(0)
 
 
 def _for_layer(cu_seq_lens_k, module):

@@ -11,7 +11,7 @@ batches that mix prefill chunks with decode tokens, its attention path.
 The engine's logits are captured with a forward hook on the model; the target's row is the
 position of the target among the requests that predict a token this step (the engine's
 `logits_indices` order). The engine picks the token (greedy argmax); the hook only records.
-Uses the engine's private stepping methods: written against transformers 5.17-5.23.
+Uses the engine's private stepping methods: written against transformers 5.17-5.24.
 """
 
 import math
@@ -73,14 +73,16 @@ class ContinuousEngine:
             processor.inputs_and_outputs.requests_in_batch
         except AttributeError as exc:
             raise ModelLoadError(f"this transformers version's continuous-batching engine has no {exc.name!r}; "
-                                 "--load continuous needs transformers 5.17-5.23") from None
+                                 "--load continuous needs transformers 5.17-5.24") from None
         return processor
 
     @property
     def invariant_attention_ok(self) -> bool:
         """Can cb_attention replace the engine's attention? Needs a masked path (sdpa or eager,
-        whose cache.update gathers each request's keys) and unpadded, ungraphed batches."""
-        return self.attn_implementation in ("sdpa", "paged|eager") and not self.processor.model_runner.pad_inputs
+        whose cache.update gathers each request's keys; transformers 5.17-5.18 name the engine's sdpa
+        "paged|sdpa") and unpadded, ungraphed batches."""
+        return (self.attn_implementation in ("sdpa", "paged|sdpa", "paged|eager")
+                and not self.processor.model_runner.pad_inputs)
 
     def run(self, target: list[int], target_at: int, schedule: list[Arrival], fillers: list[list[int]],
             concurrency: int) -> TargetTrace:
@@ -147,7 +149,7 @@ class ContinuousEngine:
 
 
 def _cb_config(cls, **settings):
-    """ContinuousBatchingConfig across 5.17-5.23: `page_size` was `block_size` before."""
+    """ContinuousBatchingConfig across 5.17-5.24: `page_size` was `block_size` before."""
     import inspect
 
     accepted = inspect.signature(cls).parameters
