@@ -1,7 +1,9 @@
 """Batch-invariant kernels on a CUDA GPU: correctness, row invariance, and a random Qwen3
-under HF generate with and without the mode. Results the report needs (distinct completion
-counts) are written as JSON to $NONDET_GPU_RESULTS when it is set."""
+under HF generate with and without the mode (the run without it is the control: asserted to
+differ, tests/controls.py). Results the report needs (distinct completion counts) are written as
+JSON to $NONDET_GPU_RESULTS when it is set."""
 
+import contextlib
 import json
 import os
 
@@ -12,7 +14,9 @@ F = torch.nn.functional
 
 pytestmark = pytest.mark.gpu
 
-from nondet.kernels import batch_invariant, reference  # noqa: E402
+from controls import mode, require_row0_variance, require_variance, row0_differs  # noqa: E402
+
+from nondet.kernels import reference  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-5}
@@ -204,11 +208,18 @@ def test_masked_chunk_rows_equal_causal_decode_rows():
 def test_mode_makes_linear_invariant_on_cuda():
     x = torch.randn(512, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    with batch_invariant():
-        full = F.linear(x, w)
-        assert all(torch.equal(F.linear(x[:m], w)[0], full[0]) for m in (1, 2, 8, 64, 65, 200))
-        h = x.float()
-        assert all(torch.equal(h[:m].pow(2).mean(-1)[0], h[:1].pow(2).mean(-1)[0]) for m in (2, 512))
+    linear = lambda t: F.linear(t, w)  # noqa: E731
+    require_row0_variance(linear, x, "cuBLAS's bf16 linear, row 0 alone vs among 512")
+    with mode():
+        assert row0_differs(linear, x, (2, 8, 64, 65, 200, 512)) == []
+
+
+def test_mode_makes_the_row_mean_invariant_on_cuda():
+    h = torch.randn(512, 4096, device="cuda", dtype=torch.bfloat16).float()
+    mean_sq = lambda t: t.pow(2).mean(-1)  # noqa: E731 (HF RMSNorm's mean)
+    require_row0_variance(mean_sq, h, "torch's fp32 row mean on CUDA, row 0 alone vs among 512")
+    with mode():
+        assert row0_differs(mean_sq, h, (2, 512)) == []
 
 
 def _qwen3(hidden=1024, layers=8, vocab=151936):
@@ -250,51 +261,54 @@ def _generate(model, prompt, batch, new_tokens):
 BATCHES = (1, 2, 3, 4, 8, 16, 32, 64, 128)
 
 
+def _sweep(model, prompt, fix):
+    """{batch: (tokens, logits of every step)} of the target row at each of BATCHES, 400 steps, with
+    the mode (fix) or with the default kernels (its control)."""
+    with mode(model=model) if fix else contextlib.nullcontext():
+        return {batch: _generate(model, prompt, batch, 400) for batch in BATCHES}
+
+
+def _counts(sweep):
+    """What the report records of a sweep: distinct completions, and each batch against batch 1."""
+    toks1, logits1 = sweep[1]
+    vs_batch1 = [{"batch": batch, "logits_identical": torch.equal(logits, logits1),
+                  "first_divergent_token": next((i for i, (a, b) in enumerate(zip(toks, toks1)) if a != b), None)}
+                 for batch, (toks, logits) in sweep.items() if batch != 1]
+    return {"distinct": len({tuple(toks) for toks, _ in sweep.values()}), "vs_batch1": vs_batch1}
+
+
 def test_qwen3_generate_one_completion_with_mode():
     model = _qwen3()
     prompt = torch.randint(0, model.config.vocab_size, (1, 32), device="cuda",
                            generator=torch.Generator(device="cuda").manual_seed(7))
-    counts = {}
-    # NONDET_GPU_SKIP_CONTROL=1 skips the run without the mode (it does not involve our kernels)
-    modes = (True,) if os.environ.get("NONDET_GPU_SKIP_CONTROL") == "1" else (False, True)
-    for mode in modes:
-        texts, first_diff, logits0 = set(), [], None
-        for batch in BATCHES:
-            if mode:
-                with batch_invariant(model=model):
-                    toks, logits = _generate(model, prompt, batch, 400)
-            else:
-                toks, logits = _generate(model, prompt, batch, 400)
-            texts.add(tuple(toks))
-            if logits0 is None:
-                logits0, toks0 = logits, toks
-            else:
-                same_logits = torch.equal(logits, logits0)
-                diverge = next((i for i, (a, b) in enumerate(zip(toks, toks0)) if a != b), None)
-                first_diff.append({"batch": batch, "logits_identical": same_logits, "first_divergent_token": diverge})
-        counts["with_mode" if mode else "without_mode"] = {"distinct": len(texts), "vs_batch1": first_diff}
+    default, ours = _sweep(model, prompt, fix=False), _sweep(model, prompt, fix=True)
+    counts = {"without_mode": _counts(default), "with_mode": _counts(ours)}
     _record("qwen3_generate", counts)
     assert model.config._attn_implementation == "sdpa"  # restored
+    require_variance(default[1][1], default[BATCHES[-1]][1],
+                     f"a random Qwen3's target row at batch 1 vs {BATCHES[-1]} (400 steps)")
     assert counts["with_mode"]["distinct"] == 1
     assert all(r["logits_identical"] for r in counts["with_mode"]["vs_batch1"])
 
 
-def test_qwen3_prefill_equals_decode_with_mode():
-    model = _qwen3()
-    prompt = torch.randint(0, model.config.vocab_size, (4, 40), device="cuda",
-                           generator=torch.Generator(device="cuda").manual_seed(3))
+class _AllRows:
+    """LogitsProcessor that keeps every row's logits of every step."""
+
+    def __init__(self):
+        self.steps = []
+
+    def __call__(self, input_ids, scores):
+        self.steps.append(scores.clone())
+        return scores
+
+
+def _decode_and_prefill(model, prompt, fix):
+    """Each generated token's logprob as the decode steps computed it and as one prefill of the whole
+    sequence computes it, (B, 300, 1) each: with the mode (fix) or with the default kernels (control)."""
     from transformers import LogitsProcessorList
 
-    class Rec:
-        def __init__(self):
-            self.steps = []
-
-        def __call__(self, input_ids, scores):
-            self.steps.append(scores.clone())
-            return scores
-
-    rec = Rec()
-    with batch_invariant(model=model), torch.no_grad():
+    rec = _AllRows()
+    with mode(model=model) if fix else contextlib.nullcontext(), torch.no_grad():
         seq = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=300,
                              min_new_tokens=300, logits_processor=LogitsProcessorList([rec]),
                              pad_token_id=0, eos_token_id=None)
@@ -302,8 +316,15 @@ def test_qwen3_prefill_equals_decode_with_mode():
     decode_lp = torch.log_softmax(torch.stack(rec.steps, 1), -1)  # (B, steps, V)
     prefill_lp = torch.log_softmax(fresh[:, prompt.shape[1] - 1:-1], -1)
     tokens = seq[:, prompt.shape[1]:]
-    dec_tok = decode_lp.gather(-1, tokens[..., None])
-    pre_tok = prefill_lp.gather(-1, tokens[..., None])
+    return decode_lp.gather(-1, tokens[..., None]), prefill_lp.gather(-1, tokens[..., None])
+
+
+def test_qwen3_prefill_equals_decode_with_mode():
+    model = _qwen3()
+    prompt = torch.randint(0, model.config.vocab_size, (4, 40), device="cuda",
+                           generator=torch.Generator(device="cuda").manual_seed(3))
+    require_variance(*_decode_and_prefill(model, prompt, fix=False), "a random Qwen3's 300 decode steps vs one prefill")
+    dec_tok, pre_tok = _decode_and_prefill(model, prompt, fix=True)
     equal = (dec_tok == pre_tok).float().mean().item()
     _record("prefill_vs_decode_equal_fraction", equal)
     assert torch.equal(dec_tok, pre_tok)
