@@ -32,7 +32,7 @@ import contextlib
 
 import torch
 
-from nondet.kernels import cpu, grouped
+from nondet.kernels import grouped
 
 EXPERTS_IMPLEMENTATION = "nondet_batch_invariant"
 PREVIOUS_ATTR = "_nondet_previous_experts"  # set on each experts module by the mode: what to fall back to
@@ -82,21 +82,13 @@ def _experts_hit(top_k_index: torch.Tensor, num_experts: int) -> list[int]:
 def _expert_rows(self, expert: int, x: torch.Tensor) -> torch.Tensor:
     """One expert's output for its tokens x (n, H) -> (n, H), through invariant matmuls."""
     if getattr(self, "has_gate", True):
-        hidden = activation(self, _linear(self, x, self.gate_up_proj[expert], "gate_up_proj_bias", expert))
+        hidden = grouped.activation(self, _linear(self, x, self.gate_up_proj[expert], "gate_up_proj_bias", expert))
     else:
-        hidden = activation(self, _linear(self, x, self.up_proj[expert], "up_proj_bias", expert))
+        hidden = grouped.activation(self, _linear(self, x, self.up_proj[expert], "up_proj_bias", expert))
     rows = _linear(self, hidden, self.down_proj[expert], "down_proj_bias", expert)
     if getattr(self, "has_post_expert_norm", False):
         rows = self.post_expert_norm(rows)
     return rows
-
-
-def activation(self, proj: torch.Tensor) -> torch.Tensor:
-    """The module's gate (gated experts) or activation on the first projection's rows (n, I) -> (n, I'), its
-    elementwise ops on whole vectors on the CPU (cpu.whole_vectors): otherwise gpt-oss's sigmoid over a
-    contiguous (n, I) is partly scalar tail or vector body as the expert's token count n changes."""
-    with cpu.whole_vectors(proj):
-        return self._apply_gate(proj) if getattr(self, "has_gate", True) else self.act_fn(proj)
 
 
 def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias_name: str, expert: int) -> torch.Tensor:

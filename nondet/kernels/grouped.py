@@ -17,7 +17,7 @@ Slots routed to no valid expert (an index outside 0..E-1) add nothing, as in the
 
 import torch
 
-from nondet.kernels import custom_ops
+from nondet.kernels import cpu, custom_ops
 
 
 def applies(hidden_states: torch.Tensor, module) -> bool:
@@ -57,10 +57,16 @@ def combine(module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
     return out.to(hidden_states.dtype)
 
 
+def activation(self, proj: torch.Tensor) -> torch.Tensor:
+    """The module's gate (gated experts) or activation on the first projection's rows (n, I) -> (n, I'), its
+    elementwise ops on whole vectors on the CPU (cpu.whole_vectors): otherwise gpt-oss's sigmoid over a
+    contiguous (n, I) is partly scalar tail or vector body as the expert's token count n changes."""
+    with cpu.whole_vectors(proj):
+        return self._apply_gate(proj) if getattr(self, "has_gate", True) else self.act_fn(proj)
+
+
 def _expert_rows(module, x: torch.Tensor, expert: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """experts._expert_rows for all sorted rows at once: (R, H) -> (R, H)."""
-    from nondet.kernels.experts import activation  # the loop's activation (experts imports this module)
-
     if getattr(module, "has_gate", True):
         hidden = activation(module, _linear(module, x, module.gate_up_proj, "gate_up_proj_bias", expert, counts))
     else:
