@@ -3,7 +3,8 @@
 `verdict(modes, level)` is summary.json's sentence (the terminal prints it): one clause per
 kernels mode, over one prompt or several; a server compared without logprobs says what its
 texts show. `report_verdict(modes, mode, minimal_set)` is the report's headline about one
-mode, with the ablation's fix and the batch-invariant confirmation. `modes` is summary.json's
+mode, with the ablation's fix and the batch-invariant confirmation. `partly_line` and
+`injected_control_line` word what the batch-invariant kernels covered (summary.json, the gate, the report). `modes` is summary.json's
 "modes": {kernels mode: the diff of its runs (probes/diff.py)}. No torch, no pandas.
 """
 
@@ -127,3 +128,16 @@ def _set(experts: list[int]) -> str:
 
 def _ordinal(n: int) -> str:
     return f"{n}{'tsnrhtdd'[(n // 10 % 10 != 1) * (n % 10 < 4) * n % 10::4]}"
+
+
+def injected_control_line(norm: str) -> str:
+    """What the demo's fix shows: the injected norm is swapped for its one-row path by construction."""
+    return (f"{norm} is the injected control: under batch-invariant kernels it takes its one-row path by "
+            "construction, so its fix shows the detector and the kernel swap; the op census and the family "
+            "matrix show the kernels themselves")
+
+
+def partly_line(uncovered: list[str]) -> str:
+    """One line for a partly invariant run: how many ops the mode did not cover, the first few."""
+    shown = "; ".join(uncovered[:3]) + ("; ..." if len(uncovered) > 3 else "")
+    return f"batch-invariant kernels partly invariant: {len(uncovered)} op(s) not covered ({shown})"

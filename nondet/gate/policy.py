@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from nondet.errors import UsageError
 from nondet.gate.prompts import per_prompt
 from nondet.gate.rl_policy import rl_message
+from nondet.verdict import partly_line
 
 REQUIREMENTS = ("identical", "max-distinct", "min-divergence-step", "max-logprob-diff", "max-kl")
 AXES = {  # axis -> the requirements it takes
@@ -157,8 +158,6 @@ def _coverage_failures(summary: dict) -> list[ConditionResult]:
     coverage = summary.get("kernel_coverage") or {}
     if coverage.get("coverage") != "partly invariant":
         return []
-    from nondet.probes.kernel_coverage import partly_line
-
     message = partly_line(coverage.get("uncovered") or [])
     return [ConditionResult("batch-invariant", "kernel-coverage", 0, None, None, False, message)]
 

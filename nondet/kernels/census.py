@@ -126,12 +126,12 @@ def _run(model, mode_scope, compiled: bool) -> Census:
         recorder = _Recorder(model, compiled)
         with mode_scope(), recorder:
             ours = _forward(model, ids, mask)
-    return Census(model_class=type(model).__name__, dtype=str(ids_dtype(model)).replace("torch.", ""),
+    return Census(model_class=type(model).__name__, dtype=str(_model_dtype(model)).replace("torch.", ""),
                   compiled=compiled, uses=recorder.uses(), max_logit_diff=_largest_diff(default, ours),
                   tolerance=_tolerance(model, default))
 
 
-def ids_dtype(model) -> torch.dtype:
+def _model_dtype(model) -> torch.dtype:
     parameter = next(model.parameters(), None)
     return parameter.dtype if parameter is not None else torch.float32
 
@@ -178,7 +178,7 @@ def _largest_diff(default: list[torch.Tensor], ours: list[torch.Tensor]) -> floa
 
 def _tolerance(model, default: list[torch.Tensor]) -> float:
     scale = max(float(t.abs().max()) for t in default)
-    return TOLERANCE.get(ids_dtype(model), 1e-2) * max(scale, 1.0)
+    return TOLERANCE.get(_model_dtype(model), 1e-2) * max(scale, 1.0)
 
 
 class _Recorder(TorchDispatchMode):
@@ -190,7 +190,6 @@ class _Recorder(TorchDispatchMode):
         self._names = {module: name for name, module in model.named_modules()}
         self._stack: list[str] = []
         self._hooks: list = []
-        self._model = model
         self._counts: Counter = Counter()
 
     def __enter__(self):

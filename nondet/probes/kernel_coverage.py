@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from nondet.errors import UnsupportedModelError
 from nondet.rundir.records import Summary
+from nondet.verdict import injected_control_line, partly_line
 
 INVARIANT, PARTLY = "invariant", "partly invariant"
 
@@ -42,16 +43,3 @@ def label_summary(summary: Summary, fingerprint: dict | None) -> Summary:
         section["injected_control"] = injected_control_line(injected)
     verdict = f"{summary.verdict} [{partly_line(uncovered)}]" if uncovered else summary.verdict
     return replace(summary, verdict=verdict, extra={**summary.extra, "kernel_coverage": section})
-
-
-def injected_control_line(norm: str) -> str:
-    """What the demo's fix shows: the injected norm is swapped for its one-row path by construction."""
-    return (f"{norm} is the injected control: under batch-invariant kernels it takes its one-row path by "
-            "construction, so its fix shows the detector and the kernel swap; the op census and the family "
-            "matrix show the kernels themselves")
-
-
-def partly_line(uncovered: list[str]) -> str:
-    """One line for a partly invariant run: how many ops the mode did not cover, the first few."""
-    shown = "; ".join(uncovered[:3]) + ("; ..." if len(uncovered) > 3 else "")
-    return f"batch-invariant kernels partly invariant: {len(uncovered)} op(s) not covered ({shown})"

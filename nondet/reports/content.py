@@ -19,7 +19,7 @@ from nondet.reports.prompts import prompt_blocks
 from nondet.reports.speculative import speculative_sections
 from nondet.reports.tables import RunTables
 from nondet.reports.tensor_parallel import tensor_parallel_sections
-from nondet.verdict import report_verdict
+from nondet.verdict import partly_line, report_verdict
 
 CONTEXT_BEFORE, CONTEXT_AFTER = 12, 16  # tokens shown around a split in the token diff
 MAX_DIFFS = 6                            # divergent completions shown in the token diff
@@ -73,15 +73,13 @@ def _coverage_note(t: RunTables) -> list[Para]:
     injected control, whose fix under the mode is by construction."""
     coverage = t.summary.get("kernel_coverage") or {}
     notes = []
+    lines = []
     if coverage.get("coverage") == "partly invariant":
-        uncovered = coverage.get("uncovered") or []
-        notes.append(Para([f"Batch-invariant kernels were partly invariant: {len(uncovered)} op(s) not covered ("
-                           + "; ".join(uncovered[:5]) + ("; ..." if len(uncovered) > 5 else "")
-                           + "). Agreement under them proves nothing about those ops."], kind="note"))
+        lines.append(partly_line(coverage.get("uncovered") or []) + "; agreement under them proves nothing about "
+                     "those ops")
     if coverage.get("injected_control"):
-        notes.append(Para([coverage["injected_control"][:1].upper() + coverage["injected_control"][1:] + "."],
-                          kind="note"))
-    return notes
+        lines.append(coverage["injected_control"])
+    return [Para([line[:1].upper() + line[1:] + "."], kind="note") for line in lines]
 
 
 def _gate_note(t: RunTables) -> list[Para]:
