@@ -31,8 +31,12 @@ def _source(tiny_model_dir, draft_dir, kernels, compile_backend=None):
 
 
 def _draft_attention_while_drafting(source, planned) -> set[str]:
-    """The draft model's attention implementation at each of its forwards during one condition."""
+    """The draft model's attention implementation at each of its forwards during one condition. The
+    condition is replayed once before: the mode's op census (taken once per model, cached) runs the
+    draft with its own attention for its default-kernel reference, and is not one of the draft's
+    forwards while drafting."""
     draft = source.drafts[planned.plan[1].name].model
+    source.replay(planned, lambda stream: None)
     seen = set()
     handle = draft.register_forward_pre_hook(lambda module, args: seen.add(module.config._attn_implementation))
     try:
