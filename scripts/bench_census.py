@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "device"))
 from gpu_compile import build, build_moe  # noqa: E402  (the 8B-shaped and MoE builders)
 
 

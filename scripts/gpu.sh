@@ -1,54 +1,37 @@
 #!/usr/bin/env bash
-# The one entry point for work on a GPU machine: named steps, one log per step under $OUT.
+# The release checks on a GPU machine: named steps, one log per step under $OUT.
 #
 #   OUT=dir bash scripts/gpu.sh STEP...          (repository root; default OUT=device-out)
 #
 # Correctness
 #   tests        pytest tests/gpu (kernel bits, invariance, tuning; the e2e Qwen3 tests included: ~9 min on an H200)
-#   rows-tests   the row kernels' tests (mean_sq == mean_last over stored squares, bits)
-#   tile-tests   the tile-by-launch tests: attention tiles vs the decode tile, every matmul M bucket (bits)
 #   sanitize     the kernel tests under compute-sanitizer memcheck
 #   attention    sinks, softcap, sliding window, MLA: tests/test_kernels_attention_features.py on CUDA
-#   family       scripts/gpu_family_matrix.py: every supported model family, invariant under the mode
-#   census       scripts/bench_census.py --moe: the op census's one-time cost on the 8B-shaped Qwen3 and the MoE
-#   moe          scripts/gpu_moe.py: a Qwen3-30B-A3B-shaped MoE, default vs the mode, and its step time
-#   compile      scripts/gpu_compile.py: an 8B-shaped Qwen3 decoded on the compiled path, default vs the mode
-#   compile-profile  the same model: prefill of 512 tokens and B=1, B=32 decode steps' GPU time by kernel
-#   prefill      the same model's 512-token prefill: eager, compiled, and compiled under CUDA graphs
-#   attention-prefill scripts/gpu_attention_prefill.py: prefill attention by row tile / warps / stages vs SDPA, bits vs shipped
-#   attention-stages scripts/gpu_attention_stages.py: decode attention by warps / stages / merge block vs SDPA (STAGES_ARGS)
 #   split-tests  tests/test_kernels_attention_split.py and test_kernels_counters.py on CUDA (split == fused bits,
 #                50 racing repeats; the counter buffer left at zero, other streams, a captured graph)
-#   prefill-breakdown scripts/gpu_prefill_breakdown.py: the CUDA-graph prefill's GPU time by kernel class, and each shape alone
-#   small-m      scripts/gpu_matmul_small_m.py: matmul at M 1..128 (split K) vs cuBLAS, chunk-sum loop rolled vs unrolled
-#   decode-tiles scripts/gpu_decode_tiles.py: decode-sized matmuls (M 1..16), narrow fused tiles vs the split launch
-#   compiled-host scripts/gpu_compiled_host.py: the host time the mode adds to a compiled decode step (2 layers, B = 1)
-#   compiled-events the same, one process per kernels mode (twice each): torch.profiler's CPU events per step
-#   compiled-gaps the same, per step: kernel time and the GPU's idle time between kernels (HOST_ARGS="--layers 16")
-#   host         scripts/gpu_host_profile.py: the mode's host cost per op and the 8B eager prefill, default vs the mode
-
-#   demo         probe / speculative / rl on the demo model with --confirm
+#   compile-tests tests/gpu/test_compile_gpu.py (compiled vs eager bits: prefill, decode, a training forward)
 #   draft-tests  tests/test_speculative_compiled_draft.py on CUDA (the compiled draft proposes transformers' tokens)
-#   bisect       scripts/gpu_bisect.py: what bisect blames on a GPU model, with and without a baseline
-# Speed (each prints a table)
+#   family       scripts/device/gpu_family_matrix.py: every supported model family, invariant under the mode
+#   moe          scripts/device/gpu_moe.py: a Qwen3-30B-A3B-shaped MoE, default vs the mode, and its step time
+#   demo         probe / speculative / rl on the demo model with --confirm
+#   bisect       scripts/device/gpu_bisect.py: what bisect blames on a GPU model, with and without a baseline
+# Speed (each prints a table; docs/benchmarks.md keeps the figures)
 #   score        nondet kernels bench --score (ratios to cuBLAS / SDPA, invariance checked in the same run)
+#   tune         nondet kernels tune, then the score under the tuned table
+#   census       scripts/bench_census.py --moe: the op census's one-time cost on the 8B-shaped Qwen3 and the MoE
+#   compile      scripts/device/gpu_compile.py: an 8B-shaped Qwen3 decoded on the compiled path, default vs the mode
+#   prefill      the same model's 512-token prefill: eager, compiled, and compiled under CUDA graphs
 #   probe        scripts/bench_probe.py --gpu (the probe's GPU case and its roofline)
 #   probe-compile scripts/bench_probe.py --gpu --compile (the same case on the compiled path)
 #   rl           scripts/bench_rl.py (the trainer step under the mode)
 #   rl-compile   scripts/bench_rl.py --compile (the same step with a torch.compile'd forward)
-#   compile-tests tests/gpu/test_compile_gpu.py (compiled vs eager bits: prefill, decode, a training forward)
 #   speculative  scripts/bench_speculative.py (speedup kept under the mode)
 #   speculative-wide  the same on the compiled path where speculation pays (8B widths, damped target, 2-layer draft)
-#   speculative-profile  scripts/gpu_speculative_profile.py on that case: wall vs GPU ms per token, heaviest kernels, host
-#   speculative-trace  the same, every call's ms per token, a chrome trace per mode and decoding ($OUT) and
-#                scripts/trace_steps.py over them: GPU busy / idle and the host's ops per token
-#   agreement    scripts/speculative_agreement.py on that damped target (after speculative-wide built it)
-#   tune         nondet kernels tune, then the score under the tuned table
 # One fleet, one answer (bitwise identical streams under the mode)
 #   tuned        a tuned and an untuned kernel table on this device
 #   cross-record the probe's streams on this device -> $OUT/cross_streams.jsonl (and cross_fingerprint.json)
 #   cross-compare the same probe, compared with .cross/cross_streams.jsonl (and its fingerprint) recorded on another kind
-# Tensor parallelism needs 2 GPUs: scripts/gpu_tp.sh.
+# Tensor parallelism needs 2 GPUs: scripts/device/gpu_tp.sh. Kernel tuning sweeps and profiles: scripts/device/README.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
@@ -73,38 +56,20 @@ print(d(S(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_at
 run_step() {
   case "$1" in
     tests) timeout 580 python3 -m pytest -q -p no:cacheprovider tests/gpu -rA 2>&1 | tail -40 ;;
-    rows-tests) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "rows or mean_sq" \
-                  -rf 2>&1 | tail -15 ;;
-    tile-tests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_kernels_gpu_bench.py \
-                  -k "not generate_one_completion and not bench_sections" -rf 2>&1 | tail -15 ;;
     sanitize) timeout 300 compute-sanitizer --tool memcheck --print-limit 10 python3 -m pytest -q -x \
                 -p no:cacheprovider tests/gpu -k "not qwen3" 2>&1 | tail -30 ;;
     attention) NONDET_ATTN_FEATURES_INNER=1 NONDET_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider \
                  tests/test_kernels_attention_features.py 2>&1 | tail -30 ;;
-    family) timeout 300 python3 scripts/gpu_family_matrix.py 2>&1 | quiet | grep -v "Loading weights" | tail -80 ;;
+    family) timeout 300 python3 scripts/device/gpu_family_matrix.py 2>&1 | quiet | grep -v "Loading weights" | tail -80 ;;
     census) timeout 400 python3 scripts/bench_census.py --moe 2>&1 | quiet | tail -12 ;;
-    compile) timeout 560 python3 scripts/gpu_compile.py ${COMPILE_ARGS:-} 2>&1 | quiet | tail -40 ;;
-    compile-profile) timeout 400 python3 scripts/gpu_compile.py --profile ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
-    prefill) timeout 560 python3 scripts/gpu_compile.py --prefill ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
-    attention-prefill) timeout 300 python3 scripts/gpu_attention_prefill.py 2>&1 | tail -60 ;;
-    attention-stages) timeout 300 python3 scripts/gpu_attention_stages.py ${STAGES_ARGS:-} 2>&1 | tail -30 ;;
+    compile) timeout 560 python3 scripts/device/gpu_compile.py ${COMPILE_ARGS:-} 2>&1 | quiet | tail -40 ;;
+    prefill) timeout 560 python3 scripts/device/gpu_compile.py --prefill ${COMPILE_ARGS:-} 2>&1 | quiet | tail -20 ;;
     split-tests) NONDET_ATTN_SPLIT_INNER=1 NONDET_COUNTERS_INNER=1 NONDET_TEST_DEVICE=cuda timeout 200 python3 -m pytest \
                    -q -p no:cacheprovider tests/test_kernels_attention_split.py tests/test_kernels_counters.py 2>&1 | tail -15 ;;
-    decode-tiles) timeout 400 python3 scripts/gpu_decode_tiles.py ${TILES_ARGS:-} 2>&1 | quiet | tail -80 ;;
-    small-m) timeout 200 python3 scripts/gpu_matmul_small_m.py 2>&1 | tail -20 ;;
-    prefill-breakdown) timeout 480 python3 scripts/gpu_prefill_breakdown.py ${BREAKDOWN_ARGS:-} 2>&1 | quiet | tail -40 ;;
-    compiled-host) timeout 400 python3 scripts/gpu_compiled_host.py ${HOST_ARGS:-} 2>&1 | quiet | tail -80 ;;
-    compiled-events) for mode in default mode default mode; do  # a fresh process each: step times drift within one
-                       timeout 150 python3 scripts/gpu_compiled_host.py --events $mode ${HOST_ARGS:-} 2>&1 | quiet | tail -32
-                     done ;;
-    compiled-gaps) for mode in default mode default mode; do
-                     timeout 200 python3 scripts/gpu_compiled_host.py --gaps $mode ${HOST_ARGS:-} 2>&1 | quiet | tail -2
-                   done ;;
-    host) timeout 240 python3 scripts/gpu_host_profile.py ${HOST_ARGS:-} 2>&1 | quiet | head -${HOST_LINES:-60} ;;
-    moe) timeout 480 python3 scripts/gpu_moe.py 2>&1 | quiet | grep -v "Loading weights" | tail -150 ;;
+    moe) timeout 480 python3 scripts/device/gpu_moe.py 2>&1 | quiet | grep -v "Loading weights" | tail -150 ;;
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4
           timeout 120 python3 -m nondet rl --device cuda --confirm -n 32 --out /tmp/run-rl 2>&1 | quiet | tail -20 ;;
-    bisect) timeout 480 python3 scripts/gpu_bisect.py 2>&1 | tail -30 ;;
+    bisect) timeout 480 python3 scripts/device/gpu_bisect.py 2>&1 | tail -30 ;;
     score) timeout 420 python3 -m nondet kernels bench --score --out "$OUT/score.md" 2>&1 | tail -60 ;;
     probe) timeout 300 python3 scripts/bench_probe.py --gpu 2>&1 | tail -12 ;;
     probe-compile) timeout 470 python3 scripts/bench_probe.py --gpu --compile 2>&1 | quiet | tail -12 ;;
@@ -114,14 +79,6 @@ run_step() {
     speculative) timeout 540 python3 scripts/bench_speculative.py 2>&1 | tail -14 ;;
     speculative-wide) timeout 540 python3 scripts/bench_speculative.py --case wide --damp 0.02 --forms draft:DRAFT:4 \
                         --prompts 1 --tokens 96 --compile ${SPEC_ARGS:-} 2>&1 | quiet | tail -16 ;;
-    speculative-profile) timeout 560 python3 scripts/gpu_speculative_profile.py --repeats 2 --kernels 14 \
-                           ${SPEC_PROFILE_ARGS:-} 2>&1 | quiet | grep -v cudagraph | tail -150 ;;
-    speculative-trace) timeout 500 python3 scripts/gpu_speculative_profile.py --repeats 5 --walls --no-host \
-                         --trace "$OUT" ${SPEC_PROFILE_ARGS:-} 2>&1 | quiet | grep -v cudagraph | tail -30
-                       python3 scripts/trace_steps.py "$OUT"/trace-*.json.gz --top 14 ;;
-    agreement) for target in "$NONDET_CACHE"/damped-*-l2-x0.02; do
-                 timeout 200 python3 scripts/speculative_agreement.py --target "$target" --device cuda 2>&1 | tail -3
-               done ;;
     draft-tests) NONDET_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider \
                    tests/test_speculative_compiled_draft.py 2>&1 | tail -15 ;;
     tune) timeout 300 python3 -m nondet kernels tune --out "$OUT/kernel-tuning.json" 2>&1 | tail -20

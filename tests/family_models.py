@@ -1,6 +1,6 @@
 """Tiny random models of every family the batch-invariant mode supports, of families it refuses, and
 the comparisons the family matrix makes (tests/test_family_matrix.py on the CPU,
-scripts/gpu_family_matrix.py on CUDA).
+scripts/device/gpu_family_matrix.py on CUDA).
 
 Each model is hidden 64, 2 layers, vocabulary 256, saved with save_pretrained and loaded back with
 AutoModelForCausalLM.from_pretrained (the real loading path). Sliding windows are 8 tokens, shorter

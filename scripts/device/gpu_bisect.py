@@ -1,6 +1,6 @@
 """What nondet bisect blames on a GPU model, with and without a baseline of invariant kernels.
 
-    OUT=dir python3 scripts/gpu_bisect.py        (repository root, < 8 minutes on one H100/H200)
+    OUT=dir python3 scripts/device/gpu_bisect.py        (repository root, < 8 minutes on one H100/H200)
 
 Model: a random Qwen3 (hidden 1024, 8 layers, 16 heads / 8 KV heads, bf16, seed 0) with the random
 model's tokenizer, built here (nothing downloaded). Baseline: Thinking Machines' batch_invariant_ops

@@ -1,7 +1,7 @@
 """The mode on the compiled path: an 8B-shaped random Qwen3 (hidden 4096, 32 / 8 heads, bf16) decoded
 by HF generate with a static cache, which transformers compiles (CUDA graphs) on CUDA.
 
-    python3 scripts/gpu_compile.py [--layers 36] [--tokens 32] [--moe]
+    python3 scripts/device/gpu_compile.py [--layers 36] [--tokens 32] [--moe]
 
 --moe: a Qwen3-30B-A3B-shaped mixture of experts instead (hidden 2048, 128 experts, top-8, expert width
 768, 32 / 4 heads of 128); its roofline counts the weights one token reads (8 of 128 experts).

@@ -1,7 +1,7 @@
 """A mixture of experts of realistic width on CUDA: Qwen3-30B-A3B-shaped layers (hidden 2048, 128
 experts, top-8, expert width 768, 32 / 4 heads of 128), 4 layers, random bf16 weights.
 
-    python3 scripts/gpu_moe.py [--layers 4] [--tokens 64] [--out DIR] [--timing]
+    python3 scripts/device/gpu_moe.py [--layers 4] [--tokens 64] [--out DIR] [--timing]
 
 1. `nondet probe --confirm` over batch sizes 1..64 (one prompt at both ends of each batch): default
    kernels' distinct completions and first divergence, and the mode's (must be 1 distinct, identical bits);

@@ -2,7 +2,7 @@
 load block (speed-only knobs: block_n and kv_chunk, the numerics, stay the shipped ones; each
 candidate's bits are compared with the shipped configuration's).
 
-    python3 scripts/gpu_attention_stages.py [--batches 1,8,32] [--kv 1024,4096]
+    python3 scripts/device/gpu_attention_stages.py [--batches 1,8,32] [--kv 1024,4096]
 
 Times are CUDA-graph replays (20 calls per graph, median of 5 replays), so launch cost is left out.
 "(shipped)" marks ATTENTION_CONFIGS' decode tile; from config.LONG_CACHE keys the launcher takes it with 8 warps.

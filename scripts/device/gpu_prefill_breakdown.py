@@ -4,8 +4,8 @@ of a layer's shapes timed alone (us, CUDA-graph replay), ours against cuBLAS / S
 or (`--sweep M,...`) the 8B matmul shapes under every candidate tile at each M, bits against the
 shipped dispatch's, with the number of tiles per SM (a last wave that fills few SMs wastes the rest).
 
-    python3 scripts/gpu_prefill_breakdown.py [--layers 36]
-    python3 scripts/gpu_prefill_breakdown.py --sweep 512,2048
+    python3 scripts/device/gpu_prefill_breakdown.py [--layers 36]
+    python3 scripts/device/gpu_prefill_breakdown.py --sweep 512,2048
 
 The gap between the two tables is what the graph adds around the kernels (copies, Inductor's fused
 elementwise kernels, descriptor set-up); the classes say which kernels the mode loses its time in.

@@ -19,10 +19,10 @@
 #               (nondet.probes.tp.bisect on 2 ranks; ablation per op class, "collective" included)
 # Then a Markdown table (stdout and $OUT/tp_acceptance.md); everything else under $OUT.
 #
-# Usage (2 GPUs, repository root):  OUT=/some/dir bash scripts/gpu_tp.sh     (< 8 minutes on 2 H200s)
+# Usage (2 GPUs, repository root):  OUT=/some/dir bash scripts/device/gpu_tp.sh     (< 8 minutes on 2 H200s)
 # Knobs: SIZES (default 1-64), TOKENS (new tokens per run, default 32), BUDGET (seconds for all steps,
 # default 450; a step cut short by its timeout still gets a row, from the streams it wrote). A CPU dry run of the script
-# itself (gloo, a small model): DEVICE=cpu HIDDEN=128 LAYERS=2 SIZES=1,2 TOKENS=4 BENCH_BATCHES=1,2 bash scripts/gpu_tp.sh
+# itself (gloo, a small model): DEVICE=cpu HIDDEN=128 LAYERS=2 SIZES=1,2 TOKENS=4 BENCH_BATCHES=1,2 bash scripts/device/gpu_tp.sh
 set -uo pipefail
 set -x
 OUT=${OUT:-/tmp/nondet-gpu-tp}

@@ -5,7 +5,7 @@ already differ (the variance the mode removes). A family the mode refuses (famil
 gets its one-line refusal instead. The same models and checks as tests/test_family_matrix.py
 (tests/family_models.py), every family in fp32 and bf16.
 
-    python3 scripts/gpu_family_matrix.py [FAMILY...]
+    python3 scripts/device/gpu_family_matrix.py [FAMILY...]
 """
 
 import sys
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import family_models as fm  # noqa: E402
 
 from nondet.kernels import batch_invariant  # noqa: E402

@@ -1,7 +1,7 @@
 """Prefill attention by row tile (block_m), warps and stages against SDPA, with each candidate's bits
 compared with the 16-row decode tile's (GPU).
 
-    python3 scripts/gpu_attention_prefill.py
+    python3 scripts/device/gpu_attention_prefill.py
 
 block_n and kv_chunk (the order of a row's reduction) stay the shipped ones. block_m is the
 question: decode uses 16-row tiles, and until 2026-11-26 prefill did too (Q = 512 ran 60 us against
