@@ -2,8 +2,8 @@
 
 Every eager launch through `kernel[grid](...)` pays Triton's JIT dispatch: binding ~25 arguments,
 specialising each, hashing a cache key (27.7 us of host time per TMA matmul on an H200, against
-17.5 us for calling the compiled kernel it returned, the same bits; 2026-11-26, scripts/
-gpu_host_profile.py --parts launch). A call site that knows everything its launch depends on (shapes,
+17.5 us for calling the compiled kernel it returned, the same bits; 2026-11-26, gpu_host_profile.py
+--parts launch of commit 177235a). A call site that knows everything its launch depends on (shapes,
 strides, dtypes, the operands' 16-byte alignment, the device, its own switches and the tuned table)
 keys a `BoundLaunch` on that: the first call goes through the JIT and binds the binary it returned
 with the launch's fixed arguments, later calls with the same key pass only their tensors.

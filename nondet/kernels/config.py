@@ -95,8 +95,9 @@ _NARROW = MatmulConfig(64, 128, 64, 1024, 8, 4, 4, tma=True)
 # (cuBLAS 7.7); wider N within noise either way, N 14336 much slower (61.9 vs 49.0).
 
 # Decode-sized launches (M <= 16, split K) by N: narrower tiles give narrow N (K / V projections) and,
-# past 4 rows, wide N (gate / up) more programs. H200 (2026-11-26, scripts/gpu_decode_tiles.py, CUDA
-# graph cycling 4 weight copies past L2, us per matmul, cuBLAS in brackets; none of these changed a bit):
+# past 4 rows, wide N (gate / up) more programs. H200 (2026-11-26, gpu_decode_tiles.py of commit
+# 899b04d, CUDA graph cycling 4 weight copies past L2, us per matmul, cuBLAS in brackets; none of
+# these changed a bit):
 #   K 4096 N 1024,  M 1 / 4 / 16:  16x128 8.5 / 9.2 / 9.2-9.4 -> 16x32 s6 8.3 / 7.0 / 6.7-6.9  (6.1-6.2)
 #   K 4096 N 14336, M 5..16:       16x128 35.1-37.5           -> 16x64 s6 32.3-32.6          (29.7-32.4)
 #   K 4096 N 12288, M 8..16:       16x128 30.4-31.7           -> 16x64 s6 29.3-29.4          (27.4-27.7)
@@ -134,7 +135,7 @@ ATTENTION_CONFIGS = {
 }
 
 # Longer launches take larger row tiles (attention_config). A row's arithmetic does not depend on
-# block_m, warps or stages: scripts/gpu_attention_prefill.py found every tile of 16..128 rows with 4
+# block_m, warps or stages: scripts/device/gpu_attention_prefill.py found every tile of 16..128 rows with 4
 # or 8 warps and 2 or 3 stages bitwise equal to the 16-row tile (H200, 2026-11-26: causal prefill of
 # 512 and 2048, a bool-masked 512, chunks of 5 and 37 queries after a cache). Fastest there, bf16,
 # 32/8 heads, head dim 128: causal 2048 rows per KV head 128 rows x 8 warps (37.9 -> 22.7 us at Q
@@ -150,12 +151,12 @@ _ATTENTION_BY_ROWS = (  # (fewest rows per KV head, by position only?, (block_m,
 
 
 # A decode launch over a long cache (>= 32 chunks of split programs) takes 8 warps: at B = 1 on an H100
-# (2026-11-26, scripts/gpu_attention_stages.py, two runs) KV 16k 35.5-35.8 -> 33.8-34.4 us, KV 32k
+# (2026-11-26, scripts/device/gpu_attention_stages.py, two runs) KV 16k 35.5-35.8 -> 33.8-34.4 us, KV 32k
 # 65.6-65.8 -> 63.7-63.9 us (SDPA 29.9 / 51.1-51.4); shorter caches within noise either way.
 LONG_CACHE = 16384
 # A decode step whose launch has few chunk programs (batch x KV heads x kv_chunk chunks, fewer than
 # this) takes 8 warps and 3 stages: each program walks only four 128-key steps, and the deeper
-# pipeline hides more of their load latency. H100, 2026-11-27 (scripts/gpu_attention_stages.py,
+# pipeline hides more of their load latency. H100, 2026-11-27 (scripts/device/gpu_attention_stages.py,
 # 32/8 heads, bf16, us vs SDPA): B = 1 KV 1k / 4k / 8k 12.1 / 14.0 / 17.2 -> 10.5 / 11.5 / 13.4
 # (0.54 / 0.71 / 0.72x -> 0.63 / 0.86 / 0.92x); B = 2 KV 4k 0.74 -> 0.95x; B = 8 KV 1k 0.80 -> 1.02x.
 # At 256 programs and more (B = 1 KV 16k, B = 2 KV 8k, B = 4 KV 4k) it was 0.03-0.07x slower.
@@ -214,7 +215,7 @@ def matmul_config(dtype: torch.dtype, m: int, k: int | None = None, n: int | Non
 
 
 # Past M 256 a persistent launch of 128x256 tiles can leave most SMs idle in its last round where
-# 128x128 tiles fill it: H100 (2026-11-26, scripts/gpu_prefill_breakdown.py --sweep, us, ours vs cuBLAS):
+# 128x128 tiles fill it: H100 (2026-11-26, scripts/device/gpu_prefill_breakdown.py --sweep, us, ours vs cuBLAS):
 #   M 512 N 12288 (K 4096):  128x256 101.3 (1.45 waves) -> 128x128 92.6 (2.91 waves)   cuBLAS 71.2
 #   M 2048 N 1024 (K 4096):  128x256 48.6 (0.48 waves)  -> 128x128 31.1 (0.97 waves)   cuBLAS 23.9
 # while 128x256 stays faster where both need as many rounds per tile pair (M 512 N 14336: 103.9 vs

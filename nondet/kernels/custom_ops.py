@@ -12,7 +12,7 @@ On CUDA the matmuls and the row reductions are registered a second time as
 `torch.library.triton_op`s (name suffix `_gpu`, GPU_OPS): Inductor traces their bodies down to our Triton launches (launch.py) and calls
 the kernels from its generated code, so a compiled step pays no Python call per op. The bodies
 run the same kernels with the same arguments, so the same bits (checked on the device:
-scripts/gpu_compile.py); only the persistent TMA matmul gets its tensors there instead of host
+scripts/device/gpu_compile.py); only the persistent TMA matmul gets its tensors there instead of host
 descriptors, and builds the descriptors itself (triton_matmul._device_desc). `op(name, *tensors)`
 picks the one for the tensors at hand. The CPU and the Triton interpreter keep the opaque custom
 ops: there a traced body would be plain aten ops that Inductor re-derives.

@@ -103,7 +103,7 @@ def _row_sum(p, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     tl.sum's order follows the layout the compiler gives p, and that layout depends on what
     else the binary does: with a mask to load, Triton 3.6 converted p from the MMA layout to
     a blocked one before the sum, so a row's softmax denominator differed by 1 ULP between a
-    masked launch and a causal one (H100, scripts/gpu_attn_rows.py). A dot's operand layouts
+    masked launch and a causal one (H100, gpu_attn_rows.py of commit f708220). A dot's operand layouts
     are fixed by the MMA, so the row sum is taken as p @ ones: every column holds the same
     sum, and a max picks one exactly. Summing the same rounded p the PV product uses also
     keeps numerator and denominator consistent.

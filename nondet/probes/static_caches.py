@@ -3,7 +3,7 @@
 transformers builds a new StaticCache for every generate call. Its tensors are marked as static
 addresses, so the CUDA graphs recorded against the previous call's cache do not fit the new one and
 cudagraph trees record every shape again, in every call: on an H100 (2026-11-25, the 8B-width
-speculative case, scripts/gpu_speculative_profile.py) a 64-token speculative call spent about 60 ms
+speculative case, gpu_speculative_profile.py of commit ed9edac) a 64-token speculative call spent about 60 ms
 more than plain decoding outside the GPU, about one re-recording per shape it replays (the
 verification passes of 1..K+1 rows and the draft's 1- and 2-row steps). A server records its graphs
 once; reusing the cache does the same here. reset() zeroes the cache, the state a fresh one starts
