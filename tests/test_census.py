@@ -101,3 +101,15 @@ def test_an_accumulating_scatter_is_not_row_independent():
     assert op_kinds.row_independent(put, (x, [idx], v, True), {}) is None
     assert op_kinds.row_independent(torch.ops.aten.cumsum.default, (x, 0), {}) is None
     assert op_kinds.row_independent(torch.ops.aten.cumsum.default, (idx, 0), {}) == "integer arithmetic"
+
+
+def test_a_collective_sum_outside_the_modes_all_reduce_is_uncovered_a_copy_is_not():
+    import torch.distributed  # noqa: F401 - registers the _c10d_functional ops
+
+    funcol = torch.ops._c10d_functional
+    linear, embedding = torch.nn.Linear(2, 2), torch.nn.Embedding(4, 2)
+    assert census.classify(funcol.all_reduce.default, (), {}, False, False, linear)[0] == census.UNCOVERED
+    assert census.classify(funcol.all_reduce.default, (), {}, False, True, linear)[0] == census.ROUTED  # ours
+    assert census.classify(funcol.all_reduce.default, (), {}, False, False, embedding)[0] == census.ROW_INDEPENDENT
+    assert census.classify(funcol.all_gather_into_tensor.default, (), {}, False, False, linear)[0] == \
+        census.ROW_INDEPENDENT

@@ -36,11 +36,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nondet.kernels import op_kinds, overrides
 
 ROUTED, ROW_INDEPENDENT, UNCOVERED = "routed", "row-independent", "uncovered"
-# a tensor-parallel all-reduce the mode's collective (collective.py) did not take: listed in the census's
-# "collectives", not refused. Under transformers 5.24 TP's all-reduces reach the census as
-# _c10d_functional::all_reduce; whether their order follows the batch is not decided here (an open gap)
-COLLECTIVE = "collective"
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d")
+# collectives that move data without arithmetic (a gathered lm_head's logits, DTensor's bookkeeping)
+_COPYING_COLLECTIVES = {"all_gather_into_tensor", "all_gather_into_tensor_out", "allgather_", "broadcast",
+                        "broadcast_", "wait_tensor", "_wrap_tensor_autograd", "all_to_all_single", "alltoall_base_"}
 ROWS, PROMPT = 2, 5  # a short forward that still has a batch (rows) and a prefill longer than a decode
 # largest |mode - default| logit allowed, relative to the largest |default logit|: rounding through
 # the layers (an 8B-shaped random bf16 Qwen3 of 36 layers on an H200: 0.25 of 3.4, so 0.07), far below
@@ -80,7 +79,7 @@ class Census:
 
     def counts(self) -> dict[str, int]:
         """Calls per verdict."""
-        totals = Counter({ROUTED: 0, ROW_INDEPENDENT: 0, UNCOVERED: 0, COLLECTIVE: 0})
+        totals = Counter({ROUTED: 0, ROW_INDEPENDENT: 0, UNCOVERED: 0})
         for use in self.uses:
             totals[use.verdict] += use.calls
         return dict(totals)
@@ -93,8 +92,6 @@ class Census:
         return {"model_class": self.model_class, "dtype": self.dtype, "compiled": self.compiled,
                 "counts": self.counts(), "max_logit_diff": self.max_logit_diff, "tolerance": self.tolerance,
                 "uncovered": [f"{use.module or self.model_class}: {use.op}" for use in self.uncovered()],
-                "collectives": [f"{use.module or self.model_class}: {use.op}" for use in self.uses
-                                if use.verdict == COLLECTIVE],
                 "skipped": list(self.skipped)}
 
 
@@ -102,7 +99,7 @@ _CACHE: dict[tuple, Census] = {}
 
 
 def take(model, mode_scope, compiled: bool = False) -> Census:
-    """The census of `model` (cached per class, config, dtype, device, compiled, instruction set).
+    """The census of `model` (cached per class, config, dtype, device, compiled, instruction set, ranks).
     mode_scope(): a context manager of the whole mode on `model` (mode.census_of passes it), without a
     census of its own."""
     key = _key(model, compiled)
@@ -116,7 +113,14 @@ def _key(model, compiled: bool) -> tuple:
     parameter = next(model.parameters(), None)
     where = (str(parameter.dtype), str(parameter.device)) if parameter is not None else ("", "")
     digest = hashlib.sha256(config.encode()).hexdigest()[:16]
-    return type(model).__qualname__, digest, where, compiled, torch.backends.cpu.get_cpu_capability()
+    return type(model).__qualname__, digest, where, compiled, torch.backends.cpu.get_cpu_capability(), _world()
+
+
+def _world() -> int:
+    """Ranks of the default process group: a model sharded by tensor parallelism runs other ops (its
+    collectives) than the same config whole."""
+    distributed = torch.distributed
+    return distributed.get_world_size() if distributed.is_available() and distributed.is_initialized() else 1
 
 
 def _run(model, mode_scope, compiled: bool) -> Census:
@@ -189,6 +193,7 @@ class _Recorder(TorchDispatchMode):
         self._compiled = compiled
         self._names = {module: name for name, module in model.named_modules()}
         self._stack: list[str] = []
+        self._types: list[torch.nn.Module] = []  # the modules of _stack
         self._hooks: list = []
         self._counts: Counter = Counter()
 
@@ -215,14 +220,17 @@ class _Recorder(TorchDispatchMode):
 
     def _push(self, module, args):
         self._stack.append(self._names[module])
+        self._types.append(module)
 
     def _pop(self, module, args, output):
         if self._stack:
             self._stack.pop()
+            self._types.pop()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        verdict, why = classify(func, args, kwargs, self._compiled, _inside_our_kernel())
+        module = self._types[-1] if self._types else None
+        verdict, why = classify(func, args, kwargs, self._compiled, _inside_our_kernel(), module)
         module = self._stack[-1] if self._stack else ""
         self._counts[(module, _op_name(func), verdict, why)] += 1
         return func(*args, **kwargs)
@@ -232,15 +240,15 @@ class _Recorder(TorchDispatchMode):
                      for (module, op, verdict, why), calls in self._counts.items())
 
 
-def classify(func, args, kwargs, compiled: bool, in_kernel: bool) -> tuple[str, str]:
-    """(verdict, why) of one aten call under the whole mode."""
+def classify(func, args, kwargs, compiled: bool, in_kernel: bool, module=None) -> tuple[str, str]:
+    """(verdict, why) of one aten call under the whole mode; module: the innermost module running."""
     namespace = func.namespace
     if namespace == "nondet":
         return ROUTED, "nondet custom op"
     if in_kernel:
         return ROUTED, "inside a nondet kernel"
     if namespace in _COLLECTIVE_NAMESPACES:
-        return COLLECTIVE, "an all-reduce outside the mode's collective: not checked by the census"
+        return _collective(op_kinds.base_name(func), module)
     name = _override_name(func)
     taken = name is not None and overrides.TAKES[name](*args, **kwargs)
     if taken and not compiled:
@@ -253,6 +261,18 @@ def classify(func, args, kwargs, compiled: bool, in_kernel: bool) -> tuple[str, 
     if name is not None:
         return UNCOVERED, "handed back to the original kernel (dim, dtype or shape not covered)"
     return UNCOVERED, "no batch-invariant kernel"
+
+
+def _collective(name: str, module) -> tuple[str, str]:
+    """A collective the mode's all-reduce (collective.py, which takes torch.distributed.all_reduce, the
+    call of transformers' row-parallel linears) did not take: a copy is row-independent; a sum in a
+    vocab-parallel embedding adds each element's one lookup to exact zeros (the other ranks mask ids
+    outside their shard), so its order cannot change a bit; any other sum has the backend's order."""
+    if name in _COPYING_COLLECTIVES:
+        return ROW_INDEPENDENT, "a collective that copies (no arithmetic)"
+    if isinstance(module, torch.nn.Embedding):
+        return ROW_INDEPENDENT, "a vocab-parallel embedding's sum: one rank's lookup plus exact zeros"
+    return UNCOVERED, "a collective sum outside the mode's all-reduce (the backend's summation order)"
 
 
 def _override_name(func) -> str | None:
