@@ -186,10 +186,10 @@ def probe(
 def print_model_note(run_dir, console) -> None:
     """Which model the numbers came from when it was not the user's: the demo, and the variance
     built into it on purpose (a reader must not take that for this host's kernels)."""
-    from pathlib import Path
+    from nondet.rundir import RunDir
+    from nondet.rundir.reader import read_fingerprint
 
-    path = Path(run_dir) / "fingerprint.json"
-    model = (json.loads(path.read_text()).get("model") or {}) if path.exists() else {}
+    model = (read_fingerprint(RunDir(run_dir)) or {}).get("model") or {}
     if not model.get("embedded_default"):
         return
     line = f"model: the demo model {model.get('name')} ({'trained' if model.get('demo') == 'trained' else 'random weights'})"

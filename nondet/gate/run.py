@@ -146,6 +146,7 @@ def _run_rl(config: "RLConfig") -> "RLResult":
 def _gate_one(target: GateTarget, hooks: GateHooks) -> Gated:
     from nondet.rundir import RunDir
     from nondet.rundir.reader import read_streams, require_finished
+    from nondet.rundir.writer import write_gate
     from nondet.rundir.records import to_json
 
     if target.policy.axis == "rl":  # the pairs in summary.json hold the metrics; no streams needed
@@ -157,7 +158,7 @@ def _gate_one(target: GateTarget, hooks: GateHooks) -> Gated:
         require_finished(rd)  # a hooks.probe may hand back a directory it did not finish: no verdict on that
         streams = [to_json(s) for s in read_streams(rd, whole=True)]  # exact logprobs, for the policy
     verdict = evaluate(result.summary, streams, target.policy, name=target.name, run_dir=str(result.run_dir))
-    RunDir(result.run_dir).write_json("gate.json", verdict_json(verdict))  # the report shows it
+    write_gate(RunDir(result.run_dir), verdict_json(verdict))  # the report shows it
     return Gated(result.run_dir, result.summary, verdict)
 
 

@@ -9,10 +9,11 @@ import re
 from nondet.reports.blocks import (BranchPoint, Code, CodeBlock, Figure, Model, Para, Report, Strong, Table,
                                    TokenDiff)
 from nondet.reports.text import md_code, md_plain
+from nondet.rundir.files import FIGURES
 from nondet.text import shorten
 
 
-def render_markdown(report: Report, figure_dir: str = "figures") -> str:
+def render_markdown(report: Report, figure_dir: str = FIGURES) -> str:
     out = [f"# {md_plain(report.title)}", ""]
     for section in report.sections:
         out += [f"{'#' * section.level} {md_plain(section.title)}", ""]

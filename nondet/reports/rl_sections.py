@@ -13,13 +13,13 @@ from nondet.reports.blocks import Code, CodeBlock, Figure, Para, Report, Section
 from nondet.reports.content import partial_sentence
 from nondet.reports.prompts import prompt_blocks
 from nondet.rundir import RunDir
-from nondet.rundir.reader import read_header, read_streams, read_summary, torn_records
+from nondet.rundir.reader import has_bisect, has_header, read_header, read_streams, read_summary, torn_records
 from nondet.rundir.records import to_json
 
 
 def is_rl_run(run_dir) -> bool:
     rd = RunDir(run_dir)
-    return rd.exists("config.json") and read_header(rd).command == "rl"
+    return has_header(rd) and read_header(rd).command == "rl"
 
 
 def rl_report(run_dir) -> Report:
@@ -41,7 +41,7 @@ def rl_report(run_dir) -> Report:
 
 def _bisect(rd: RunDir) -> list:
     """After `nondet bisect RUN_DIR`: where the trainer's bits leave the sampler's, and the ablation."""
-    if not rd.exists("bisect.json"):
+    if not has_bisect(rd):
         return []
     from nondet.reports.bisect_sections import ablation_blocks, bisect_blocks
     from nondet.reports.tables import read_tables

@@ -12,6 +12,7 @@ import pandas as pd
 
 from nondet.errors import RunDirError
 from nondet.rundir import RunDir, hex_to_float, reader
+from nondet.rundir.files import SUMMARY
 from nondet.rundir.records import to_json
 
 STREAM_COLUMNS = ["run_id", "condition_id", "kernels", "position", "is_reference", "step", "token", "piece",
@@ -82,17 +83,15 @@ def read_tables(path) -> RunTables:
     """Read a run directory into DataFrames; RunDirError if it is missing or malformed."""
     rd = RunDir(path)
     reader.require_finished(rd)
-    for name in ("conditions.jsonl", "streams.jsonl", "summary.json"):
-        if not rd.exists(name):
-            raise RunDirError(f"{rd.file(name)}: missing; not a finished probe run (run `nondet probe` first)")
+    reader.require_results(rd)
     summary = to_json(reader.read_summary(rd))  # each record validated: a wrong shape is exit 4
     if not summary["modes"] and "rl" not in summary:  # an rl run has pairs instead of modes
-        raise RunDirError(f"{rd.file('summary.json')}: has no 'modes'; rerun `nondet probe`")
+        raise RunDirError(f"{rd.file(SUMMARY)}: has no 'modes'; rerun `nondet probe`")
     raw_streams = [to_json(s) for s in reader.read_streams(rd)]
     raw_conditions = [to_json(c) for c in reader.read_conditions(rd)]
     try:
         tables = RunTables(
-            path=rd.path, config=_optional(rd, "config.json"), fingerprint=_optional(rd, "fingerprint.json"),
+            path=rd.path, config=reader.read_header_document(rd, {}), fingerprint=reader.read_fingerprint(rd) or {},
             summary=summary, streams=_streams(raw_streams), runs=_runs(raw_streams, raw_conditions, summary),
             conditions=_conditions(raw_conditions, summary), completions=_completions(summary),
             rl=_rl(summary), partial=reader.torn_records(rd))
@@ -101,11 +100,6 @@ def read_tables(path) -> RunTables:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RunDirError(f"{rd.path}: malformed run directory ({type(exc).__name__}: {exc})") from exc
     return tables
-
-
-def _optional(rd: RunDir, name: str, lists: tuple[str, ...] = ()) -> dict:
-    """A JSON document that may be absent ({}); present, it must be an object."""
-    return reader.read_document(rd, name, {}, lists)
 
 
 def _frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
@@ -184,17 +178,18 @@ def _rl(summary: dict) -> pd.DataFrame:
 
 
 def _add_gate(rd: RunDir, t: RunTables) -> None:
-    if rd.exists("gate.json"):
-        t.gate = _optional(rd, "gate.json")
+    t.gate = reader.read_gate(rd)
 
 
 def _add_bisect(rd: RunDir, t: RunTables) -> None:
-    if rd.exists("bisect.json"):
-        t.bisect = _optional(rd, "bisect.json", lists=("amplification", "ablation"))
+    bisect, modules, ablation = reader.read_bisect(rd), reader.read_bisect_modules(rd), reader.read_ablation(rd)
+    if bisect is not None:
+        t.bisect = bisect
         t.amplification = _frame(t.bisect.get("amplification") or [], AMPLIFICATION_COLUMNS)
-    if rd.exists("bisect_modules.csv"):
-        t.bisect_modules = _modules(rd.read_csv("bisect_modules.csv"))
-    ablation = _optional(rd, "ablation.json", lists=("ablation",)) if rd.exists("ablation.json") else (t.bisect or {})
+    if modules is not None:
+        t.bisect_modules = _modules(modules)
+    if ablation is None:  # before ablation.json was written, bisect.json alone held the ablation
+        ablation = t.bisect or {}
     t.ablation = _frame(ablation.get("ablation") or [], ABLATION_COLUMNS)
     t.minimal_set = ablation.get("minimal_set")
 

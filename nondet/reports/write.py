@@ -10,6 +10,8 @@ from nondet.reports.tables import read_tables
 from nondet.reports.markdown import render_markdown
 from nondet.reports.rl_sections import is_rl_run, rl_report
 from nondet.rundir import RunDir, reader
+from nondet.rundir.files import FIGURES
+from nondet.rundir.writer import write_figure, write_report_pages
 
 
 def write_report(run_dir) -> tuple[Path, Path]:
@@ -23,7 +25,5 @@ def write_report(run_dir) -> tuple[Path, Path]:
     for section in report.sections:
         for block in section.blocks:
             if isinstance(block, Figure):
-                rd.write_bytes(f"figures/{block.name}", block.png)
-    md = rd.write_text("report.md", render_markdown(report, "figures"))
-    html = rd.write_text("report.html", render_html(report))
-    return md, html
+                write_figure(rd, block.name, block.png)
+    return write_report_pages(rd, render_markdown(report, FIGURES), render_html(report))

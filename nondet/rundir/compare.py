@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from nondet.rundir.files import RunDir
-from nondet.rundir.reader import read_document, read_header, read_streams, require_finished
+from nondet.rundir.reader import has_header, read_fingerprint, read_header, read_streams, require_finished
 
 # fingerprint.json settings that can change a stream's bits. Threads are left out: the mode's bits do
 # not follow them, and the default kernels' differences are what a comparison is there to find.
@@ -69,7 +69,7 @@ def compare_runs(run_a: str, run_b: str) -> Comparison:
 def environment_differences(run_a: str, run_b: str) -> list[str]:
     """'setting: A | B' for each NUMERIC_SETTINGS entry the two fingerprints disagree on, and the model's
     shape where it differs (none when either run has no fingerprint.json)."""
-    fa, fb = (read_document(RunDir(run), "fingerprint.json", {}) for run in (run_a, run_b))
+    fa, fb = (read_fingerprint(RunDir(run)) or {} for run in (run_a, run_b))
     if not fa or not fb:
         return []
     found = [f"{key}: {fa.get(key)} | {fb.get(key)}" for key in NUMERIC_SETTINGS if fa.get(key) != fb.get(key)]
@@ -96,7 +96,7 @@ def probe_differences(run_a: str, run_b: str) -> list[str]:
 
 def _probe_config(rd: RunDir) -> dict:
     """The command's config from config.json (read_header: shape and format version checked); {} without one."""
-    return read_header(rd).config if rd.exists("config.json") else {}
+    return read_header(rd).config if has_header(rd) else {}
 
 
 def _difference(key: str, a, b) -> str:

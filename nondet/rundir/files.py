@@ -17,6 +17,23 @@ from typing import Any, Iterable
 
 from nondet.errors import PartialRunWarning, RunDirError
 
+# The run directory's files (docs/run-directory.md). Only nondet/rundir names them: every other
+# stage reads and writes them through reader.py and writer.py (tests/test_layout.py checks it).
+CONFIG = "config.json"  # Header: the command, its frozen config, argv, versions
+FINGERPRINT = "fingerprint.json"  # the environment
+CONDITIONS = "conditions.jsonl"  # one ConditionRecord a line
+STREAMS = "streams.jsonl"  # one StreamRecord a line
+SUMMARY = "summary.json"  # the diff; written last, so its presence marks a finished run
+BISECT = "bisect.json"  # `nondet bisect`: attribution and ablation
+BISECT_MODULES = "bisect_modules.csv"  # `nondet bisect`: one row per (step, captured point)
+ABLATION = "ablation.json"  # `nondet bisect`: the ablation again, on its own
+GATE = "gate.json"  # `nondet gate`: the policy's verdict
+REPORT_MD = "report.md"  # `nondet report`
+REPORT_HTML = "report.html"  # `nondet report`, self-contained
+FIGURES = "figures"  # `nondet report`: the folder of report.md's PNGs
+RUN_FILES = (CONFIG, FINGERPRINT, CONDITIONS, STREAMS, SUMMARY, BISECT, BISECT_MODULES, ABLATION, GATE,
+             REPORT_MD, REPORT_HTML, FIGURES)
+
 
 class RunDir:
     """A run directory on disk. Creating the object touches nothing; writers create it."""

@@ -13,15 +13,16 @@ summary.json) was interrupted, killed, or is still running: `require_finished` r
 """
 
 from nondet.errors import RunDirError
-from nondet.rundir.files import RunDir
+from nondet.rundir.files import (ABLATION, BISECT, BISECT_MODULES, CONDITIONS, CONFIG, FINGERPRINT, GATE, STREAMS,
+                                 SUMMARY, RunDir)
 from nondet.rundir.records import (FORMAT_VERSION, ConditionRecord, Header, StreamRecord, Summary, document,
                                    from_json)
 
 
 def read_header(rd: RunDir) -> Header:
-    header = from_json(Header, rd.read_json("config.json"), str(rd.file("config.json")))
+    header = from_json(Header, rd.read_json(CONFIG), str(rd.file(CONFIG)))
     if header.format_version > FORMAT_VERSION:
-        raise RunDirError(f"{rd.file('config.json')}: run directory format {header.format_version} is newer than "
+        raise RunDirError(f"{rd.file(CONFIG)}: run directory format {header.format_version} is newer than "
                           f"this nondet reads ({FORMAT_VERSION}); upgrade nondet")
     return header
 
@@ -30,8 +31,8 @@ def require_finished(rd: RunDir) -> None:
     """RunDirError unless the run directory exists and, where a run began in it, finished (summary.json).
     A directory holding none of a run's files is left to the caller's own check of what it needs."""
     rd.require()
-    started = rd.exists("config.json") or rd.exists("streams.jsonl")
-    if started and not rd.exists("summary.json"):
+    started = has_header(rd) or has_streams(rd)
+    if started and not rd.exists(SUMMARY):
         raise RunDirError(f"{rd.path}: unfinished run (no summary.json: it was interrupted, killed, or is still "
                           f"running); {_next_step(rd)}")
 
@@ -39,7 +40,7 @@ def require_finished(rd: RunDir) -> None:
 def _next_step(rd: RunDir) -> str:
     """A server probe (without --against) can be finished where it stopped; anything else is run again."""
     try:
-        load = rd.read_json("config.json")["config"]["load"]
+        load = read_header_dict(rd)["config"]["load"]
         resumable = load["mode"] == "server" and not load.get("against")
     except (RunDirError, KeyError, TypeError, AttributeError):  # no config.json, or an older or odd one
         resumable = False
@@ -47,12 +48,12 @@ def _next_step(rd: RunDir) -> str:
 
 
 def read_conditions(rd: RunDir) -> list[ConditionRecord]:
-    return _records(rd, "conditions.jsonl", ConditionRecord, whole=False)
+    return _records(rd, CONDITIONS, ConditionRecord, whole=False)
 
 
 def read_streams(rd: RunDir, whole: bool = False) -> list[StreamRecord]:
     """whole: a torn last record is an error (a comparison of two runs), not a warning and a partial read."""
-    return _records(rd, "streams.jsonl", StreamRecord, whole)
+    return _records(rd, STREAMS, StreamRecord, whole)
 
 
 def _records(rd: RunDir, name: str, cls, whole: bool) -> list:
@@ -63,21 +64,99 @@ def _records(rd: RunDir, name: str, cls, whole: bool) -> list:
 def torn_records(rd: RunDir) -> str:
     """'' or which record a crash cut off mid-write (a partial read leaves it out and warns), for a
     verdict to say that it is partial."""
-    torn = [f"{rd.file(name)}:{line}" for name in ("streams.jsonl", "conditions.jsonl")
+    torn = [f"{rd.file(name)}:{line}" for name in (STREAMS, CONDITIONS)
             if (line := rd.torn_line(name)) is not None]
     return f"a record cut off mid-write at {' and '.join(torn)} is left out" if torn else ""
 
 
 def read_summary(rd: RunDir) -> Summary:
-    return from_json(Summary, rd.read_json("summary.json"), str(rd.file("summary.json")))
+    return from_json(Summary, rd.read_json(SUMMARY), str(rd.file(SUMMARY)))
 
 
 def read_fingerprint(rd: RunDir) -> dict | None:
     """fingerprint.json as an object; None when the run directory has none."""
-    return read_document(rd, "fingerprint.json")
+    return read_document(rd, FINGERPRINT)
 
 
 def read_document(rd: RunDir, name: str, default=None, lists: tuple[str, ...] = ()):
     """An optional JSON object (fingerprint.json, bisect.json, gate.json); default when absent.
     lists: fields that, when present, must be lists of objects."""
     return document(rd.read_json(name), str(rd.file(name)), lists) if rd.exists(name) else default
+
+
+# -- what a run directory holds -----------------------------------------------------------
+
+def has_header(rd: RunDir) -> bool:
+    """Did a command begin a run here (config.json exists)?"""
+    return rd.exists(CONFIG)
+
+
+def has_streams(rd: RunDir) -> bool:
+    """Does the directory hold a run's streams (streams.jsonl)?"""
+    return rd.exists(STREAMS)
+
+
+def has_bisect(rd: RunDir) -> bool:
+    """Has `nondet bisect` written its result here (bisect.json)?"""
+    return rd.exists(BISECT)
+
+
+def require_results(rd: RunDir) -> None:
+    """RunDirError naming the first of conditions.jsonl, streams.jsonl and summary.json that is missing."""
+    for name in (CONDITIONS, STREAMS, SUMMARY):
+        if not rd.exists(name):
+            raise RunDirError(f"{rd.file(name)}: missing; not a finished probe run (run `nondet probe` first)")
+
+
+# -- the files as stored, unchecked: for callers that check the fields they use themselves ---------
+
+def read_header_dict(rd: RunDir) -> dict:
+    """config.json as stored (bisect reloads the probe's settings from it; --resume its load)."""
+    return rd.read_json(CONFIG)
+
+
+def read_header_document(rd: RunDir, default=None):
+    """config.json as an object, its fields unchecked (the report shows what it holds); default when absent."""
+    return read_document(rd, CONFIG, default)
+
+
+def stored_command(rd: RunDir) -> str | None:
+    """The command that wrote the run directory ("probe", "rl"); None where it holds no config.json."""
+    return read_header_dict(rd).get("command") if has_header(rd) else None
+
+
+def read_condition_dicts(rd: RunDir) -> list[dict]:
+    """conditions.jsonl's records as stored (a torn last line left out, with a PartialRunWarning)."""
+    return rd.read_jsonl(CONDITIONS)
+
+
+def read_stream_dicts(rd: RunDir) -> list[dict]:
+    """streams.jsonl's records as stored (a torn last line left out, with a PartialRunWarning)."""
+    return rd.read_jsonl(STREAMS)
+
+
+def read_summary_dict(rd: RunDir) -> dict:
+    """summary.json as stored."""
+    return rd.read_json(SUMMARY)
+
+
+# -- what later stages added: bisect, gate ---------------------------------------------------
+
+def read_bisect(rd: RunDir) -> dict | None:
+    """bisect.json as an object; None when bisect has not run here."""
+    return read_document(rd, BISECT, None, lists=("amplification", "ablation"))
+
+
+def read_ablation(rd: RunDir) -> dict | None:
+    """ablation.json ({"condition_id", "ablation", "minimal_set"}); None when absent."""
+    return read_document(rd, ABLATION, None, lists=("ablation",))
+
+
+def read_bisect_modules(rd: RunDir) -> list[dict[str, str]] | None:
+    """bisect_modules.csv's rows as strings; None when absent."""
+    return rd.read_csv(BISECT_MODULES) if rd.exists(BISECT_MODULES) else None
+
+
+def read_gate(rd: RunDir) -> dict | None:
+    """gate.json as an object; None when no gate judged this run."""
+    return read_document(rd, GATE)

@@ -1,5 +1,7 @@
 """RunWriter: the one writer of a probe's files (config.json, fingerprint.json, conditions.jsonl,
 streams.jsonl, summary.json). Sources never write files; the probe loop hands their records here.
+The later stages write theirs through the functions at the end: bisect (write_bisect), the gate
+(write_gate) and the report (write_figure, write_report_pages).
 
 Records are appended as they arrive (one fsynced line each), so a crash loses nothing already
 computed; appends are serialised with a lock because a server source answers from threads.
@@ -11,7 +13,8 @@ import threading
 from pathlib import Path
 
 from nondet.errors import UsageError
-from nondet.rundir.files import RunDir
+from nondet.rundir.files import (ABLATION, BISECT, BISECT_MODULES, CONDITIONS, CONFIG, FIGURES, FINGERPRINT, GATE,
+                                 REPORT_HTML, REPORT_MD, STREAMS, SUMMARY, RunDir)
 from nondet.rundir.records import FORMAT_VERSION, ConditionRecord, Header, StreamRecord, Summary, to_json
 
 
@@ -24,7 +27,7 @@ def refuse_a_used_run_dir(path, hint: str = "pass a new --out, or remove it") ->
     if not path:
         return
     check_writable(Path(path))
-    if RunDir(path).exists("streams.jsonl"):
+    if RunDir(path).exists(STREAMS):
         raise UsageError(f"{path} already holds a run; {hint}")
 
 
@@ -45,38 +48,38 @@ class RunWriter:
         self.run_dir = run_dir
         self._lock = threading.Lock()
         self._reopen()
-        self._conditions = {c.get("condition_id") for c in self._existing("conditions.jsonl")}
+        self._conditions = {c.get("condition_id") for c in self._existing(CONDITIONS)}
 
     def _reopen(self) -> None:
         """A resumed run adds to its directory: the record the last run tore is cut off (it is sent
         again), and a summary.json from an earlier finish is removed, since it no longer describes the
         streams; the directory reads as unfinished until write_summary writes a new one, last."""
-        for name in ("streams.jsonl", "conditions.jsonl"):
+        for name in (STREAMS, CONDITIONS):
             self.run_dir.cut_torn_tail(name)
-        self.run_dir.file("summary.json").unlink(missing_ok=True)
+        self.run_dir.file(SUMMARY).unlink(missing_ok=True)
 
     def write_header(self, header: Header, fingerprint: dict) -> None:
         try:
             self.run_dir.path.mkdir(parents=True, exist_ok=True)
-            self.run_dir.write_json("config.json", to_json(header))
+            self.run_dir.write_json(CONFIG, to_json(header))
         except OSError as exc:  # the first write: a path the early check could not judge (e.g. a read-only mount)
             raise UsageError(f"cannot write the run directory {self.run_dir.path}: "
                              f"{exc.strerror or exc}; pass another --out") from None
-        self.run_dir.write_json("fingerprint.json", fingerprint)
+        self.run_dir.write_json(FINGERPRINT, fingerprint)
 
     def append_to_header(self, key: str, entry: dict) -> None:
         """Add an entry to a list field of config.json (e.g. "resumes"), keeping the rest."""
         with self._lock:
-            stored = self.run_dir.read_json("config.json")
+            stored = self.run_dir.read_json(CONFIG)
             stored[key] = list(stored.get(key) or []) + [entry]
-            self.run_dir.write_json("config.json", stored)
+            self.run_dir.write_json(CONFIG, stored)
 
     def update_fingerprint(self, update) -> None:
         """Apply update(fingerprint dict) and store it (e.g. a server's identity, learnt late)."""
         with self._lock:
-            fp = self.run_dir.read_json("fingerprint.json")
+            fp = self.run_dir.read_json(FINGERPRINT)
             update(fp)
-            self.run_dir.write_json("fingerprint.json", fp)
+            self.run_dir.write_json(FINGERPRINT, fp)
 
     def append_condition(self, record: ConditionRecord) -> None:
         """Once per condition id: a resumed run does not repeat the conditions already on disk."""
@@ -84,18 +87,18 @@ class RunWriter:
             if record.condition_id in self._conditions:
                 return
             self._conditions.add(record.condition_id)
-            self.run_dir.append_jsonl("conditions.jsonl", to_json(record))
+            self.run_dir.append_jsonl(CONDITIONS, to_json(record))
 
     def append_stream(self, record: StreamRecord) -> dict:
         line = to_json(record)
         with self._lock:
-            self.run_dir.append_jsonl("streams.jsonl", line)
+            self.run_dir.append_jsonl(STREAMS, line)
         return line
 
     def write_summary(self, summary: Summary) -> dict:
         """Written last: its presence marks the run finished (reader.require_finished)."""
         doc = to_json(summary)
-        self.run_dir.write_json("summary.json", doc)
+        self.run_dir.write_json(SUMMARY, doc)
         return doc
 
     def _existing(self, name: str) -> list:
@@ -107,3 +110,27 @@ def new_header(command: str, config: dict, argv) -> Header:
 
     return Header(command=command, config=config, argv=list(argv), nondet_version=__version__,
                   format_version=FORMAT_VERSION)
+
+
+def write_bisect(rd: RunDir, result: dict, rows: list[dict], fieldnames: list[str]) -> None:
+    """bisect_modules.csv (rows), bisect.json (result) and ablation.json: the result's ablation again,
+    on its own (readers prefer it)."""
+    rd.write_csv(BISECT_MODULES, rows, fieldnames)
+    rd.write_json(BISECT, result)
+    rd.write_json(ABLATION, {"condition_id": result["condition_id"], "ablation": result["ablation"],
+                             "minimal_set": result["minimal_set"]})
+
+
+def write_gate(rd: RunDir, verdict: dict) -> Path:
+    """gate.json: the policy's verdict on this run (the report shows it)."""
+    return rd.write_json(GATE, verdict)
+
+
+def write_figure(rd: RunDir, name: str, png: bytes) -> Path:
+    """One of the report's PNGs, under figures/."""
+    return rd.write_bytes(f"{FIGURES}/{name}", png)
+
+
+def write_report_pages(rd: RunDir, markdown: str, html: str) -> tuple[Path, Path]:
+    """report.md (its figures linked under figures/) and report.html; returns their paths."""
+    return rd.write_text(REPORT_MD, markdown), rd.write_text(REPORT_HTML, html)

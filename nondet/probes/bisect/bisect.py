@@ -27,6 +27,9 @@ from nondet.probes.numerics import numerics_scope
 from nondet.probes.pieces import token_piece
 from nondet.probes.replay import DecodeSettings
 from nondet.rundir import RunDir
+from nondet.rundir.files import CONFIG
+from nondet.rundir.reader import read_condition_dicts, read_header_dict, read_stream_dicts, read_summary_dict
+from nondet.rundir.writer import write_bisect
 
 PROBE_KEYS = ("prompt", "model", "fillers", "max_new_tokens", "temperature", "seed")  # config.json keys read
 MODULE_FIELDS = ["step", "order", "layer", "module", "op_class", "max_abs_diff", "max_rel_diff", "max_ulp",
@@ -93,17 +96,17 @@ def replay_horizon(config: BisectConfig, probe: dict, target: Target) -> int:
 
 def _read_probe_results(rd: RunDir) -> tuple[list[dict], dict, list[dict]]:
     rd.require()
-    return rd.read_jsonl("conditions.jsonl"), rd.read_json("summary.json"), rd.read_jsonl("streams.jsonl")
+    return read_condition_dicts(rd), read_summary_dict(rd), read_stream_dicts(rd)
 
 
 def _read_probe_config(rd: RunDir) -> dict:
     """The ProbeConfig fields of config.json (model, prompt, fillers, decoding settings)."""
-    header = rd.read_json("config.json")
+    header = read_header_dict(rd)
     if header.get("command") != "probe" or "config" not in header:
-        raise RunDirError(f"{rd.file('config.json')}: not written by `nondet probe`; bisect needs a probe run")
+        raise RunDirError(f"{rd.file(CONFIG)}: not written by `nondet probe`; bisect needs a probe run")
     missing = [k for k in PROBE_KEYS if k not in header["config"]]
     if missing:
-        raise RunDirError(f"{rd.file('config.json')}: lacks {', '.join(missing)}; rerun `nondet probe`")
+        raise RunDirError(f"{rd.file(CONFIG)}: lacks {', '.join(missing)}; rerun `nondet probe`")
     return header["config"]
 
 
@@ -235,7 +238,4 @@ def module_rows(ls: Lockstep) -> list[dict]:
 
 
 def write_result(rd: RunDir, result: dict, rows: list[dict]) -> None:
-    rd.write_csv("bisect_modules.csv", rows, MODULE_FIELDS)
-    rd.write_json("bisect.json", result)
-    rd.write_json("ablation.json", {"condition_id": result["condition_id"], "ablation": result["ablation"],
-                                    "minimal_set": result["minimal_set"]})
+    write_bisect(rd, result, rows, MODULE_FIELDS)

@@ -27,13 +27,14 @@ from nondet.probes.numerics import numerics_scope
 from nondet.probes.sources.rl_processed import Processing
 from nondet.probes.sources.rl_trainer import Sequence
 from nondet.rundir import RunDir
+from nondet.rundir.reader import read_header_dict, read_stream_dicts, read_summary_dict, stored_command
 
 
 def is_rl_run(run_dir) -> bool:
     """A run directory written by `nondet rl` (the CLI's bisect routes it here)."""
     rd = RunDir(run_dir)
     rd.require()
-    return rd.exists("config.json") and rd.read_json("config.json").get("command") == "rl"
+    return stored_command(rd) == "rl"
 
 
 def run_rl_bisect(config: BisectConfig, on_stage=None) -> BisectResult:
@@ -47,8 +48,8 @@ def run_rl_bisect(config: BisectConfig, on_stage=None) -> BisectResult:
         raise UsageError("--max-steps does not apply to an rl run: the trainer's forward covers the whole "
                          "sequence; bisect replays it in full")
     rd = RunDir(config.run_dir)
-    rl = rd.read_json("config.json")["config"]
-    streams, summary = rd.read_jsonl("streams.jsonl"), rd.read_json("summary.json")
+    rl = read_header_dict(rd)["config"]
+    streams, summary = read_stream_dicts(rd), read_summary_dict(rd)
     pair = choose_pair(summary, config.condition, str(rd.path))
     sampler, trainer, target = plans(pair, streams, config.position)
     stage("loading model")

@@ -29,6 +29,7 @@ from nondet.probes.traffic.traffic import FillerTraffic
 from nondet.probes.sources.base import Emit, Opened, Planned
 from nondet.probes.sources.static import step_record
 from nondet.rundir import RunDir
+from nondet.rundir.reader import has_streams, read_fingerprint, read_header_dict, read_stream_dicts
 from nondet.verdict import verdict
 from nondet.rundir.records import ConditionRecord, StreamRecord, Summary
 
@@ -288,7 +289,7 @@ def _resumed(given):
     from nondet.probes.loading import ModelSpec
 
     run_dir = RunDir(given.load.resume)
-    stored = run_dir.read_json("config.json").get("config") or {}
+    stored = read_header_dict(run_dir).get("config") or {}
     if (stored.get("load") or {}).get("mode") != "server":
         raise RunDirError(f"{run_dir.path} is not a server probe; --resume finishes interrupted --endpoint probes")
     tuples = {k: tuple(stored[k]) for k in ("prompts", "batch_sizes", "fillers", "kernels", "argv") if k in stored}
@@ -354,8 +355,8 @@ def _first_per_index(streams: list[dict]) -> list[dict]:
 
 
 def _stored_model(run_dir: RunDir) -> str | None:
-    return ((run_dir.read_json("fingerprint.json").get("model")) or {}).get("name")
+    return ((read_fingerprint(run_dir) or {}).get("model") or {}).get("name")
 
 
 def _done_indices(run_dir: RunDir) -> set[int]:
-    return {s["request_index"] for s in run_dir.read_jsonl("streams.jsonl")} if run_dir.exists("streams.jsonl") else set()
+    return {s["request_index"] for s in read_stream_dicts(run_dir)} if has_streams(run_dir) else set()

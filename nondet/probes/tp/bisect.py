@@ -27,12 +27,13 @@ from nondet.probes.diff import first_numeric_divergence, first_token_divergence
 from nondet.probes.loading import ModelSpec
 from nondet.probes.replay import DecodeSettings
 from nondet.rundir import RunDir
+from nondet.rundir.reader import has_header, read_condition_dicts, read_header_dict, read_stream_dicts
 
 
 def is_tensor_parallel(run_dir: str) -> bool:
     """Was this run directory probed with --tp (its config says so)?"""
     rd = RunDir(run_dir)
-    return rd.exists("config.json") and bool(rd.read_json("config.json").get("config", {}).get("tp"))
+    return has_header(rd) and bool(read_header_dict(rd).get("config", {}).get("tp"))
 
 
 def run_tp_bisect(config: BisectConfig, on_stage=None) -> BisectResult:
@@ -40,8 +41,8 @@ def run_tp_bisect(config: BisectConfig, on_stage=None) -> BisectResult:
     stage = on_stage or (lambda text: None)
     rd = RunDir(config.run_dir)
     rd.require()
-    probe = rd.read_json("config.json")["config"]
-    target, degree = choose_tp_target(rd.read_jsonl("conditions.jsonl"), rd.read_jsonl("streams.jsonl"),
+    probe = read_header_dict(rd)["config"]
+    target, degree = choose_tp_target(read_condition_dicts(rd), read_stream_dicts(rd),
                                       str(rd.path), config.condition, config.position)
     spec = ModelSpec(**probe["model"])
     stage(f"loading model at --tp {degree}")
