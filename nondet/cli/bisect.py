@@ -1,6 +1,7 @@
 """`nondet bisect [RUN_DIR]`: where inside the model a divergence is born, and which kernel causes it."""
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -91,8 +92,8 @@ def bisect(
     from rich.console import Console
 
     console = Console()
-    if not console.is_terminal:  # piped or logged: don't squeeze module paths into 80 columns
-        console = Console(width=140)
+    if not console.is_terminal and "COLUMNS" not in os.environ:  # piped or logged, no width asked for: the
+        console = Console(width=140)  # wide tables whole, not their 80-column form (COLUMNS=80 gives that)
     print_bisect(result.bisect, result.modules, console)
     print_partial(result.run_dir, console)
     console.print(f"run directory: {result.run_dir}")
@@ -151,8 +152,11 @@ def print_partial(run_dir, console) -> None:
 
 
 def print_bisect(b: dict, modules: list[dict], console) -> None:
+    from functools import partial
+
     from rich.text import Text
 
+    from nondet.cli.fit import fitted
     from nondet.verdict import routing_line
 
     if "routing" in b:  # a mixture of experts: did the tokens go to other experts? (before any op detail)
@@ -166,11 +170,13 @@ def print_bisect(b: dict, modules: list[dict], console) -> None:
                       style="yellow")
     steps = _table_steps(b)
     for step in steps:
-        console.print(_modules_table(step, b, modules))
+        console.print(fitted(console, partial(_modules_table, step, b, modules),
+                             partial(_modules_table, step, b, modules, narrow=True)))
     if steps and b["amplification"]:
         console.print(_amplification_line(b["amplification"], steps))
     if b.get("ablation"):
-        console.print(_ablation_table(b["ablation"]))
+        console.print(fitted(console, partial(_ablation_table, b["ablation"]),
+                             partial(_ablation_table, b["ablation"], narrow=True)))
         minimal = b.get("minimal_set")
         console.print(Text("minimal set that removes the divergence: "
                            + (" + ".join(minimal) if minimal else "none found"), style="bold"))
@@ -270,7 +276,9 @@ def _transients_part(transients: list[dict], shown: int = 4) -> str:
     return "\nother transient differences: " + ", ".join(parts) + more
 
 
-def _modules_table(step: int, b: dict, modules: list[dict]):
+def _modules_table(step: int, b: dict, modules: list[dict], narrow: bool = False):
+    """narrow: the module whole, its op class, max abs and max ULP; the layer (in the module's path),
+    max rel and first diff index are in bisect_modules.csv."""
     from rich.table import Table
 
     lasting = b.get("lasting") or {}
@@ -278,16 +286,24 @@ def _modules_table(step: int, b: dict, modules: list[dict]):
                            (b["flip_step"], "token flip")) if s == step]
     rows = [m for m in modules if m["step"] == step and m["differs"]]
     table = Table(title=f"step {step} ({', '.join(tags)}): first differing modules, execution order")
-    for col in ("layer", "module", "op class", "max abs", "max rel", "max ULP", "first diff index"):
+    columns = NARROW_MODULE_COLUMNS if narrow else MODULE_COLUMNS
+    for col in columns:
         table.add_column(col, justify="left" if col in ("module", "op class") else "right",
                          overflow="fold" if col == "module" else "ellipsis")
     for m in rows[:TABLE_ROWS]:
         origin = lasting.get("step") == step and lasting.get("order") == m["order"]
-        table.add_row(_dash(m["layer"]), m["module"] + (" <- lasting origin" if origin else ""), m["op_class"],
-                      f"{m['max_abs_diff']:.3g}", f"{m['max_rel_diff']:.3g}", str(m["max_ulp"]),
-                      _dash(m["first_diff_index"]), style="bold" if origin else None)
-    table.caption = f"{len(rows)} of {sum(1 for m in modules if m['step'] == step)} points differ (bisect_modules.csv)"
+        cells = {"layer": _dash(m["layer"]), "module": m["module"] + (" <- lasting origin" if origin else ""),
+                 "op class": m["op_class"], "max abs": f"{m['max_abs_diff']:.3g}",
+                 "max rel": f"{m['max_rel_diff']:.3g}", "max ULP": str(m["max_ulp"]),
+                 "first diff index": _dash(m["first_diff_index"])}
+        table.add_row(*(cells[col] for col in columns), style="bold" if origin else None)
+    differ = f"{len(rows)} of {sum(1 for m in modules if m['step'] == step)} points differ"
+    table.caption = f"{differ}; every column: bisect_modules.csv" if narrow else f"{differ} (bisect_modules.csv)"
     return table
+
+
+MODULE_COLUMNS = ("layer", "module", "op class", "max abs", "max rel", "max ULP", "first diff index")
+NARROW_MODULE_COLUMNS = ("module", "op class", "max abs", "max ULP")
 
 
 def _amplification_line(amplification: list[dict], steps: list[int]) -> str:
@@ -300,18 +316,41 @@ def _amplification_line(amplification: list[dict], steps: list[int]) -> str:
     return "residual stream max |diff| by layer (amplification): " + " | ".join(parts)
 
 
-def _ablation_table(entries: list[dict]):
+def _ablation_table(entries: list[dict], narrow: bool = False):
+    """narrow: short headers and a legend; the first differing point and the lasting origin in one column."""
     from rich.table import Table
 
     yes = {True: "yes", False: "no"}
     table = Table(title="ablation: reference and divergent condition rerun with these op classes batch-invariant")
-    for col in ("op classes", "tokens match", "bit-identical", "flip step", "first differing point",
-                "lasting origin"):
-        table.add_column(col, justify="right" if col in ("tokens match", "flip step") else "left", overflow="fold")
+    columns = ("op classes", "tokens", "bits", "flip", "first differing point") if narrow else \
+        ("op classes", "tokens match", "bit-identical", "flip step", "first differing point", "lasting origin")
+    for col in columns:
+        table.add_column(col, justify="right" if col in ("tokens match", "flip step", "tokens", "flip") else "left",
+                         overflow="fold")
+    if narrow:  # one op class a line ("attention +"), leaving the width to the module paths
+        table.columns[0].max_width = max((len(op) for e in entries for op in e["ops"]), default=8) + 2
+        table.min_width = max(map(len, ABLATION_LEGEND.splitlines()))
     for e in entries:
+        places = (_first_and_lasting(e["first_diff"], e.get("lasting")),) if narrow else \
+            (_where(e["first_diff"]), _where(e.get("lasting")))
         table.add_row(" + ".join(e["ops"]), yes[e["tokens_match"]], yes[e["activations_match"]],
-                      _dash(e["first_token_divergence"]), _where(e["first_diff"]), _where(e.get("lasting")))
+                      _dash(e["first_token_divergence"]), *places)
+    if narrow:
+        table.caption = ABLATION_LEGEND
     return table
+
+
+# under the narrow ablation table (each line under 80 columns)
+ABLATION_LEGEND = ("tokens: tokens match the reference; bits: every activation bit-identical\n"
+                   "flip: token flip step; lasting: where the lasting divergence is born")
+
+
+def _first_and_lasting(first: dict | None, lasting: dict | None) -> str:
+    """The first differing point, then 'lasting: same', 'lasting: -' or the lasting origin."""
+    if first is None:
+        return "-"
+    same = lasting is not None and (lasting["step"], lasting["module"]) == (first["step"], first["module"])
+    return f"{_where(first)}\nlasting: {'same' if same else _where(lasting)}"
 
 
 def _where(point: dict | None) -> str:

@@ -1,6 +1,9 @@
 """`nondet compare RUN_A RUN_B`: are two probe runs bit for bit the same?"""
 
+import os
+import shutil
 import sys
+import textwrap
 from pathlib import Path
 from typing import Annotated
 
@@ -35,6 +38,37 @@ def compare(
     from nondet.rundir.compare import compare_runs
 
     result = compare_runs(str(run_a), str(run_b))
+    width = _width()
     for line in result.lines():
-        typer.echo(line)
+        for part in fold(line, width):
+            typer.echo(part)
     sys.exit(0 if result.identical else 1)  # sys.exit, not typer.Exit: standalone_mode=False would swallow it
+
+
+def _width() -> int | None:
+    """The terminal's width, or COLUMNS; None for a pipe or a file without COLUMNS (each line whole, for grep)."""
+    if "COLUMNS" in os.environ or sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def fold(line: str, width: int | None) -> list[str]:
+    """A line wider than the terminal, broken where its items meet ('; ' between settings, else ', '
+    between a stream's two divergences), the lines after the first indented; an item still too wide
+    breaks between words."""
+    if width is None or len(line) <= width:
+        return [line]
+    sep = "; " if "; " in line else ", "
+    items = [item + sep for item in line.split(sep)]
+    items[-1] = items[-1][:-len(sep)]
+    lines = [""]  # the items packed into lines, indent left out
+    for item in items:
+        if lines[-1] and len(INDENT if len(lines) > 1 else "") + len(lines[-1] + item.rstrip()) > width:
+            lines.append("")
+        lines[-1] += item
+    return [part for i, text in enumerate(lines) for part in
+            textwrap.wrap(text.strip(), width, initial_indent=INDENT if i else "", subsequent_indent=INDENT,
+                          break_long_words=False, break_on_hyphens=False)]
+
+
+INDENT = "  "  # a folded line's continuation

@@ -1,9 +1,12 @@
 """Rich rendering of probe summaries (tables, branch tokens), shared by probe and gate."""
 
+from functools import partial
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from nondet.cli.fit import fitted
 from nondet.fmt import fmt_hex_value, fmt_step
 from nondet.text import quoted, shorten
 
@@ -12,7 +15,8 @@ visible = quoted  # model text on the terminal (cli/bisect.py imports it by this
 
 def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
     for mode, m in summary["modes"].items():
-        console.print(_prompts_table(mode, m) if m.get("prompts") else _conditions_table(mode, m))
+        table = _prompts_table if m.get("prompts") else _conditions_table
+        console.print(fitted(console, partial(table, mode, m), partial(table, mode, m, narrow=True)))
         tree = m.get("branch_tree")
         if tree:
             prompt = f"prompt {m['branch_prompt_id']}: " if m.get("prompts") else ""
@@ -54,34 +58,46 @@ def routing_count_line(r: dict) -> str:
             f"(first at step {first['step']}, MoE layer {first['layer']})")
 
 
-def _conditions_table(mode: str, m: dict) -> Table:
-    table = Table(title=f"kernels: {mode}  (every run is compared with reference run {m['reference_run_id']}: "
-                        "the prompt sent alone)")
-    for col in ("condition", "runs", "distinct", "first token divergence", "first numeric divergence"):
+def _conditions_table(mode: str, m: dict, narrow: bool = False) -> Table:
+    versus = "vs" if narrow else "is compared with"
+    table = Table(title=f"kernels: {mode}  (every run {versus} reference run {m['reference_run_id']}: "
+                        "the prompt sent alone)", min_width=LEGEND_WIDTH if narrow else None)
+    for col in ("condition", "runs", "distinct", *_divergence_headers(narrow)):
         table.add_column(col, justify="left" if col == "condition" else "right")
     for c in m["conditions"]:
         table.add_row(c["condition_id"].split("/", 1)[1], str(c["n_runs"]), str(c["distinct_completions"]),
                       _step(c["first_token_divergence"]), numeric_step(c["first_numeric_divergence"], m))
     table.caption = (f"{m['distinct_completions']} distinct completion(s) over {m['n_runs']} runs; "
-                     f"most common x{m['most_common_count']}\n{NUMERIC_NOTE}")
+                     f"most common x{m['most_common_count']}\n{LEGEND if narrow else NUMERIC_NOTE}")
     return table
 
 
-def _prompts_table(mode: str, m: dict) -> Table:
+def _prompts_table(mode: str, m: dict, narrow: bool = False) -> Table:
     """Several prompts: one row per prompt (its conditions are in the report)."""
-    table = Table(title=f"kernels: {mode}  (each prompt's runs are compared with that prompt sent alone)")
-    for col in ("prompt", "text", "runs", "distinct", "first token divergence", "first numeric divergence"):
+    versus = "vs" if narrow else "are compared with"
+    table = Table(title=f"kernels: {mode}  (each prompt's runs {versus} that prompt sent alone)",
+                  min_width=LEGEND_WIDTH if narrow else None)
+    for col in ("prompt", "text", "runs", "distinct", *_divergence_headers(narrow)):
         table.add_column(col, justify="left" if col in ("prompt", "text") else "right", no_wrap=col == "text")
     for p in m["prompts"]:
         table.add_row(f"p{p['prompt_id']}", Text(shorten(quoted(p.get("prompt", "")), 30)), str(p["n_runs"]),
                       str(p["distinct_completions"]), _step(p["first_token_divergence"]),
                       numeric_step(p["first_numeric_divergence"], m))
     table.caption = (f"tokens differ on {m['prompts_diverged']} of {m['n_prompts']} prompts; "
-                     f"{m['n_runs']} runs in all\n{NUMERIC_NOTE}")
+                     f"{m['n_runs']} runs in all\n{LEGEND if narrow else NUMERIC_NOTE}")
     return table
 
 
+def _divergence_headers(narrow: bool) -> tuple[str, str]:
+    """The two divergence columns' headers: in full, or one word each where the full ones don't fit."""
+    return ("token", "numeric") if narrow else ("first token divergence", "first numeric divergence")
+
+
 NUMERIC_NOTE = "numeric divergence: first step whose sampled-token logprob bits differ from the reference"
+# under a narrow table (each line under 80 columns): what its one-word divergence headers stand for
+LEGEND = ("token: first step whose token differs from the reference\n"
+          "numeric: first step whose sampled-token logprob bits differ from it")
+LEGEND_WIDTH = max(map(len, LEGEND.splitlines()))  # a narrow table is as wide as its legend: no line wraps
 
 
 def numeric_step(value, mode: dict) -> str:
