@@ -59,9 +59,10 @@ def routing_count_line(r: dict) -> str:
 
 
 def _conditions_table(mode: str, m: dict, narrow: bool = False) -> Table:
-    versus = "vs" if narrow else "is compared with"
-    table = Table(title=f"kernels: {mode}  (every run {versus} reference run {m['reference_run_id']}: "
-                        "the prompt sent alone)", min_width=LEGEND_WIDTH if narrow else None)
+    ref = m["reference_run_id"]
+    table = Table(title=f"kernels: {mode}  (each run vs run {ref}: the prompt alone)" if narrow else
+                  f"kernels: {mode}  (every run is compared with reference run {ref}: the prompt sent alone)",
+                  min_width=LEGEND_WIDTH if narrow else None)
     for col in ("condition", "runs", "distinct", *_divergence_headers(narrow)):
         table.add_column(col, justify="left" if col == "condition" else "right")
     for c in m["conditions"]:
@@ -74,8 +75,8 @@ def _conditions_table(mode: str, m: dict, narrow: bool = False) -> Table:
 
 def _prompts_table(mode: str, m: dict, narrow: bool = False) -> Table:
     """Several prompts: one row per prompt (its conditions are in the report)."""
-    versus = "vs" if narrow else "are compared with"
-    table = Table(title=f"kernels: {mode}  (each prompt's runs {versus} that prompt sent alone)",
+    table = Table(title=f"kernels: {mode}  (each prompt's runs vs that prompt alone)" if narrow else
+                  f"kernels: {mode}  (each prompt's runs are compared with that prompt sent alone)",
                   min_width=LEGEND_WIDTH if narrow else None)
     for col in ("prompt", "text", "runs", "distinct", *_divergence_headers(narrow)):
         table.add_column(col, justify="left" if col in ("prompt", "text") else "right", no_wrap=col == "text")
