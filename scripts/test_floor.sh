@@ -54,6 +54,7 @@ FLOOR_TESTS=(
   "tests/test_load_continuous.py::test_engine_replay_is_deterministic_and_invariant_kernels_hold_under_load"
   "tests/test_rl.py::test_continuous_sampler_batched_requests_are_bit_identical_under_the_mode"
   "tests/test_tp.py::test_negative_control_the_mode_at_tp2_is_one_completion_with_the_same_bits"
+  tests/test_tp_census.py  # 5.17 shards no embedding and all-reduces from its hooks
 )
 # the mode's generate at four batch sizes, 2 min 20 s here; test_kernels_mode's left-padding test covers that path
 SKIP=(--deselect "tests/test_kernels_mode.py::test_qwen3_generate_batch_invariant_with_mode")
