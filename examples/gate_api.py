@@ -15,7 +15,7 @@ import sys
 
 from nondet.gate import GateOutputs, Policy, Verdict, run_gate
 from nondet.gate.junit import write_junit
-from nondet.probes.loading import ModelSpec
+from nondet.probes.models.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig
 
 

@@ -1,7 +1,7 @@
 """A prompt is plain text (`str`) or a chat conversation (`Chat`): the two forms a prompt file holds.
 
 A Chat is always sent as chat turns: in process through the tokenizer's chat template with the
-assistant's turn opened (probes/chat.py), to a server as the messages of /v1/chat/completions.
+assistant's turn opened (probes/core/chat.py), to a server as the messages of /v1/chat/completions.
 Plain text is sent as it is, or as one user turn under `probe --chat`. In config.json and in a
 prompt file a Chat is {"messages": [{"role": "user", "content": "..."}, ...]}. No torch.
 """

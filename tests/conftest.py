@@ -14,7 +14,7 @@ os.environ.setdefault("NONDET_DEMO_MODEL", "random")
 
 @pytest.fixture(scope="session")
 def default_model_dir():
-    from nondet.probes.default_model import default_model_dir as build
+    from nondet.probes.models.default_model import default_model_dir as build
 
     return build()
 
@@ -24,7 +24,7 @@ def tiny_model_dir(tmp_path_factory):
     """A tiny Qwen3 + tokenizer saved with save_pretrained: the real loading path."""
     from model_fixtures import save_qwen3
 
-    from nondet.probes.default_model import build_tokenizer
+    from nondet.probes.models.default_model import build_tokenizer
 
     return save_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), build_tokenizer(512), hidden=64, layers=2, heads=4,
                       kv_heads=2, seed=1)
@@ -35,7 +35,7 @@ def tiny_chat_model_dir(tmp_path_factory):
     """tiny_model_dir's model with a chat template (model_fixtures.CHAT_TEMPLATE) in its tokenizer."""
     from model_fixtures import CHAT_TEMPLATE, save_qwen3
 
-    from nondet.probes.default_model import build_tokenizer
+    from nondet.probes.models.default_model import build_tokenizer
 
     tokenizer = build_tokenizer(512)
     tokenizer.chat_template = CHAT_TEMPLATE

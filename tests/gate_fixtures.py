@@ -4,7 +4,7 @@ PIECES maps token ids to pieces; 9 is hostile text (markup, control characters, 
 that could start a GitHub workflow command, a lone surrogate).
 """
 
-from nondet.probes.diff import summarize
+from nondet.probes.core.diff import summarize
 
 HOSTILE = "<b>&\x1b[31m\n::error::pwn|x\udcff"
 PIECES = {1: "Richard", 2: " Feynman", 3: " was", 4: " born", 5: " in", 6: " Queens", 7: " New", 8: " York",

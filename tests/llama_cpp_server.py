@@ -46,7 +46,7 @@ def llama_cpp_python_installed() -> bool:
 
 
 def smollm2_gguf() -> Path:
-    from nondet.probes.demo_model import INSTALL_HINT, gguf_path
+    from nondet.probes.models.demo_model import INSTALL_HINT, gguf_path
 
     path = gguf_path()
     if path is None:

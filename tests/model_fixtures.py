@@ -28,7 +28,7 @@ def save_qwen3_moe(out, hidden: int = 64, layers: int = 2, seed: int = 0):
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from nondet.probes.default_model import build_tokenizer
+    from nondet.probes.models.default_model import build_tokenizer
 
     tokenizer = build_tokenizer(512)
     tokenizer.save_pretrained(out)

@@ -17,7 +17,7 @@ import pytest
 from stub_server import Answer, StubServer
 
 from nondet.probes.probe import ProbeConfig, run_probe
-from nondet.probes.sources.config import LoadConfig
+from nondet.probes.core.load_config import LoadConfig
 
 BITS_OFF_AT_2 = Answer(logprobs=(-0.5, -0.5, -0.5000000000000001, -0.5))  # one ULP at step 2, same tokens
 TOKEN_OFF_AT_1 = Answer(words=(" alpha", " zeta", " gamma", " delta"))
@@ -145,7 +145,7 @@ def test_two_real_transformers_serve_deployments(tmp_path, tiny_model_dir):
     from model_fixtures import save_qwen3
     from serve_fixtures import transformers_serve
 
-    from nondet.probes.default_model import build_tokenizer
+    from nondet.probes.models.default_model import build_tokenizer
 
     other = save_qwen3(tmp_path / "other", build_tokenizer(512), hidden=64, layers=2, heads=4, kv_heads=2, seed=7)
     with transformers_serve(tiny_model_dir, tmp_path / "a", continuous=False) as a, \

@@ -92,7 +92,7 @@ def test_bisect_without_run_dir_probes_the_trained_demo_as_probe_does(monkeypatc
     questions, batch sizes and length), not the one-prompt sweep of another model."""
     import nondet.cli.probe as probe_cli
     from nondet.cli.bisect import _probe_first
-    from nondet.probes import demo_model
+    from nondet.probes.models import demo_model
 
     seen = []
     monkeypatch.setattr(demo_model, "demo_kind", lambda: "trained")

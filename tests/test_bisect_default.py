@@ -13,8 +13,9 @@ STEPS = 6  # the injected norm differs from the first decode step; no need to re
 
 @pytest.fixture(scope="module")
 def bisected(default_model_dir, tmp_path_factory):
-    from nondet.probes.bisect import BisectConfig, run_bisect
-    from nondet.probes.loading import ModelSpec
+    from nondet.probes.bisect import BisectConfig
+    from nondet.probes.bisect_probe import run_bisect
+    from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig, run_probe
 
     out = tmp_path_factory.mktemp("bisect-default") / "run"

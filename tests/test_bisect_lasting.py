@@ -15,9 +15,9 @@ import dataclasses
 
 import pytest
 
-from nondet.probes.batch import build_batch
-from nondet.probes.conditions import Condition
-from nondet.probes.replay import DecodeSettings
+from nondet.probes.core.batch import build_batch
+from nondet.probes.core.conditions import Condition
+from nondet.probes.core.replay import DecodeSettings
 
 VARIANT = "model.layers.0.mlp.down_proj"
 STEPS = 10
@@ -76,7 +76,7 @@ def _move_one(out_row, residual_row, absorbed: bool):
 
 @pytest.fixture(scope="module")
 def toy(tiny_model_dir):
-    from nondet.probes.loading import ModelSpec, load_model
+    from nondet.probes.models.loading import ModelSpec, load_model
 
     loaded = load_model(ModelSpec(str(tiny_model_dir)))
     layer = loaded.model.get_submodule("model.layers.0")

@@ -6,9 +6,10 @@ other op classes held batch-invariant in every replay, so the injected norm is t
 
 import json
 
-from nondet.probes.bisect import BisectConfig, run_bisect
-from nondet.probes.corpus import DEMO_PROMPTS
-from nondet.probes.loading import ModelSpec
+from nondet.probes.bisect import BisectConfig
+from nondet.probes.bisect_probe import run_bisect
+from nondet.probes.core.corpus import DEMO_PROMPTS
+from nondet.probes.models.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
 
 SAME_LENGTH = (DEMO_PROMPTS[0], DEMO_PROMPTS[2], DEMO_PROMPTS[3])  # 5 tokens each in the demo tokenizer

@@ -11,9 +11,9 @@ for the target at the first and at the last row of the batch, and with left padd
 
 import pytest
 
-from nondet.probes.batch import build_batch
-from nondet.probes.conditions import Condition
-from nondet.probes.replay import DecodeSettings
+from nondet.probes.core.batch import build_batch
+from nondet.probes.core.conditions import Condition
+from nondet.probes.core.replay import DecodeSettings
 
 VARIANT = "model.layers.1.post_attention_layernorm"
 STEPS = 6
@@ -64,7 +64,7 @@ def _expected_step(loaded, batch_size: int, row: int) -> int:
 
 @pytest.fixture(scope="module")
 def toy(tiny_model_dir):
-    from nondet.probes.loading import ModelSpec, load_model
+    from nondet.probes.models.loading import ModelSpec, load_model
 
     loaded = load_model(ModelSpec(str(tiny_model_dir)))
     layer = loaded.model.get_submodule(VARIANT.rsplit(".", 1)[0])

@@ -20,7 +20,7 @@ def hybrid_dir(tmp_path_factory):
     import torch
     import transformers as tf
 
-    from nondet.probes.default_model import build_tokenizer
+    from nondet.probes.models.default_model import build_tokenizer
 
     out = tmp_path_factory.mktemp("qwen3-next")
     tokenizer = build_tokenizer(512)

@@ -53,8 +53,8 @@ def served_ids(tokenizer, messages: list[dict]) -> list[int]:
 
 def in_process_ids(tokenizer, prompt, system: str | None) -> list[int]:
     """The ids `nondet probe --chat [--system]` builds for a prompt's batch (StaticSource.open)."""
-    from nondet.probes.batch import tokenize_inputs
-    from nondet.probes.chat import model_texts
+    from nondet.probes.core.batch import tokenize_inputs
+    from nondet.probes.core.chat import model_texts
     from nondet.prompt import as_prompt
 
     [text] = model_texts(tokenizer, [as_prompt(prompt)], True, system)

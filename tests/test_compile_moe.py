@@ -15,14 +15,14 @@ import torch
 import family_models as fm
 from nondet.kernels import batch_invariant
 from nondet.kernels.traced import TracedMode
-from nondet.probes.compiled import compile_scope, generation_fields
+from nondet.probes.core.compiled import compile_scope, generation_fields
 
 PROMPT = "Tell me about Richard Feynman"
 
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
-    from nondet.probes.default_model import build_tokenizer
+    from nondet.probes.models.default_model import build_tokenizer
 
     return fm.save_family("qwen3-moe", tmp_path_factory.mktemp("qwen3-moe"), build_tokenizer(512))
 
@@ -67,7 +67,7 @@ def test_the_compiled_moe_decode_gives_the_eager_modes_bits(moe_dir):
 def test_probe_compile_on_an_moe_decodes_the_mode_compiled(tmp_path, moe_dir):
     """`probe --compile` took the eager fallback on this model; one condition (batch 1, where it failed)
     keeps the compile to one shape."""
-    from nondet.probes.loading import ModelSpec
+    from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig, run_probe
 
     config = ProbeConfig(prompt=PROMPT, model=ModelSpec(name=moe_dir), batch_sizes=(1,), max_new_tokens=3,

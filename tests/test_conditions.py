@@ -1,8 +1,8 @@
 import pytest
 
 from nondet.errors import UsageError
-from nondet.probes.batch import build_batch, fit_length
-from nondet.probes.conditions import parse_batch_sizes, plan_conditions
+from nondet.probes.core.batch import build_batch, fit_length
+from nondet.probes.core.conditions import parse_batch_sizes, plan_conditions
 
 
 def test_parse_batch_sizes_ranges_and_reference():

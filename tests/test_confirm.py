@@ -11,8 +11,8 @@ import json
 import pytest
 from controls import FIX_KERNELS, require_divergence
 
-from nondet.probes.corpus import DEMO_PROMPTS
-from nondet.probes.loading import ModelSpec
+from nondet.probes.core.corpus import DEMO_PROMPTS
+from nondet.probes.models.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
 
 TOKENS = 110  # long enough for the default model's real-kernel flips on some CPUs (step ~93 on one)

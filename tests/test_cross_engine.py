@@ -12,10 +12,10 @@ import pytest
 from stub_server import Answer, StubServer
 
 from nondet.probes.probe import ProbeConfig, run_probe
-from nondet.probes.sources.config import LoadConfig
-from nondet.probes.traffic import compare
-from nondet.probes.traffic.engines import different_engines, engine_of
-from nondet.probes.traffic.responses import parse_completion
+from nondet.probes.core.load_config import LoadConfig
+from nondet.probes.server import compare
+from nondet.probes.server.engines import different_engines, engine_of
+from nondet.probes.server.responses import parse_completion
 from nondet.reports import write_report
 
 OTHER_FIRST_TOKEN = Answer(words=(" omega", " beta", " gamma", " delta"))

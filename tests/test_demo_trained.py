@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from nondet.probes import demo_model
+from nondet.probes.models import demo_model
 
 TRAINED = {"NONDET_DEMO_MODEL": "trained"}
 
@@ -70,8 +70,8 @@ def test_chat_ids_are_the_chat_templates(tmp_path):
     serve's /v1/chat/completions feeds the model for the same messages."""
     from transformers import AutoTokenizer
 
-    from nondet.probes.batch import tokenize_inputs
-    from nondet.probes.chat import chat_messages, model_texts
+    from nondet.probes.core.batch import tokenize_inputs
+    from nondet.probes.core.chat import chat_messages, model_texts
 
     tokenizer = AutoTokenizer.from_pretrained(demo_model.demo_model_dir())
     for system in (None, "You answer in one sentence."):

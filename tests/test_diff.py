@@ -1,6 +1,6 @@
 """Diff and branch-tree logic on synthetic streams."""
 
-from nondet.probes.diff import branch_tree, first_numeric_divergence, first_token_divergence, summarize
+from nondet.probes.core.diff import branch_tree, first_numeric_divergence, first_token_divergence, summarize
 
 
 def stream(run_id, tokens, logprobs=None, ref=False, cond="c", margins=None):

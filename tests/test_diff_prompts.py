@@ -1,6 +1,6 @@
 """Several prompts merged into one mode summary: a batch holding two prompts is one condition."""
 
-from nondet.probes.diff_prompts import merge_prompts
+from nondet.probes.core.diff_prompts import merge_prompts
 
 
 def _summary(ref_run: int, conditions: list[str]) -> dict:

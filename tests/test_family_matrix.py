@@ -137,7 +137,7 @@ def test_a_refused_family_exits_3_through_the_cli_with_the_one_line(tmp_path):
     import subprocess
     import sys
 
-    from nondet.probes.default_model import build_tokenizer
+    from nondet.probes.models.default_model import build_tokenizer
 
     model = fm.save_family("qwen3-next", tmp_path / "qwen3-next", tokenizer=build_tokenizer(512))
     module, op = fm.REFUSED["qwen3-next"]
@@ -173,7 +173,7 @@ def test_softcap_and_sinks_families_end_to_end_through_the_cli(family, tmp_path)
     import subprocess
     import sys
 
-    from nondet.probes.default_model import build_tokenizer
+    from nondet.probes.models.default_model import build_tokenizer
 
     model = fm.save_family(family, tmp_path / family, tokenizer=build_tokenizer(512))
     run = tmp_path / "run"

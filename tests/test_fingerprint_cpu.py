@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-PRINT_CAPABILITY = ("from nondet.probes.numerics import fingerprint; "
+PRINT_CAPABILITY = ("from nondet.probes.core.numerics import fingerprint; "
                     "print(fingerprint({'device': 'cpu'}, 'batch-invariant')['cpu_capability'])")
 
 

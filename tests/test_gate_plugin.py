@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 
 USER_TESTS = textwrap.dedent('''
     import pytest
-    from nondet.probes.loading import ModelSpec, load_model
+    from nondet.probes.models.loading import ModelSpec, load_model
 
     @pytest.fixture(scope="module")
     def loaded():

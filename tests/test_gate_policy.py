@@ -142,7 +142,7 @@ def _two_prompts(second_prompt_tokens):
 
 
 def test_several_prompts_in_one_batch_are_each_judged_against_their_own_reference():
-    from nondet.probes.summarize import summarize_modes
+    from nondet.probes.core.summarize import summarize_modes
 
     # prompt 1's reference is C; A would be a completion beyond it only for prompt 1
     same = _two_prompts(C)

@@ -108,7 +108,7 @@ def test_cli_gate_probes_the_jsonl_prompt_with_its_newlines(tmp_path, tiny_model
 def test_cli_gate_probes_a_messages_line_as_a_chat(tmp_path, tiny_chat_model_dir):
     from transformers import AutoTokenizer
 
-    from nondet.probes.chat import prompt_token_ids
+    from nondet.probes.core.chat import prompt_token_ids
     from nondet.prompt import as_prompt
 
     jsonl(tmp_path / "p.jsonl", {"messages": MESSAGES})
@@ -146,7 +146,7 @@ def test_a_messages_prompt_on_the_speculative_axis_is_refused_before_any_axis_ru
 
 
 def test_plugin_reads_a_prompts_file_with_newlines(tmp_path, tiny_model_dir):
-    from nondet.probes.loading import ModelSpec, load_model
+    from nondet.probes.models.loading import ModelSpec, load_model
     from nondet.pytest_plugin import assert_batch_invariant
 
     loaded = load_model(ModelSpec(str(tiny_model_dir)))
@@ -172,7 +172,7 @@ def test_plugin_prompts_file_errors(tmp_path):
 
 
 def test_plugin_probes_a_messages_line_through_the_chat_template(tmp_path, tiny_chat_model_dir):
-    from nondet.probes.loading import ModelSpec, load_model
+    from nondet.probes.models.loading import ModelSpec, load_model
     from nondet.pytest_plugin import assert_batch_invariant
 
     loaded = load_model(ModelSpec(str(tiny_chat_model_dir)))

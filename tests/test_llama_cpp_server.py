@@ -14,7 +14,7 @@ from llama_cpp_server import (BUILD_HINT, PYTHON_HINT, llama_cpp_python_installe
                               llama_server_binary)
 
 from nondet.probes.probe import ProbeConfig, run_probe
-from nondet.probes.sources.config import LoadConfig
+from nondet.probes.core.load_config import LoadConfig
 
 needs_llama_server = pytest.mark.skipif(llama_server_binary() is None,
                                         reason=f"llama-server is not built: {BUILD_HINT}")
@@ -51,7 +51,7 @@ def test_llama_server_with_four_slots_answers_every_copy_with_logprobs(tmp_path)
 def test_transformers_serve_against_llama_server_is_a_cross_engine_comparison(tmp_path):
     from test_load_server import transformers_serve
 
-    from nondet.probes.demo_model import INSTALL_HINT, demo_model_dir
+    from nondet.probes.models.demo_model import INSTALL_HINT, demo_model_dir
 
     model_dir = demo_model_dir()
     if model_dir is None:

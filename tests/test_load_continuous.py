@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from nondet.probes.sources.config import LoadConfig
-from nondet.probes.loading import ModelSpec
+from nondet.probes.core.load_config import LoadConfig
+from nondet.probes.models.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nondet.errors import RunDirError, ServerResponseError, ServerUnreachableError
-from nondet.probes.sources.config import LoadConfig
+from nondet.probes.core.load_config import LoadConfig
 from nondet.probes.probe import DEFAULT_PROMPT, ProbeConfig, run_probe
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -8,7 +8,7 @@ import json
 import pytest
 from serve_fixtures import transformers_serve
 
-from nondet.probes.sources.config import LoadConfig
+from nondet.probes.core.load_config import LoadConfig
 from nondet.probes.probe import ProbeConfig, run_probe
 
 
@@ -17,7 +17,7 @@ def served_model_dir(tmp_path_factory):
     # The embedded default's construction (random Qwen3, hidden 512, 4 layers, bf16), saved with
     # save_pretrained. At hidden 64 the server's CPU numerics flipped no token in 64 steps; at this
     # size 3 of 3 trials split 16 copies 8/9 near generated token 95 (hence 160 tokens).
-    from nondet.probes.default_model import DefaultModelSpec, build_default_model
+    from nondet.probes.models.default_model import DefaultModelSpec, build_default_model
 
     out = tmp_path_factory.mktemp("served-model")
     build_default_model(DefaultModelSpec(), out)

@@ -3,10 +3,11 @@
 import pytest
 
 from nondet.errors import ServerResponseError, UsageError
-from nondet.probes.traffic import arrivals, compare
-from nondet.probes.traffic.client import Client, ClientSettings, public_headers
-from nondet.probes.sources.config import LoadConfig, validate
-from nondet.probes.traffic.responses import parse_completion
+from nondet.probes.core import arrivals
+from nondet.probes.server import compare
+from nondet.probes.server.client import Client, ClientSettings, public_headers
+from nondet.probes.core.load_config import LoadConfig, validate
+from nondet.probes.server.responses import parse_completion
 
 
 def test_schedules_are_seeded_and_bounded():

@@ -49,8 +49,9 @@ def test_bisect_on_an_moe_names_routing_first_and_ablates_the_moe_classes(tmp_pa
     """Probe + bisect of a tiny Qwen3-MoE in fp32 with the batch-variant norm as positive control."""
     from model_fixtures import save_qwen3_moe
 
-    from nondet.probes.bisect import BisectConfig, run_bisect
-    from nondet.probes.loading import ModelSpec
+    from nondet.probes.bisect import BisectConfig
+    from nondet.probes.bisect_probe import run_bisect
+    from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig, run_probe
 
     model_dir = save_qwen3_moe(tmp_path / "model")
@@ -72,7 +73,7 @@ def _stream(run_id, experts, tokens, reference=False, prompt=0):
 
 
 def test_the_probe_summary_counts_runs_whose_routing_changed():
-    from nondet.probes.summarize import routing_changes
+    from nondet.probes.core.summarize import routing_changes
 
     same = [[[0, 3], [1, 2]]] * 3  # 3 steps x 2 MoE layers x top-2
     moved = [[[0, 3], [1, 2]], [[0, 3], [1, 5]], [[0, 3], [1, 2]]]  # step 1, layer 1
@@ -87,7 +88,7 @@ def test_the_probe_summary_counts_runs_whose_routing_changed():
 def test_the_probe_records_each_target_tokens_experts_on_an_moe_only(tmp_path):
     from model_fixtures import save_qwen3_moe
 
-    from nondet.probes.loading import ModelSpec
+    from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig, run_probe
 
     model_dir = save_qwen3_moe(tmp_path / "model")

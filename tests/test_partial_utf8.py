@@ -74,7 +74,7 @@ def _pieces(run) -> list[str]:
 
 
 def test_the_tokenizer_really_has_partial_utf8_pieces():
-    from nondet.probes.pieces import token_piece
+    from nondet.probes.core.pieces import token_piece
 
     tok = _tokenizer()
     partial = [i for i in range(len(tok)) if any(0xDC80 <= ord(c) <= 0xDCFF for c in token_piece(tok, i))]

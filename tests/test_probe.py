@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from nondet.probes.corpus import DEMO_PROMPTS
-from nondet.probes.loading import ModelSpec
+from nondet.probes.core.corpus import DEMO_PROMPTS
+from nondet.probes.models.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
 
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from nondet.probes.budget import StepCost, fit, from_timings, levels
-from nondet.probes.conditions import plan_rows
+from nondet.probes.static.budget import StepCost, fit, from_timings, levels
+from nondet.probes.core.conditions import plan_rows
 from nondet.probes.probe import ProbeConfig, run_probe
 
 

@@ -14,10 +14,10 @@ import sys
 import pytest
 
 from nondet.errors import NondetError
-from nondet.probes.compiled import DecodePaths
-from nondet.probes.loading import ModelSpec
+from nondet.probes.core.compiled import DecodePaths
+from nondet.probes.models.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
-from nondet.probes.static_caches import reusable_static_cache
+from nondet.probes.core.static_caches import reusable_static_cache
 
 # transformers before 5.24 refuses --speculative --compile (tests/test_speculative_compile_floor.py)
 speculative_compiles = pytest.mark.skipif(not reusable_static_cache(), reason="needs transformers 5.24 or later")
@@ -139,7 +139,7 @@ def test_speculative_decoding_on_the_compiled_path(tmp_path, default_model_dir):
 def test_a_speculative_condition_is_warmed_up_as_often_as_its_device_needs(tmp_path, default_model_dir, monkeypatch):
     """On CUDA two whole calls warm a speculative condition up (the second was still 1.8-2.6x slower);
     here the CPU is given that count, and every condition gets two warm-up calls before its measured one."""
-    from nondet.probes import compiled as compiled_path
+    from nondet.probes.core import compiled as compiled_path
 
     monkeypatch.setitem(compiled_path.SPECULATIVE_WARM_CALLS, "cpu", 2)
     warm_ups = []

@@ -14,7 +14,7 @@ import sys
 import pytest
 from controls import FIX_KERNELS, require_divergence, require_variance
 
-from nondet.probes.loading import ModelSpec
+from nondet.probes.models.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
 
 PROMPT = "Tell me about Richard Feynman"

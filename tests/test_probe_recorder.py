@@ -3,7 +3,7 @@ per-row computation (`step_record` on each row's [1, vocab] logits) on the same 
 
 import pytest
 
-from nondet.probes.recorder import StepRecorder, step_record
+from nondet.probes.core.recorder import StepRecorder, step_record
 
 
 class _PerRow:
@@ -26,7 +26,7 @@ def test_batched_records_equal_per_row_records_bit_for_bit(tiny_model_dir, kerne
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
 
-    from nondet.probes.sources.static import kernels_mode
+    from nondet.probes.core.kernels_mode import kernels_mode
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)

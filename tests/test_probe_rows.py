@@ -7,10 +7,10 @@ import json
 import pytest
 
 from nondet.errors import UsageError
-from nondet.probes.batch import build_batch
-from nondet.probes.conditions import condition_from_record, plan_rows, resolve_placement
-from nondet.probes.corpus import DEMO_PROMPTS
-from nondet.probes.loading import ModelSpec
+from nondet.probes.core.batch import build_batch
+from nondet.probes.core.conditions import condition_from_record, plan_rows, resolve_placement
+from nondet.probes.core.corpus import DEMO_PROMPTS
+from nondet.probes.models.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
 
 LENGTHS = [5, 6, 5, 5, 4, 1, 4, 5]  # the demo prompts' token counts on the embedded tokenizer

@@ -78,9 +78,9 @@ def test_a_chat_prompts_ids_are_its_chat_templates(tiny_chat_model_dir):
     replay (config.json's form) all give those ids."""
     from transformers import AutoTokenizer
 
-    from nondet.probes.batch import tokenize_inputs
-    from nondet.probes.bisect.bisect import _prompts
-    from nondet.probes.chat import model_texts, prompt_token_ids
+    from nondet.probes.core.batch import tokenize_inputs
+    from nondet.probes.static.bisect import probe_prompts
+    from nondet.probes.core.chat import model_texts, prompt_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_chat_model_dir)
     chat = Chat(tuple(Message(**m) for m in MESSAGES))
@@ -88,7 +88,7 @@ def test_a_chat_prompts_ids_are_its_chat_templates(tiny_chat_model_dir):
     [text] = model_texts(tokenizer, [chat], chat=False)
     assert tokenize_inputs(tokenizer, text, ())[0] == expected
     assert prompt_token_ids(tokenizer, chat) == expected
-    assert _prompts({"prompts": [{"messages": MESSAGES}, "plain"]}, tokenizer) == [text, "plain"]
+    assert probe_prompts({"prompts": [{"messages": MESSAGES}, "plain"]}, tokenizer) == [text, "plain"]
     # negative control: the same turns without the template, or under --system, are other ids
     assert prompt_token_ids(tokenizer, "Why is the sky blue?\nOne sentence.") != expected
     assert model_texts(tokenizer, ["Why is the sky blue?\nOne sentence."], True, "Other.")[0] != text
@@ -97,7 +97,7 @@ def test_a_chat_prompts_ids_are_its_chat_templates(tiny_chat_model_dir):
 def test_a_chat_prompt_needs_a_chat_template(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from nondet.probes.chat import prompt_token_ids
+    from nondet.probes.core.chat import prompt_token_ids
 
     with pytest.raises(UsageError, match=r"^a \{\"messages\": \[\.\.\.\]\} prompt is sent through the model's chat "
                                          r"template, and its tokenizer has none; give the prompt as plain text$"):

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from nondet.probes.batch import build_batch
-from nondet.probes.conditions import Condition
-from nondet.probes.replay import DecodeSettings, generate_condition
+from nondet.probes.core.batch import build_batch
+from nondet.probes.core.conditions import Condition
+from nondet.probes.core.replay import DecodeSettings, generate_condition
 
 STEPS = 12
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
-    from nondet.probes.loading import ModelSpec, load_model
+    from nondet.probes.models.loading import ModelSpec, load_model
 
     return load_model(ModelSpec(str(tiny_model_dir)))
 
@@ -59,4 +59,4 @@ def test_generate_is_called_in_one_place():
     package = Path(__file__).resolve().parents[1] / "nondet"
     callers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
                      if re.search(r"\bmodel\.generate\(", p.read_text(encoding="utf-8")))
-    assert callers == ["probes/replay.py"]
+    assert callers == ["probes/core/replay.py"]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from nondet.probes.loading import ModelSpec, load_model
+from nondet.probes.models.loading import ModelSpec, load_model
 from nondet.rl.config import RLConfig
 from nondet.rl.run import run_rl
 from nondet.rundir import RunDir
@@ -103,7 +103,7 @@ def test_packed_micro_batches_positive_and_negative_control(tiny_model_dir, tmp_
 
 
 def test_packed_layout_restarts_positions():
-    from nondet.probes.sources.rl_packed import packed
+    from nondet.probes.rl.packed import packed
 
     ids, positions, places = packed([(1, 2, 3), (4, 5), (6,)])
     assert ids == [[1, 2, 3, 4, 5, 6]] and positions == [[0, 1, 2, 0, 1, 0]] and places == [(0, 0), (0, 3), (0, 5)]
@@ -114,7 +114,7 @@ def test_exact_kl_by_hand():
 
     import torch
 
-    from nondet.probes.sources.rl_kl import exact_kl
+    from nondet.probes.rl.kl import exact_kl
 
     s = torch.log(torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]))  # -inf where truncated
     t = torch.log(torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.5, 0.0]]))
@@ -131,7 +131,7 @@ def test_backward_under_the_mode_gives_finite_gradients_close_to_default(tiny_mo
     import torch
 
     from nondet.kernels import batch_invariant
-    from nondet.probes.sources.rl_trainer import Sequence, padded, target_index, training
+    from nondet.probes.rl.trainer import Sequence, padded, target_index, training
 
     loaded = load_model(ModelSpec(name=str(tiny_model_dir), dtype="float32"))
     model = loaded.model

@@ -14,8 +14,8 @@ import pytest
 
 from nondet.errors import UsageError
 from nondet.probes.bisect import BisectConfig
-from nondet.probes.bisect.rl import choose_pair, run_rl_bisect as run_bisect
-from nondet.probes.loading import ModelSpec
+from nondet.probes.rl.bisect import choose_pair, run_rl_bisect as run_bisect
+from nondet.probes.models.loading import ModelSpec
 from nondet.rl.config import RLConfig
 from nondet.rl.run import run_rl
 
@@ -81,7 +81,7 @@ def test_report_of_the_rl_run_shows_the_bisect(rl_run):
 
 
 def test_continuous_sampler_runs_cannot_be_bisected():
-    from nondet.probes.bisect.rl import plans
+    from nondet.probes.rl.bisect import plans
 
     pair = {"sampler": "default", "prompt_ids": [0], "first_diff": [1], "micro_batch": 1}
     streams = [{"side": "sampler", "kernels": "default", "prompt_id": 0, "load": "continuous"}]

@@ -13,8 +13,8 @@ import pytest
 
 from nondet.errors import RunDirError
 from nondet.probes.probe import run_streams
-from nondet.probes.sources.base import Opened, Planned
-from nondet.probes.summarize import as_summary, summarize_modes
+from nondet.probes.core.source import Opened, Planned
+from nondet.probes.core.summarize import as_summary, summarize_modes
 from nondet.rundir import RunDir
 from nondet.rundir.reader import read_conditions, read_header, read_streams, read_summary
 from nondet.rundir.records import FORMAT_VERSION, ConditionRecord, StepRecord, StreamRecord, to_json

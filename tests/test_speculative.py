@@ -11,7 +11,7 @@ import torch
 
 from nondet.errors import UsageError
 from nondet.kernels import cpu
-from nondet.probes.sources.speculation import Speculation, parse_speculative
+from nondet.probes.speculative.speculation import Speculation, parse_speculative
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -106,7 +106,7 @@ def test_cli_embedded_draft_needs_the_embedded_model(tmp_path, tiny_model_dir):
 def _tiny_model(out, vocab: int):
     from model_fixtures import save_qwen3
 
-    from nondet.probes.default_model import build_tokenizer
+    from nondet.probes.models.default_model import build_tokenizer
 
     return save_qwen3(out, build_tokenizer(vocab), hidden=32, layers=1, heads=2, kv_heads=1, seed=2)
 

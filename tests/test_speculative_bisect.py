@@ -15,8 +15,9 @@ import sys
 import pytest
 import torch
 
-from nondet.probes.bisect import BisectConfig, run_bisect
-from nondet.probes.bisect.speculative import verify_schedule, step_rows, stream_rounds
+from nondet.probes.bisect import BisectConfig
+from nondet.probes.bisect_probe import run_bisect
+from nondet.probes.speculative.bisect import verify_schedule, step_rows, stream_rounds
 from nondet.pytest_plugin import assert_speculative_equivalent, first_difference
 
 PROMPT = "Tell me about Richard Feynman"
@@ -108,7 +109,7 @@ def test_cli_bisect_of_a_speculative_run(spec_run, tmp_path):
 
 @pytest.fixture(scope="module")
 def variant_model(default_model_dir):
-    from nondet.probes.loading import ModelSpec, load_model
+    from nondet.probes.models.loading import ModelSpec, load_model
 
     return load_model(ModelSpec(inject_variance=True))
 
@@ -144,14 +145,14 @@ def test_first_difference_of_step_lists():
 
 
 def test_lockstep_modules_import_no_private_names_of_others():
-    """Shared parts are public (lockstep's RecordSink / CompareSink serve speculative.py too)."""
+    """Shared parts are public (lockstep's RecordSink / CompareSink serve speculative/bisect.py too)."""
     import ast
     from pathlib import Path
 
-    import nondet.probes.bisect as package
+    import nondet.probes as package
 
     private = []
-    for path in (Path(package.__file__).parent / name for name in ("lockstep.py", "speculative.py")):
+    for path in (Path(package.__file__).parent / name for name in ("bisect/lockstep.py", "speculative/bisect.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nondet"):
                 private += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
@@ -167,8 +168,8 @@ def test_rejected_drafts_leave_the_cache_with_a_negative_crop(tiny_model_dir, mo
 
     from transformers import DynamicCache
 
-    from nondet.probes.bisect.speculative import run_speculative_lockstep
-    from nondet.probes.loading import ModelSpec, load_model
+    from nondet.probes.speculative.bisect import run_speculative_lockstep
+    from nondet.probes.models.loading import ModelSpec, load_model
 
     calls = []
     original = DynamicCache.crop

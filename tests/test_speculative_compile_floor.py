@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from nondet.errors import UsageError
-from nondet.probes import static_caches
-from nondet.probes.static_caches import reusable_static_cache
+from nondet.probes.core import static_caches
+from nondet.probes.core.static_caches import reusable_static_cache
 
 PROMPT = "Tell me about Richard Feynman"
 
@@ -44,7 +44,7 @@ def test_the_refusal_names_the_version_and_comes_before_the_model_loads(tmp_path
     import transformers
 
     from nondet.probes.probe import ProbeConfig, run_probe
-    from nondet.probes.sources import speculative
+    from nondet.probes.speculative import source as speculative
 
     def never(spec):
         raise AssertionError("the model loaded before the refusal")

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nondet.probes.static_caches import Uncroppable, reusable_static_cache, uncroppable_layer
+from nondet.probes.core.static_caches import Uncroppable, reusable_static_cache, uncroppable_layer
 
 pytestmark = pytest.mark.skipif(not reusable_static_cache(), reason="transformers' static cache cannot crop")
 
@@ -27,7 +27,7 @@ WINDOW = 8  # family_models' sliding window
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from nondet.probes.default_model import build_tokenizer
+    from nondet.probes.models.default_model import build_tokenizer
 
     return build_tokenizer(512)
 
@@ -59,7 +59,7 @@ def test_dense_layers_crop_at_any_length(family):
 
 
 def test_cli_refuses_a_sliding_window_model_in_one_line_before_any_condition(tmp_path, gpt_oss, tokenizer):
-    from nondet.probes.batch import tokenize_inputs
+    from nondet.probes.core.batch import tokenize_inputs
 
     cache = len(tokenize_inputs(tokenizer, PROMPT, ())[0]) + 8 + 3 + 1  # prompt + -n + K + 1
     out = tmp_path / "r"
@@ -76,9 +76,9 @@ def test_cli_refuses_a_sliding_window_model_in_one_line_before_any_condition(tmp
 
 
 def test_a_dense_target_passes_and_a_sliding_draft_keeps_transformers_assistant(tiny_model_dir, gpt_oss):
-    from nondet.probes.loading import ModelSpec
+    from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig
-    from nondet.probes.sources.speculative import SpeculativeSource
+    from nondet.probes.speculative.source import SpeculativeSource
 
     tiny_model_dir = str(tiny_model_dir)
     config = ProbeConfig(prompt=PROMPT, model=ModelSpec(tiny_model_dir), max_new_tokens=8, kernels=("default",),
@@ -92,7 +92,7 @@ def test_a_dense_target_passes_and_a_sliding_draft_keeps_transformers_assistant(
 
 
 def test_a_window_that_covers_the_cache_decodes_speculatively_compiled(tmp_path, gpt_oss):
-    from nondet.probes.loading import ModelSpec
+    from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig, run_probe
 
     wide = shutil.copytree(gpt_oss, tmp_path / "wide")  # the same model, window 64 >= the cache's 6 + 4 + 2 + 1

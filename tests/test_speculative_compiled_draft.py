@@ -1,4 +1,4 @@
-"""The draft on the compiled path (probes/compiled_draft.py): StaticDraft proposes what transformers'
+"""The draft on the compiled path (probes/speculative/compiled_draft.py): StaticDraft proposes what transformers'
 own assistant proposes, round by round, while its steps go through the draft's compiled forward.
 
 The case: a tiny random Qwen3 target whose second layer is damped (its output projections scaled
@@ -13,11 +13,11 @@ import os
 import pytest
 import torch
 
-from nondet.probes.batch import Batch
-from nondet.probes.compiled_draft import StaticDraft, _through_first_eos, static_drafts
-from nondet.probes.replay import Assist, DecodeSettings, generate
-from nondet.probes.sources.speculative import RoundLog, drafting
-from nondet.probes.static_caches import reusable_static_cache
+from nondet.probes.core.batch import Batch
+from nondet.probes.speculative.compiled_draft import StaticDraft, _through_first_eos, static_drafts
+from nondet.probes.core.replay import Assist, DecodeSettings, generate
+from nondet.probes.speculative.source import RoundLog, drafting
+from nondet.probes.core.static_caches import reusable_static_cache
 
 pytestmark = pytest.mark.skipif(not reusable_static_cache(), reason="transformers' static cache cannot crop")
 
@@ -33,8 +33,8 @@ def pair(tmp_path_factory):
     from model_fixtures import save_qwen3
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nondet.probes.default_draft import build_draft
-    from nondet.probes.default_model import build_tokenizer
+    from nondet.probes.speculative.default_draft import build_draft
+    from nondet.probes.models.default_model import build_tokenizer
 
     root = tmp_path_factory.mktemp("draft-pair")
     save_qwen3(root / "t", build_tokenizer(256), hidden=64, layers=2, heads=4, kv_heads=2, seed=3)

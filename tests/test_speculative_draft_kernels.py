@@ -10,7 +10,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def draft_dir(tiny_model_dir, tmp_path_factory):
-    from nondet.probes.default_draft import build_draft
+    from nondet.probes.speculative.default_draft import build_draft
 
     out = tmp_path_factory.mktemp("draft")
     build_draft(tiny_model_dir, 1, out)
@@ -18,9 +18,9 @@ def draft_dir(tiny_model_dir, tmp_path_factory):
 
 
 def _source(tiny_model_dir, draft_dir, kernels, compile_backend=None):
-    from nondet.probes.loading import ModelSpec
+    from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig
-    from nondet.probes.sources.speculative import SpeculativeSource
+    from nondet.probes.speculative.source import SpeculativeSource
 
     config = ProbeConfig(prompt="Tell me about Richard Feynman", model=ModelSpec(str(tiny_model_dir)),
                          max_new_tokens=6, kernels=kernels, speculative=(f"draft:{draft_dir}:2",),

@@ -17,8 +17,8 @@ import pytest
 
 from nondet.errors import UsageError
 from nondet.gate.config import resolve
-from nondet.probes.sources.speculation import parse_form
-from nondet.probes.sources.speculative import check_vocabulary
+from nondet.probes.speculative.speculation import parse_form
+from nondet.probes.speculative.source import check_vocabulary
 
 
 def nondet(*args, cwd=None):

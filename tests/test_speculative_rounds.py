@@ -9,16 +9,16 @@ match mask must stay an integer: 5.17 subtracts it).
 
 import pytest
 
-from nondet.probes.batch import Batch
-from nondet.probes.replay import Assist, DecodeSettings, generate
-from nondet.probes.sources.speculative import RoundLog, drafting
+from nondet.probes.core.batch import Batch
+from nondet.probes.core.replay import Assist, DecodeSettings, generate
+from nondet.probes.speculative.source import RoundLog, drafting
 
 K, TOKENS = 4, 12
 
 
 @pytest.fixture(scope="module")
 def target(tiny_model_dir):
-    from nondet.probes.loading import ModelSpec, load_model
+    from nondet.probes.models.loading import ModelSpec, load_model
 
     return load_model(ModelSpec(str(tiny_model_dir)))
 
@@ -35,7 +35,7 @@ def decode(loaded, assist: Assist, assisted: bool) -> tuple[list[int], RoundLog]
 
 @pytest.mark.parametrize("kernels", ["default", "batch-invariant"])
 def test_self_drafting_rounds_draft_k_and_keep_them_all(target, kernels):
-    from nondet.probes.sources.static import kernels_mode
+    from nondet.probes.core.kernels_mode import kernels_mode
 
     with kernels_mode(kernels, target.model):
         tokens, rounds = decode(target, Assist(assistant=target.model, drafted=K), assisted=True)

@@ -1,6 +1,6 @@
 """summary.json's speculative section: the speedup split into tokens per round and the round's cost."""
 
-from nondet.probes.speculative_summary import speculative_section
+from nondet.probes.speculative.summary import speculative_section
 
 
 def _stream(kernels, reference, tokens, seconds, drafted=None, accepted=None):

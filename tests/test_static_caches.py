@@ -4,9 +4,9 @@ reset to the zeros a fresh cache starts from (so CUDA graphs are recorded once, 
 import pytest
 import torch
 
-from nondet.probes.batch import Batch
-from nondet.probes.replay import DecodeSettings, generate
-from nondet.probes.static_caches import reusable_static_cache, static_cache
+from nondet.probes.core.batch import Batch
+from nondet.probes.core.replay import DecodeSettings, generate
+from nondet.probes.core.static_caches import reusable_static_cache, static_cache
 
 pytestmark = pytest.mark.skipif(not reusable_static_cache(), reason="transformers' static cache is too old")
 
@@ -39,7 +39,7 @@ def test_calls_on_the_held_cache_give_the_first_calls_logits(model_and_tokenizer
     model, tokenizer = model_and_tokenizer
     batch = Batch(input_ids=[[5, 9, 13, 2]], attention_mask=[[1] * 4], target_rows=(0,))
     settings = DecodeSettings(max_new_tokens=6, temperature=0.0, seed=0, compile_backend="aot_eager")
-    from nondet.probes.replay import Assist
+    from nondet.probes.core.replay import Assist
 
     runs = [generate(model, tokenizer, batch, settings, None, assist=Assist()) for _ in range(3)]
     assert all(torch.equal(r.sequences, runs[0].sequences) for r in runs)

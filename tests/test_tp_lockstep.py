@@ -13,11 +13,11 @@ import torch
 import torch.distributed as dist
 
 from nondet.kernels import batch_invariant
-from nondet.probes.batch import build_batch
+from nondet.probes.core.batch import build_batch
 from nondet.probes.bisect.lockstep import run_lockstep
-from nondet.probes.conditions import Condition
-from nondet.probes.loading import ModelSpec, load_model
-from nondet.probes.replay import DecodeSettings
+from nondet.probes.core.conditions import Condition
+from nondet.probes.models.loading import ModelSpec, load_model
+from nondet.probes.core.replay import DecodeSettings
 from nondet.probes.tp.collective import TPTap, row_parallel_paths
 
 

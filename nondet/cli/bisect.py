@@ -126,8 +126,8 @@ def _run_with_status(config, quiet: bool):
     """run_bisect with a status line on stderr naming the stage (none with --json)."""
     from rich.console import Console
 
-    from nondet.probes.bisect import run_bisect
-    from nondet.probes.bisect.rl import is_rl_run, run_rl_bisect
+    from nondet.probes.bisect_probe import run_bisect
+    from nondet.probes.rl.bisect import is_rl_run, run_rl_bisect
     from nondet.probes.tp.bisect import is_tensor_parallel, run_tp_bisect
 
     if is_rl_run(config.run_dir):  # an rl run: sampler vs trainer

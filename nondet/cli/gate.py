@@ -205,7 +205,7 @@ def probe_configs(settings: "GateSettings", out: str | None, speculative: str | 
 def _every_row_a_target(settings: "GateSettings", speculative: str | None, load) -> bool:
     """Several prompts on the batch axis, static batches, a row placement: ONE probe whose batches
     hold the prompts themselves: ceil(P/B) generate calls per batch size, not P."""
-    from nondet.probes.conditions import ROW_PLACEMENTS, resolve_placement
+    from nondet.probes.core.conditions import ROW_PLACEMENTS, resolve_placement
 
     if speculative or load.mode != "static" or len(settings.prompts) <= 1:
         return False
@@ -214,7 +214,7 @@ def _every_row_a_target(settings: "GateSettings", speculative: str | None, load)
 
 def rl_config(settings: "GateSettings", out: str) -> "RLConfig":
     """nondet rl's config from the gate's settings: every prompt is sampled (none: the built-in set)."""
-    from nondet.probes.loading import ModelSpec
+    from nondet.probes.models.loading import ModelSpec
     from nondet.rl.config import RLConfig, validate
 
     if settings.endpoint or settings.load != "static":

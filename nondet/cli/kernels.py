@@ -106,8 +106,8 @@ def coverage(
     """
     from nondet.cli.render_coverage import render_census
     from nondet.kernels.mode import census_of
-    from nondet.probes.loading import ModelSpec, load_model
-    from nondet.probes.kernel_coverage import census_entry
+    from nondet.probes.models.loading import ModelSpec, load_model
+    from nondet.probes.core.kernel_coverage import census_entry
 
     loaded = load_model(ModelSpec(model, dtype, device, trust_remote_code=trust_remote_code, inject_variance=False))
     found = census_of(loaded.model, compiled)

@@ -81,7 +81,7 @@ def read_targets(prompt: str | None, prompt_file: Path | None, prompts_file: Pat
     """The target prompts: --prompts FILE, else --prompt / --prompt-file, else the built-in ones
     (the demo's several prompts where the load can take them, else the one default prompt)."""
     from nondet.errors import UsageError
-    from nondet.probes.corpus import DEMO_PROMPTS
+    from nondet.probes.core.corpus import DEMO_PROMPTS
     from nondet.probes.probe import DEFAULT_PROMPT
 
     if prompts_file is not None:

@@ -140,7 +140,7 @@ def probe(
     """
     from nondet.cli.options import read_lines_file, read_targets
     from nondet.cli.probe_config import build_load_config, build_probe_config, check_context, demo_defaults
-    from nondet.probes.corpus import FILLERS
+    from nondet.probes.core.corpus import FILLERS
 
     load_config = build_load_config(load, endpoint, resume, rate=rate, concurrency=concurrency,
                                     filler_requests=filler_requests, chat=chat, tokenizer=tokenizer,

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from nondet.probes.sources.config import LoadConfig
+    from nondet.probes.core.load_config import LoadConfig
     from nondet.probes.probe import ProbeConfig
     from nondet.prompt import Prompt
 
@@ -28,7 +28,7 @@ def build_probe_config(command: str, prompts: "Sequence[Prompt]" = (), *, model:
     fields: the other ProbeConfig fields as they are (placement, runs, fillers, ragged,
       max_new_tokens, temperature, seed, kernels, threads).
     """
-    from nondet.probes.loading import ModelSpec
+    from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig, default_run_dir
 
     prompts = tuple(prompts)
@@ -48,7 +48,7 @@ def build_probe_config(command: str, prompts: "Sequence[Prompt]" = (), *, model:
 def check_context(config: "ProbeConfig") -> None:
     """An in-process probe's prompts must fit the model's context with -n new tokens: refused now, in a
     second, not after the sweep ran them (a server's model is the server's to check)."""
-    from nondet.probes.loading import check_prompts_fit
+    from nondet.probes.models.loading import check_prompts_fit
 
     if config.load.mode != "server":
         check_prompts_fit(config.model, config.targets, config.max_new_tokens, config.chat, config.system)
@@ -58,7 +58,7 @@ def build_load_config(load: str = "static", endpoint: str | None = None, resume:
                       **fields) -> "LoadConfig":
     """The traffic around the target: --endpoint (or --resume) means a live server, else --load.
     fields: rate, concurrency, filler_requests, chat, tokenizer, api_key_env, timeout."""
-    from nondet.probes.sources.config import LoadConfig
+    from nondet.probes.core.load_config import LoadConfig
 
     mode = "server" if endpoint or resume else load
     return LoadConfig(mode=mode, endpoint=endpoint, resume=str(resume) if resume else None, **fields)
@@ -67,7 +67,7 @@ def build_load_config(load: str = "static", endpoint: str | None = None, resume:
 def _speculative(text: str, batch_sizes, prompts: "tuple[Prompt, ...]") -> tuple[tuple[str, ...], tuple[int, ...]]:
     """The parsed forms and batch size 1; a usage error for a bad form or a batch size > 1."""
     from nondet.errors import UsageError
-    from nondet.probes.sources.speculation import parse_speculative
+    from nondet.probes.speculative.speculation import parse_speculative
 
     forms = parse_speculative(text)
     if not forms:
@@ -86,7 +86,7 @@ def default_batch_sizes(prompts: "Sequence[Prompt]") -> str:
 
 def _batch_sizes(value: str | Sequence[int] | None, prompts: "tuple[Prompt, ...]") -> tuple[int, ...]:
     from nondet.errors import UsageError
-    from nondet.probes.conditions import parse_batch_sizes
+    from nondet.probes.core.conditions import parse_batch_sizes
 
     if isinstance(value, str) and not value.strip():  # -b "": a sweep the user did not ask for is no default
         raise UsageError("--batch-sizes is empty; give sizes like 1,2,8 or a range like 1-16 (or leave the flag "
@@ -99,8 +99,8 @@ def _batch_sizes(value: str | Sequence[int] | None, prompts: "tuple[Prompt, ...]
 def demo_defaults(targets: tuple[str, ...], chat: bool, batch_sizes: str | None,
                   max_new_tokens: int | None) -> tuple[tuple[str, ...], bool, str | None, int | None]:
     """No model and no prompt given: on the trained demo model, its chat-formatted questions, batch
-    sizes and length (probes/demo_model.py), where the user left them unset; else unchanged."""
-    from nondet.probes.demo_model import DEMO_BATCH_SIZES, DEMO_MAX_NEW_TOKENS, DEMO_QUESTIONS, demo_kind
+    sizes and length (probes/models/demo_model.py), where the user left them unset; else unchanged."""
+    from nondet.probes.models.demo_model import DEMO_BATCH_SIZES, DEMO_MAX_NEW_TOKENS, DEMO_QUESTIONS, demo_kind
 
     if demo_kind() != "trained":
         return targets, chat, batch_sizes, max_new_tokens

@@ -72,7 +72,7 @@ def rl(
     Engine:    nondet rl --load continuous --confirm
     """
     from nondet.errors import UsageError
-    from nondet.probes.loading import ModelSpec
+    from nondet.probes.models.loading import ModelSpec
     from nondet.rl.config import RLConfig
     from nondet.rl.rollouts import read_prompts
 

@@ -259,7 +259,7 @@ def _prompt_list(key: str, value, from_flags: bool, label: _Labels) -> tuple[str
 
 
 def _batch_sizes(value, label: _Labels) -> tuple[int, ...]:
-    from nondet.probes.conditions import parse_batch_sizes  # pure Python, no torch
+    from nondet.probes.core.conditions import parse_batch_sizes  # pure Python, no torch
 
     if value is None:
         return GateSettings.batch_sizes
@@ -352,7 +352,7 @@ def _axis_policy(axis: str, flags: dict[str, Any], file_values: dict[str, Any], 
 
 def _forms(values: dict[str, Any], label: _Labels) -> str:
     """The speculative forms, checked now (pure Python): before any model loads."""
-    from nondet.probes.sources.speculation import parse_speculative
+    from nondet.probes.speculative.speculation import parse_speculative
 
     forms = _typed(values, "speculative-forms", str, label)
     if forms is None:

@@ -12,7 +12,8 @@ def bisect_first_failure(run_dir: Path, verdict: Verdict) -> str | None:
     """`nondet bisect` on the first failing condition; its one-line result, or None when bisect
     is not installed."""
     try:
-        from nondet.probes.bisect import BisectConfig, run_bisect
+        from nondet.probes.bisect import BisectConfig
+        from nondet.probes.bisect_probe import run_bisect
     except ImportError:
         return None
     first = verdict.failures[0]

@@ -1,13 +1,13 @@
 """A several-prompt run's merged summary, split back into one mode dict per prompt.
 
-probes/diff_prompts.py merges every prompt's diff into one mode (runs, completions and
+probes/core/diff_prompts.py merges every prompt's diff into one mode (runs, completions and
 conditions concatenated, completion ids renumbered). The gate judges each prompt against its
 own reference, so it splits the merge here. Pure Python on summary dicts.
 """
 
 
 def per_prompt(mode: dict) -> list[dict]:
-    """A merged several-prompt mode (probes/diff_prompts.py) as one mode dict per prompt, each
+    """A merged several-prompt mode (probes/core/diff_prompts.py) as one mode dict per prompt, each
     with its own reference, completions (ids counted from 0 again) and branch tree, so every
     requirement judges a prompt against itself alone. A one-prompt mode is returned as it is."""
     prompts = mode.get("prompts") or []

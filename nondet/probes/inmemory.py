@@ -6,10 +6,10 @@ on the caller's model and tokenizer objects. Streams stay in memory.
 
 from dataclasses import dataclass
 
-from nondet.probes.loading import LoadedModel
-from nondet.probes.numerics import numerics_scope
+from nondet.probes.core.numerics import numerics_scope
+from nondet.probes.models.loading import LoadedModel
 from nondet.probes.probe import ProbeConfig, run_streams, validate_config
-from nondet.probes.sources.static import StaticSource
+from nondet.probes.static.source import StaticSource
 
 
 @dataclass

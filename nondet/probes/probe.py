@@ -3,7 +3,8 @@
     plan the source's conditions -> for each: replay it, append every target stream the
     moment it arrives, then its condition record -> summarize -> summary.json
 
-Sources (probes/sources/) produce the records; the run directory's one writer
+Sources (one per axis: static/source.py, continuous/source.py, server/source.py, ...) produce the
+records, each behind the Source interface (core/source.py); the run directory's one writer
 (rundir/writer.py) writes them, so a crash loses nothing already computed.
 """
 
@@ -13,16 +14,16 @@ from pathlib import Path
 from typing import Callable
 
 from nondet.errors import UsageError
-from nondet.probes.corpus import FILLERS
-from nondet.probes.sources.config import LoadConfig
-from nondet.probes.sources.config import validate as validate_load
-from nondet.probes.loading import ModelSpec
-from nondet.probes.numerics import numerics_scope
-from nondet.probes.replay import KV_CACHES
-from nondet.probes.sources.base import Planned, Source
+from nondet.probes.core.corpus import FILLERS
+from nondet.probes.core.kernel_coverage import census_entry, label_summary
+from nondet.probes.core.load_config import LoadConfig
+from nondet.probes.core.load_config import validate as validate_load
+from nondet.probes.core.numerics import numerics_scope
+from nondet.probes.core.replay import KV_CACHES
+from nondet.probes.core.source import Planned, Source
+from nondet.probes.models.loading import ModelSpec
 from nondet.prompt import Chat, Prompt, as_prompt
 from nondet.rundir import RunDir
-from nondet.probes.kernel_coverage import census_entry, label_summary
 from nondet.rundir.reader import read_fingerprint, read_streams
 from nondet.rundir.records import to_json
 from nondet.rundir.writer import RunWriter, new_header, refuse_a_used_run_dir
@@ -57,25 +58,25 @@ class ProbeConfig:
     # (transformers' assisted decoding takes one sequence; batch_sizes is then unused); () = none
     speculative: tuple[str, ...] = ()
     # static load: seconds the probe may take; the sweep is planned to fit from short timing
-    # calls and what is left out is said in summary.json "budget" (probes/budget.py); None = all
+    # calls and what is left out is said in summary.json "budget" (probes/static/budget.py); None = all
     budget: float | None = None
     # tensor-parallel degrees (--tp 2 / --tp 1,2): static batches run by N worker processes per degree
-    # (probes/sources/tensor_parallel.py); the smallest degree holds the reference; () = one process
+    # (probes/tp/source.py); the smallest degree holds the reference; () = one process
     tp: tuple[int, ...] = ()
     # under the mode, row-parallel linears reduce K as one tree every degree of --tp follows, so the
     # degrees agree bit for bit (kernels/tp_tree.py); degrees must be powers of 2
     tp_invariant: bool = False
-    # static load: the KV cache generate decodes with, dynamic | static (probes/replay.py
+    # static load: the KV cache generate decodes with, dynamic | static (probes/core/replay.py
     # DecodeSettings); recorded in config.json, as every field is
     kv_cache: str = "dynamic"
     # static load: decode on the compiled path with this torch.compile backend ("inductor" from
     # --compile; "aot_eager" traces without Inductor, for tests), each kernels mode labelled with the
-    # path it took (probes/compiled.py); None = eager
+    # path it took (probes/core/compiled.py); None = eager
     compile_backend: str | None = None
     # with batch-invariant kernels: run even where the op census finds ops the mode does not cover, the
-    # run labelled "partly invariant" (probes/kernel_coverage.py); off: such a model is refused (exit 3)
+    # run labelled "partly invariant" (probes/core/kernel_coverage.py); off: such a model is refused (exit 3)
     allow_uncovered: bool = False
-    # in process: each plain-text prompt through the tokenizer's chat template (probes/chat.py), the ids
+    # in process: each plain-text prompt through the tokenizer's chat template (probes/core/chat.py), the ids
     # a server's /v1/chat/completions gives the model; a server load: load.chat sends messages instead.
     # A Chat prompt is chat-formatted with or without it
     chat: bool = False
@@ -150,26 +151,26 @@ def make_source(config: ProbeConfig, on_progress=None) -> Source:
     """The source for the config's load: static batches, continuous batching, a live server, two
     servers compared (`load.against`), or speculative decoding (`speculative` forms given)."""
     if config.tp:
-        from nondet.probes.sources.tensor_parallel import TensorParallelSource
+        from nondet.probes.tp.source import TensorParallelSource
 
         return TensorParallelSource(config)
     if config.speculative:
-        from nondet.probes.sources.speculative import SpeculativeSource
+        from nondet.probes.speculative.source import SpeculativeSource
 
         return SpeculativeSource(config)
     if config.load.mode == "continuous":
-        from nondet.probes.sources.continuous import ContinuousSource
+        from nondet.probes.continuous.source import ContinuousSource
 
         return ContinuousSource(config)
     if config.load.against:
-        from nondet.probes.sources.against import AgainstSource
+        from nondet.probes.server.against import AgainstSource
 
         return AgainstSource(config, on_progress)
     if config.load.mode == "server":
-        from nondet.probes.sources.server import ServerSource
+        from nondet.probes.server.source import ServerSource
 
         return ServerSource(config, on_progress)
-    from nondet.probes.sources.static import StaticSource
+    from nondet.probes.static.source import StaticSource
 
     return StaticSource(config)
 
@@ -259,7 +260,7 @@ def _validate_chat_prompts(config: ProbeConfig) -> None:
 
 
 def _validate_speculative(config: ProbeConfig) -> None:
-    from nondet.probes.sources.speculation import parse_speculative
+    from nondet.probes.speculative.speculation import parse_speculative
 
     parse_speculative(",".join(config.speculative))
     if config.load.mode != "static":
@@ -267,7 +268,7 @@ def _validate_speculative(config: ProbeConfig) -> None:
     if config.temperature > 0:
         raise UsageError("--speculative compares greedy decoding; drop --temperature")
     if config.compile_backend:
-        from nondet.probes.static_caches import refuse_compiled_speculation
+        from nondet.probes.core.static_caches import refuse_compiled_speculation
 
         refuse_compiled_speculation()  # transformers before 5.24: now, before any model loads (probe and gate)
 

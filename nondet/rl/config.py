@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 
 from nondet.errors import UsageError
-from nondet.probes.loading import ModelSpec
+from nondet.probes.models.loading import ModelSpec
 from nondet.prompt import Chat, Prompt
 
 PADDINGS = ("right", "left", "packed")  # how the trainer lays out a micro-batch: padded rows, or one packed row

@@ -14,15 +14,15 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from nondet.probes.corpus import DEMO_PROMPTS
-from nondet.probes.loading import load_model
-from nondet.probes.numerics import numerics_scope
+from nondet.probes.core.corpus import DEMO_PROMPTS
+from nondet.probes.models.loading import load_model
+from nondet.probes.core.numerics import numerics_scope
 from nondet.probes.probe import OnCondition, default_run_dir, run_streams
-from nondet.probes.sources.rl_continuous import RLContinuousSamplerSource
-from nondet.probes.sources.rl_rollouts import RolloutsSource
-from nondet.probes.sources.rl_sampler import RLSamplerSource
-from nondet.probes.sources.rl_server import RLServerSamplerSource
-from nondet.probes.sources.rl_trainer import RLTrainerSource, Sequence
+from nondet.probes.rl.continuous import RLContinuousSamplerSource
+from nondet.probes.rl.rollouts import RolloutsSource
+from nondet.probes.rl.sampler import RLSamplerSource
+from nondet.probes.rl.server import RLServerSamplerSource
+from nondet.probes.rl.trainer import RLTrainerSource, Sequence
 from nondet.rl.config import RLConfig, validate
 from nondet.rl.rollouts import check_vocabulary, read_rollouts
 from nondet.rl.summary import rl_summary

@@ -80,7 +80,7 @@ class Header:
 
 @dataclass(frozen=True)
 class Summary:
-    modes: dict  # kernels mode -> the diff (probes/diff.py: summarize / merge_prompts)
+    modes: dict  # kernels mode -> the diff (probes/core/diff.py: summarize / merge_prompts)
     verdict: str = ""
     extra: dict = field(default_factory=dict)  # e.g. "load": the source's settings and notes
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from nondet.kernels import batch_invariant
-from nondet.probes.bisect import BisectConfig, run_bisect
-from nondet.probes.loading import ModelSpec
+from nondet.probes.bisect import BisectConfig
+from nondet.probes.bisect_probe import run_bisect
+from nondet.probes.models.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
 
 OUT = Path(os.environ.get("OUT", "device-out"))
@@ -29,7 +30,7 @@ MAX_NEW_TOKENS = 160
 def build_model(path: Path) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from nondet.probes.default_model import build_tokenizer
+    from nondet.probes.models.default_model import build_tokenizer
 
     if (path / "config.json").exists():
         return

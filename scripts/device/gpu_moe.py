@@ -23,7 +23,7 @@ PROMPT = "Tell me about Richard Feynman and his work on quantum electrodynamics.
 def build(path: Path, layers: int) -> None:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from nondet.probes.default_model import build_tokenizer
+    from nondet.probes.models.default_model import build_tokenizer
 
     if (path / "config.json").exists():
         return

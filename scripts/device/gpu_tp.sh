@@ -67,7 +67,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from nondet.probes.default_model import build_tokenizer
+from nondet.probes.models.default_model import build_tokenizer
 
 path, hidden, layers = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 if not (path / "config.json").exists():
@@ -193,7 +193,7 @@ def summary(name):
         return json.loads((run / "summary.json").read_text()), ""
     if not (run / "streams.jsonl").exists():
         return None, "not run"
-    from nondet.probes.summarize import summarize_modes
+    from nondet.probes.core.summarize import summarize_modes
     from nondet.probes.tp.summary import tp_section
 
     streams = [json.loads(l) for l in (run / "streams.jsonl").read_text().splitlines() if l.strip()]

@@ -11,7 +11,7 @@ bisected.
 from dataclasses import dataclass
 
 from nondet.errors import RunDirError, UsageError
-from nondet.probes.conditions import Condition, condition_from_record
+from nondet.probes.core.conditions import Condition, condition_from_record
 
 REPLAYABLE = ("static", "speculative")  # condition loads bisect can rebuild and replay
 

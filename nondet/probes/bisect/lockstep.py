@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from nondet.errors import OutOfMemoryError
-from nondet.probes.batch import Batch
 from nondet.probes.bisect.capture import Point, Tap
 from nondet.probes.bisect.compare import compare, quick_compare
 from nondet.probes.bisect.lasting import Tracker, judge
 from nondet.probes.bisect.routing import RoutingWatch
-from nondet.probes.recorder import StepRecorder
-from nondet.probes.replay import DecodeSettings, eos_ids, generate, new_recorder, truncate_at_eos
+from nondet.probes.core.batch import Batch
+from nondet.probes.core.recorder import StepRecorder
+from nondet.probes.core.replay import DecodeSettings, eos_ids, generate, new_recorder, truncate_at_eos
 
 KernelScope = Callable[[], contextlib.AbstractContextManager]  # a fresh kernels mode per run
 
@@ -142,7 +142,7 @@ class _Stop:
 
 class RecordSink:
     """Sink for the reference: keeps the target row of every point, keyed per step.
-    Public: the speculative lockstep (speculative.py) records its reference with it too."""
+    Public: the speculative lockstep (speculative/bisect.py) records its reference with it too."""
 
     def __init__(self):
         self.points: dict[int, list[tuple[tuple, Point]]] = {}  # step -> [(key, point)] in order
@@ -157,7 +157,7 @@ class RecordSink:
 
 class CompareSink:
     """Sink for the divergent run: compares each point with the reference's, one step at a time.
-    Public: the speculative lockstep (speculative.py) feeds its verification chunks to it too.
+    Public: the speculative lockstep (speculative/bisect.py) feeds its verification chunks to it too.
 
     A step's points are buffered and compared when the step is over, because only then is
     it known whether the step is the flip. Full statistics (rel diff, ULP, first index) are

@@ -19,8 +19,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from nondet.errors import ModelLoadError
-from nondet.probes.traffic.arrivals import Arrival
-from nondet.probes.recorder import step_record
+from nondet.probes.core.arrivals import Arrival
+from nondet.probes.core.recorder import step_record
 
 TARGET_ID = "target"
 

@@ -12,17 +12,16 @@ import contextlib
 import math
 from dataclasses import dataclass
 
-from nondet.probes.batch import tokenize_inputs
-from nondet.probes.traffic import arrivals
-from nondet.probes.traffic.engine import ContinuousEngine, EngineSettings
-from nondet.probes.loading import load_model
-from nondet.probes.numerics import fingerprint
-from nondet.probes.pieces import token_piece
-from nondet.probes.replay import eos_ids
-from nondet.probes.sources.base import Emit, Opened, Planned
-from nondet.probes.sources.static import step_record
-from nondet.probes.kernel_coverage import PARTLY
-from nondet.probes.summarize import summarize_modes
+from nondet.probes.continuous.engine import ContinuousEngine, EngineSettings
+from nondet.probes.core import arrivals
+from nondet.probes.core.batch import tokenize_inputs
+from nondet.probes.core.kernel_coverage import PARTLY
+from nondet.probes.core.numerics import fingerprint
+from nondet.probes.core.pieces import token_piece
+from nondet.probes.core.replay import eos_ids
+from nondet.probes.core.source import Emit, Opened, Planned, step_record
+from nondet.probes.core.summarize import summarize_modes
+from nondet.probes.models.loading import load_model
 from nondet.rundir.records import ConditionRecord, StreamRecord, Summary
 
 ATTENTION_NOTE = ("batch-invariant kernels under --load continuous cover matmul, norm and softmax only: the engine's "
@@ -106,7 +105,7 @@ class ContinuousSource:
         doc = summarize_modes(streams, self.loaded.tokenizer)
         extra = {"load": self._load_summary()}
         if "batch-invariant" in self.config.kernels and not self.engine.invariant_attention_ok:
-            # the mode's label must say what the engine kept (probes/kernel_coverage.py; the gate fails it)
+            # the mode's label must say what the engine kept (probes/core/kernel_coverage.py; the gate fails it)
             extra["kernel_coverage"] = {"coverage": PARTLY, "uncovered": [
                 f"attention: the engine's {self.engine.attn_implementation} path (paged / packed)"]}
         return Summary(doc["modes"], doc["verdict"], extra=extra)
@@ -171,7 +170,7 @@ def engine_kernels(mode: str, engine: ContinuousEngine):
         yield
         return
     from nondet.kernels import OP_CLASSES, batch_invariant
-    from nondet.probes.traffic.cb_attention import invariant_attention
+    from nondet.probes.continuous.cb_attention import invariant_attention
 
     attention = invariant_attention(engine.model) if engine.invariant_attention_ok else contextlib.nullcontext()
     with batch_invariant(ops=[op for op in OP_CLASSES if op != "attention"]), attention:

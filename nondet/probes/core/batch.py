@@ -10,7 +10,7 @@ prompts of one token length (no padding); `padded` ones are left-padded, a named
 from dataclasses import dataclass
 
 from nondet.errors import UsageError
-from nondet.probes.conditions import Condition
+from nondet.probes.core.conditions import Condition
 
 
 @dataclass

@@ -13,7 +13,7 @@ gate and bisect read it the same way:
 - `prompts` keeps each prompt's own figures and branch tree.
 """
 
-from nondet.probes.diff import earliest
+from nondet.probes.core.diff import earliest
 from nondet.prompt import Prompt
 from nondet.prompt import record as prompt_record
 

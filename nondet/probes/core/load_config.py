@@ -21,7 +21,7 @@ class LoadConfig:
     #                                 server: target copies in flight at once (default all)
     filler_requests: int | None = None  # fillers per run (continuous, default 24) / in all (server, default 2 x runs)
     endpoint: str | None = None  # base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000
-    against: str | None = None  # a second deployment of the model to compare with endpoint (sources/against.py)
+    against: str | None = None  # a second deployment of the model to compare with endpoint (server/against.py)
     chat: bool = False  # /v1/chat/completions instead of /v1/completions
     tokenizer: str | None = None  # local tokenizer for text-level comparison (dir or hub id)
     api_key_env: str = "OPENAI_API_KEY"  # the key is read from this variable, never stored

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from nondet.errors import OutOfMemoryError, is_out_of_memory
-from nondet.probes.batch import Batch
-from nondet.probes.recorder import StepRecorder
-from nondet.probes.routing_trace import RoutingTrace
+from nondet.probes.core.batch import Batch
+from nondet.probes.core.recorder import StepRecorder
+from nondet.probes.core.routing_trace import RoutingTrace
 
 
 KV_CACHES = ("dynamic", "static")
@@ -28,7 +28,7 @@ class DecodeSettings:
     # attention spans all of it under a mask. Never compiled here: transformers would
     # auto-compile a static cache on CUDA, and a compiled model may pick other kernels.
     kv_cache: str = "dynamic"
-    # the compiled path (probes/compiled.py): torch.compile backend of transformers' compiled decode
+    # the compiled path (probes/core/compiled.py): torch.compile backend of transformers' compiled decode
     # with a static cache (kv_cache is then ignored); None = eager
     compile_backend: str | None = None
     # with batch-invariant kernels, run a model whose op census finds uncovered ops (partly invariant)
@@ -124,7 +124,7 @@ def _cache_fields(settings: DecodeSettings, device_type: str, prompt_len: int, d
     static cache holds max_length positions; speculative decoding's last verification pass may
     write `drafted` + 1 more (drafts past the end are cut only after they are verified)."""
     if settings.compile_backend:
-        from nondet.probes.compiled import generation_fields
+        from nondet.probes.core.compiled import generation_fields
 
         fields = generation_fields(settings.compile_backend, device_type)
         if drafted:
@@ -145,7 +145,7 @@ def _held_cache(model, batch: Batch, settings: DecodeSettings, fields: dict) -> 
     """On the compiled path, the generate() arguments that hand it the model's held static cache
     (static_caches.py: its CUDA graphs are recorded once, not per call), taking the cache fields out
     of `fields`; {} elsewhere."""
-    from nondet.probes.static_caches import reusable_static_cache, static_cache
+    from nondet.probes.core.static_caches import reusable_static_cache, static_cache
 
     if not settings.compile_backend or not reusable_static_cache():
         return {}

@@ -10,12 +10,13 @@ A source is built from a ProbeConfig. The loop calls, in order:
     close()               release the model / engine / connections (always, in finally)
 A source may use the writer only to amend the header it described (a server identity learnt
 late, a resume's record); streams and conditions go through emit and replay's return value.
+`step_record` turns the recorder's step dicts into the StepRecords every source emits.
 """
 
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from nondet.rundir.records import ConditionRecord, StreamRecord, Summary
+from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord, Summary
 
 Emit = Callable[[StreamRecord], None]
 
@@ -50,3 +51,10 @@ class Source(Protocol):
     def summarize(self, streams: list[dict]) -> Summary: ...
 
     def close(self) -> None: ...
+
+
+def step_record(step: dict, piece: str) -> StepRecord:
+    """A recorder step dict (token, logprob, top, margin as float.hex) with its piece."""
+    known = ("token", "logprob", "top", "margin")
+    return StepRecord(token=step["token"], piece=piece, logprob=step.get("logprob"), margin=step.get("margin"),
+                      top=step.get("top"), extra={k: v for k, v in step.items() if k not in known + ("piece",)})

@@ -3,8 +3,8 @@
 Pure Python over the on-disk stream dicts (no torch), shared by every source.
 """
 
-from nondet.probes.diff import summarize, verdict
-from nondet.probes.diff_prompts import merge_prompts
+from nondet.probes.core.diff import summarize, verdict
+from nondet.probes.core.diff_prompts import merge_prompts
 from nondet.prompt import Prompt
 from nondet.rundir.records import Summary
 

@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nondet.probes.corpus import FILLERS, TRAINING_TEXT
+from nondet.probes.core.corpus import FILLERS, TRAINING_TEXT
 
 DEFAULT_MODEL_NAME = "nondet-default"
 

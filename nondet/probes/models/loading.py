@@ -49,7 +49,7 @@ def injects_variance(spec: ModelSpec) -> bool:
     """Whether the model gets the batch-variant norm: as asked, else only for the trained demo."""
     if spec.inject_variance is not None:
         return spec.inject_variance
-    from nondet.probes.demo_model import demo_kind
+    from nondet.probes.models.demo_model import demo_kind
 
     return spec.name is None and demo_kind() == "trained"
 
@@ -90,7 +90,7 @@ def check_device(device: str) -> None:
 
 def _resolve_source(name: str | None) -> str:
     if name is None:
-        from nondet.probes.demo_model import resolve_demo_dir
+        from nondet.probes.models.demo_model import resolve_demo_dir
 
         return str(resolve_demo_dir())
     looks_local = name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
@@ -175,7 +175,7 @@ def check_prompts_fit(spec: ModelSpec, prompts, max_new_tokens: int, chat: bool 
     The embedded demo is skipped: its prompts fit, and resolving it twice would print its note twice."""
     if spec.name is None:
         return
-    from nondet.probes.chat import model_texts
+    from nondet.probes.core.chat import model_texts
 
     tokenizer, context = _tokenizer_and_context(_resolve_source(spec.name), spec.trust_remote_code)
     if context is None:
@@ -220,7 +220,7 @@ def _describe(model, spec: ModelSpec) -> dict:
     cfg = model.config
     demo = None
     if spec.name is None:
-        from nondet.probes.demo_model import DEMO_NAME, demo_kind
+        from nondet.probes.models.demo_model import DEMO_NAME, demo_kind
 
         demo = demo_kind()
     return {

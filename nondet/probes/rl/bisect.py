@@ -3,7 +3,7 @@
 Reads the rl run directory (config.json: model, processing; summary.json: the sampler/trainer
 pairs; streams.jsonl: both sides' tokens), picks one trainer condition and one sequence,
 replays the sampler's decode and the trainer's teacher-forced micro-batch in lockstep
-(rl_replay.py) and names the first (position, module, op class) whose bits differ. The
+(bisect_replay.py) and names the first (position, module, op class) whose bits differ. The
 ablation reruns both sides with one op class at a time batch-invariant: the classes whose
 invariant kernels make every activation, hence every logprob, equal (KL exactly 0).
 Writes bisect.json (with an "rl" key), bisect_modules.csv and ablation.json, like a probe's.
@@ -20,12 +20,12 @@ from nondet.probes.bisect.ablation import run_ablation
 from nondet.probes.bisect.bisect import (BisectConfig, BisectResult, describe, kernel_scope, module_rows,
                                         write_result)
 from nondet.probes.bisect.choose import Target
-from nondet.probes.bisect.rl_replay import SamplerBatchPlan, TrainerBatchPlan, run_rl_lockstep
-from nondet.probes.conditions import Condition
-from nondet.probes.loading import ModelSpec, load_model
-from nondet.probes.numerics import numerics_scope
-from nondet.probes.sources.rl_processed import Processing
-from nondet.probes.sources.rl_trainer import Sequence
+from nondet.probes.core.conditions import Condition
+from nondet.probes.core.numerics import numerics_scope
+from nondet.probes.models.loading import ModelSpec, load_model
+from nondet.probes.rl.bisect_replay import SamplerBatchPlan, TrainerBatchPlan, run_rl_lockstep
+from nondet.probes.rl.processed import Processing
+from nondet.probes.rl.trainer import Sequence
 from nondet.rundir import RunDir
 from nondet.rundir.reader import read_header_dict, read_stream_dicts, read_summary_dict, stored_command
 

@@ -7,22 +7,22 @@ computes every position in ONE forward over prompt + completion, the sequence on
 padded micro-batch (or one segment of a packed row). capture.py's hooks record every point
 of both; the trainer's one forward is cut back into logical steps (step 0: the prompt's
 positions, step s >= 1: position P + s - 1), so step s of both sides is compared point by
-point with lockstep.py's sinks (RecordSink, CompareSink), exactly as a probe's bisect.
+point with bisect/lockstep.py's sinks (RecordSink, CompareSink), exactly as a probe's bisect.
 
 Both sides are teacher-forced to the tokens the sampler recorded: the sampler replay forces
 every row of its batch to its own recorded completion, so ablations that change the numerics
 keep the same histories. Logprobs are taken over the processed distribution (temperature,
-top-k, top-p: rl_processed.py) on each side, as `nondet rl` took them.
+top-k, top-p: processed.py) on each side, as `nondet rl` took them.
 """
 
 from dataclasses import dataclass
 
 from nondet.probes.bisect.capture import Tap
 from nondet.probes.bisect.lockstep import CompareSink, KernelScope, Lockstep, RecordSink
-from nondet.probes.replay import DecodeSettings, generate
-from nondet.probes.sources.rl_processed import Processing, processed_logprobs
-from nondet.probes.sources.rl_sampler import left_padded
-from nondet.probes.sources.rl_trainer import Sequence, layout, pad_token, target_index, training
+from nondet.probes.core.replay import DecodeSettings, generate
+from nondet.probes.rl.processed import Processing, processed_logprobs
+from nondet.probes.rl.sampler import left_padded
+from nondet.probes.rl.trainer import Sequence, layout, pad_token, target_index, training
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,22 @@
 """The RL sampler side under continuous batching: `nondet rl --load continuous`.
 
 All prompts go into transformers' continuous-batching engine at once (the probe's stepped
-engine, probes/traffic/engine.py): FIFO scheduling, chunked prefill mixed with other
+engine, probes/continuous/engine.py): FIFO scheduling, chunked prefill mixed with other
 requests' decode tokens in one ragged batch, paged KV cache, as RL frameworks' HF samplers
 run. Each request samples for itself: a forward hook on the model takes the logits the engine
 keeps (one row per request that predicts a token this step, in the engine's order), computes
-the processed distribution (temperature, top-k, top-p: rl_processed.py) over the step's rows,
+the processed distribution (temperature, top-k, top-p: processed.py) over the step's rows,
 draws each request's token with its own generator (seed + prompt index), records its logprob
 bits, and hands the engine one-hot logits so its argmax takes the drawn token. One condition
 per kernels mode, `<kernels>/sampler/continuous`; under the mode, engine_kernels applies the
 batch-invariant ops inside the engine (attention per request where its path allows).
 """
 
-from nondet.probes.pieces import token_piece
-from nondet.probes.replay import eos_ids
-from nondet.probes.sources.base import Emit, Planned
-from nondet.probes.sources.rl_processed import Processing, processed_logprobs
-from nondet.probes.sources.rl_sampler import RLSamplerSource
+from nondet.probes.core.pieces import token_piece
+from nondet.probes.core.replay import eos_ids
+from nondet.probes.core.source import Emit, Planned
+from nondet.probes.rl.processed import Processing, processed_logprobs
+from nondet.probes.rl.sampler import RLSamplerSource
 from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord
 
 REQUEST_PREFIX = "rl-"  # request ids rl-<prompt index>
@@ -80,8 +80,8 @@ class RLContinuousSamplerSource(RLSamplerSource):
                                extra={"side": "sampler"})
 
     def _sample(self, mode: str) -> EngineSampler:
-        from nondet.probes.sources.continuous import engine_kernels
-        from nondet.probes.traffic.engine import ContinuousEngine
+        from nondet.probes.continuous.engine import ContinuousEngine
+        from nondet.probes.continuous.source import engine_kernels
 
         c = self.config
         sampler = EngineSampler([c.seed + i for i in range(len(self.prompt_ids))],
@@ -95,7 +95,7 @@ class RLContinuousSamplerSource(RLSamplerSource):
         return sampler
 
     def _settings(self):
-        from nondet.probes.traffic.engine import EngineSettings
+        from nondet.probes.continuous.engine import EngineSettings
 
         c, longest = self.config, max(map(len, self.prompt_ids))
         return EngineSettings(c.max_new_tokens, tuple(eos_ids(self.loaded.model, self.loaded.tokenizer)),

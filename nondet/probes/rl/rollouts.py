@@ -5,7 +5,7 @@ StreamRecord of kernels "external" (its logprobs as float.hex, exactly as given)
 directory holds both sides and one summary pairs them as for an in-process sampler.
 """
 
-from nondet.probes.sources.base import Emit, Opened, Planned
+from nondet.probes.core.source import Emit, Opened, Planned
 from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord, Summary
 
 EXTERNAL = "external"  # the kernels field of rollouts: an RL framework's sampler, not ours
@@ -21,7 +21,7 @@ class RolloutsSource:
         self.run_ids = run_ids
 
     def open(self) -> Opened:
-        from nondet.probes.numerics import fingerprint
+        from nondet.probes.core.numerics import fingerprint
 
         return Opened(fingerprint(self.loaded.description, EXTERNAL))
 

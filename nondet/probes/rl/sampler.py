@@ -1,7 +1,7 @@
 """The RL sampler side: sampled completions of a prompt set, batched, left-padded.
 
 Per kernels mode the prompts run in batches of `sampler_batch` through the probe's one
-generate call (probes/replay.py). A logits processor samples every request from the
+generate call (probes/core/replay.py). A logits processor samples every request from the
 processed distribution (temperature, top-k, top-p) with its own generator, seeded
 seed + prompt index, so a prompt draws the same way in any batch and mode; it records each
 sampled token's logprob over that distribution, bits kept (float.hex), as vLLM's processed
@@ -10,19 +10,19 @@ logprobs are. One StreamRecord per prompt; its prompt_id indexes the prompt set.
 With `exact_kl` the source also keeps, in memory, each sampled token's whole processed
 log-distribution ([tokens, vocab] fp32 on the CPU, 4 bytes x vocab per token): the trainer
 side computes the exact KL(sampler || trainer) against it and only the
-per-token KL reaches the run directory (probes/sources/rl_kl.py).
+per-token KL reaches the run directory (probes/rl/kl.py).
 """
 
 from dataclasses import dataclass
 
-from nondet.probes.batch import Batch
-from nondet.probes.chat import prompt_token_ids
-from nondet.probes.numerics import fingerprint
-from nondet.probes.pieces import token_piece
-from nondet.probes.replay import DecodeSettings, eos_ids, generate, truncate_at_eos
-from nondet.probes.sources.base import Emit, Opened, Planned
-from nondet.probes.sources.rl_processed import Processing, processed_logprobs
-from nondet.probes.sources.static import kernels_mode
+from nondet.probes.core.batch import Batch
+from nondet.probes.core.chat import prompt_token_ids
+from nondet.probes.core.kernels_mode import kernels_mode
+from nondet.probes.core.numerics import fingerprint
+from nondet.probes.core.pieces import token_piece
+from nondet.probes.core.replay import DecodeSettings, eos_ids, generate, truncate_at_eos
+from nondet.probes.core.source import Emit, Opened, Planned
+from nondet.probes.rl.processed import Processing, processed_logprobs
 from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord, Summary
 
 

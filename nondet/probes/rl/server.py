@@ -12,9 +12,9 @@ A server that returns no logprobs gives nothing to compare: one line, exit 5
 """
 
 from nondet.errors import ServerResponseError
-from nondet.probes.chat import prompt_token_ids
-from nondet.probes.sources.base import Emit, Opened, Planned
-from nondet.probes.sources.rl_rollouts import EXTERNAL
+from nondet.probes.core.chat import prompt_token_ids
+from nondet.probes.core.source import Emit, Opened, Planned
+from nondet.probes.rl.rollouts import EXTERNAL
 from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord, Summary
 
 CONDITION_ID = "external/server"
@@ -31,7 +31,7 @@ class RLServerSamplerSource:
         self.prompt_ids: list[list[int]] = []
 
     def open(self) -> Opened:
-        from nondet.probes.numerics import fingerprint
+        from nondet.probes.core.numerics import fingerprint
 
         tok = self.loaded.tokenizer
         self.prompt_ids = [prompt_token_ids(tok, p) for p in self.config.prompts]  # a Chat: its template's ids
@@ -44,7 +44,7 @@ class RLServerSamplerSource:
         return [Planned(CONDITION_ID, f"server sampler {self.config.endpoint}", EXTERNAL, None)]
 
     def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
-        from nondet.probes.traffic.client import Client, ClientSettings
+        from nondet.probes.server.client import Client, ClientSettings
 
         client = Client(ClientSettings(self.config.endpoint))
         model = served_model(client)
@@ -79,7 +79,7 @@ class RLServerSamplerSource:
 
 def served_model(client) -> str | None:
     """The first model id /v1/models lists (the request names it); None when it lists none."""
-    from nondet.probes.sources.server import identify
+    from nondet.probes.server.source import identify
 
     models = identify(client)["models"]
     return models[0] if models else None

@@ -3,10 +3,10 @@
 Per kernels mode and micro-batch size, one condition: the sequences the sampler produced (or
 the rollouts) in micro-batches, padded right or left (position ids from the mask, as
 trainers pass them) or packed (the micro-batch's sequences concatenated into one row, position
-ids restarting per sequence, attention kept within each sequence: rl_packed.py),
+ids restarting per sequence, attention kept within each sequence: packed.py),
 `model.train()` with every dropout set to 0 and autograd on. The
 logits that predicted each sampled token go through the sampler's processed distribution
-(the same temperature and truncation, probes/sources/rl_processed.py) and the sampled
+(the same temperature and truncation, probes/rl/processed.py) and the sampled
 token's logprob is kept as float.hex. Then loss = -mean(logprob) and `loss.backward()`
 runs under the same kernels; the condition record says whether every gradient was finite.
 Where the sampler kept its processed distributions (in-process), each token's exact
@@ -17,11 +17,11 @@ import contextlib
 import itertools
 from dataclasses import dataclass
 
-from nondet.probes.sources.base import Emit, Opened, Planned
-from nondet.probes.sources.rl_kl import exact_kl
-from nondet.probes.sources.rl_packed import packed
-from nondet.probes.sources.rl_processed import Processing, processed_logprobs
-from nondet.probes.sources.static import kernels_mode
+from nondet.probes.core.kernels_mode import kernels_mode
+from nondet.probes.core.source import Emit, Opened, Planned
+from nondet.probes.rl.kl import exact_kl
+from nondet.probes.rl.packed import packed
+from nondet.probes.rl.processed import Processing, processed_logprobs
 from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord, Summary
 
 
@@ -51,7 +51,7 @@ class RLTrainerSource:
         self.distributions = distributions or {}  # (kernels, prompt_id) -> sampler's [tokens, vocab] log-dist
 
     def open(self) -> Opened:
-        from nondet.probes.numerics import fingerprint
+        from nondet.probes.core.numerics import fingerprint
 
         return Opened(fingerprint(self.loaded.description, ",".join(self.config.kernels)))
 

@@ -1,6 +1,6 @@
 """Two deployments of one model, one probe: `nondet probe --endpoint URL_A --against URL_B`.
 
-Each side is a server probe of its own (sources/server.py) with the same prompt, the same
+Each side is a server probe of its own (server/source.py) with the same prompt, the same
 copies, the same seeded filler schedule: A first, then B, so neither side's traffic loads the
 other. Their records share one run directory as conditions labelled by side and endpoint:
 
@@ -12,13 +12,13 @@ other. Their records share one run directory as conditions labelled by side and 
 The reference is A's answer sent alone: the quietest answer of the deployment named first, so
 diff, report and gate read every answer of both sides as "differs from A alone or not", as for
 one server (summary.json "load" is a server's, naming B in "against"). summary.json "against"
-(probes/against_summary.py) adds per side its distinct completions and first divergence from
+(probes/server/against_summary.py) adds per side its distinct completions and first divergence from
 ITS OWN answer alone, and across the sides the distinct
 completions, the first token where B alone leaves A alone, and, where both return logprobs,
 the first step whose logprob bits differ. Answers are compared at the lowest level any of
 them allows (a server without logprobs: texts, tokenized with --tokenizer when given).
 
-Two engines (say transformers serve and llama.cpp's server, traffic/engines.py) are a
+Two engines (say transformers serve and llama.cpp's server, server/engines.py) are a
 cross-engine comparison: other kernels, often other weight formats, so A and B are expected to
 differ from the first steps; the summary and the report say so instead of calling it batch
 variance. Each side's own distinct completions under load are still that engine's batch variance.
@@ -26,10 +26,10 @@ variance. Each side's own distinct completions under load are still that engine'
 
 from dataclasses import replace
 
-from nondet.probes.against_summary import against_section, against_verdict
-from nondet.probes.sources.base import Emit, Opened, Planned
-from nondet.probes.sources.server import DEFAULT_RUNS, ServerSource, Side, diff_answers, level_notes, load_settings
-from nondet.probes.traffic.tally import Counts
+from nondet.probes.core.source import Emit, Opened, Planned
+from nondet.probes.server.against_summary import against_section, against_verdict
+from nondet.probes.server.source import DEFAULT_RUNS, ServerSource, Side, diff_answers, level_notes, load_settings
+from nondet.probes.server.tally import Counts
 from nondet.rundir.records import ConditionRecord, Summary
 
 PREFIXES = {"A": "default/server-a", "B": "default/server-b"}
@@ -63,7 +63,7 @@ class AgainstSource:
     def summarize(self, streams: list[dict]) -> Summary:
         doc = diff_answers(streams, self.sides["A"].tokenizer)
         level = doc.pop("compare_level")
-        engines = {name: side.engine for name, side in self.sides.items()}  # traffic/engines.py
+        engines = {name: side.engine for name, side in self.sides.items()}  # engines.py
         section = against_section(streams, self.endpoints, level, engines)
         load = {"mode": "server", "compare_level": level, "endpoint": self.endpoints["A"],
                 "against": self.endpoints["B"], **load_settings(self.config), "notes": _notes(level)}

@@ -9,8 +9,8 @@ engines ("cross_engine": traffic/engines.py) are expected to differ from step 0:
 says so first, and calls only each side's own divergence under load batch variance.
 """
 
-from nondet.probes.diff import earliest, first_numeric_divergence, first_token_divergence, tokens_of
-from nondet.probes.traffic.engines import different_engines
+from nondet.probes.core.diff import earliest, first_numeric_divergence, first_token_divergence, tokens_of
+from nondet.probes.server.engines import different_engines
 from nondet.verdict import cross_engine_clause
 
 SIDES = ("A", "B")

@@ -31,7 +31,7 @@ def steps_at(level: str, text: str, tokens: list | None, tokenizer) -> list[dict
     if level == "logprobs":
         return [_logprob_step(piece, value, top) for piece, value, top in tokens]
     if level == "tokenizer":
-        from nondet.probes.pieces import token_piece
+        from nondet.probes.core.pieces import token_piece
 
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         return [_plain_step(i, token_piece(tokenizer, i)) for i in ids]

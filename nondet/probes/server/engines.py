@@ -1,6 +1,6 @@
 """Which serving engine a server is, from what it says about itself.
 
-A server's answer to /v1/models (sources/server.py `identify`: the models' owners, the response
+A server's answer to /v1/models (source.py `identify`: the models' owners, the response
 headers) names an engine when it carries one of these marks; any other server is unrecognized
 (None):
 

@@ -6,10 +6,10 @@ while filler requests arrive as a seeded Poisson process (`rate` per second). Ev
 emitted (and so appended to streams.jsonl) the moment it arrives, keyed by its request index
 (0 = reference, 1..runs = copies), so `--resume RUN_DIR` sends only the indices not on disk:
 nothing completed is redone or duplicated. The summary compares all runs at one level
-(traffic compare.py).
+(compare.py).
 
 A `Side` names whose records these are: the lone server of `--endpoint` (the default), or
-one of the two deployments of `--endpoint A --against B` (sources/against.py runs one
+one of the two deployments of `--endpoint A --against B` (against.py runs one
 ServerSource per side, with their own condition ids, run ids and fingerprint entry).
 """
 
@@ -19,19 +19,19 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 from nondet.errors import ModelLoadError, NondetError, RunDirError, ServerResponseError, UsageError
-from nondet.probes.traffic import arrivals, compare
-from nondet.probes.traffic.client import Client, ClientSettings, public_headers
-from nondet.probes.traffic.engines import engine_of
-from nondet.probes.sources.config import LoadConfig
-from nondet.probes.traffic.responses import parse_completion
-from nondet.probes.traffic.tally import Tally
-from nondet.probes.traffic.traffic import FillerTraffic
-from nondet.probes.sources.base import Emit, Opened, Planned
-from nondet.probes.sources.static import step_record
+from nondet.probes.core import arrivals
+from nondet.probes.core.load_config import LoadConfig
+from nondet.probes.core.source import Emit, Opened, Planned, step_record
+from nondet.probes.server import compare
+from nondet.probes.server.client import Client, ClientSettings, public_headers
+from nondet.probes.server.engines import engine_of
+from nondet.probes.server.responses import parse_completion
+from nondet.probes.server.tally import Tally
+from nondet.probes.server.traffic import FillerTraffic
 from nondet.rundir import RunDir
 from nondet.rundir.reader import has_streams, read_fingerprint, read_header_dict, read_stream_dicts
-from nondet.verdict import verdict
 from nondet.rundir.records import ConditionRecord, StreamRecord, Summary
+from nondet.verdict import verdict
 
 DEFAULT_RUNS = 16  # concurrent copies besides the reference
 
@@ -62,7 +62,7 @@ class ServerSource:
         self.side = side
         self.on_progress = on_progress
         self.writer = self.client = self.tally = self.model = self.tokenizer = None
-        self.engine: str | None = None  # the engine the server names (traffic/engines.py), once identified
+        self.engine: str | None = None  # the engine the server names (engines.py), once identified
         self.done: set[int] = set()  # request indices already answered on disk (a resume)
         self.lock = threading.Lock()
 
@@ -192,7 +192,7 @@ def summarize_server(streams: list[dict], config, tokenizer) -> dict:
 def diff_answers(streams: list[dict], tokenizer) -> dict:
     """summarize_modes of server answers, all re-stepped to the lowest level any of them allows
     (in place); its "compare_level" says which. Without logprobs it says nothing about bits."""
-    from nondet.probes.summarize import summarize_modes
+    from nondet.probes.core.summarize import summarize_modes
 
     level = compare.lowest(s["compare_level"] for s in streams)
     for s in streams:
@@ -234,7 +234,7 @@ def level_notes(level: str) -> list[str]:
 
 def identify(client: Client) -> dict:
     """/v1/models where it answers (ids, owners); its response headers; the engine they name
-    (traffic/engines.py). Unreachable = error; a failing /v1/models is recorded."""
+    (engines.py). Unreachable = error; a failing /v1/models is recorded."""
     try:
         reply = client.get("/v1/models")
     except ServerResponseError as exc:  # answered, but not usefully: recorded, not fatal
@@ -264,7 +264,7 @@ def _payload(config, model: str | None, prompt: str, max_tokens: int) -> dict:
     if model:
         body["model"] = model
     if config.load.chat:
-        from nondet.probes.chat import chat_messages
+        from nondet.probes.core.chat import chat_messages
 
         body.update(messages=chat_messages(prompt, config.system), logprobs=True, top_logprobs=5)
     else:
@@ -286,7 +286,7 @@ def _filler_schedule(config) -> list:
 
 def _resumed(given):
     """The stored probe's settings; the given --endpoint, --timeout and --api-key-env apply."""
-    from nondet.probes.loading import ModelSpec
+    from nondet.probes.models.loading import ModelSpec
 
     run_dir = RunDir(given.load.resume)
     stored = read_header_dict(run_dir).get("config") or {}

@@ -10,7 +10,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from nondet.errors import NondetError
-from nondet.probes.traffic.arrivals import Arrival
+from nondet.probes.core.arrivals import Arrival
 
 
 class FillerTraffic:

@@ -15,7 +15,7 @@ recorded (each step's `round`, each round's `drafted`), keeps the `produced` pos
 round and crops the cache to them, as assisted decoding does. The hooks of capture.py record
 every point of every forward; a chunk's rows are cut back into logical steps (step 0: the
 prompt's positions, step s >= 1: position P + s - 1, whose logits choose token s), so step s
-of both runs is compared point by point by lockstep.py's sinks (RecordSink, CompareSink): the
+of both runs is compared point by point by bisect/lockstep.py's sinks (RecordSink, CompareSink): the
 same origin, lasting divergence and module table as a static bisect.
 """
 
@@ -24,7 +24,7 @@ from collections import Counter
 from nondet.kernels.hf_names import cache_kwarg
 from nondet.probes.bisect.capture import Point, Tap
 from nondet.probes.bisect.lockstep import CompareSink, KernelScope, Lockstep, RecordSink
-from nondet.probes.recorder import step_record
+from nondet.probes.core.recorder import step_record
 
 Round = tuple[int, int]  # (tokens drafted, tokens produced) of one verification round
 
@@ -195,10 +195,10 @@ def step_rows(tensor, start: int, end: int, lo: int, hi: int):
 
 
 def speculative_replayer(loaded, prompt: str, stream: dict, steps: int, scope):
-    """(op classes made invariant or None, steps, stop at flip) -> Lockstep, as bisect.py's replays.
+    """(op classes made invariant or None, steps, stop at flip) -> Lockstep, as static/bisect.py's replays.
 
     scope: op classes -> a fresh kernels mode per run (the condition's mode plus those classes)."""
-    from nondet.probes.batch import tokenize_inputs
+    from nondet.probes.core.batch import tokenize_inputs
 
     ids = tokenize_inputs(loaded.tokenizer, prompt, ())[0]
     rounds = stream_rounds(stream)

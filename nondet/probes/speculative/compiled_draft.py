@@ -60,7 +60,7 @@ class StaticDraft:
     def __init__(self, draft, k: int, generation_config, logits_processor) -> None:
         from transformers.generation.logits_process import MinLengthLogitsProcessor
 
-        from nondet.probes.static_caches import static_cache
+        from nondet.probes.core.static_caches import static_cache
 
         self.draft = draft
         self.k = k

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from nondet.probes.default_model import DefaultModelSpec, cache_root, default_model_dir
+from nondet.probes.models.default_model import DefaultModelSpec, cache_root, default_model_dir
 
 DRAFT_LAYERS = 1  # decoder layers kept from the target (of DefaultModelSpec.num_hidden_layers)
 

@@ -14,7 +14,7 @@ Each stream adds its verification rounds (`drafted` and `accepted` tokens per ro
 step's `round`), `acceptance_rate` (accepted / drafted), `seconds` and `tokens_per_s`.
 transformers runs assisted decoding at batch size 1 only, so every condition is batch size 1.
 
-With --compile both decode on transformers' compiled static-cache path (probes/compiled.py; its
+With --compile both decode on transformers' compiled static-cache path (probes/core/compiled.py; its
 assisted decoding runs the verification passes through the compiled forward). A verification pass
 has 1 to k+1 query rows, each a shape of its own, so the warm-up is the whole call, timed apart (twice
 on CUDA, where the second call was still 1.8-2.6x slower: compiled.SPECULATIVE_WARM_CALLS).
@@ -31,20 +31,20 @@ import time
 from dataclasses import replace
 
 from nondet.errors import ModelLoadError, UnsupportedModelError, UsageError
-from nondet.probes.compiled_draft import overriding, static_drafts
-from nondet.probes.batch import Batch, tokenize_inputs
-from nondet.probes.loading import ModelSpec, load_model
-from nondet.probes.numerics import fingerprint
-from nondet.probes.pieces import token_piece
-from nondet.probes.recorder import step_record
-from nondet.probes.replay import Assist, DecodeSettings, assisted_cache_len, eos_ids, generate, truncate_at_eos
-from nondet.probes.sources.base import Emit, Opened, Planned
-from nondet.probes.sources.speculation import Speculation, parse_speculative
-from nondet.probes.sources.static import COMPILED_CALLS, kernels_mode
-from nondet.probes.sources.static import step_record as to_step_record
-from nondet.probes.static_caches import Uncroppable, uncroppable_layer
-from nondet.probes.speculative_summary import speculative_section
-from nondet.probes.summarize import as_summary, summarize_modes
+from nondet.probes.core.batch import Batch, tokenize_inputs
+from nondet.probes.core.kernels_mode import COMPILED_CALLS, kernels_mode
+from nondet.probes.core.numerics import fingerprint
+from nondet.probes.core.pieces import token_piece
+from nondet.probes.core.recorder import step_record
+from nondet.probes.core.replay import Assist, DecodeSettings, assisted_cache_len, eos_ids, generate, truncate_at_eos
+from nondet.probes.core.source import Emit, Opened, Planned
+from nondet.probes.core.source import step_record as to_step_record
+from nondet.probes.core.static_caches import Uncroppable, uncroppable_layer
+from nondet.probes.core.summarize import as_summary, summarize_modes
+from nondet.probes.models.loading import ModelSpec, load_model
+from nondet.probes.speculative.compiled_draft import overriding, static_drafts
+from nondet.probes.speculative.speculation import Speculation, parse_speculative
+from nondet.probes.speculative.summary import speculative_section
 from nondet.rundir.records import ConditionRecord, StreamRecord
 
 
@@ -70,7 +70,7 @@ class SpeculativeSource:
                                 "drafts": {n: d.description for n, d in self.drafts.items()}}
         found["decode_path"] = "eager, dynamic KV cache"
         if self.config.compile_backend:
-            from nondet.probes.compiled import DecodePaths, label
+            from nondet.probes.core.compiled import DecodePaths, label
 
             self.paths = DecodePaths(self.config.compile_backend, self.loaded.model.device.type)
             found["decode_path"] = label(self.paths.backend, self.paths.device_type)
@@ -138,7 +138,7 @@ class SpeculativeSource:
         settings = DecodeSettings(self.config.max_new_tokens, 0.0, self.config.seed)
         if self.paths is None:
             return self._decode(ids, form, settings)
-        from nondet.probes.compiled import compile_scope, speculative_warm_calls
+        from nondet.probes.core.compiled import compile_scope, speculative_warm_calls
 
         compiled = replace(settings, compile_backend=self.config.compile_backend)
         with compile_scope():
@@ -227,7 +227,7 @@ class SpeculativeSource:
             if spec.name is not None:
                 raise UsageError(f"--speculative {form.name}: the embedded draft fits only the embedded default "
                                  "model; name a draft of this model's tokenizer: draft:MODEL[:K]")
-            from nondet.probes.default_draft import default_draft_dir
+            from nondet.probes.speculative.default_draft import default_draft_dir
 
             name = str(default_draft_dir())
         try:

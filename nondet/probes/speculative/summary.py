@@ -5,7 +5,7 @@ one kernels mode) and per form (over prompts): distinct completions vs plain gre
 token and first numeric divergence, acceptance rate, tokens/s with and without speculation.
 """
 
-from nondet.probes.diff import earliest, first_numeric_divergence, first_token_divergence, tokens_of
+from nondet.probes.core.diff import earliest, first_numeric_divergence, first_token_divergence, tokens_of
 
 
 def speculative_section(streams: list[dict], forms: list[str]) -> dict:

@@ -20,7 +20,7 @@ Every kernels mode of a level is kept or left out together, so --confirm stays p
 
 from dataclasses import dataclass
 
-from nondet.probes.conditions import Condition
+from nondet.probes.core.conditions import Condition
 
 TIMING_TOKENS = 8  # decode steps of the longer timing call: long enough to dwarf the prefill on CPU
 PLAN_SHARE = 0.75  # of the time left after the timing calls. The timing calls are short, so they miss

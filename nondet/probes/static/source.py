@@ -9,21 +9,20 @@ around it, and ragged batches when asked. Each target row of a condition becomes
 StreamRecord whose prompt_id is that row's prompt: it is compared with that prompt's reference.
 """
 
-import contextlib
 import time
 from dataclasses import replace
 
-from nondet.errors import UnsupportedModelError
-from nondet.probes import conditions as cond
-from nondet.probes.batch import build_batch, tokenize_inputs
-from nondet.probes.chat import model_texts
-from nondet.probes.loading import load_model
-from nondet.probes.numerics import fingerprint
-from nondet.probes.pieces import token_piece
-from nondet.probes.replay import DecodeSettings, generate, generate_condition
-from nondet.probes.sources.base import Emit, Opened, Planned
-from nondet.probes.summarize import as_summary, summarize_modes
-from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord
+from nondet.probes.core import conditions as cond
+from nondet.probes.core.batch import build_batch, tokenize_inputs
+from nondet.probes.core.chat import model_texts
+from nondet.probes.core.kernels_mode import COMPILED_CALLS, kernels_mode
+from nondet.probes.core.numerics import fingerprint
+from nondet.probes.core.pieces import token_piece
+from nondet.probes.core.replay import DecodeSettings, generate, generate_condition
+from nondet.probes.core.source import Emit, Opened, Planned, step_record
+from nondet.probes.core.summarize import as_summary, summarize_modes
+from nondet.probes.models.loading import load_model
+from nondet.rundir.records import ConditionRecord, StreamRecord
 
 
 class StaticSource:
@@ -46,14 +45,14 @@ class StaticSource:
         env = fingerprint(self.loaded.description, ",".join(self.config.kernels))
         env["decode_path"] = f"eager, {self.config.kv_cache} KV cache"
         if self.config.compile_backend:
-            from nondet.probes.compiled import DecodePaths, label
+            from nondet.probes.core.compiled import DecodePaths, label
 
             self.paths = DecodePaths(self.config.compile_backend, self.loaded.model.device.type)
             env["decode_path"] = label(self.paths.backend, self.paths.device_type)
         return Opened(env)
 
     def prompt_texts(self) -> list[str]:
-        """The targets as the model reads them: chat-formatted with --chat (probes/chat.py)."""
+        """The targets as the model reads them: chat-formatted with --chat (probes/core/chat.py)."""
         return model_texts(self.loaded.tokenizer, self.config.targets, self.config.chat, self.config.system)
 
     def attach(self, writer) -> None:
@@ -67,9 +66,9 @@ class StaticSource:
         return [Planned(x.condition_id, x.label, x.kernels, x) for x in conditions]
 
     def _fit_budget(self) -> list[cond.Condition]:
-        """--budget: time short calls per kernels mode, then keep what fits (probes/budget.py);
+        """--budget: time short calls per kernels mode, then keep what fits (probes/static/budget.py);
         prompts are dropped from the end only when not even references + one batch size fit."""
-        from nondet.probes import budget
+        from nondet.probes.static import budget
 
         costs = {mode: self._step_cost(mode) for mode in self.config.kernels}
         left = budget.PLAN_SHARE * (self.config.budget - (time.perf_counter() - self.started))
@@ -84,8 +83,8 @@ class StaticSource:
 
     def _step_cost(self, mode: str):
         """Seconds per decode step at batch size 1 and the largest, and a call's fixed cost: calls of
-        1 and TIMING_TOKENS steps on copies of the first prompt (probes/budget.py)."""
-        from nondet.probes.budget import TIMING_TOKENS, from_timings
+        1 and TIMING_TOKENS steps on copies of the first prompt (probes/static/budget.py)."""
+        from nondet.probes.static.budget import TIMING_TOKENS, from_timings
 
         target, fillers = self.inputs[0]
         sizes = (1, max(self.config.batch_sizes))
@@ -128,7 +127,7 @@ class StaticSource:
                                   allow_uncovered=c.allow_uncovered)
         if self.paths is None:
             return run(settings)
-        from nondet.probes.compiled import compile_scope
+        from nondet.probes.core.compiled import compile_scope
 
         compiled = replace(settings, compile_backend=c.compile_backend)
         with compile_scope():
@@ -185,35 +184,10 @@ def replay_condition(model, tokenizer, condition: cond.Condition, target: list[i
                       allow_uncovered=settings.allow_uncovered):
         if not warm:
             return generate_condition(model, tokenizer, batch, settings)
-        from nondet.probes.compiled import warm_up_stop
+        from nondet.probes.core.compiled import warm_up_stop
 
         generate(model, tokenizer, batch, settings, None, stopping=[warm_up_stop(len(batch.input_ids[0]))])
         return {}
-
-
-COMPILED_CALLS = "compiled_calls"  # the mode traced inside generate's compiled forwards only (kernels/traced.py)
-
-
-def kernels_mode(mode: str, model, ops=None, traceable: bool | str = False, allow_uncovered: bool = False):
-    """The batch-invariant mode around a call (all op classes, or `ops`), or nothing for the default
-    kernels. A model the mode cannot cover is UnsupportedModelError (exit 3), one line naming the module
-    and op (its op census, kernels/census.py), unless allow_uncovered (the run is partly invariant).
-    traceable: the body runs a torch.compile'd forward (kernels/traced.py); COMPILED_CALLS: only the
-    forwards generate compiles (transformers' get_compiled_call) see the traced mode."""
-    if mode == "default" and ops is None:
-        return contextlib.nullcontext()
-    from nondet.kernels import batch_invariant
-    from nondet.probes.kernel_coverage import census_entry
-
-    census_entry(model, bool(traceable), allow_uncovered)  # refuses here, as one line (cached census)
-    return batch_invariant(ops=ops, model=model, traceable=traceable, allow_uncovered=allow_uncovered)
-
-
-def step_record(step: dict, piece: str) -> StepRecord:
-    """A recorder step dict (token, logprob, top, margin as float.hex) with its piece."""
-    known = ("token", "logprob", "top", "margin")
-    return StepRecord(token=step["token"], piece=piece, logprob=step.get("logprob"), margin=step.get("margin"),
-                      top=step.get("top"), extra={k: v for k, v in step.items() if k not in known + ("piece",)})
 
 
 def condition_record(condition: cond.Condition) -> ConditionRecord:

@@ -1,5 +1,6 @@
 """Tensor parallelism: the probe's conditions run by N worker processes (torch.distributed).
 
+    source.py       the tensor-parallel source: the static probe's conditions per degree
     degrees.py      --tp as typed -> degrees; the checks made before any process starts
     job.py          what one worker group runs (frozen, pickled to every rank): conditions or a bisect
     load.py         a worker's model: transformers' tp_plan="auto" at degree > 1
@@ -9,5 +10,6 @@
     bisect.py       bisect of a --tp run at the divergent condition's own degree (run_tp_bisect)
     bisect_rank.py  the lockstep and ablation on the ranks (rank 0 decides, the others follow)
     collective.py   capture of a row-parallel linear's all-reduce (op class "collective")
-The source (probes/sources/tensor_parallel.py) ties the first six to the probe loop.
+The source ties the next six to the probe loop; it builds on the static axis (static/source.py:
+the same conditions, replayed the same way on every rank).
 """

@@ -18,14 +18,14 @@ difference in the sum with equal partials names the collective. The ablation add
 import time
 
 from nondet.errors import RunDirError, UsageError
-from nondet.probes.batch import Batch, build_batch, tokenize_inputs
 from nondet.probes.bisect.bisect import (BisectConfig, BisectResult, describe, module_rows, replay_horizon,
                                         write_result)
 from nondet.probes.bisect.choose import Target
-from nondet.probes.conditions import Condition, condition_from_record
-from nondet.probes.diff import first_numeric_divergence, first_token_divergence
-from nondet.probes.loading import ModelSpec
-from nondet.probes.replay import DecodeSettings
+from nondet.probes.core.batch import Batch, build_batch, tokenize_inputs
+from nondet.probes.core.conditions import Condition, condition_from_record
+from nondet.probes.core.diff import first_numeric_divergence, first_token_divergence
+from nondet.probes.core.replay import DecodeSettings
+from nondet.probes.models.loading import ModelSpec
 from nondet.rundir import RunDir
 from nondet.rundir.reader import has_header, read_condition_dicts, read_header_dict, read_stream_dicts
 
@@ -115,7 +115,7 @@ def _replay_in_group(config: BisectConfig, probe: dict, spec: ModelSpec, target:
 
 def _batches(tokenizer, probe: dict, target: Target) -> tuple[Batch, Batch]:
     """The prompt alone and the divergent batch exactly as the probe built them."""
-    from nondet.probes.chat import model_texts
+    from nondet.probes.core.chat import model_texts
 
     texts = model_texts(tokenizer, probe.get("prompts") or [probe["prompt"]], probe.get("chat", False),
                         probe.get("system"))

@@ -13,7 +13,7 @@ import dataclasses
 from nondet.probes.bisect.ablation import run_ablation
 from nondet.probes.bisect.bisect import kernel_scope
 from nondet.probes.bisect.lockstep import run_lockstep
-from nondet.probes.replay import DecodeSettings
+from nondet.probes.core.replay import DecodeSettings
 from nondet.probes.tp.collective import TPTap
 from nondet.probes.tp.job import BisectTask
 

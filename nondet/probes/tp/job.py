@@ -2,8 +2,8 @@
 
 from dataclasses import dataclass
 
-from nondet.probes.loading import ModelSpec
-from nondet.probes.replay import DecodeSettings
+from nondet.probes.core.replay import DecodeSettings
+from nondet.probes.models.loading import ModelSpec
 
 FAIL_ENV = "NONDET_TP_FAIL_RANK"  # test hook: "R" or "R:CODE" makes rank R exit with CODE before its first condition
 

@@ -3,7 +3,7 @@
 transformers shards every module its plan names (Qwen3: q/k/v and gate/up column-wise,
 o_proj and down_proj row-wise, each followed by an all-reduce) over the process group this
 worker already joined; the rest (embeddings, norms, lm_head as the model's plan says) is
-replicated. Degree 1 loads as the static probe does (probes/loading.py), so TP1 is the
+replicated. Degree 1 loads as the static probe does (probes/models/loading.py), so TP1 is the
 baseline; the few steps here mirror that module's (source, pad token, description) because
 from_pretrained needs tp_plan passed in.
 """
@@ -11,7 +11,7 @@ from_pretrained needs tp_plan passed in.
 from pathlib import Path
 
 from nondet.errors import ModelLoadError, OutOfMemoryError, UsageError, is_out_of_memory
-from nondet.probes.loading import LoadedModel, ModelSpec, inject, injects_variance
+from nondet.probes.models.loading import LoadedModel, ModelSpec, inject, injects_variance
 
 
 def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
@@ -53,7 +53,7 @@ def _tp_kwargs(degree: int) -> dict:
 def model_source(name: str | None) -> str:
     """The directory or hub id from_pretrained reads: the embedded default (built on first use) for None."""
     if name is None:
-        from nondet.probes.default_model import default_model_dir
+        from nondet.probes.models.default_model import default_model_dir
 
         return str(default_model_dir())
     path = Path(name).expanduser()

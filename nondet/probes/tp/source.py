@@ -14,13 +14,13 @@ each degree's batch-1 stream against the reference degree's.
 
 import dataclasses
 
-from nondet.probes import conditions as cond
-from nondet.probes.batch import tokenize_inputs
-from nondet.probes.pieces import token_piece
-from nondet.probes.replay import DecodeSettings
-from nondet.probes.sources.base import Emit, Opened, Planned
-from nondet.probes.sources.static import condition_record, plan_static, step_record
-from nondet.probes.summarize import as_summary, summarize_modes
+from nondet.probes.core import conditions as cond
+from nondet.probes.core.batch import tokenize_inputs
+from nondet.probes.core.pieces import token_piece
+from nondet.probes.core.replay import DecodeSettings
+from nondet.probes.core.source import Emit, Opened, Planned, step_record
+from nondet.probes.core.summarize import as_summary, summarize_modes
+from nondet.probes.static.source import condition_record, plan_static
 from nondet.probes.tp import degrees as tp_degrees
 from nondet.probes.tp.job import Job
 from nondet.rundir.records import ConditionRecord, StreamRecord
@@ -163,7 +163,7 @@ def _tokenizer_and_config(spec):
     from transformers import AutoConfig
 
     from nondet.errors import ModelLoadError
-    from nondet.probes.loading import check_device
+    from nondet.probes.models.loading import check_device
     from nondet.probes.tp.load import load_tokenizer, model_source
 
     check_device(spec.device)

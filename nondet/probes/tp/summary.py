@@ -9,7 +9,7 @@ prompt alone at batch size 1. This section splits that in two, per kernels mode:
   the TP degree alone does (first token / logprob-bits divergence; None = bitwise equal).
 """
 
-from nondet.probes.summarize import summarize_modes
+from nondet.probes.core.summarize import summarize_modes
 
 FIELDS = ("n_runs", "distinct_completions", "first_token_divergence", "first_numeric_divergence")
 

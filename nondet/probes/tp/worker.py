@@ -38,8 +38,8 @@ def main(rank: int, job: Job, pipe) -> None:
 def _run(rank: int, job: Job, pipe) -> None:
     import torch
 
-    from nondet.probes.numerics import fingerprint, numerics_scope
-    from nondet.probes.sources.static import replay_condition
+    from nondet.probes.core.numerics import fingerprint, numerics_scope
+    from nondet.probes.static.source import replay_condition
     from nondet.probes.tp.load import load_tp_model
 
     device = _device(rank, job)
