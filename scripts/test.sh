@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
-# Set up (or reuse) .venv, install system packages the tests need, run the CPU test suite.
+# Set up (or reuse) .venv, install the system packages the tests need, then run the CPU tests: one
+# worker per core (pytest-xdist, a test file per worker at a time, one torch thread each), and the
+# 15 slowest tests printed at the end.
+#   bash scripts/test.sh          every test but the `slow` selection (under 10 minutes on 2 cores)
+#   bash scripts/test.sh --slow   only the `slow` selection: real models end to end, Inductor, TP groups
+#   bash scripts/test.sh --all    both (CI runs both)
+# Further arguments go to pytest (a file, -k, -x, -n 0 for one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+selection="not gpu and not slow"
+case "${1:-}" in
+  --slow) selection="slow and not gpu"; shift ;;
+  --all) selection="not gpu"; shift ;;
+esac
 bash scripts/setup.sh
 if [ -f scripts/ci_system_deps.sh ]; then bash scripts/ci_system_deps.sh; fi
-exec .venv/bin/python -m pytest -q -m "not gpu" "$@"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # two workers on two cores: no oversubscribed thread pools
+exec .venv/bin/python -m pytest -q -m "$selection" -n auto --dist loadfile --durations=15 "$@"

@@ -10,22 +10,20 @@ servers return no logprobs, so only tokens are compared there.
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 from stub_server import Answer, StubServer
 
 from nondet.probes.probe import ProbeConfig, run_probe
 from nondet.probes.core.load_config import LoadConfig
+import cli_runner
 
 BITS_OFF_AT_2 = Answer(logprobs=(-0.5, -0.5, -0.5000000000000001, -0.5))  # one ULP at step 2, same tokens
 TOKEN_OFF_AT_1 = Answer(words=(" alpha", " zeta", " gamma", " delta"))
 
 
 def nondet(*args):
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=120)
+    return cli_runner.run(args, env=dict(os.environ), timeout=120)
 
 
 def against(a: StubServer, b: StubServer, tmp_path, runs: int = 2) -> dict:

@@ -4,11 +4,11 @@ import json
 import os
 import subprocess
 import sys
+import cli_runner
 
 
 def nondet(*args):
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=300)
+    return cli_runner.run(args, env=dict(os.environ), timeout=300)
 
 
 def test_missing_run_dir(tmp_path):

@@ -2,16 +2,15 @@
 output, the gate failing such a run, and `nondet kernels coverage`."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from nondet.gate import evaluate
+import cli_runner
 
 
 def nondet(*args):
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True, timeout=600)
+    return cli_runner.run(args, timeout=600)
 
 
 @pytest.fixture(scope="module")

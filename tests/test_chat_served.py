@@ -17,11 +17,10 @@ the server's; so do the ids, so the exact check can fail too.
 """
 
 import json
-import subprocess
-import sys
 
 import pytest
 from serve_fixtures import transformers_serve
+import cli_runner
 
 MESSAGES = [{"role": "system", "content": "You answer briefly."},
             {"role": "user", "content": "Why is the sky blue?\nOne sentence."}]
@@ -30,7 +29,7 @@ TOKENS = 12
 
 
 def nondet(*args) -> None:
-    r = subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True, timeout=600)
+    r = cli_runner.run(args, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
 
 

@@ -5,12 +5,12 @@ import subprocess
 import sys
 
 import pytest
+import cli_runner
 
 
 def nondet(*args, env=None):
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
-                          env=full_env, timeout=300)
+    return cli_runner.run(args, env=full_env, timeout=300)
 
 
 @pytest.mark.parametrize("args", [["--help"], ["probe", "--help"]])

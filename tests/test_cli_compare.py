@@ -3,9 +3,8 @@ stream by stream, bit for bit, and their environments on the settings that can m
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+import cli_runner
 
 
 def _run_dir(path: Path, logprobs: list[list[str]], tokens: list[list[int]], fingerprint: dict | None = None,
@@ -28,8 +27,7 @@ def _compare(a: str, b: str):
     # no COLUMNS (readline may have set it for child processes): a log's lines whole, as asserted below;
     # tests/test_columns80.py folds them at COLUMNS=80
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    proc = subprocess.run([sys.executable, "-m", "nondet", "compare", a, b], capture_output=True, text=True,
-                          timeout=120, env=env)
+    proc = cli_runner.run(["compare", a, b], timeout=120, env=env)
     return proc.returncode, proc.stdout + proc.stderr
 
 

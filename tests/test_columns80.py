@@ -5,8 +5,6 @@ table that fits a wide terminal keeps its full headers there."""
 import csv
 import json
 import os
-import subprocess
-import sys
 from io import StringIO
 
 import pytest
@@ -14,6 +12,7 @@ from rich.console import Console
 
 from nondet.cli.compare import fold
 from nondet.cli.render import print_probe_summary
+import cli_runner
 
 PROMPTS = ["Why is the sky blue?", "Write a short poem about the moon."]  # the second one shortened
 PROMPT_HEADERS = ["prompt", "text", "runs", "distinct", "token", "numeric"]
@@ -25,7 +24,7 @@ def nondet(*args, columns: int | None = 80):
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     if columns is not None:
         env["COLUMNS"] = str(columns)
-    r = subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True, env=env, timeout=600)
+    r = cli_runner.run(args, env=env, timeout=600)
     assert r.returncode in (0, 1), r.stderr
     return r.stdout
 

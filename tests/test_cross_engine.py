@@ -5,8 +5,6 @@ as llama.cpp's server does. tests/test_llama_cpp_server.py runs the real one."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 from stub_server import Answer, StubServer
@@ -17,13 +15,13 @@ from nondet.probes.server import compare
 from nondet.probes.server.engines import different_engines, engine_of
 from nondet.probes.server.responses import parse_completion
 from nondet.reports import write_report
+import cli_runner
 
 OTHER_FIRST_TOKEN = Answer(words=(" omega", " beta", " gamma", " delta"))
 
 
 def nondet(*args):
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=120)
+    return cli_runner.run(args, env=dict(os.environ), timeout=120)
 
 
 @pytest.mark.parametrize("owned_by, headers, engine", [

@@ -10,19 +10,18 @@ Measured on a 2-core AMD EPYC (AVX2), 2026-11-24: the probe 34 s per kernels mod
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from nondet.probes.models import demo_model
+import cli_runner
 
 TRAINED = {"NONDET_DEMO_MODEL": "trained"}
+pytestmark = pytest.mark.slow  # a real 135M model end to end: scripts/test.sh --slow (CI runs it)
 
 
 def nondet(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **TRAINED, "COLUMNS": "200"}, timeout=900)
+    return cli_runner.run(args, cwd=cwd, env={**os.environ, **TRAINED, "COLUMNS": "200"}, timeout=900)
 
 
 @pytest.fixture(scope="module")

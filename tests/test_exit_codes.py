@@ -14,11 +14,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from stub_server import StubServer  # noqa: E402
+import cli_runner
 
 
 def nondet(*args, env=None, cwd=None):
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=300)
+    return cli_runner.run(args, env={**os.environ, **(env or {})}, cwd=cwd, timeout=300)
 
 
 # -- errors on a non-terminal stderr ------------------------------------------------------

@@ -32,6 +32,7 @@ import controls
 import family_models as fm
 from nondet.kernels import batch_invariant, census
 from nondet.kernels.coverage import UnsupportedModel
+import cli_runner
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 CONTROL_STEPS = 2  # default kernels usually differ at the prefill: look at 2 steps before all STEPS
@@ -141,9 +142,7 @@ def test_a_refused_family_exits_3_through_the_cli_with_the_one_line(tmp_path):
 
     model = fm.save_family("qwen3-next", tmp_path / "qwen3-next", tokenizer=build_tokenizer(512))
     module, op = fm.REFUSED["qwen3-next"]
-    r = subprocess.run([sys.executable, "-m", "nondet", "probe", "--model", model, "--kernels", "batch-invariant",
-                        "--dtype", "float32", "-p", "Hi", "-b", "1,2", "-n", "2", "--out", str(tmp_path / "run")],
-                       capture_output=True, text=True, timeout=600)
+    r = cli_runner.run(["probe", "--model", model, "--kernels", "batch-invariant", "--dtype", "float32", "-p", "Hi", "-b", "1,2", "-n", "2", "--out", str(tmp_path / "run")], timeout=600)
     assert r.returncode == 3, r.stderr[-2000:]
     assert r.stderr == (f"nondet: error: {module}: {op} is not covered by the batch-invariant mode (and 3 more; "
                         "--allow-uncovered runs it labelled partly invariant)\n")
@@ -165,6 +164,7 @@ def test_an_experts_module_the_mode_cannot_reach_is_refused_in_one_line(family_d
     assert "\n" not in message and "model.layers.0.mlp.experts" in message and "ExpertsInterface" in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gemma2", "gpt-oss"])
 def test_softcap_and_sinks_families_end_to_end_through_the_cli(family, tmp_path):
     """probe --confirm and bisect on Gemma 2 (softcap) and gpt-oss (sinks + MoE): the mode gives one
@@ -177,16 +177,13 @@ def test_softcap_and_sinks_families_end_to_end_through_the_cli(family, tmp_path)
 
     model = fm.save_family(family, tmp_path / family, tokenizer=build_tokenizer(512))
     run = tmp_path / "run"
-    probe = subprocess.run([sys.executable, "-m", "nondet", "probe", "--model", model, "--dtype", "float32",
-                            "-p", "Tell me about Richard Feynman", "-b", "1,4", "-n", "8", "--inject-variance",
-                            "--confirm", "--out", str(run)], capture_output=True, text=True, timeout=600)
+    probe = cli_runner.run(["probe", "--model", model, "--dtype", "float32", "-p", "Tell me about Richard Feynman", "-b", "1,4", "-n", "8", "--inject-variance", "--confirm", "--out", str(run)], timeout=600)
     assert probe.returncode == 0, probe.stderr[-2000:]
     modes = json.loads((run / "summary.json").read_text())["modes"]
     assert modes["batch-invariant"]["distinct_completions"] == 1
     assert modes["batch-invariant"]["first_numeric_divergence"] is None
     assert modes["default"]["first_numeric_divergence"] is not None
-    bisect = subprocess.run([sys.executable, "-m", "nondet", "bisect", str(run)], capture_output=True, text=True,
-                            timeout=600)
+    bisect = cli_runner.run(["bisect", str(run)], timeout=600)
     assert bisect.returncode == 0, bisect.stderr[-2000:]
     result = json.loads((run / "bisect.json").read_text())
     assert result["origin"]["op_class"] != "other" and result["minimal_set"]

@@ -217,6 +217,7 @@ def test_rl_negative_control_batch_invariant_exits_0(tmp_path, tiny_model_dir):
     assert read_tables(tmp_path / "run").rl.bit_identical.all()
 
 
+@pytest.mark.slow
 def test_rl_max_kl_zero_fails_and_a_loose_bound_passes(tmp_path, tiny_model_dir):
     r = gate("--model", str(tiny_model_dir), *RL_FLAGS, "--max-kl", "0", "--out", "run0", cwd=tmp_path)
     assert r.returncode == 1, r.stderr

@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import cli_runner
 
 # A positive control on every host: one norm of the demo model made batch-variant on purpose, so
 # the bits of batch size 8 differ from the first decode step whatever the host's BLAS does
@@ -18,8 +19,7 @@ QUICK = ["--batch-sizes", "1,8", "--max-new-tokens", "40", "--inject-variance"]
 def gate(*args, cwd: Path, env=None):
     (cwd / ".git").mkdir(exist_ok=True)  # a repository root: no config file above it is read
     full_env = {**os.environ, "GITHUB_ACTIONS": "", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "nondet", "gate", *args], cwd=cwd, capture_output=True,
-                          text=True, env=full_env, timeout=600)
+    return cli_runner.run(["gate", *args], cwd=cwd, env=full_env, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,6 @@
 """Gate settings: flags over nondet.toml / [tool.nondet] over defaults; bad config = exit 2."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +8,7 @@ import pytest
 from nondet.errors import UsageError
 from nondet.gate.config import GateSettings, find_config, load_config, resolve
 from nondet.gate.policy import Policy
+import cli_runner
 
 NO_FLAGS: dict = {}
 
@@ -96,16 +95,14 @@ def test_pyproject_errors_name_the_table(tmp_path):
 def test_cli_bad_config_exits_2_with_one_line(tmp_path):
     (tmp_path / ".git").mkdir()
     (tmp_path / "pyproject.toml").write_text('[tool.nondet]\nmax-distinct = "many"\n')
-    r = subprocess.run([sys.executable, "-m", "nondet", "gate"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "GITHUB_ACTIONS": ""})
+    r = cli_runner.run(["gate"], cwd=tmp_path, timeout=120, env={**os.environ, "GITHUB_ACTIONS": ""})
     assert r.returncode == 2
     assert r.stderr == (f"nondet: error: {tmp_path / 'pyproject.toml'} [tool.nondet]: "
                         "max-distinct must be a number, not 'many'\n")
 
 
 def test_cli_two_requirement_flags_exit_2(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "nondet", "gate", "--max-distinct", "2", "--require", "identical"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    r = cli_runner.run(["gate", "--max-distinct", "2", "--require", "identical"], cwd=tmp_path, timeout=120)
     assert r.returncode == 2
     assert r.stderr == "nondet: error: give one requirement, not --require and --max-distinct\n"
 

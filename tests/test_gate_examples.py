@@ -42,6 +42,7 @@ def junit_failures(repo: Path) -> list[str]:
     return [c.get("name") for c in root.iter("testcase") if c.find("failure") is not None]
 
 
+@pytest.mark.slow
 def test_workflow_gate_command_passes_with_the_promised_kernels(model_repo):
     r = run_in_ci(workflow_gate_command(), model_repo)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -50,6 +51,7 @@ def test_workflow_gate_command_passes_with_the_promised_kernels(model_repo):
     assert (model_repo / "nondet-run" / "summary.json").is_file()
 
 
+@pytest.mark.slow
 def test_workflow_gate_command_fails_without_them(model_repo):
     # The same gate on default kernels must fail: the CI gate is not vacuous. The model gets one
     # norm made batch-variant on purpose, so this holds on every host, whatever its BLAS does.

@@ -4,14 +4,13 @@ line is one file:line usage error (exit 2)."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from nondet.errors import UsageError
 from nondet.gate.config import load_config, resolve
+import cli_runner
 
 CODE = "def fibonacci(n):\n    a, b = 0, 1\n    return a"
 BAD_LINE_ERROR = ('{path}:2: not valid JSON (Expecting property name enclosed in double quotes); a line is a JSON '
@@ -27,8 +26,7 @@ def jsonl(path: Path, *prompts) -> Path:
 
 def gate(*args, cwd: Path):
     (cwd / ".git").mkdir(exist_ok=True)  # a repository root: no config file above it is read
-    return subprocess.run([sys.executable, "-m", "nondet", "gate", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "GITHUB_ACTIONS": ""}, timeout=600)
+    return cli_runner.run(["gate", *args], cwd=cwd, env={**os.environ, "GITHUB_ACTIONS": ""}, timeout=600)
 
 
 def test_prompts_flag_keeps_a_jsonl_prompts_newlines_in_the_probe_config(tmp_path):

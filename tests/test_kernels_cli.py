@@ -1,14 +1,12 @@
 """`nondet kernels bench`: a one-line usage error where it cannot run (no CUDA, bad section)."""
 
-import subprocess
-import sys
 
 import pytest
+import cli_runner
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "nondet", "kernels", *args], capture_output=True, text=True,
-                          timeout=120)
+    return cli_runner.run(["kernels", *args], timeout=120)
 
 
 @pytest.mark.parametrize("command, out", [("bench", "unused.md"), ("tune", "unused.json")])

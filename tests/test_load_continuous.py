@@ -2,14 +2,13 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from nondet.probes.core.load_config import LoadConfig
 from nondet.probes.models.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
+import cli_runner
 
 
 def continuous(out, **kw):
@@ -58,7 +57,6 @@ def test_engine_replay_is_deterministic_and_invariant_kernels_hold_under_load(ti
 
 
 def test_continuous_rejects_sampling():
-    r = subprocess.run([sys.executable, "-m", "nondet", "probe", "--load", "continuous", "--temperature", "0.7"],
-                       capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    r = cli_runner.run(["probe", "--load", "continuous", "--temperature", "0.7"], env=dict(os.environ), timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip() == "nondet: error: --load continuous replays greedy decoding only; drop --temperature"

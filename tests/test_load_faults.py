@@ -4,7 +4,6 @@ nothing completed lost or duplicated across --resume. No torch is needed on this
 import json
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from nondet.probes.probe import DEFAULT_PROMPT, ProbeConfig, run_probe
 
 sys.path.insert(0, str(Path(__file__).parent))
 from stub_server import StubServer  # noqa: E402
+import cli_runner
 
 
 def server_config(url, out, runs=4, **load):
@@ -32,8 +32,7 @@ def lines(run_dir):
 
 
 def nondet(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    return cli_runner.run(args, env={**os.environ, **(env or {})}, timeout=120)
 
 
 def test_stub_probe_records_identity_levels_and_never_the_key(tmp_path, monkeypatch):

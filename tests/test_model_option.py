@@ -4,14 +4,13 @@ hidden from --help, with one warning line; both with different values is a usage
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from nondet.cli.deprecated_model import WARNING, model_of
 from nondet.errors import UsageError
+import cli_runner
 
 CONFLICT = ("nondet: error: the model is given twice: 'a' as a positional argument and 'b' as --model; "
             "give --model DIR only\n")
@@ -21,8 +20,7 @@ GATE_QUICK = ["-b", "1,2", "-n", "3", "--require", "min-divergence-step = 0", "-
 def nondet(*args, cwd: Path | None = None):
     if cwd is not None:
         (cwd / ".git").mkdir(exist_ok=True)  # a repository root: no config file above it is read
-    return subprocess.run([sys.executable, "-m", "nondet", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "GITHUB_ACTIONS": "", "COLUMNS": "200"}, timeout=600)
+    return cli_runner.run(args, cwd=cwd, env={**os.environ, "GITHUB_ACTIONS": "", "COLUMNS": "200"}, timeout=600)
 
 
 def run_model(run_dir: Path) -> str:

@@ -10,10 +10,9 @@ Python-backed ones), the terminal, Markdown and HTML, where they show as \\xNN.
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+import cli_runner
 
 TEXT = [
     "Café, naïve façade, São Paulo, Zürich, Ærøskøbing, crème brûlée, señor, Dvořák, Łódź.",
@@ -52,8 +51,7 @@ def bpe_model_dir(tmp_path_factory):
 
 def nondet(*args, cwd=None):
     env = {k: v for k, v in os.environ.items() if k not in ("NONDET_DEBUG", "GITHUB_ACTIONS")}
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=cwd)
+    return cli_runner.run(args, env=env, timeout=600, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,6 @@ compiled streams equal its eager ones bit for bit, one distinct completion.
 """
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -18,6 +16,7 @@ from nondet.probes.core.compiled import DecodePaths
 from nondet.probes.models.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
 from nondet.probes.core.static_caches import reusable_static_cache
+import cli_runner
 
 # transformers before 5.24 refuses --speculative --compile (tests/test_speculative_compile_floor.py)
 speculative_compiles = pytest.mark.skipif(not reusable_static_cache(), reason="needs transformers 5.24 or later")
@@ -79,9 +78,9 @@ def test_a_later_compile_failure_is_an_error_not_a_mixed_comparison():
     assert paths.as_summary()["modes"]["default"]["path"] == "compiled"
 
 
+@pytest.mark.slow
 def test_cli_compile_with_inductor_prints_each_modes_path(tmp_path, default_model_dir):
-    r = subprocess.run([sys.executable, "-m", "nondet", "probe", "-p", PROMPT, "-b", "1,2", "-n", "6", "--confirm",
-                        "--compile", "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=600)
+    r = cli_runner.run(["probe", "-p", PROMPT, "-b", "1,2", "-n", "6", "--confirm", "--compile", "--out", str(tmp_path / "r")], timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     for mode in ("default", "batch-invariant"):
         assert f"{mode}: torch.compile (inductor), static KV cache; compile + warm-up" in r.stdout, r.stdout
@@ -92,16 +91,13 @@ def test_cli_compile_with_inductor_prints_each_modes_path(tmp_path, default_mode
 @pytest.mark.parametrize("args", [["--endpoint", "http://127.0.0.1:9"], ["--load", "continuous"],
                                   ["--budget", "30"]])
 def test_compile_outside_static_batches_is_one_line_exit_2(tmp_path, args):
-    r = subprocess.run([sys.executable, "-m", "nondet", "probe", "-p", PROMPT, "--compile", *args,
-                        "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    r = cli_runner.run(["probe", "-p", PROMPT, "--compile", *args, "--out", str(tmp_path / "r")], timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "--compile decodes in this process" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_gate_compile_judges_the_compiled_path(tmp_path, default_model_dir):
-    r = subprocess.run([sys.executable, "-m", "nondet", "gate", "-p", PROMPT, "-b", "1,2", "-n", "6", "--compile",
-                        "--kernels", "batch-invariant", "--out", str(tmp_path / "g")], capture_output=True, text=True,
-                       timeout=600, cwd=tmp_path)
+    r = cli_runner.run(["gate", "-p", PROMPT, "-b", "1,2", "-n", "6", "--compile", "--kernels", "batch-invariant", "--out", str(tmp_path / "g")], timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     env = json.loads((tmp_path / "g" / "fingerprint.json").read_text())
     assert env["decode_path"] == "torch.compile (inductor), static KV cache"
@@ -117,6 +113,7 @@ def spec_probe(tmp_path, name, backend, kernels=("default", "batch-invariant")):
     return result, {(s["kernels"], s["condition_id"]): s["steps"] for s in streams}
 
 
+@pytest.mark.slow
 @speculative_compiles
 def test_speculative_decoding_on_the_compiled_path(tmp_path, default_model_dir):
     """--speculative --compile: plain and assisted decoding through the compiled static-cache generate.

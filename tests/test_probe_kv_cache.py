@@ -8,14 +8,13 @@ host's fp32 GEMMs differ between one row and several, its bf16 ones do not on AV
 """
 
 import json
-import subprocess
-import sys
 
 import pytest
 from controls import FIX_KERNELS, require_divergence, require_variance
 
 from nondet.probes.models.loading import ModelSpec
 from nondet.probes.probe import ProbeConfig, run_probe
+import cli_runner
 
 PROMPT = "Tell me about Richard Feynman"
 
@@ -62,7 +61,6 @@ def test_static_cache_still_finds_injected_variance(tmp_path, default_model_dir)
 
 @pytest.mark.parametrize("args", [["--kv-cache", "paged"], ["--kv-cache", "static", "--load", "continuous"]])
 def test_bad_kv_cache_is_one_line_exit_2(tmp_path, args):
-    r = subprocess.run([sys.executable, "-m", "nondet", "probe", "-p", PROMPT, *args, "--out", str(tmp_path / "r")],
-                       capture_output=True, text=True, timeout=120)
+    r = cli_runner.run(["probe", "-p", PROMPT, *args, "--out", str(tmp_path / "r")], timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "--kv-cache must be one of dynamic, static" in r.stderr and "Traceback" not in r.stderr

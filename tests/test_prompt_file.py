@@ -2,14 +2,13 @@
 chats) or plain lines. A chat prompt reaches the model as the ids of its chat template."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from nondet.errors import UsageError
 from nondet.prompt import Chat, Message
 from nondet.prompt_file import read_prompt_file
+import cli_runner
 
 CODE = "def fibonacci(n):\n    a, b = 0, 1\n    return a"
 MESSAGES = [{"role": "system", "content": "You answer briefly."},
@@ -17,7 +16,7 @@ MESSAGES = [{"role": "system", "content": "You answer briefly."},
 
 
 def nondet(*args):
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True, timeout=300)
+    return cli_runner.run(args, timeout=300)
 
 
 def template_ids(tokenizer, messages) -> list[int]:
@@ -107,16 +106,13 @@ def test_a_chat_prompt_needs_a_chat_template(tiny_model_dir):
 def test_probe_and_rl_read_a_jsonl_prompt_with_a_newline(tmp_path, tiny_model_dir):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": CODE}) + "\n")
-    probe = subprocess.run([sys.executable, "-m", "nondet", "probe", "--model", str(tiny_model_dir), "--prompts", str(f),
-                            "-b", "1,2", "-n", "3", "--out", str(tmp_path / "run")], capture_output=True, text=True,
-                           timeout=300)
+    probe = cli_runner.run(["probe", "--model", str(tiny_model_dir), "--prompts", str(f), "-b", "1,2", "-n", "3", "--out", str(tmp_path / "run")], timeout=300)
     assert probe.returncode == 0, probe.stderr[-1500:]
     config = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
     assert config["prompt"] == CODE  # the newlines reached the probe
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{oops\n")
-    rl = subprocess.run([sys.executable, "-m", "nondet", "rl", "--model", str(tiny_model_dir), "--prompts", str(bad)],
-                        capture_output=True, text=True, timeout=300)
+    rl = cli_runner.run(["rl", "--model", str(tiny_model_dir), "--prompts", str(bad)], timeout=300)
     assert rl.returncode == 2 and "bad.jsonl:1: not valid JSON" in rl.stderr
 
 

@@ -5,12 +5,12 @@ import subprocess
 import sys
 
 from report_fixtures import write_run
+import cli_runner
 
 
 def _nondet(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "NONDET_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return cli_runner.run(args, env=env, timeout=120)
 
 
 def test_report_writes_and_prints_both_paths(tmp_path):

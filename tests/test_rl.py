@@ -2,8 +2,6 @@
 
 import contextlib
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -12,6 +10,7 @@ from nondet.rl.config import RLConfig
 from nondet.rl.run import run_rl
 from nondet.rundir import RunDir
 from nondet.rundir.reader import read_conditions, read_streams
+import cli_runner
 
 PROMPTS = ("Tell me about Richard Feynman", "The history of the printing press", "Hello there",
            "A much longer prompt about the weather in Paris today")
@@ -159,7 +158,7 @@ def test_backward_under_the_mode_gives_finite_gradients_close_to_default(tiny_mo
 
 
 def nondet(*args):
-    proc = subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True, timeout=300)
+    proc = cli_runner.run(args, timeout=300)
     return proc.returncode, proc.stderr.strip()
 
 
@@ -199,10 +198,7 @@ def test_report_has_the_rl_section_and_histogram(controls):
 
 
 def test_cli_prints_the_table(tiny_model_dir, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "nondet", "rl", "--model", str(tiny_model_dir), "--inject-variance",
-                           "--max-new-tokens", "3", "--sampler-batch", "1", "--micro-batch", "2", "--kernels",
-                           "batch-invariant", "--out", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=300)
+    proc = cli_runner.run(["rl", "--model", str(tiny_model_dir), "--inject-variance", "--max-new-tokens", "3", "--sampler-batch", "1", "--micro-batch", "2", "--kernels", "batch-invariant", "--out", str(tmp_path / "run")], timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "sampler vs trainer logprobs" in proc.stdout and "true on-policy" in proc.stdout
     assert (tmp_path / "run" / "report.md").exists()
@@ -262,9 +258,7 @@ def test_endpoint_without_logprobs_exits_5_in_one_line(tiny_model_dir, tmp_path)
     from stub_server import StubServer
 
     with StubServer(mode="nologprobs") as stub:
-        proc = subprocess.run([sys.executable, "-m", "nondet", "rl", "--model", str(tiny_model_dir), "--endpoint",
-                               stub.url, "--max-new-tokens", "3", "--out", str(tmp_path / "run")],
-                              capture_output=True, text=True, timeout=300)
+        proc = cli_runner.run(["rl", "--model", str(tiny_model_dir), "--endpoint", stub.url, "--max-new-tokens", "3", "--out", str(tmp_path / "run")], timeout=300)
     assert proc.returncode == 5
     assert proc.stderr.strip() == (f"nondet: error: the server at {stub.url} returned no logprobs: nondet rl needs "
                                    "the sampler's logprob of every sampled token (vLLM returns them; "

@@ -7,8 +7,6 @@ norm ablation must make every logprob equal. Negative control: the mode on both 
 """
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -18,6 +16,7 @@ from nondet.probes.rl.bisect import choose_pair, run_rl_bisect as run_bisect
 from nondet.probes.models.loading import ModelSpec
 from nondet.rl.config import RLConfig
 from nondet.rl.run import run_rl
+import cli_runner
 
 PROMPTS = ("Tell me about Richard Feynman", "Hello there", "The history of the printing press", "A cat")
 INJECTED = "model.layers.1.post_attention_layernorm"  # variant.inject_batch_variance's default layer
@@ -50,15 +49,13 @@ def test_bisect_finds_nothing_under_the_mode(rl_run):
 
 
 def test_cli_prints_the_rl_comparison(rl_run):
-    proc = subprocess.run([sys.executable, "-m", "nondet", "bisect", str(rl_run), "--condition", "trainer/mb4/right",
-                           "--position", "1", "--no-ablation"], capture_output=True, text=True, timeout=300)
+    proc = cli_runner.run(["bisect", str(rl_run), "--condition", "trainer/mb4/right", "--position", "1", "--no-ablation"], timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "rl: sequence 1: sampler decode (batch 1, row 0) vs trainer prefill (micro-batch 4, right)" in proc.stdout
 
 
 def test_cli_unknown_trainer_condition_is_one_line(rl_run):
-    proc = subprocess.run([sys.executable, "-m", "nondet", "bisect", str(rl_run), "--condition", "trainer/mb9/left"],
-                          capture_output=True, text=True, timeout=300)
+    proc = cli_runner.run(["bisect", str(rl_run), "--condition", "trainer/mb9/left"], timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"nondet: error: {rl_run} has no trainer condition 'trainer/mb9/left'; "
                                    "see summary.json rl.pairs")
@@ -90,7 +87,6 @@ def test_continuous_sampler_runs_cannot_be_bisected():
 
 
 def test_max_steps_on_an_rl_run_is_one_line_not_ignored(rl_run):
-    proc = subprocess.run([sys.executable, "-m", "nondet", "bisect", str(rl_run), "--max-steps", "3"],
-                          capture_output=True, text=True, timeout=300)
+    proc = cli_runner.run(["bisect", str(rl_run), "--max-steps", "3"], timeout=300)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("nondet: error: --max-steps does not apply to an rl run")

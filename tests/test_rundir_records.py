@@ -7,7 +7,6 @@ loop and writer, and the files it leaves are read back, reported, and broken on 
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -19,6 +18,7 @@ from nondet.rundir import RunDir
 from nondet.rundir.reader import read_conditions, read_header, read_streams, read_summary
 from nondet.rundir.records import FORMAT_VERSION, ConditionRecord, StepRecord, StreamRecord, to_json
 from nondet.rundir.writer import RunWriter, new_header
+import cli_runner
 
 TOKENS = {"ref": [1, 2, 3, 4], "same": [1, 2, 3, 4], "flip": [1, 2, 9, 4]}
 
@@ -118,8 +118,7 @@ def test_a_record_of_the_wrong_shape_names_file_record_and_field(toy_run, name, 
 
 def _report(run) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "NONDET_DEBUG"}
-    return subprocess.run([sys.executable, "-m", "nondet", "report", str(run)], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return cli_runner.run(["report", str(run)], env=env, timeout=120)
 
 
 def test_report_on_a_bisect_json_that_is_a_list_exits_4(toy_run):

@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ import torch
 from nondet.errors import UsageError
 from nondet.kernels import cpu
 from nondet.probes.speculative.speculation import Speculation, parse_speculative
+import cli_runner
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -58,8 +57,7 @@ def test_bad_forms_are_one_line_usage_errors(text, message):
 
 
 def nondet(*args):
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=300)
+    return cli_runner.run(args, env=dict(os.environ), timeout=300)
 
 
 @pytest.mark.parametrize("args, message", [

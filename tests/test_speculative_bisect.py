@@ -9,8 +9,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,14 +17,14 @@ from nondet.probes.bisect import BisectConfig
 from nondet.probes.bisect_probe import run_bisect
 from nondet.probes.speculative.bisect import verify_schedule, step_rows, stream_rounds
 from nondet.pytest_plugin import assert_speculative_equivalent, first_difference
+import cli_runner
 
 PROMPT = "Tell me about Richard Feynman"
 NORM = "model.layers.1.post_attention_layernorm"
 
 
 def nondet(*args):
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=600)
+    return cli_runner.run(args, env=dict(os.environ), timeout=600)
 
 
 # -- units: rounds and rows ---------------------------------------------------------------

@@ -10,14 +10,13 @@ them on 5.17), and the check with the version monkeypatched, on any version. Neg
 same probe decodes every condition on the compiled path (tests/test_probe_compile.py).
 """
 
-import subprocess
-import sys
 
 import pytest
 
 from nondet.errors import UsageError
 from nondet.probes.core import static_caches
 from nondet.probes.core.static_caches import reusable_static_cache
+import cli_runner
 
 PROMPT = "Tell me about Richard Feynman"
 
@@ -33,8 +32,7 @@ def test_cli_refuses_speculative_compile_before_5_24_in_one_line(tmp_path, comma
     import transformers
 
     out = tmp_path / "r"
-    r = subprocess.run([sys.executable, "-m", "nondet", *command, "-p", PROMPT, "-n", "4", "--compile",
-                        "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    r = cli_runner.run([*command, "-p", PROMPT, "-n", "4", "--compile", "--out", str(out)], timeout=120, cwd=tmp_path)
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr == f"nondet: error: {refusal(transformers.__version__)}\n"
     assert not out.exists()

@@ -11,13 +11,12 @@ the cache decoding speculatively on the compiled path.
 
 import json
 import shutil
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 
 from nondet.probes.core.static_caches import Uncroppable, reusable_static_cache, uncroppable_layer
+import cli_runner
 
 pytestmark = pytest.mark.skipif(not reusable_static_cache(), reason="transformers' static cache cannot crop")
 
@@ -63,9 +62,7 @@ def test_cli_refuses_a_sliding_window_model_in_one_line_before_any_condition(tmp
 
     cache = len(tokenize_inputs(tokenizer, PROMPT, ())[0]) + 8 + 3 + 1  # prompt + -n + K + 1
     out = tmp_path / "r"
-    r = subprocess.run([sys.executable, "-m", "nondet", "probe", "-m", gpt_oss, "-p", PROMPT, "-n", "8",
-                        "--speculative", f"self:3,draft:{gpt_oss}:3", "--compile", "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = cli_runner.run(["probe", "-m", gpt_oss, "-p", PROMPT, "-n", "8", "--speculative", f"self:3,draft:{gpt_oss}:3", "--compile", "--out", str(out)], timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr  # above the line: transformers' own config warnings only
     assert r.stderr.splitlines()[-1] == (

@@ -9,8 +9,6 @@ draft whose tokenizer has the target's size but other ids, and the gate's specul
 import json
 import os
 import shutil
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -19,11 +17,11 @@ from nondet.errors import UsageError
 from nondet.gate.config import resolve
 from nondet.probes.speculative.speculation import parse_form
 from nondet.probes.speculative.source import check_vocabulary
+import cli_runner
 
 
 def nondet(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=300, cwd=cwd)
+    return cli_runner.run(args, env=dict(os.environ), timeout=300, cwd=cwd)
 
 
 # -- a draft with a different tokenizer ------------------------------------------------------

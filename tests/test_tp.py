@@ -20,11 +20,11 @@ import pytest
 
 from nondet.errors import UsageError
 from nondet.probes.tp.degrees import check_devices, check_heads, parse_tp
+import cli_runner
 
 
 def nondet(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
+    return cli_runner.run(args, env={**os.environ, **(env or {})}, timeout=300)
 
 
 def jsonl(path: Path) -> list[dict]:

@@ -8,18 +8,16 @@ pairwise K reduction (kernels/tp_tree.py): the negative control.
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from nondet.kernels import tp_tree
+import cli_runner
 
 
 def nondet(*args):
-    return subprocess.run([sys.executable, "-m", "nondet", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=300)
+    return cli_runner.run(args, env=dict(os.environ), timeout=300)
 
 
 def tp_versus(tmp_path, *extra) -> tuple[dict, dict]:
@@ -33,6 +31,7 @@ def tp_versus(tmp_path, *extra) -> tuple[dict, dict]:
     return versus, fingerprint["tensor_parallel"]
 
 
+@pytest.mark.slow
 def test_the_mode_alone_leaves_tp2_off_tp1_and_the_tree_makes_them_bitwise_equal(tmp_path, default_model_dir):
     plain, fp_plain = tp_versus(tmp_path)
     assert (plain["tp"], plain["against"]) == (2, 1)
