@@ -55,7 +55,7 @@ print(d(S(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_at
 
 run_step() {
   case "$1" in
-    tests) timeout 580 python3 -m pytest -q -p no:cacheprovider tests/gpu -rA 2>&1 | tail -40 ;;
+    tests) timeout 540 python3 -m pytest -q -p no:cacheprovider tests/gpu -rA 2>&1 | tee "$OUT/tests-pytest.log" | tail -40 ;;  # whole log as it goes: a call cut at its limit keeps it
     sanitize) timeout 300 compute-sanitizer --tool memcheck --print-limit 10 python3 -m pytest -q -x \
                 -p no:cacheprovider tests/gpu -k "not qwen3" 2>&1 | tail -30 ;;
     attention) NONDET_ATTN_FEATURES_INNER=1 NONDET_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider \

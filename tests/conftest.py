@@ -10,6 +10,11 @@ os.environ.setdefault("NONDET_CACHE", _CACHE)
 # the default model of tests is the random-weight demo (fast, every test's expectations are set on it);
 # tests/test_demo_trained.py runs the trained one end to end
 os.environ.setdefault("NONDET_DEMO_MODEL", "random")
+# the CLI runs as on a pipe, whatever runs the tests: pytest-xdist's workers (and readline, where it is
+# loaded) export the terminal's COLUMNS / LINES, which would fold the tables. tests/test_columns80.py
+# sets COLUMNS itself.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
-VERDICT_ORDER = ("uncovered", "collective", "routed", "row-independent")
+VERDICT_ORDER = ("uncovered", "routed", "row-independent")
 
 
 def render_census(found, console: Console | None = None) -> None:
