@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up (or reuse) .venv, install the system packages the tests need, then run the CPU tests: one
-# worker per core (pytest-xdist, a test file per worker at a time, one torch thread each), and the
+# Set up (or reuse) .venv, install the system packages the tests need, then run the CPU tests: three
+# workers on two cores (pytest-xdist, a file per worker at a time, one torch thread each: a worker waiting
+# on a subprocess or a server leaves its core to the others; NONDET_TEST_WORKERS=N), and the
 # 15 slowest tests printed at the end.
 #   bash scripts/test.sh          every test but the `slow` selection (under 10 minutes on 2 cores)
 #   bash scripts/test.sh --slow   only the `slow` selection: real models end to end, Inductor, TP groups
@@ -16,4 +17,4 @@ esac
 bash scripts/setup.sh
 if [ -f scripts/ci_system_deps.sh ]; then bash scripts/ci_system_deps.sh; fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # two workers on two cores: no oversubscribed thread pools
-exec .venv/bin/python -m pytest -q -m "$selection" -n auto --dist loadfile --durations=15 "$@"
+exec .venv/bin/python -m pytest -q -m "$selection" -n "${NONDET_TEST_WORKERS:-3}" --dist loadfile --durations=15 "$@"

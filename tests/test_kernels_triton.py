@@ -284,6 +284,23 @@ else:
             dec = triton_attention.attention(q[:, :, i:i + 1], k[:, :, :pos], v[:, :, :pos])
             assert torch.equal(dec[:, 0], small[:, i]), i
 
+    def _columns(n: int) -> int:
+        """Output columns computed for a width-n case: n, or for a wide n (past 8191, where the wide tiles
+        start) 264, two 256-column tiles with a ragged edge. A row's bits follow its tile shape and K
+        order, not how many column tiles sit beside it; 8200 columns only cost the interpreter a minute."""
+        return n if n <= 8191 else 264
+
+    def _mm_tiled_for(a, b, n: int):
+        """triton_matmul.mm of a @ b with the tiles, and the launch, an (M x n) output gets (b may be narrower)."""
+        from nondet.kernels.config import matmul_config
+
+        m, k = a.shape
+        if b.shape[1] == n:
+            return triton_matmul.mm(a, b)  # the dispatch itself
+        cfg = matmul_config(a.dtype, m, k, n)
+        assert not triton_matmul.use_split(1, m, n, k, cfg, a.device, 4)  # n wide: the unsplit launch
+        return triton_matmul.mm(a, b, cfg=cfg, split=False)
+
     @pytest.mark.parametrize("n", [24, 8200])
     def test_matmul_prefill_bucket_by_width_gives_the_largest_ms_bits(n):
         # M 129..512 takes 64x128 TMA tiles for narrow N and 128x256 for wide N, M 65..128 64x64 tiles
@@ -292,12 +309,12 @@ else:
 
         torch.manual_seed(6)
         a = torch.randn(516, 136, dtype=torch.bfloat16)
-        b = torch.randn(n, 136, dtype=torch.bfloat16).t()
+        b = torch.randn(_columns(n), 136, dtype=torch.bfloat16).t()
         assert matmul_config(torch.bfloat16, 300, 136, n).block_n == (128 if n == 24 else 256)
         assert matmul_config(torch.bfloat16, 100, 136, n).block_n == (64 if n == 24 else 128)
-        full = triton_matmul.mm(a, b)
+        full = _mm_tiled_for(a, b, n)
         for m in (64, 65, 128, 129, 256, 257, 512, 513):
-            assert torch.equal(triton_matmul.mm(a[:m], b).view(torch.int16), full[:m].view(torch.int16)), m
+            assert torch.equal(_mm_tiled_for(a[:m], b, n).view(torch.int16), full[:m].view(torch.int16)), m
 
     @pytest.mark.parametrize("n", [24, 8200])
     def test_matmul_decode_buckets_by_width_give_the_largest_ms_bits(n):
@@ -310,10 +327,10 @@ else:
         assert matmul_config(torch.bfloat16, 10, 1100, 4096).block_n == 128
         torch.manual_seed(7)
         a = torch.randn(20, 1100, dtype=torch.bfloat16)
-        b = torch.randn(n, 1100, dtype=torch.bfloat16).t()
-        full = triton_matmul.mm(a, b)
+        b = torch.randn(_columns(n), 1100, dtype=torch.bfloat16).t()
+        full = _mm_tiled_for(a, b, n)
         for m in (1, 4, 5, 16, 17):
-            assert torch.equal(triton_matmul.mm(a[:m], b).view(torch.int16), full[:m].view(torch.int16)), m
+            assert torch.equal(_mm_tiled_for(a[:m], b, n).view(torch.int16), full[:m].view(torch.int16)), m
 
     def test_attention_kv_start_outside_the_cache_is_clamped():
         # an unwritten kv_start buffer handed the decode kernel garbage that addressed

@@ -47,6 +47,7 @@ def test_the_compiled_mode_gives_the_eager_modes_bits(tmp_path, default_model_di
     assert "decode_path" not in eager.summary
 
 
+@pytest.mark.slow
 def test_the_compiled_path_still_finds_injected_variance_and_the_mode_removes_it(tmp_path, default_model_dir):
     result, _ = probe(tmp_path, "inject", kernels=("default", "batch-invariant"), inject=True)
     default, mode = result.summary["modes"]["default"], result.summary["modes"]["batch-invariant"]
@@ -96,6 +97,7 @@ def test_compile_outside_static_batches_is_one_line_exit_2(tmp_path, args):
     assert "--compile decodes in this process" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_gate_compile_judges_the_compiled_path(tmp_path, default_model_dir):
     r = cli_runner.run(["gate", "-p", PROMPT, "-b", "1,2", "-n", "6", "--compile", "--kernels", "batch-invariant", "--out", str(tmp_path / "g")], timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -132,6 +134,7 @@ def test_speculative_decoding_on_the_compiled_path(tmp_path, default_model_dir):
     assert {k: v for k, v in steps.items() if k[0] == "batch-invariant"} == eager
 
 
+@pytest.mark.slow
 @speculative_compiles
 def test_a_speculative_condition_is_warmed_up_as_often_as_its_device_needs(tmp_path, default_model_dir, monkeypatch):
     """On CUDA two whole calls warm a speculative condition up (the second was still 1.8-2.6x slower);

@@ -23,6 +23,7 @@ def test_bench_rl_tiny_prints_the_table():
     assert all(r["throughput_ratio"] == pytest.approx(r["default_ms"] / r["batch_invariant_ms"]) for r in rows)
 
 
+@pytest.mark.slow  # torch.compile on the CPU
 def test_bench_rl_compiled_forward_runs_under_both_kernels():
     """--compile: the trainer step through torch.compile (Inductor on the CPU), default and the mode."""
     proc = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--micro-batch", "1", "--compile", "--json"],

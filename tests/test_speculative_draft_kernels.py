@@ -46,7 +46,8 @@ def _draft_attention_while_drafting(source, planned) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("compile_backend", [None, "aot_eager"])  # transformers' assistant; nondet's StaticDraft
+# transformers' assistant; nondet's StaticDraft (torch.compile on the CPU: the slow selection)
+@pytest.mark.parametrize("compile_backend", [None, pytest.param("aot_eager", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kernels", ["default", "batch-invariant"])
 def test_the_draft_runs_the_conditions_attention_and_gets_its_own_back(tiny_model_dir, draft_dir, kernels,
                                                                       compile_backend):
