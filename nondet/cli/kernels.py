@@ -19,7 +19,8 @@ SECTIONS = ("matmul", "rmsnorm", "decode", "e2e")
 
 @kernels_app.command("bench")
 def bench(
-    out: Annotated[Path, typer.Option(help="Markdown file the table is written to.")] = Path("docs/benchmarks.md"),
+    out: Annotated[Path, typer.Option(help="Markdown file the table is written to (replaced).")] = Path(
+        "kernels-bench.md"),
     only: Annotated[list[str] | None, typer.Option(help=f"Run only these sections: {', '.join(SECTIONS)}.")] = None,
     quick: Annotated[bool, typer.Option(help="Fewer shapes and a 4-layer model (a smoke run).")] = False,
     score: Annotated[bool, typer.Option(help="Time the fixed score shape set and end with `score=X`: the "
@@ -30,7 +31,7 @@ def bench(
 
     Every section also checks, in the same run, that our kernels are bitwise batch-invariant.
 
-    Example: nondet kernels bench --score --out docs/benchmarks.md
+    Example: nondet kernels bench --score --out bench.md
     """
     sections = tuple(only) if only else SECTIONS
     unknown = sorted(set(sections) - set(SECTIONS))
