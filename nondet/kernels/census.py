@@ -192,8 +192,7 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self._compiled = compiled
         self._names = {module: name for name, module in model.named_modules()}
-        self._stack: list[str] = []
-        self._types: list[torch.nn.Module] = []  # the modules of _stack
+        self._stack: list[torch.nn.Module] = []  # the modules running, innermost last
         self._hooks: list = []
         self._counts: Counter = Counter()
 
@@ -219,20 +218,17 @@ class _Recorder(TorchDispatchMode):
         self._hooks.clear()
 
     def _push(self, module, args):
-        self._stack.append(self._names[module])
-        self._types.append(module)
+        self._stack.append(module)
 
     def _pop(self, module, args, output):
         if self._stack:
             self._stack.pop()
-            self._types.pop()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        module = self._types[-1] if self._types else None
+        module = self._stack[-1] if self._stack else None
         verdict, why = classify(func, args, kwargs, self._compiled, _inside_our_kernel(), module)
-        module = self._stack[-1] if self._stack else ""
-        self._counts[(module, _op_name(func), verdict, why)] += 1
+        self._counts[(self._names[module] if module is not None else "", _op_name(func), verdict, why)] += 1
         return func(*args, **kwargs)
 
     def uses(self) -> tuple[OpUse, ...]:
