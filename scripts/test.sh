@@ -17,4 +17,4 @@ esac
 bash scripts/setup.sh
 if [ -f scripts/ci_system_deps.sh ]; then bash scripts/ci_system_deps.sh; fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # a worker per core or more: no oversubscribed thread pools
-exec .venv/bin/python -m pytest -q -m "$selection" -n "${NONDET_TEST_WORKERS:-3}" --dist loadfile --durations=15 "$@"
+exec .venv/bin/python -m pytest -q -m "$selection" -n "${NONDET_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder --durations=15 "$@"

@@ -17,6 +17,36 @@ for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
 
 
+# Files started first by pytest-xdist (scripts/test.sh passes --dist loadfile --no-loadscope-reorder, so
+# files are handed out in collection order): the longest, measured with --durations on a 2-core Xeon
+# (2026-11-27; seconds of one worker among three). Left to collection order, an 85 s file started last
+# ran alone for the last 100 s while the other core idled. Only the order changes, never the selection.
+HEAVY_FIRST = (
+    "test_kernels_attention_split.py",  # 85: the Triton interpreter
+    "test_kernels_triton.py",  # 85: the Triton interpreter
+    "test_tp.py",  # 79: two gloo ranks per run
+    "test_family_matrix.py",  # 76
+    "test_partial_utf8.py",  # 74
+    "test_census_cli.py",  # 63
+    "test_kernels_compile.py",  # 56: Inductor
+    "test_probe_compile.py",  # 54: Inductor
+    "test_kernels_ttgir.py",  # 43
+    "test_confirm.py",  # 38
+    "test_probe_rows.py",  # 38
+    "test_exit_codes.py",  # 37
+    "test_probe.py",  # 37
+    "test_kernels_grouped.py",  # 37: the Triton interpreter
+    "test_speculative_compiled_draft.py",  # 36
+    "test_kernels_attention_features.py",  # 35: the Triton interpreter
+)
+
+
+def pytest_collection_modifyitems(items):
+    """The HEAVY_FIRST files first, in that order; every other file after them, in collection order."""
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
+
+
 @pytest.fixture(scope="session")
 def default_model_dir():
     from nondet.probes.models.default_model import default_model_dir as build

@@ -3,8 +3,9 @@ target without one (`rerun_compiling_for_gpus`: Triton ships ptxas).
 
 TRITON_INTERPRET must be set before triton is first imported, which another test may already have
 done in this process, so a file re-runs itself in a fresh interpreter with the variable set
-(`rerun_under_interpreter`); its checks are collected only there. `emulate_mma_rows` makes the
-interpreter's tl.dot compute each row from that row alone, as a GPU's MMA does.
+(`rerun_under_interpreter`); its checks are collected only there. `prepare_interpreter` makes the
+interpreter's tl.dot compute each row from that row alone, as a GPU's MMA does, and stops it patching
+triton.language again on every call of a @triton.jit helper.
 """
 
 import os
@@ -30,6 +31,12 @@ def rerun_compiling_for_gpus(path: str, inner_flag: str, cache_dir) -> None:
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
 
 
+def prepare_interpreter() -> None:
+    """What every file run under the interpreter calls first: MMA-like rows, and the language patched once."""
+    emulate_mma_rows()
+    patch_language_once()
+
+
 def emulate_mma_rows() -> None:
     """tl.dot one row at a time. The interpreter's np.matmul goes to the host's BLAS, whose sgemm can
     round a row differently depending on the tile's OTHER rows (seen with numpy 2.4.6 on an AMD EPYC:
@@ -45,3 +52,44 @@ def emulate_mma_rows() -> None:
         return interpreter.TensorHandle(np.concatenate(rows) + d.data, d.dtype.scalar)
 
     interpreter.InterpreterBuilder.create_dot = dot_row_by_row
+
+
+def patch_language_once() -> None:
+    """The interpreter patches triton.language when a launch starts and again on every call of a
+    @triton.jit helper inside it (`inspect.getmembers` over the whole module each time: 1.4 ms a call,
+    28% of the split-attention tests' time, triton 3.9). A helper whose language modules the launch has
+    already patched skips it: the patch would set what is already set. Bits do not change: the same
+    patched functions run either way. Where the interpreter's internals are not as expected, nothing
+    is changed."""
+    import triton.language as tl
+    import triton.runtime.interpreter as interpreter
+
+    real = getattr(interpreter, "_patch_lang", None)
+    scope_class = getattr(interpreter, "_LangPatchScope", None)
+    if real is None or scope_class is None or getattr(real, "nondet_patched_once", False):
+        return
+    patched: set[int] = set()  # ids of the language modules the running launch patched
+
+    def languages(fn) -> set[int]:
+        return {id(value) for value in fn.__globals__.values() if value is tl or value is tl.core}
+
+    def patch_once(fn):
+        mine = languages(fn)
+        if patched and mine <= patched:
+            return scope_class()  # inside a launch that patched them: nothing to set, nothing to restore
+        scope = real(fn)
+        if patched:  # a helper seeing another language module (triton.language.standard sees core): the
+            patched.update(mine)  # interpreter never restores a helper's patch, so it holds from here on
+            return scope
+        patched.update(mine)
+        restore = scope.restore
+
+        def restore_and_forget():
+            patched.clear()
+            restore()
+
+        scope.restore = restore_and_forget
+        return scope
+
+    patch_once.nondet_patched_once = True
+    interpreter._patch_lang = patch_once

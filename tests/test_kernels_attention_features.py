@@ -9,7 +9,7 @@ chunk equals one-token decodes, bit for bit, with the features on.
 
 import os
 import pytest
-from interpreter import emulate_mma_rows, rerun_under_interpreter
+from interpreter import prepare_interpreter, rerun_under_interpreter
 
 INNER = os.environ.get("NONDET_ATTN_FEATURES_INNER") == "1"
 
@@ -26,7 +26,7 @@ else:
     from nondet.kernels import autograd, cpu, ops, triton_attention
     from nondet.kernels.config import AttentionConfig
 
-    emulate_mma_rows()
+    prepare_interpreter()
 
     ATT_CFG = AttentionConfig(block_m=16, block_n=16, kv_chunk=32, num_warps=4, num_stages=1)
     H, KVH = 4, 2

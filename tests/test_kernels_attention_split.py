@@ -13,7 +13,7 @@ a GPU, where the programs race and the counter decides which one merges.
 
 import os
 import pytest
-from interpreter import emulate_mma_rows, rerun_under_interpreter
+from interpreter import prepare_interpreter, rerun_under_interpreter
 
 INNER = os.environ.get("NONDET_ATTN_SPLIT_INNER") == "1"
 
@@ -30,7 +30,7 @@ else:
     from nondet.kernels import ops, triton_attention
     from nondet.kernels.config import AttentionConfig
 
-    emulate_mma_rows()
+    prepare_interpreter()
 
     # kv_chunk 32 / block_n 16: a few dozen keys span several chunks of two steps each
     ATT_CFG = AttentionConfig(block_m=16, block_n=16, kv_chunk=32, num_warps=4, num_stages=1)

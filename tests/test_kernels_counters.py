@@ -9,7 +9,7 @@ GPU (scripts/gpu.sh split-tests), where the programs race, plus the stream and C
 import os
 
 import pytest
-from interpreter import emulate_mma_rows, rerun_under_interpreter
+from interpreter import prepare_interpreter, rerun_under_interpreter
 
 INNER = os.environ.get("NONDET_COUNTERS_INNER") == "1"
 
@@ -42,7 +42,7 @@ else:
     from nondet.kernels import counters, triton_attention, triton_matmul
     from nondet.kernels.config import AttentionConfig, MatmulConfig
 
-    emulate_mma_rows()
+    prepare_interpreter()
     DEVICE = os.environ.get("NONDET_TEST_DEVICE", "cpu")
     MM_CFG = MatmulConfig(block_m=16, block_n=16, block_k=16, k_chunk=32, group_m=2, num_warps=4, num_stages=1)
     ATT_CFG = AttentionConfig(block_m=16, block_n=16, kv_chunk=32, num_warps=4, num_stages=1)

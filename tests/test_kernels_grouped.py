@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-from interpreter import emulate_mma_rows, rerun_under_interpreter
+from interpreter import prepare_interpreter, rerun_under_interpreter
 
 import family_models as fm
 
@@ -103,7 +103,7 @@ else:
 
     @pytest.fixture(autouse=True)
     def _rows_alone():
-        emulate_mma_rows()
+        prepare_interpreter()
 
     @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
     @pytest.mark.parametrize("k", [128, 96])  # 96: a K that is no multiple of block_k (masked loads)

@@ -8,7 +8,7 @@ variable set; the checks below are collected only there.
 
 import os
 import pytest
-from interpreter import emulate_mma_rows, rerun_under_interpreter
+from interpreter import prepare_interpreter, rerun_under_interpreter
 
 INNER = os.environ.get("NONDET_TRITON_INNER") == "1"
 
@@ -80,7 +80,7 @@ else:
     from nondet.kernels import reference, triton_attention, triton_matmul, triton_rows
     from nondet.kernels.config import AttentionConfig, MatmulConfig
 
-    emulate_mma_rows()
+    prepare_interpreter()
 
     # Small tiles and a small K chunk keep the interpreter fast and make K=29..200 span chunks,
     # so the split and fused strategies are both exercised.
