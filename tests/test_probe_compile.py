@@ -45,6 +45,9 @@ def test_the_compiled_mode_gives_the_eager_modes_bits(tmp_path, default_model_di
     assert env["decode_path"] == "torch.compile (aot_eager), static KV cache"
     assert json.loads((eager.run_dir / "fingerprint.json").read_text())["decode_path"] == "eager, static KV cache"
     assert "decode_path" not in eager.summary
+    # aot_eager runs no Inductor pass: the graph census says it saw no graph rather than claiming coverage
+    assert compiled.summary["compiled_graph_census"]["graphs_inspected"] == 0
+    assert "compiled_graph_census" not in eager.summary
 
 
 @pytest.mark.slow
@@ -87,6 +90,9 @@ def test_cli_compile_with_inductor_prints_each_modes_path(tmp_path, default_mode
         assert f"{mode}: torch.compile (inductor), static KV cache; compile + warm-up" in r.stdout, r.stdout
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["modes"]["batch-invariant"]["distinct_completions"] == 1
+    graphs = summary["compiled_graph_census"]  # what Inductor compiled under the mode, sorted after tracing
+    assert graphs["graphs_inspected"] >= 1 and graphs["routed"] > 0 and graphs["uncovered"] == [], graphs
+    assert summary["kernel_coverage"]["coverage"] == "invariant"
 
 
 @pytest.mark.parametrize("args", [["--endpoint", "http://127.0.0.1:9"], ["--load", "continuous"],

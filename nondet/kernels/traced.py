@@ -163,8 +163,13 @@ def traced_scope(ops: frozenset, compiled_calls_only: bool = False):
     body, where the aten overrides compute the same bits without a Python call per torch function."""
     import torch._inductor.config as inductor_config
 
+    from nondet.kernels.graph_census import inductor_pass
+
     mode = TracedMode(ops)
-    with inductor_config.patch(emulate_precision_casts=True), (compiled_calls(mode) if compiled_calls_only else mode):
+    # every graph compiled under the mode is sorted by graph_census (what a caller collects)
+    sorting = inductor_pass(inductor_config.post_grad_custom_pre_pass)
+    with (inductor_config.patch(emulate_precision_casts=True, post_grad_custom_pre_pass=sorting),
+          compiled_calls(mode) if compiled_calls_only else mode):
         yield
 
 

@@ -9,12 +9,15 @@ around it, and ragged batches when asked. Each target row of a condition becomes
 StreamRecord whose prompt_id is that row's prompt: it is compared with that prompt's reference.
 """
 
+import contextlib
 import time
 from dataclasses import replace
 
 from nondet.probes.core import conditions as cond
 from nondet.probes.core.batch import build_batch, tokenize_inputs
 from nondet.probes.core.chat import model_texts
+from nondet.errors import UnsupportedModelError
+from nondet.probes.core.kernel_coverage import PARTLY
 from nondet.probes.core.kernels_mode import COMPILED_CALLS, kernels_mode
 from nondet.probes.core.numerics import fingerprint
 from nondet.probes.core.pieces import token_piece
@@ -37,6 +40,7 @@ class StaticSource:
         self.started = time.perf_counter()  # --budget counts from open() (model load included)
         self.budget_note: dict | None = None  # summary.json "budget" (--budget only)
         self.paths = None  # --compile: compiled.DecodePaths, set in open() once the device is known
+        self.graphs = None  # --compile with the mode: what Inductor compiled under it (kernels/graph_census.py)
 
     def open(self) -> Opened:
         self.started = time.perf_counter()
@@ -130,14 +134,25 @@ class StaticSource:
         from nondet.probes.core.compiled import compile_scope
 
         compiled = replace(settings, compile_backend=c.compile_backend)
-        with compile_scope():
+        with compile_scope(), self._sorting_graphs(mode):
             if self.paths.compiles(mode):
                 self.paths.warm_up(mode, lambda: run(compiled, warm=True))
             chosen = compiled if self.paths.compiles(mode) else replace(settings, kv_cache="static")
             started = time.perf_counter()
             rows = run(chosen)
         self.paths.measured(mode, time.perf_counter() - started)
+        if self.graphs is not None:
+            refuse_uncovered_graphs(self.graphs, c.allow_uncovered)
         return rows
+
+    def _sorting_graphs(self, mode: str):
+        """Under the mode, every graph Inductor compiles goes into self.graphs (graph_census.py)."""
+        if mode == "default":
+            return contextlib.nullcontext()
+        from nondet.kernels.graph_census import GraphCensus, collecting
+
+        self.graphs = self.graphs or GraphCensus()
+        return collecting(self.graphs)
 
     def summarize(self, streams: list[dict]):
         doc = summarize_modes(streams, self.loaded.tokenizer, self.config.targets)
@@ -145,6 +160,10 @@ class StaticSource:
             doc["budget"] = self.budget_note
         if self.paths is not None:
             doc["decode_path"] = self.paths.as_summary()
+        if self.graphs is not None:
+            doc["compiled_graph_census"] = self.graphs.to_json()
+            if self.graphs.uncovered:  # allowed (refused otherwise): the run is partly invariant
+                doc["kernel_coverage"] = {"coverage": PARTLY, "uncovered": self.graphs.uncovered_lines()}
         return as_summary(doc)
 
     def close(self) -> None:
@@ -188,6 +207,16 @@ def replay_condition(model, tokenizer, condition: cond.Condition, target: list[i
 
         generate(model, tokenizer, batch, settings, None, stopping=[warm_up_stop(len(batch.input_ids[0]))])
         return {}
+
+
+def refuse_uncovered_graphs(graphs, allow_uncovered: bool) -> None:
+    """A reduction Inductor compiled under the mode that is not ours refuses the run (exit 3, the
+    streams already written kept), unless allowed: then summarize labels it partly invariant."""
+    if graphs.uncovered and not allow_uncovered:
+        (module, op), more = sorted(graphs.uncovered)[0], len(graphs.uncovered) - 1
+        also = f" (and {more} more)" if more else ""
+        raise UnsupportedModelError(f"{module}: {op} is not covered by the batch-invariant mode in the compiled "
+                                    f"graph{also}; --allow-uncovered runs it labelled partly invariant")
 
 
 def condition_record(condition: cond.Condition) -> ConditionRecord:

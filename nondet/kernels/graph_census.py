@@ -1,0 +1,181 @@
+"""The op census of what Inductor actually compiled under the mode: every graph, after tracing.
+
+census.py takes the compiled path's census by running the traced mode eagerly (compiled=True counts
+only nondet:: ops as routed). A compiled forward can still hold ops that run never showed: code under
+`torch.compiler.is_compiling()`, Inductor's own decompositions. So while the traced mode is active,
+Inductor runs this pass on every post-grad graph (aten level, after decomposition, before its own
+code generation) and sorts each call like the census does:
+
+- routed: a nondet:: op, or a Triton kernel of nondet.kernels (a triton_op's launch, which Inductor
+  sees through as a kernel wrapper);
+- row-independent: op_kinds' reviewed allowlist, and prims' casts, iotas and views;
+- uncovered: a float reduction or contraction (sum, mean, matmul, convolution, cumsum, softmax, a
+  norm, attention, an accumulating scatter) that is not ours: Inductor compiles it in an order of
+  its choosing, which may follow the batch;
+- unreviewed: anything else; listed, not refused (a compiled graph holds ops the eager census never
+  meets, such as the functional forms of in-place copies).
+
+A graph loaded from Inductor's cache is not traced again, so the pass cannot see it: `inspected`
+counts the graphs it saw, and a result over zero graphs says so rather than claiming coverage.
+"""
+
+import collections
+import contextlib
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+
+from nondet.kernels import op_kinds
+
+# float reductions and contractions: their order of accumulation is the compiler's choice
+REDUCING = frozenset("""
+    sum mean prod var var_mean std std_mean mm bmm addmm baddbmm addmv mv dot matmul convolution
+    _convolution cumsum cumprod logcumsumexp _softmax _log_softmax softmax log_softmax norm
+    linalg_vector_norm native_layer_norm native_group_norm native_batch_norm _fused_rms_norm rms_norm
+    _scaled_dot_product_flash_attention _scaled_dot_product_efficient_attention
+    _scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_cudnn_attention
+    scaled_dot_product_attention index_add scatter_add scatter_reduce logsumexp einsum _weight_int4pack_mm
+    """.split())
+# prims that only cast, make or reshape values
+_PRIMS_ROW_INDEPENDENT = frozenset("convert_element_type iota view_of broadcast_in_dim squeeze device_put".split())
+_KERNEL_WRAPPERS = ("triton_kernel_wrapper_functional", "triton_kernel_wrapper_mutation")
+_COLLECTING: list["GraphCensus"] = []  # what the pass reports to (collecting); none: it sorts nothing
+
+
+@dataclass
+class GraphCensus:
+    """What the pass found over the graphs Inductor compiled under the mode."""
+
+    inspected: int = 0
+    routed: int = 0
+    row_independent: int = 0
+    uncovered: collections.Counter = field(default_factory=collections.Counter)  # (module, op) -> calls
+    unreviewed: collections.Counter = field(default_factory=collections.Counter)  # op -> calls
+
+    def uncovered_lines(self) -> list[str]:
+        """'module: namespace::op (compiled graph)', as kernel_coverage lists what was not covered."""
+        return [f"{module}: {op} (compiled graph)" for module, op in sorted(self.uncovered)]
+
+    def to_json(self) -> dict:
+        return {"graphs_inspected": self.inspected, "routed": self.routed, "row_independent": self.row_independent,
+                "uncovered": [{"module": m, "op": op, "calls": n} for (m, op), n in sorted(self.uncovered.items())],
+                "unreviewed": dict(sorted(self.unreviewed.items()))}
+
+
+class _Pass:
+    """Inductor's post-grad custom pass (config.post_grad_custom_pre_pass): reads the graph, changes
+    nothing. uuid: this file's text, so a changed census is a new entry of Inductor's FX graph cache."""
+
+    def __init__(self, then=None):
+        self.then = then  # no lock or other unpicklable state: Inductor copies its config
+
+    def __call__(self, graph) -> None:
+        for census in _COLLECTING:
+            census.inspected += 1
+            for node in graph.nodes:
+                if node.op == "call_function":
+                    _sort(census, node)
+        if self.then is not None:
+            self.then(graph)
+
+    def uuid(self):
+        with open(__file__, "rb") as source:
+            mine = hashlib.sha256(source.read()).hexdigest()
+        theirs = self.then.uuid() if self.then is not None and hasattr(self.then, "uuid") else None
+        return mine if self.then is None else (mine, theirs)
+
+
+def inductor_pass(existing=None) -> _Pass:
+    """The pass to set as post_grad_custom_pre_pass (traced.traced_scope does); a pass the user had set
+    runs after it."""
+    return existing if isinstance(existing, _Pass) else _Pass(existing)
+
+
+@contextlib.contextmanager
+def collecting(census: GraphCensus):
+    """For the body, every graph Inductor compiles under the traced mode is sorted into `census`."""
+    _COLLECTING.append(census)
+    try:
+        yield census
+    finally:
+        _COLLECTING.remove(census)
+
+
+def _sort(census: GraphCensus, node) -> None:
+    target = node.target
+    name = getattr(target, "__name__", str(target))
+    if name in _KERNEL_WRAPPERS:
+        if _our_kernel(node):
+            census.routed += 1
+        else:
+            census.unreviewed[f"triton kernel {_kernel_name(node)}"] += 1
+        return
+    if not isinstance(target, torch._ops.OpOverload):
+        return  # operator.getitem and other Python plumbing
+    namespace, op = target.namespace, op_kinds.base_name(target)
+    if namespace == "nondet":
+        census.routed += 1
+    elif namespace == "prims" and op in _PRIMS_ROW_INDEPENDENT:
+        census.row_independent += 1
+    elif op in REDUCING and _floating(node):
+        census.uncovered[(_module_of(node), f"{namespace}::{op}")] += 1
+    elif _row_independent(target, node):
+        census.row_independent += 1
+    else:
+        census.unreviewed[f"{namespace}::{op}"] += 1
+
+
+def _row_independent(target, node) -> bool:
+    args, kwargs = _values(node)
+    try:
+        return op_kinds.row_independent(target, args, kwargs) is not None
+    except (IndexError, AttributeError, TypeError):
+        return False
+
+
+def _values(node):
+    """The node's arguments with each graph node replaced by its fake value (shapes and dtypes)."""
+    from torch.fx.node import map_arg
+
+    def value(arg):
+        return arg.meta.get("val")
+
+    return map_arg(node.args, value), map_arg(node.kwargs, value)
+
+
+def _floating(node) -> bool:
+    args, kwargs = _values(node)
+    tensors = [a for a in op_kinds._flat(list(args) + list(kwargs.values())) if isinstance(a, torch.Tensor)]
+    return any(t.is_floating_point() or t.is_complex() for t in tensors)
+
+
+def _module_of(node) -> str:
+    """The innermost module that called the op, as dynamo recorded it ('?' where the graph lost it)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "?"
+    path = list(stack.values())[-1][0]
+    return str(path).replace("L['self'].", "").replace("L['self']", "model") or "?"
+
+
+def _kernel(node):
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    index = node.kwargs.get("kernel_idx")
+    try:
+        return kernel_side_table.get_kernel(index)
+    except (KeyError, AssertionError, TypeError):
+        return None
+
+
+def _kernel_name(node) -> str:
+    kernel = _kernel(node)
+    fn = getattr(kernel, "fn", kernel)
+    return getattr(fn, "__qualname__", "?")
+
+
+def _our_kernel(node) -> bool:
+    kernel = _kernel(node)
+    fn = getattr(kernel, "fn", kernel)
+    return str(getattr(fn, "__module__", "")).startswith("nondet.kernels")

@@ -1,0 +1,92 @@
+"""The census of what Inductor compiled under the traced mode (nondet/kernels/graph_census.py).
+
+Each check compiles a small function with Inductor on the CPU under `traced_scope` and reads what
+the post-grad pass sorted. Positive control: a float cumsum (no nondet:: op computes it) is uncovered,
+named with its op. Negative: a linear layer and an RMSNorm-like mean are the mode's ops (routed), and
+nothing is uncovered. The pass sorts nothing outside `collecting`, and the Inductor setting it rides
+on is restored when the mode ends.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nondet.kernels.graph_census import GraphCensus, collecting, inductor_pass
+from nondet.kernels.mode import OP_CLASSES
+from nondet.kernels.traced import traced_scope
+
+ALL = frozenset(OP_CLASSES)
+
+
+def _compiled_census(fn, *args) -> GraphCensus:
+    torch._dynamo.reset()
+    census = GraphCensus()
+    with traced_scope(ALL), collecting(census):
+        torch.compile(fn, backend="inductor", fullgraph=True)(*args)
+    torch._dynamo.reset()
+    return census
+
+
+def _norm_then_linear(x, w):
+    rms = x.pow(2).mean(-1, keepdim=True)  # an RMSNorm's mean: the mode's mean_sq
+    return F.linear(x * torch.rsqrt(rms + 1e-6), w)
+
+
+def test_a_cumsum_compiled_under_the_mode_is_uncovered_and_named():
+    x, w = torch.randn(3, 16), torch.randn(8, 16)
+    census = _compiled_census(lambda x, w: F.linear(x, w).cumsum(-1), x, w)
+    assert census.inspected >= 1
+    ops = {op for _, op in census.uncovered}
+    assert "aten::cumsum" in ops, census.to_json()
+    assert census.routed >= 1  # the linear is still ours
+    assert any(line.endswith("aten::cumsum (compiled graph)") for line in census.uncovered_lines())
+
+
+def test_the_modes_own_ops_compile_with_nothing_uncovered():
+    x, w = torch.randn(3, 16), torch.randn(8, 16)
+    census = _compiled_census(_norm_then_linear, x, w)
+    assert census.inspected >= 1 and census.routed >= 2, census.to_json()  # mean_sq and mm
+    assert not census.uncovered, census.to_json()
+
+
+def test_the_same_function_without_the_mode_holds_an_uncovered_sum():
+    """Control for the negative case: compiled without the traced mode (the pass installed by hand), the
+    same function's mean and matmul are Inductor's own, so the sort must find them."""
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    census = GraphCensus()
+    with inductor_config.patch(post_grad_custom_pre_pass=inductor_pass()), collecting(census):
+        torch.compile(_norm_then_linear, backend="inductor", fullgraph=True)(torch.randn(3, 16), torch.randn(8, 16))
+    torch._dynamo.reset()
+    assert census.routed == 0 and census.uncovered, census.to_json()
+
+
+def test_nothing_is_sorted_outside_collecting_and_the_setting_is_restored():
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.post_grad_custom_pre_pass
+    census = GraphCensus()
+    torch._dynamo.reset()
+    with traced_scope(ALL):
+        assert inductor_config.post_grad_custom_pre_pass is not before
+        torch.compile(lambda x: x.cumsum(-1), backend="inductor")(torch.randn(2, 4))
+    torch._dynamo.reset()
+    assert inductor_config.post_grad_custom_pre_pass is before
+    assert census.inspected == 0
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_the_static_source_refuses_an_uncovered_graph_unless_allowed(allowed):
+    from nondet.errors import UnsupportedModelError
+    from nondet.probes.static.source import refuse_uncovered_graphs
+
+    census = GraphCensus()
+    census.uncovered[("model.layers.0.mixer", "aten::cumsum")] += 2
+    if allowed:
+        refuse_uncovered_graphs(census, True)
+        return
+    with pytest.raises(UnsupportedModelError, match=r"^model.layers.0.mixer: aten::cumsum is not covered by the "
+                                                    r"batch-invariant mode in the compiled graph; --allow-uncovered"):
+        refuse_uncovered_graphs(census, False)
+    refuse_uncovered_graphs(GraphCensus(), False)  # nothing uncovered: no refusal
