@@ -141,3 +141,44 @@ def partly_line(uncovered: list[str]) -> str:
     """One line for a partly invariant run: how many ops the mode did not cover, the first few."""
     shown = "; ".join(uncovered[:3]) + ("; ..." if len(uncovered) > 3 else "")
     return f"batch-invariant kernels partly invariant: {len(uncovered)} op(s) not covered ({shown})"
+
+
+def graph_census_line(g: dict) -> str:
+    """--compile under the mode: what the ops Inductor compiled were (summary.json compiled_graph_census)."""
+    if not g.get("graphs_inspected"):
+        return ("compiled graphs under the mode: none inspected (the backend ran no Inductor pass, or Inductor's "
+                "cache held every graph); the compiled path's coverage rests on the census taken before compiling")
+    unreviewed = sum(g.get("unreviewed", {}).values())
+    return (f"compiled graphs under the mode: {g['graphs_inspected']} inspected, {g['routed']} ops batch-invariant, "
+            f"{g['row_independent']} row-independent, {len(g.get('uncovered', []))} uncovered"
+            + (f", {unreviewed} unreviewed" if unreviewed else ""))
+
+
+def confidence_line(name: str, c: dict) -> str:
+    """How sure one kernels mode's verdict is (summary.json modes.<mode>.confidence): the runs that
+    diverged in tokens, the 95% interval of the rate, and the grade."""
+    k, n = c["diverged"], c["runs"]
+    if n == 0:
+        rate = "no run besides the reference: no rate"
+    elif k == 0:
+        rate = f"0 of {n} runs diverged: the flip rate is below {_percent(c['high'])} at 95%"
+    else:
+        rate = (f"{k} of {n} runs diverged ({_percent(c['rate'])}; 95% interval {_percent(c['low'])}-"
+                f"{_percent(c['high'])})")
+    return f"{name}: {rate}; {_grade_words(c)}"
+
+
+def _grade_words(c: dict) -> str:
+    grades = c.get("grades") or {}
+    if sum(grades.values()) > 1:
+        return "prompts " + ", ".join(f"{n} {g}" for g, n in grades.items())
+    if c["grade"] == "fragile":
+        steps = [p["fragile_steps"] for p in (c.get("prompts") or {}).values() if p["fragile_steps"]]
+        shown = ", ".join(map(str, steps[0][:5])) + (", ..." if steps and len(steps[0]) > 5 else "")
+        return f"fragile (the reference's margin is below the measured difference at step {shown})"
+    return c["grade"]
+
+
+def _percent(x: float) -> str:
+    """0.1135 -> '11%', 0.00998 -> '1%', 0.0042 -> '0.42%'."""
+    return f"{x:.0%}" if x == 0 or x >= 0.1 else f"{x * 100:.2g}%"

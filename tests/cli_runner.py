@@ -20,8 +20,14 @@ import subprocess
 import sys
 import tempfile
 
-# variables nondet reads when it runs (not when torch / transformers / triton are imported)
-SAFE_ENV_PREFIXES = ("NONDET_", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TERM", "PYTEST_", "GITHUB_")
+# variables nondet reads when it runs (not when torch / transformers / triton are imported). Also three
+# that libraries set in the test process as they run and read again when used, never at import:
+# TOKENIZERS_PARALLELISM (transformers' compiled generate sets it), TORCHINDUCTOR_CACHE_DIR and
+# _TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR (Inductor sets them while it compiles): with one set, every
+# later call of that worker fell back to a real subprocess (the suite took 568 s instead of 401 s).
+SAFE_ENV_PREFIXES = ("NONDET_", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TERM", "PYTEST_", "GITHUB_",
+                     "TOKENIZERS_PARALLELISM", "TORCHINDUCTOR_CACHE_DIR",
+                     "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR")
 # imported once by the fork server (module names: the server does not see the tests' sys.path). Past
 # torch and transformers, what a command imports when it runs (its CLI module, the probe, the reports'
 # pandas / pyarrow / matplotlib): 1.3 s -> 0.5 s of CPU for a tiny probe. nondet reads no variable at

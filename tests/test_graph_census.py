@@ -90,3 +90,13 @@ def test_the_static_source_refuses_an_uncovered_graph_unless_allowed(allowed):
                                                     r"batch-invariant mode in the compiled graph; --allow-uncovered"):
         refuse_uncovered_graphs(census, False)
     refuse_uncovered_graphs(GraphCensus(), False)  # nothing uncovered: no refusal
+
+
+def test_the_terminal_and_report_line_says_what_was_inspected_and_when_nothing_was():
+    from nondet.verdict import graph_census_line
+
+    census = GraphCensus(inspected=2, routed=5, row_independent=9)
+    census.unreviewed["aten::mystery"] += 1
+    assert graph_census_line(census.to_json()) == ("compiled graphs under the mode: 2 inspected, 5 ops "
+                                                   "batch-invariant, 9 row-independent, 0 uncovered, 1 unreviewed")
+    assert "none inspected" in graph_census_line(GraphCensus().to_json())

@@ -93,6 +93,7 @@ def test_cli_compile_with_inductor_prints_each_modes_path(tmp_path, default_mode
     graphs = summary["compiled_graph_census"]  # what Inductor compiled under the mode, sorted after tracing
     assert graphs["graphs_inspected"] >= 1 and graphs["routed"] > 0 and graphs["uncovered"] == [], graphs
     assert summary["kernel_coverage"]["coverage"] == "invariant"
+    assert f"compiled graphs under the mode: {graphs['graphs_inspected']} inspected" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("args", [["--endpoint", "http://127.0.0.1:9"], ["--load", "continuous"],

@@ -9,6 +9,7 @@ from rich.text import Text
 from nondet.cli.fit import fitted
 from nondet.fmt import fmt_hex_value, fmt_step
 from nondet.text import quoted, shorten
+from nondet.verdict import confidence_line, graph_census_line
 
 visible = quoted  # model text on the terminal (cli/bisect.py imports it by this name)
 
@@ -24,6 +25,9 @@ def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
     if len(summary["modes"]) > 1:
         console.print(_side_by_side(summary["modes"]))
     console.print(Text(summary["verdict"], style="bold"))
+    for mode, m in summary["modes"].items():
+        if m.get("confidence"):
+            console.print(confidence_line(f"{mode} kernels", m["confidence"]))
     coverage = summary.get("kernel_coverage") or {}
     if coverage.get("injected_control"):
         console.print(f"note: {coverage['injected_control']}")
@@ -33,6 +37,8 @@ def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
     if summary.get("decode_path"):
         for line in decode_path_lines(summary["decode_path"]):
             console.print(line)
+    if summary.get("compiled_graph_census"):
+        console.print(graph_census_line(summary["compiled_graph_census"]))
     console.print(f"run directory: {run_dir}")
 
 

@@ -19,7 +19,7 @@ from nondet.reports.prompts import prompt_blocks
 from nondet.reports.speculative import speculative_sections
 from nondet.reports.tables import RunTables
 from nondet.reports.tensor_parallel import tensor_parallel_sections
-from nondet.verdict import partly_line, report_verdict
+from nondet.verdict import confidence_line, graph_census_line, partly_line, report_verdict
 
 CONTEXT_BEFORE, CONTEXT_AFTER = 12, 16  # tokens shown around a split in the token diff
 MAX_DIFFS = 6                            # divergent completions shown in the token diff
@@ -28,7 +28,7 @@ MAX_TREE_NODES = 30                      # branch points drawn before the tree i
 
 def build_report(t: RunTables) -> Report:
     sections = [
-        Section("Verdict", "verdict", [_verdict(t), *_coverage_note(t), *_gate_note(t), *_model_note(t),
+        Section("Verdict", "verdict", [_verdict(t), *_confidence_note(t), *_coverage_note(t), *_gate_note(t), *_model_note(t),
                                        *_decode_path_note(t)]),
         Section("Prompts", "prompts", prompt_blocks(t.config.get("config") or {})),
         Section("Conditions", "conditions", _conditions(t)),
@@ -68,6 +68,13 @@ def partial_sentence(partial: str) -> str:
     return f" Partial: {partial}; the tables below cover the records before it." if partial else ""
 
 
+def _confidence_note(t: RunTables) -> list[Para]:
+    """Per kernels mode: the runs that diverged, the 95% interval of the rate, the grade."""
+    lines = [confidence_line(f"{mode} kernels", m["confidence"]) for mode, m in t.modes.items()
+             if m.get("confidence")]
+    return [Para([line[:1].upper() + line[1:] + "."], kind="note") for line in lines]
+
+
 def _coverage_note(t: RunTables) -> list[Para]:
     """What the batch-invariant kernels covered (the op census): partly invariant runs, and the demo's
     injected control, whose fix under the mode is by construction."""
@@ -79,6 +86,8 @@ def _coverage_note(t: RunTables) -> list[Para]:
                      "those ops")
     if coverage.get("injected_control"):
         lines.append(coverage["injected_control"])
+    if t.summary.get("compiled_graph_census"):
+        lines.append(graph_census_line(t.summary["compiled_graph_census"]))
     return [Para([line[:1].upper() + line[1:] + "."], kind="note") for line in lines]
 
 

@@ -3,6 +3,7 @@
 Pure Python over the on-disk stream dicts (no torch), shared by every source.
 """
 
+from nondet.probes.core.confidence import mode_confidence
 from nondet.probes.core.diff import summarize, verdict
 from nondet.probes.core.diff_prompts import merge_prompts
 from nondet.prompt import Prompt
@@ -18,6 +19,7 @@ def summarize_modes(streams: list[dict], tokenizer=None, prompts: tuple[Prompt, 
         prompt_ids = list(dict.fromkeys(s.get("prompt_id", 0) for s in of_mode))
         per_prompt = [summarize([s for s in of_mode if s.get("prompt_id", 0) == k], decode) for k in prompt_ids]
         modes[mode] = per_prompt[0] if len(per_prompt) == 1 else merge_prompts(per_prompt, prompt_ids, prompts)
+        modes[mode]["confidence"] = mode_confidence(of_mode)
         routing = routing_changes(of_mode)
         if routing is not None:
             modes[mode]["routing"] = routing

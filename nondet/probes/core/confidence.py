@@ -1,0 +1,92 @@
+"""How sure a verdict is: the divergence rate with a 95% interval, and a grade per prompt.
+
+A count alone overstates a pass: 0 flips in 5 runs cannot rule out a flip rate of 40%. So each
+kernels mode's summary carries, per prompt and over all prompts:
+
+- the runs that diverged in tokens from their prompt's reference, of the runs that are not the
+  reference, with the Wilson score interval at 95% (Wilson 1927: it stays inside [0, 1] and is
+  honest at 0 of N, where the normal approximation claims a zero-width interval). With 0 flips the
+  upper bound is the statement: "0 of 30 runs diverged: the flip rate is below 11% at 95%".
+- a grade: unstable (some run diverged in tokens); fragile (none did, but at some step the
+  reference's top-1 / top-2 logprob margin is below the largest logprob difference these runs
+  measured between a run and its reference at the same step and token: one more such difference
+  could flip the token, flip seen or not); stable otherwise. A mode whose runs are bit-identical
+  measured no difference, so only a flip makes it unstable.
+
+Pure Python over the on-disk stream dicts (floats as float.hex strings); no torch.
+"""
+
+import math
+
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
+STABLE, FRAGILE, UNSTABLE = "stable", "fragile", "unstable"
+_ORDER = (STABLE, FRAGILE, UNSTABLE)
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of k successes in n trials; (0, 1) when n is 0."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half) if k else 0.0, min(1.0, centre + half) if k < n else 1.0
+
+
+def runs_to_bound(rate: float, z: float = Z95) -> int:
+    """The fewest runs whose upper bound with 0 flips is below `rate` (how many runs would decide).
+    With k = 0 the Wilson upper bound is z^2 / (n + z^2)."""
+    return math.floor(z * z * (1 - rate) / rate) + 1
+
+
+def rate_entry(diverged: int, runs: int) -> dict:
+    low, high = wilson(diverged, runs)
+    return {"diverged": diverged, "runs": runs, "rate": diverged / runs if runs else None, "low": low, "high": high}
+
+
+def prompt_confidence(streams: list[dict]) -> dict:
+    """One prompt's streams of one kernels mode (its reference among them): rate, interval, grade."""
+    ref = next(s for s in streams if s["is_reference"])
+    others = [s for s in streams if not s["is_reference"]]
+    diverged = sum(_tokens(s) != _tokens(ref) for s in others)
+    noise = max((_largest_difference(ref, s) for s in others), default=0.0)
+    fragile_steps = [i for i, step in enumerate(ref["steps"])
+                     if step.get("margin") is not None and _float(step["margin"]) < noise]
+    grade = UNSTABLE if diverged else FRAGILE if fragile_steps else STABLE
+    return {**rate_entry(diverged, len(others)), "grade": grade, "noise": noise, "fragile_steps": fragile_steps}
+
+
+def mode_confidence(streams: list[dict]) -> dict:
+    """One kernels mode's streams, any number of prompts: each prompt's entry and the pooled rate;
+    the mode's grade is its worst prompt's."""
+    prompt_ids = list(dict.fromkeys(s.get("prompt_id", 0) for s in streams))
+    prompts = {k: prompt_confidence([s for s in streams if s.get("prompt_id", 0) == k]) for k in prompt_ids}
+    pooled = rate_entry(sum(p["diverged"] for p in prompts.values()), sum(p["runs"] for p in prompts.values()))
+    grades = [p["grade"] for p in prompts.values()]
+    return {**pooled, "grade": max(grades, key=_ORDER.index),
+            "grades": {g: grades.count(g) for g in _ORDER if g in grades},
+            "prompts": {str(k): p for k, p in prompts.items()}}
+
+
+def _tokens(stream: dict) -> tuple:
+    return tuple(step["token"] for step in stream["steps"])
+
+
+def _largest_difference(ref: dict, run: dict) -> float:
+    """The largest |logprob difference| between a run and its reference at the same step and token,
+    over the steps before their tokens part (past a flip the histories differ)."""
+    largest = 0.0
+    for a, b in zip(ref["steps"], run["steps"]):
+        if a["token"] != b["token"]:
+            break
+        theirs = {tok: lp for tok, lp in (b.get("top") or [])}
+        if a.get("logprob") is not None and b.get("logprob") is not None:
+            largest = max(largest, abs(_float(a["logprob"]) - _float(b["logprob"])))
+        for tok, lp in a.get("top") or []:
+            if tok in theirs:
+                largest = max(largest, abs(_float(lp) - _float(theirs[tok])))
+    return largest
+
+
+def _float(value) -> float:
+    return float.fromhex(value) if isinstance(value, str) else float(value)
