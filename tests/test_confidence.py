@@ -7,8 +7,8 @@ Negative: bit-identical runs are stable even at a margin of 0, since they measur
 
 import pytest
 
-from nondet.probes.core.confidence import (FRAGILE, STABLE, UNSTABLE, mode_confidence, prompt_confidence,
-                                           runs_to_bound, wilson)
+from nondet.interval import runs_to_bound, wilson
+from nondet.probes.core.confidence import FRAGILE, STABLE, UNSTABLE, mode_confidence, prompt_confidence
 from nondet.verdict import confidence_line
 
 

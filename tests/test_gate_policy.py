@@ -99,7 +99,8 @@ def test_every_kernels_mode_is_judged():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("exact", "requirement must be one of identical, max-distinct, min-divergence-step, max-logprob-diff, not 'exact'"),
+    ("exact", "requirement must be one of identical, max-distinct, min-divergence-step, max-logprob-diff, "
+              "max-flip-rate, not 'exact'"),
     ("max-distinct", "requirement 'max-distinct' needs a value, as in 'max-distinct = N'"),
     ("max-distinct = 0", "max-distinct must be >= 1, not 0"),
     ("max-distinct = 1.5", "max-distinct must be an integer, not 1.5"),

@@ -84,7 +84,8 @@ def gate(
     built-in prompt) and checks every condition
     against the prompt alone at batch size 1. The requirement is ONE of:
     identical (default: same tokens, bit-identical logprobs), --max-distinct N,
-    --min-divergence-step S or --max-logprob-diff X.
+    --min-divergence-step S, --max-logprob-diff X, or --require
+    "max-flip-rate = P" (the 95% upper bound of the token flip rate below P).
 
     Other axes, each under its own policy: --speculative FORMS judges each
     speculative form against plain greedy decoding (\[tool.nondet]

@@ -23,7 +23,7 @@ directory. Keys (TOML, kebab-case):
     concurrency = 8                   # fillers in the engine at once / copies in flight
     inject-variance = false           # self-test: one norm made batch-variant; the gate must fail
     require = "identical"             # or ONE of: max-distinct = 2, min-divergence-step = 50,
-                                      #            max-logprob-diff = 1e-3
+                                      #            max-logprob-diff = 1e-3, max-flip-rate = 0.01
     speculative = "identical"         # the speculative axis: each form vs plain greedy (any requirement
                                       #   above, as a string: "max-logprob-diff = 1e-3")
     speculative-forms = "ngram:4,self:4"   # the forms it probes (the default), as `--speculative`

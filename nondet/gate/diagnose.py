@@ -5,18 +5,21 @@ A diagnostic never changes the verdict: the gate reports its one-line result nex
 
 from pathlib import Path
 
-from nondet.gate.policy import Verdict
+from nondet.gate.policy import FLIP_RATE, KERNEL_COVERAGE, Verdict
 
 
 def bisect_first_failure(run_dir: Path, verdict: Verdict) -> str | None:
     """`nondet bisect` on the first failing condition; its one-line result, or None when bisect
-    is not installed."""
+    is not installed or no condition failed (a failed flip rate or kernel coverage judges a whole mode)."""
     try:
         from nondet.probes.bisect import BisectConfig
         from nondet.probes.bisect_probe import run_bisect
     except ImportError:
         return None
-    first = verdict.failures[0]
+    conditions = [c for c in verdict.failures if c.condition_id not in (FLIP_RATE, KERNEL_COVERAGE)]
+    if not conditions:
+        return None
+    first = conditions[0]
     # Up to the step where the bits first differ: where the difference is born and which op
     # class causes it, in seconds; `nondet bisect RUN_DIR` replays on through the token flip.
     born = first.first_numeric_divergence if first.first_numeric_divergence is not None else first.first_token_divergence

@@ -17,6 +17,10 @@ The requirements (rl takes identical and max-kl only; max-kl is rl's alone):
     min-divergence-step = S   no run's tokens diverge before step S (steps count from 0)
     max-logprob-diff = X      same tokens as the reference, and every chosen token's logprob
                               within X of the reference's (needs streams.jsonl)
+    max-flip-rate = P         (batch) per kernels mode, the 95% upper bound of the rate of runs whose
+                              tokens leave their reference (Wilson; summary.json confidence) is below
+                              P: met only when the runs rule out a higher rate; when not, the message
+                              says how many flip-free runs would decide
     max-kl = X                (rl) KL(sampler || trainer) at most X: the exact mean per-token KL
                               where the sampler's distributions were kept (in process), else
                               the k3 estimate over the sampled tokens (nondet/rl/compare.py);
@@ -33,11 +37,14 @@ from dataclasses import dataclass, field
 from nondet.errors import UsageError
 from nondet.gate.prompts import per_prompt
 from nondet.gate.rl_policy import rl_message
+from nondet.interval import runs_to_bound
 from nondet.verdict import partly_line
 
-REQUIREMENTS = ("identical", "max-distinct", "min-divergence-step", "max-logprob-diff", "max-kl")
+# results that judge a whole mode or run rather than one condition of it: nothing to replay
+FLIP_RATE, KERNEL_COVERAGE = "flip-rate", "kernel-coverage"
+REQUIREMENTS = ("identical", "max-distinct", "min-divergence-step", "max-logprob-diff", "max-kl", "max-flip-rate")
 AXES = {  # axis -> the requirements it takes
-    "batch": REQUIREMENTS[:4],
+    "batch": REQUIREMENTS[:4] + ("max-flip-rate",),
     "speculative": REQUIREMENTS[:4],
     "rl": ("identical", "max-kl"),
 }
@@ -88,6 +95,10 @@ class Policy:
 
 
 def _check_value(require: str, value: float) -> None:
+    if require == "max-flip-rate":
+        if not 0 < value <= 1:
+            raise UsageError(f"max-flip-rate is a rate in (0, 1], not {value:g}")
+        return
     if require in ("max-distinct", "min-divergence-step") and value != int(value):
         raise UsageError(f"{require} must be an integer, not {value:g}")
     lowest = 1 if require == "max-distinct" else 0
@@ -146,10 +157,27 @@ def evaluate(summary: dict, streams: list[dict] | None = None, policy: Policy = 
     if policy.require == "max-logprob-diff" and (streams is None or blind):
         raise UsageError("max-logprob-diff needs logprobs: " + (
             f"the server sent none (compared at level {level})" if blind else "pass the streams (streams.jsonl)"))
-    results = [r for name_, mode in summary["modes"].items() for r in _judge_mode(name_, mode, streams, policy)]
+    if policy.require == "max-flip-rate":
+        results = [_judge_flip_rate(name_, mode, policy.value) for name_, mode in summary["modes"].items()]
+    else:
+        results = [r for name_, mode in summary["modes"].items() for r in _judge_mode(name_, mode, streams, policy)]
     results += _coverage_failures(summary)
     note = f"compared at level {level}: logprob bits not checked" if blind else ""
     return Verdict(policy, name, tuple(results), run_dir, note)
+
+
+def _judge_flip_rate(mode_name: str, mode: dict, limit: float) -> ConditionResult:
+    """One kernels mode's runs pooled: met when the 95% upper bound of its flip rate is below `limit`."""
+    c = mode.get("confidence")
+    if c is None:
+        raise UsageError("max-flip-rate needs summary.json's confidence (written by probes since nondet "
+                         "added it): probe again")
+    passed = c["high"] < limit
+    message = "" if passed else (
+        f"{c['diverged']} of {c['runs']} runs diverged: the flip rate's 95% upper bound {c['high']:.3g} is not "
+        f"below {limit:g}" + ("" if c["diverged"] else f"; {runs_to_bound(limit)} runs with no flip would decide"))
+    return ConditionResult(mode_name, FLIP_RATE, c["runs"], mode.get("first_token_divergence"),
+                           mode.get("first_numeric_divergence"), passed, message)
 
 
 def _coverage_failures(summary: dict) -> list[ConditionResult]:
@@ -159,7 +187,7 @@ def _coverage_failures(summary: dict) -> list[ConditionResult]:
     if coverage.get("coverage") != "partly invariant":
         return []
     message = partly_line(coverage.get("uncovered") or [])
-    return [ConditionResult("batch-invariant", "kernel-coverage", 0, None, None, False, message)]
+    return [ConditionResult("batch-invariant", KERNEL_COVERAGE, 0, None, None, False, message)]
 
 
 def _check_axis(summary: dict, policy: Policy) -> None:

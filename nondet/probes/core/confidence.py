@@ -4,8 +4,7 @@ A count alone overstates a pass: 0 flips in 5 runs cannot rule out a flip rate o
 kernels mode's summary carries, per prompt and over all prompts:
 
 - the runs that diverged in tokens from their prompt's reference, of the runs that are not the
-  reference, with the Wilson score interval at 95% (Wilson 1927: it stays inside [0, 1] and is
-  honest at 0 of N, where the normal approximation claims a zero-width interval). With 0 flips the
+  reference, with the Wilson score interval at 95% (nondet/interval.py). With 0 flips the
   upper bound is the statement: "0 of 30 runs diverged: the flip rate is below 11% at 95%".
 - a grade: unstable (some run diverged in tokens); fragile (none did, but at some step the
   reference's top-1 / top-2 logprob margin is below the largest logprob difference these runs
@@ -16,27 +15,10 @@ kernels mode's summary carries, per prompt and over all prompts:
 Pure Python over the on-disk stream dicts (floats as float.hex strings); no torch.
 """
 
-import math
+from nondet.interval import wilson
 
-Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 STABLE, FRAGILE, UNSTABLE = "stable", "fragile", "unstable"
 _ORDER = (STABLE, FRAGILE, UNSTABLE)
-
-
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of k successes in n trials; (0, 1) when n is 0."""
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half) if k else 0.0, min(1.0, centre + half) if k < n else 1.0
-
-
-def runs_to_bound(rate: float, z: float = Z95) -> int:
-    """The fewest runs whose upper bound with 0 flips is below `rate` (how many runs would decide).
-    With k = 0 the Wilson upper bound is z^2 / (n + z^2)."""
-    return math.floor(z * z * (1 - rate) / rate) + 1
 
 
 def rate_entry(diverged: int, runs: int) -> dict:
