@@ -146,8 +146,8 @@ def partly_line(uncovered: list[str]) -> str:
 def graph_census_line(g: dict) -> str:
     """--compile under the mode: what the ops Inductor compiled were (summary.json compiled_graph_census)."""
     if not g.get("graphs_inspected"):
-        return ("compiled graphs under the mode: none inspected (the backend ran no Inductor pass, or Inductor's "
-                "cache held every graph); the compiled path's coverage rests on the census taken before compiling")
+        return ("compiled graphs under the mode: none inspected (the backend ran no Inductor pass); the compiled "
+                "path's coverage rests on the census taken before compiling")
     unreviewed = sum(g.get("unreviewed", {}).values())
     return (f"compiled graphs under the mode: {g['graphs_inspected']} inspected, {g['routed']} ops batch-invariant, "
             f"{g['row_independent']} row-independent, {len(g.get('uncovered', []))} uncovered"

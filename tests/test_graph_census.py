@@ -100,3 +100,13 @@ def test_the_terminal_and_report_line_says_what_was_inspected_and_when_nothing_w
     assert graph_census_line(census.to_json()) == ("compiled graphs under the mode: 2 inspected, 5 ops "
                                                    "batch-invariant, 9 row-independent, 0 uncovered, 1 unreviewed")
     assert "none inspected" in graph_census_line(GraphCensus().to_json())
+
+
+def test_inductors_cache_is_off_while_a_census_collects():
+    """A graph served from Inductor's cache is never traced: while collecting, the pass's uuid is None
+    (Inductor then neither serves nor keeps the graph); otherwise it names this version of the pass."""
+    sorting = inductor_pass()
+    assert isinstance(sorting.uuid(), str)
+    with collecting(GraphCensus()):
+        assert sorting.uuid() is None
+    assert sorting.uuid() == inductor_pass().uuid()

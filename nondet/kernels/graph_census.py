@@ -15,8 +15,9 @@ code generation) and sorts each call like the census does:
 - unreviewed: anything else; listed, not refused (a compiled graph holds ops the eager census never
   meets, such as the functional forms of in-place copies).
 
-A graph loaded from Inductor's cache is not traced again, so the pass cannot see it: `inspected`
-counts the graphs it saw, and a result over zero graphs says so rather than claiming coverage.
+A graph loaded from Inductor's cache is not traced again, so while a census collects the pass turns
+the cache off (its uuid is None). `inspected` counts the graphs it saw, and a result over zero graphs
+(another backend, aot_eager, runs no Inductor pass) says so rather than claiming coverage.
 """
 
 import collections
@@ -65,7 +66,9 @@ class GraphCensus:
 
 class _Pass:
     """Inductor's post-grad custom pass (config.post_grad_custom_pre_pass): reads the graph, changes
-    nothing. uuid: this file's text, so a changed census is a new entry of Inductor's FX graph cache."""
+    nothing. uuid: None while a census collects, so Inductor's caches neither serve nor keep those
+    graphs (a graph served from a cache is never traced, and the census would see nothing); else this
+    file's text, so a changed census is a new cache entry."""
 
     def __init__(self, then=None):
         self.then = then  # no lock or other unpicklable state: Inductor copies its config
@@ -80,6 +83,8 @@ class _Pass:
             self.then(graph)
 
     def uuid(self):
+        if _COLLECTING:
+            return None
         with open(__file__, "rb") as source:
             mine = hashlib.sha256(source.read()).hexdigest()
         theirs = self.then.uuid() if self.then is not None and hasattr(self.then, "uuid") else None
