@@ -113,3 +113,18 @@ def test_a_collective_sum_outside_the_modes_all_reduce_is_uncovered_a_copy_is_no
     assert census.classify(funcol.all_reduce.default, (), {}, False, False, embedding)[0] == census.ROW_INDEPENDENT
     assert census.classify(funcol.all_gather_into_tensor.default, (), {}, False, False, linear)[0] == \
         census.ROW_INDEPENDENT
+
+
+def test_a_bf16_add_with_alpha_on_a_cpu_is_not_row_independent():
+    """add / sub with alpha != 1 in bf16 round by position on AVX-512 and AVX2 (the vector body fuses
+    the multiply-add; tests/test_elementwise_position.py measures it) and the mode has no kernel for
+    them: the census must not wave them through. alpha = 1, or fp32, stays row-independent."""
+    from nondet.kernels import op_kinds
+
+    add, sub = torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor
+    x = torch.randn(4, dtype=torch.bfloat16)
+    assert op_kinds.row_independent(add, (x, x), {"alpha": 1.3}) is None
+    assert op_kinds.row_independent(sub, (x, x), {"alpha": 2}) is None
+    assert census.classify(add, (x, x), {"alpha": 1.3}, False, False)[0] == census.UNCOVERED
+    assert op_kinds.row_independent(add, (x, x), {}) == "elementwise"
+    assert op_kinds.row_independent(add, (x.float(), x.float()), {"alpha": 1.3}) == "elementwise"

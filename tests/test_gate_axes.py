@@ -53,7 +53,7 @@ def test_rl_max_kl_judges_the_k3_estimate():
 @pytest.mark.parametrize("make, message", [
     (lambda: Policy("max-distinct", 2, "rl"), "rl requirement must be one of identical, max-kl, not 'max-distinct'"),
     (lambda: Policy("max-kl", 1.0), "requirement must be one of identical, max-distinct, min-divergence-step, "
-                                    "max-logprob-diff, not 'max-kl'"),
+                                    "max-logprob-diff, max-flip-rate, not 'max-kl'"),
     (lambda: Policy("max-kl", -1.0, "rl"), "max-kl must be >= 0, not -1"),
     (lambda: Policy(axis="beam"), "axis must be one of batch, speculative, rl, not 'beam'"),
 ])

@@ -53,6 +53,9 @@ EXACT = frozenset("""
 # accumulating forms of ops that are otherwise plain moves of values
 _ACCUMULATING = {"index_put": 3, "index_put_": 3}  # op -> position of `accumulate` in its schema
 _REDUCING = {"scatter", "scatter_"}  # .reduce / .value_reduce overloads: reduce="add" / "multiply"
+# add / sub with alpha != 1 in bf16 on a CPU: the element's bits follow its position in the call
+# (tests/test_elementwise_position.py measures it on AVX-512 and AVX2); the mode has no kernel for them
+_FUSED_ALPHA = {"add", "add_", "sub", "sub_", "rsub"}
 
 
 def base_name(func) -> str:
@@ -69,6 +72,8 @@ def row_independent(func, args, kwargs) -> str | None:
         return None
     if name == "bincount" and _float_weights(args, kwargs):
         return None  # a weighted histogram adds float weights, in the order of the input
+    if name in _FUSED_ALPHA and _alpha_in_bf16_on_a_cpu(args, kwargs):
+        return None  # the vector body fuses x + alpha * y, the scalar tail does not (cpu.POSITION_DEPENDENT)
     for kind, names in (("view or copy", VIEWS_AND_COPIES), ("elementwise", ELEMENTWISE),
                         ("indexing", INDEXING), ("exact reduction", EXACT)):
         if name in names:
@@ -76,6 +81,15 @@ def row_independent(func, args, kwargs) -> str | None:
     if _integral_only(args, kwargs):
         return "integer arithmetic"  # sums of integers or booleans are exact in any order
     return None
+
+
+def _alpha_in_bf16_on_a_cpu(args, kwargs) -> bool:
+    import torch
+
+    alpha = kwargs.get("alpha", 1)
+    tensors = [a for a in _flat(args) if isinstance(a, torch.Tensor)]
+    return (alpha != 1 and any(t.dtype == torch.bfloat16 for t in tensors)
+            and all(t.device.type == "cpu" for t in tensors))
 
 
 def _accumulates(name: str, args, kwargs) -> bool:
