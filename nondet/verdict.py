@@ -3,8 +3,9 @@
 `verdict(modes, level)` is summary.json's sentence (the terminal prints it): one clause per
 kernels mode, over one prompt or several; a server compared without logprobs says what its
 texts show. `report_verdict(modes, mode, minimal_set)` is the report's headline about one
-mode, with the ablation's fix and the batch-invariant confirmation. `partly_line` and
-`injected_control_line` word what the batch-invariant kernels covered (summary.json, the gate, the report). `modes` is summary.json's
+mode, with the ablation's fix and the batch-invariant confirmation. `partly_line`,
+`injected_control_line` and `graph_census_line` word what the batch-invariant kernels covered (summary.json,
+the gate, the report); `confidence_line` how sure a mode's verdict is (its rate, interval and grade). `modes` is summary.json's
 "modes": {kernels mode: the diff of its runs (probes/core/diff.py)}. No torch, no pandas.
 """
 

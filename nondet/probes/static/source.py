@@ -13,10 +13,10 @@ import contextlib
 import time
 from dataclasses import replace
 
+from nondet.errors import UnsupportedModelError
 from nondet.probes.core import conditions as cond
 from nondet.probes.core.batch import build_batch, tokenize_inputs
 from nondet.probes.core.chat import model_texts
-from nondet.errors import UnsupportedModelError
 from nondet.probes.core.kernel_coverage import PARTLY
 from nondet.probes.core.kernels_mode import COMPILED_CALLS, kernels_mode
 from nondet.probes.core.numerics import fingerprint
