@@ -46,10 +46,13 @@ def _run(rank: int, job: Job, pipe) -> None:
     _join(rank, job, device)
     with numerics_scope(job.threads):
         loaded = load_tp_model(job.spec, job.degree, device)
+        census = _census(job, loaded.model)  # every rank: the census's forward has collectives to pair up
         if rank == 0:
             kernels = ",".join(dict.fromkeys(c.kernels for c in job.conditions))
-            pipe.send(("ready", rank, {"fingerprint": fingerprint(loaded.description, kernels),
-                                       **_environment(job, device)}))
+            found = {"census": census} if census is not None else {}
+            this_group = {"census_coverage": census["coverage"]} if census is not None else {}
+            pipe.send(("ready", rank, {"fingerprint": {**fingerprint(loaded.description, kernels), **found},
+                                       **_environment(job, device), **this_group}))
         _maybe_fail(rank)
         if job.bisect is not None:
             from nondet.probes.tp.bisect_rank import bisect_on_rank
@@ -67,6 +70,16 @@ def _run(rank: int, job: Job, pipe) -> None:
                 pipe.send(("condition", condition.condition_id, rows))
     if job.degree > 1:
         torch.distributed.destroy_process_group()
+
+
+def _census(job: Job, model) -> dict | None:
+    """Where the group runs the mode: its op census on this rank's shard, before any condition (the
+    refusal comes now, as one line; rank 0's entry goes into fingerprint.json). None otherwise."""
+    if not any(c.kernels == "batch-invariant" for c in job.conditions):
+        return None
+    from nondet.probes.core.kernel_coverage import census_entry
+
+    return census_entry(model, False, job.settings.allow_uncovered)
 
 
 def tree_scope(job: Job, kernels: str, model):
