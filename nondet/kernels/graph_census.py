@@ -109,12 +109,12 @@ def collecting(census: GraphCensus):
 
 def _sort(census: GraphCensus, node) -> None:
     target = node.target
-    name = getattr(target, "__name__", str(target))
-    if name in _KERNEL_WRAPPERS:
-        if _our_kernel(node):
+    if getattr(target, "__name__", "") in _KERNEL_WRAPPERS:
+        fn = _kernel_fn(node)
+        if str(getattr(fn, "__module__", "")).startswith("nondet.kernels"):
             census.routed += 1
         else:
-            census.unreviewed[f"triton kernel {_kernel_name(node)}"] += 1
+            census.unreviewed[f"triton kernel {getattr(fn, '__qualname__', '?')}"] += 1
         return
     if not isinstance(target, torch._ops.OpOverload):
         return  # operator.getitem and other Python plumbing
@@ -123,16 +123,17 @@ def _sort(census: GraphCensus, node) -> None:
         census.routed += 1
     elif namespace == "prims" and op in _PRIMS_ROW_INDEPENDENT:
         census.row_independent += 1
-    elif op in REDUCING and _floating(node):
-        census.uncovered[(_module_of(node), f"{namespace}::{op}")] += 1
-    elif _row_independent(target, node):
-        census.row_independent += 1
     else:
-        census.unreviewed[f"{namespace}::{op}"] += 1
+        args, kwargs = _values(node)
+        if op in REDUCING and not op_kinds.integral_only(args, kwargs):
+            census.uncovered[(_module_of(node), f"{namespace}::{op}")] += 1
+        elif _row_independent(target, args, kwargs):
+            census.row_independent += 1
+        else:
+            census.unreviewed[f"{namespace}::{op}"] += 1
 
 
-def _row_independent(target, node) -> bool:
-    args, kwargs = _values(node)
+def _row_independent(target, args, kwargs) -> bool:
     try:
         return op_kinds.row_independent(target, args, kwargs) is not None
     except (IndexError, AttributeError, TypeError):
@@ -149,12 +150,6 @@ def _values(node):
     return map_arg(node.args, value), map_arg(node.kwargs, value)
 
 
-def _floating(node) -> bool:
-    args, kwargs = _values(node)
-    tensors = [a for a in op_kinds._flat(list(args) + list(kwargs.values())) if isinstance(a, torch.Tensor)]
-    return any(t.is_floating_point() or t.is_complex() for t in tensors)
-
-
 def _module_of(node) -> str:
     """The innermost module that called the op, as dynamo recorded it ('?' where the graph lost it)."""
     stack = node.meta.get("nn_module_stack") or {}
@@ -164,23 +159,12 @@ def _module_of(node) -> str:
     return str(path).replace("L['self'].", "").replace("L['self']", "model") or "?"
 
 
-def _kernel(node):
+def _kernel_fn(node):
+    """The Python function of the Triton kernel a kernel-wrapper node launches (None if unknown)."""
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
-    index = node.kwargs.get("kernel_idx")
     try:
-        return kernel_side_table.get_kernel(index)
+        kernel = kernel_side_table.get_kernel(node.kwargs.get("kernel_idx"))
     except (KeyError, AssertionError, TypeError):
         return None
-
-
-def _kernel_name(node) -> str:
-    kernel = _kernel(node)
-    fn = getattr(kernel, "fn", kernel)
-    return getattr(fn, "__qualname__", "?")
-
-
-def _our_kernel(node) -> bool:
-    kernel = _kernel(node)
-    fn = getattr(kernel, "fn", kernel)
-    return str(getattr(fn, "__module__", "")).startswith("nondet.kernels")
+    return getattr(kernel, "fn", kernel)

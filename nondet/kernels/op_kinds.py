@@ -78,7 +78,7 @@ def row_independent(func, args, kwargs) -> str | None:
                         ("indexing", INDEXING), ("exact reduction", EXACT)):
         if name in names:
             return kind
-    if _integral_only(args, kwargs):
+    if integral_only(args, kwargs):
         return "integer arithmetic"  # sums of integers or booleans are exact in any order
     return None
 
@@ -103,7 +103,8 @@ def _float_weights(args, kwargs) -> bool:
     return weights is not None and weights.is_floating_point()
 
 
-def _integral_only(args, kwargs) -> bool:
+def integral_only(args, kwargs) -> bool:
+    """Every tensor argument integer or boolean, and no floating dtype asked for: any sum of them is exact."""
     import torch
 
     tensors = [a for a in _flat(args) + _flat(list(kwargs.values())) if isinstance(a, torch.Tensor)]

@@ -28,8 +28,8 @@ MAX_TREE_NODES = 30                      # branch points drawn before the tree i
 
 def build_report(t: RunTables) -> Report:
     sections = [
-        Section("Verdict", "verdict", [_verdict(t), *_confidence_note(t), *_coverage_note(t), *_gate_note(t), *_model_note(t),
-                                       *_decode_path_note(t)]),
+        Section("Verdict", "verdict", [_verdict(t), *_confidence_note(t), *_coverage_note(t), *_gate_note(t),
+                                       *_model_note(t), *_decode_path_note(t)]),
         Section("Prompts", "prompts", prompt_blocks(t.config.get("config") or {})),
         Section("Conditions", "conditions", _conditions(t)),
         *speculative_sections(t),
@@ -70,9 +70,8 @@ def partial_sentence(partial: str) -> str:
 
 def _confidence_note(t: RunTables) -> list[Para]:
     """Per kernels mode: the runs that diverged, the 95% interval of the rate, the grade."""
-    lines = [confidence_line(f"{mode} kernels", m["confidence"]) for mode, m in t.modes.items()
-             if m.get("confidence")]
-    return [Para([line[:1].upper() + line[1:] + "."], kind="note") for line in lines]
+    return _sentences([confidence_line(f"{mode} kernels", m["confidence"]) for mode, m in t.modes.items()
+                       if m.get("confidence")])
 
 
 def _coverage_note(t: RunTables) -> list[Para]:
@@ -88,6 +87,11 @@ def _coverage_note(t: RunTables) -> list[Para]:
         lines.append(coverage["injected_control"])
     if t.summary.get("compiled_graph_census"):
         lines.append(graph_census_line(t.summary["compiled_graph_census"]))
+    return _sentences(lines)
+
+
+def _sentences(lines: list[str]) -> list[Para]:
+    """Each of verdict.py's lines as a note: capitalized, with its full stop."""
     return [Para([line[:1].upper() + line[1:] + "."], kind="note") for line in lines]
 
 

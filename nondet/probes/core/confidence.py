@@ -16,6 +16,8 @@ Pure Python over the on-disk stream dicts (floats as float.hex strings); no torc
 """
 
 from nondet.interval import wilson
+from nondet.probes.core.diff import tokens_of
+from nondet.rundir.files import hex_to_float
 
 STABLE, FRAGILE, UNSTABLE = "stable", "fragile", "unstable"
 _ORDER = (STABLE, FRAGILE, UNSTABLE)
@@ -30,10 +32,10 @@ def prompt_confidence(streams: list[dict]) -> dict:
     """One prompt's streams of one kernels mode (its reference among them): rate, interval, grade."""
     ref = next(s for s in streams if s["is_reference"])
     others = [s for s in streams if not s["is_reference"]]
-    diverged = sum(_tokens(s) != _tokens(ref) for s in others)
+    diverged = sum(tokens_of(s) != tokens_of(ref) for s in others)
     noise = max((_largest_difference(ref, s) for s in others), default=0.0)
     fragile_steps = [i for i, step in enumerate(ref["steps"])
-                     if step.get("margin") is not None and _float(step["margin"]) < noise]
+                     if step.get("margin") is not None and hex_to_float(step["margin"]) < noise]
     grade = UNSTABLE if diverged else FRAGILE if fragile_steps else STABLE
     return {**rate_entry(diverged, len(others)), "grade": grade, "noise": noise, "fragile_steps": fragile_steps}
 
@@ -50,10 +52,6 @@ def mode_confidence(streams: list[dict]) -> dict:
             "prompts": {str(k): p for k, p in prompts.items()}}
 
 
-def _tokens(stream: dict) -> tuple:
-    return tuple(step["token"] for step in stream["steps"])
-
-
 def _largest_difference(ref: dict, run: dict) -> float:
     """The largest |logprob difference| between a run and its reference at the same step and token,
     over the steps before their tokens part (past a flip the histories differ)."""
@@ -63,12 +61,8 @@ def _largest_difference(ref: dict, run: dict) -> float:
             break
         theirs = {tok: lp for tok, lp in (b.get("top") or [])}
         if a.get("logprob") is not None and b.get("logprob") is not None:
-            largest = max(largest, abs(_float(a["logprob"]) - _float(b["logprob"])))
+            largest = max(largest, abs(hex_to_float(a["logprob"]) - hex_to_float(b["logprob"])))
         for tok, lp in a.get("top") or []:
             if tok in theirs:
-                largest = max(largest, abs(_float(lp) - _float(theirs[tok])))
+                largest = max(largest, abs(hex_to_float(lp) - hex_to_float(theirs[tok])))
     return largest
-
-
-def _float(value) -> float:
-    return float.fromhex(value) if isinstance(value, str) else float(value)

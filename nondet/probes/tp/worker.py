@@ -49,10 +49,10 @@ def _run(rank: int, job: Job, pipe) -> None:
         census = _census(job, loaded.model)  # every rank: the census's forward has collectives to pair up
         if rank == 0:
             kernels = ",".join(dict.fromkeys(c.kernels for c in job.conditions))
-            found = {"census": census} if census is not None else {}
-            this_group = {"census_coverage": census["coverage"]} if census is not None else {}
-            pipe.send(("ready", rank, {"fingerprint": {**fingerprint(loaded.description, kernels), **found},
-                                       **_environment(job, device), **this_group}))
+            info = {"fingerprint": fingerprint(loaded.description, kernels), **_environment(job, device)}
+            if census is not None:  # the run's census, and this group's coverage in its groups entry
+                info["fingerprint"]["census"], info["census_coverage"] = census, census["coverage"]
+            pipe.send(("ready", rank, info))
         _maybe_fail(rank)
         if job.bisect is not None:
             from nondet.probes.tp.bisect_rank import bisect_on_rank
