@@ -62,9 +62,7 @@ def verify(model, mode_scope, compiled: bool = False, allow_uncovered: bool = Fa
     missing = found.uncovered()
     if missing and not allow_uncovered:
         first = missing[0]
-        more = f" (and {len(missing) - 1} more; --allow-uncovered runs it labelled partly invariant)"
-        raise UnsupportedModel(f"{first.module or found.model_class}: {first.op} is not covered by the "
-                               f"batch-invariant mode{more if len(missing) > 1 else _ALLOW_HINT}")
+        raise UnsupportedModel(refusal_line(first.module or found.model_class, first.op, len(missing) - 1))
     if not found.agrees():
         raise UnsupportedModel(f"the batch-invariant mode changes {found.model_class}'s logits by up to "
                                f"{found.max_logit_diff:.3g} (rounding allows {found.tolerance:.3g}): a kernel "
@@ -72,4 +70,9 @@ def verify(model, mode_scope, compiled: bool = False, allow_uncovered: bool = Fa
     return found
 
 
-_ALLOW_HINT = " (--allow-uncovered runs it labelled partly invariant)"
+def refusal_line(module: str, op: str, others: int, where: str = "") -> str:
+    """The one line that refuses a model for an op the mode does not cover (`where`: ' in the compiled
+    graph' for what Inductor compiled), naming how many more there are and the way to run it anyway."""
+    hint = "--allow-uncovered runs it labelled partly invariant"
+    more = f" (and {others} more; {hint})" if others else f" ({hint})"
+    return f"{module}: {op} is not covered by the batch-invariant mode{where}{more}"

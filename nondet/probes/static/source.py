@@ -213,10 +213,10 @@ def refuse_uncovered_graphs(graphs, allow_uncovered: bool) -> None:
     """A reduction Inductor compiled under the mode that is not ours refuses the run (exit 3, the
     streams already written kept), unless allowed: then summarize labels it partly invariant."""
     if graphs.uncovered and not allow_uncovered:
-        (module, op), more = sorted(graphs.uncovered)[0], len(graphs.uncovered) - 1
-        also = f" (and {more} more)" if more else ""
-        raise UnsupportedModelError(f"{module}: {op} is not covered by the batch-invariant mode in the compiled "
-                                    f"graph{also}; --allow-uncovered runs it labelled partly invariant")
+        from nondet.kernels.coverage import refusal_line
+
+        module, op = sorted(graphs.uncovered)[0]
+        raise UnsupportedModelError(refusal_line(module, op, len(graphs.uncovered) - 1, " in the compiled graph"))
 
 
 def condition_record(condition: cond.Condition) -> ConditionRecord:
