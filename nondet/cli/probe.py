@@ -117,6 +117,15 @@ def probe(
         "--allow-uncovered", help="With batch-invariant kernels, run a model whose op census finds ops the "
                                   "mode does not cover (refused otherwise, exit 3); the run is labelled partly "
                                   "invariant and lists them (see nondet kernels coverage).")] = False,
+    prefix_cache: Annotated[Optional[str], typer.Option(
+        "--prefix-cache", help="Prefix cache, warm vs cold: each prompt alone with its first L tokens' KV cache "
+                               "left by an earlier request and the rest prefilled on top, vs one prefill of the "
+                               "whole prompt. Token counts, e.g. 8,16,32, or auto (a quarter, half and three "
+                               "quarters of the prompt).")] = None,
+    chunked_prefill: Annotated[Optional[str], typer.Option(
+        "--chunked-prefill", help="Chunked prefill vs one pass: each prompt alone, prefilled in chunks of C tokens "
+                                  "(one forward each, on the cache the chunks before left), e.g. 4,16,64, or auto "
+                                  "(an eighth, a quarter and half of the prompt).")] = None,
     compile: Annotated[bool, typer.Option(
         "--compile", help="Decode on the compiled path a deployment uses: transformers' torch.compile'd generate "
                           "with a static KV cache (CUDA graphs on CUDA), default kernels and the mode alike. "
@@ -134,6 +143,7 @@ def probe(
     A server:  nondet probe --endpoint http://127.0.0.1:8000 --runs 16 --tokenizer DIR
     Two deployments:  nondet probe --endpoint http://127.0.0.1:8000 --against http://127.0.0.1:8001
     Speculative decoding:  nondet probe --speculative ngram:4,self:4 --confirm
+    Prefix cache and chunked prefill:  nondet probe -b 1 --prefix-cache auto --chunked-prefill 4,16 --confirm
     In a time budget:  nondet probe --batch-sizes 1,2,4,8,16 --budget 60
     Compiled, as deployed:  nondet probe --compile --confirm --device cuda
     Tensor parallelism:  nondet probe --tp 1,2 --batch-sizes 1,2,8 --confirm
@@ -141,6 +151,7 @@ def probe(
     from nondet.cli.options import read_lines_file, read_targets
     from nondet.cli.probe_config import build_load_config, build_probe_config, check_context, demo_defaults
     from nondet.probes.core.corpus import FILLERS
+    from nondet.probes.core.prefill import parse_prefill
 
     load_config = build_load_config(load, endpoint, resume, rate=rate, concurrency=concurrency,
                                     filler_requests=filler_requests, chat=chat, tokenizer=tokenizer,
@@ -157,7 +168,7 @@ def probe(
         kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads, speculative=speculative,
         budget=budget, kv_cache=kv_cache, tp_invariant=tp_invariant, **_tp_fields(tp),
         compile_backend="inductor" if compile else None, chat=chat, system=system,
-        allow_uncovered=allow_uncovered,
+        allow_uncovered=allow_uncovered, prefill=parse_prefill(prefix_cache, chunked_prefill),
     )
     check_context(config)
     result = run_keeping_streams(config, quiet=json_output)
@@ -170,6 +181,7 @@ def probe(
 
     from nondet.cli.render import print_probe_summary
     from nondet.cli.render_against import print_against
+    from nondet.cli.render_prefill import print_prefill
     from nondet.cli.render_speculative import print_speculative
 
     console = Console()
@@ -177,6 +189,7 @@ def probe(
     print_load_notes(result.summary, console)
     print_budget_notes(result.summary, console)
     print_speculative(result.summary, console)
+    print_prefill(result.summary, console)
     print_against(result.summary, console)
     print_tp_lines(result.summary, console)
     print_model_note(result.run_dir, console)

@@ -101,6 +101,7 @@ def rl(
     console = Console()
     console.print(metrics_table(result.summary["rl"]["pairs"]))
     console.print(result.summary["verdict"], style="bold", markup=False, highlight=False)
+    _print_groups_warning(console, result.summary["rl"])
     console.print(f"run directory: {result.run_dir}")
     console.print(f"wall time: {result.seconds:.1f} s")
 
@@ -144,6 +145,15 @@ def _exact(pair: dict) -> str:
     from nondet.fmt import fmt_float
 
     return "-" if pair.get("kl_exact") is None else fmt_float(pair["kl_exact"])
+
+
+def _print_groups_warning(console, rl: dict) -> None:
+    """A GRPO group whose samples are all identical trains on nothing: say so (nothing when none is)."""
+    from nondet.rl.groups import warning
+
+    line = warning(rl)
+    if line:
+        console.print(f"warning: {line}", style="yellow", markup=False, highlight=False)
 
 
 def _write_report(run_dir) -> None:

@@ -83,6 +83,10 @@ class ProbeConfig:
     # the system message of chat-formatted plain-text prompts (None = the template's own default); a
     # Chat keeps its own messages
     system: str | None = None
+    # the prefill axis (probes/core/prefill.py): forms "prefix:12" (the first 12 tokens' KV cache left by
+    # an earlier request, the rest prefilled on top), "chunk:8" (prefill in chunks of 8), ":auto" sizes
+    # from the prompt's length; each run alone (batch size 1) against the prompt's one-pass prefill
+    prefill: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # prompts read back from config.json (a server probe's --resume) hold a Chat as {"messages": [...]}
@@ -241,6 +245,8 @@ def validate_config(config: ProbeConfig) -> None:
         raise UsageError("--tp-invariant needs --tp degrees that are powers of 2, e.g. --tp 1,2")
     if config.tp and min(config.tp) < 1:
         raise UsageError("--tp: every tensor-parallel degree must be an integer >= 1, e.g. --tp 1,2")
+    if config.prefill:
+        _validate_prefill(config)
     if config.tp and (config.load.mode != "static" or config.speculative or config.budget is not None):
         raise UsageError("--tp runs static batches in worker processes; drop --load / --endpoint / --speculative / "
                          "--budget")
@@ -273,3 +279,13 @@ def _validate_speculative(config: ProbeConfig) -> None:
         refuse_compiled_speculation()  # transformers before 5.24: now, before any model loads (probe and gate)
 
 
+def _validate_prefill(config: ProbeConfig) -> None:
+    """The prefill axis runs in process on transformers' dynamic cache (eager): a compiled decode's
+    static cache and the other sources build their caches themselves."""
+    from nondet.probes.core.prefill import as_forms
+
+    as_forms(config.prefill)
+    if (config.load.mode != "static" or config.speculative or config.tp or config.compile_backend
+            or config.kv_cache != "dynamic" or config.budget is not None):
+        raise UsageError("--prefix-cache / --chunked-prefill run in process with the dynamic KV cache; drop "
+                         "--load / --endpoint / --speculative / --tp / --compile / --kv-cache / --budget")

@@ -1,7 +1,8 @@
 """The report of a `nondet rl` run: sampler vs trainer logprob metrics, a |dlogp| histogram.
 
 Reads the run directory through nondet.rundir only (no probes, no torch): summary.json's
-"rl" pairs for the table, streams.jsonl for the per-token differences behind the figure.
+"rl" pairs for the table, streams.jsonl for the per-token differences behind the figure,
+"rl" sample_groups for the GRPO groups whose samples are all identical (nondet.rl.groups).
 """
 
 import shlex
@@ -9,9 +10,10 @@ import shlex
 import numpy as np
 
 from nondet.fmt import fmt_float
-from nondet.reports.blocks import Code, CodeBlock, Figure, Para, Report, Section, Table
+from nondet.reports.blocks import Code, CodeBlock, Figure, Model, Para, Report, Section, Table
 from nondet.reports.content import partial_sentence
 from nondet.reports.prompts import prompt_blocks
+from nondet.rl.groups import warning
 from nondet.rundir import RunDir
 from nondet.rundir.reader import has_bisect, has_header, read_header, read_streams, read_summary, torn_records
 from nondet.rundir.records import to_json
@@ -32,6 +34,7 @@ def rl_report(run_dir) -> Report:
                                             kind="verdict")]),
         *([Section("Prompts", "prompts", prompt_blocks(header.config))] if header.config.get("prompts") else []),
         Section("Sampler vs trainer", "rl", [metrics_table(pairs), Para([NOTE], kind="note")]),
+        *_identical_groups(summary.get("rl") or {}),
         Section("Logprob differences", "rl-histogram", _figure(pairs, streams)),
         *_bisect(rd),
         Section("Reproduce", "reproduce", [CodeBlock([_command(header.argv)])]),
@@ -53,6 +56,18 @@ def _bisect(rd: RunDir) -> list:
                  "step s is the position whose logits give sampled token s."], kind="note")
     return [Section("Where the trainer leaves the sampler", "rl-bisect", [what, *bisect_blocks(t, [])]),
             Section("Kernel ablation", "rl-ablation", ablation_blocks(t))]
+
+
+def _identical_groups(rl: dict) -> list:
+    """Only when some GRPO group's samples are all one completion: the warning and those groups."""
+    line = warning(rl)
+    if not line:
+        return []
+    flagged = [g for g in rl["sample_groups"]["groups"] if g["identical"]]
+    rows = [[Code(g["kernels"]), Model(g["prompt"]), str(g["size"]), ", ".join(map(str, g["prompt_ids"]))]
+            for g in flagged]
+    table = Table(["kernels", "prompt", "samples", "prompt_id of each sample"], rows, [False, False, True, False])
+    return [Section("Identical sample groups", "rl-groups", [Para([line + "."]), table])]
 
 
 def _command(argv: list) -> str:

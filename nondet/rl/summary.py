@@ -1,6 +1,7 @@
 """summary.json of `nondet rl`: every trainer condition paired with the sampler of its kernels mode.
 
-    {"modes": {}, "verdict": "...", "rl": {"pairs": [PAIR, ...], "processing": {...}}}
+    {"modes": {}, "verdict": "...", "rl": {"pairs": [PAIR, ...], "processing": {...},
+                                           "sample_groups": {"groups": [...], "identical_groups": 0}}}
     PAIR = {"kernels": "default", "sampler": "default", "micro_batch": 4, "padding": "right",
             "trainer_condition": "default/trainer/mb4/right", "backward": true, "grad_finite": true,
             **compare() metrics,          # n_tokens, frac_identical, dlogp_*, ratio_outside_*, kl_k*, first_diff
@@ -8,10 +9,13 @@
                                                     # (None: the sampler's distributions were not in-process)
 
 Streams are matched by prompt_id; the trainer's tokens are the sampler's (asserted). Rollouts
-(kernels "external") pair with the trainer under every mode. Pure Python + numpy.
+(kernels "external") pair with the trainer under every mode. "sample_groups": the sampler
+streams sharing a prompt, and those whose samples are all identical (nondet.rl.groups).
+Pure Python + numpy.
 """
 
 from nondet.rl.compare import compare
+from nondet.rl.groups import sample_groups
 
 EXTERNAL = "external"
 
@@ -21,7 +25,9 @@ def rl_summary(streams: list[dict], conditions: list[dict], config: dict) -> dic
     samplers = _sampler_logprobs(streams)
     pairs = [_pair(c, streams, samplers) for c in conditions if c.get("side") == "trainer"]
     processing = {k: config.get(k) for k in ("temperature", "top_k", "top_p")}
-    return {"modes": {}, "verdict": verdict(pairs), "rl": {"pairs": pairs, "processing": processing}}
+    groups = sample_groups(streams, config.get("prompts") or ())
+    return {"modes": {}, "verdict": verdict(pairs),
+            "rl": {"pairs": pairs, "processing": processing, "sample_groups": groups}}
 
 
 def _sampler_logprobs(streams: list[dict]) -> dict[str, dict[int, tuple[list, list]]]:

@@ -90,10 +90,11 @@ def run_lockstep(model, tokenizer, reference: Batch, divergent: Batch, settings:
     recorder = new_recorder(divergent, settings)
     force = _Force(recorder, row, tokens)
     sink = CompareSink(ref_sink, lambda step: step in force.flips)
+    feed = JoinedPrefill(sink, len(divergent.splits)) if divergent.splits else sink
     with kernels():
-        _replay(model, tokenizer, divergent, settings, tap(model, row, len(divergent.input_ids), sink),
+        _replay(model, tokenizer, divergent, settings, tap(model, row, len(divergent.input_ids), feed),
                 recorder, [force], [_Stop(force, stop_at_flip)])
-    sink.flush()
+    feed.flush()
     return Lockstep(ref_steps, recorder.steps[row][: len(tokens)], sink.rows, sink.amplification, sink.first,
                     sink.tracker.result(), sink.tracker.transients, sink.routing.first, sink.routing.changes)
 
@@ -212,6 +213,40 @@ class CompareSink:
         if diff.differs and self.first is None:
             self.first = record
         return record
+
+
+class JoinedPrefill:
+    """Sink in front of CompareSink for a run whose prefill is several forwards (the prefill axis,
+    core/prefill.py): the Tap counts each forward as a step, so the `pieces` forwards before
+    generate's own prefill come as steps 0..pieces-1. Their points are joined along the sequence
+    into one step 0, the shape of the reference's single prefill (every position compared, those of
+    the cached prefix included); later steps pass on, renumbered."""
+
+    def __init__(self, sink: CompareSink, pieces: int):
+        self.sink, self.pieces = sink, pieces
+        self.calls: list[list[tuple[Point, object]]] = []  # per prefill forward: (point, row [seq, ...])
+
+    def __call__(self, step: int, point: Point, row) -> None:
+        if step > self.pieces:
+            self._emit_prefill()
+            self.sink(step - self.pieces, point, row)
+            return
+        while len(self.calls) <= step:
+            self.calls.append([])
+        self.calls[step].append((point, row.clone()))
+
+    def flush(self) -> None:
+        self._emit_prefill()
+        self.sink.flush()
+
+    def _emit_prefill(self) -> None:
+        import torch
+
+        calls, self.calls = self.calls, []
+        for i, (point, first) in enumerate(calls[0] if calls else ()):
+            parts = [c[i][1] for c in calls if i < len(c) and c[i][0] == point]
+            if len(parts) == len(calls) and all(p.dim() >= 1 and p.shape[1:] == first.shape[1:] for p in parts):
+                self.sink(0, point, torch.cat(parts))
 
 
 def _key(calls: Counter, step: int, point: Point) -> tuple:

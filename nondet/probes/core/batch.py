@@ -18,6 +18,9 @@ class Batch:
     input_ids: list[list[int]]  # [batch, seq] left-padded token ids
     attention_mask: list[list[int]]  # [batch, seq] 1 = real token
     target_rows: tuple[int, ...]
+    # the prefill axis: offsets where the prompt's prefill is cut (core/prefill.py; one row, unpadded);
+    # () = one prefill, in generate
+    splits: tuple[int, ...] = ()
 
 
 def tokenize_inputs(tokenizer, prompt: str, fillers) -> tuple[list[int], list[list[int]]]:
@@ -41,6 +44,8 @@ def build_batch(condition: Condition, target: list[int], fillers: list[list[int]
     (needed by, and only read for, a condition with row_prompts)."""
     if condition.row_prompts or condition.fillers in ("prompts", "padded"):
         return _prompt_rows(condition, fillers, pad_id, prompts)
+    if condition.splits:  # the prefill axis: the prompt alone, its prefill cut into pieces
+        return Batch([list(target)], [[1] * len(target)], (0,), condition.splits)
     rows: list[list[int]] = []
     filler_index = 0
     for row in range(condition.batch_size):

@@ -43,13 +43,22 @@ class Condition:
     # rows / padded: the prompt id in each row, -1 = a same-length filler; () = one target prompt
     # (prompt_id) in every target row. prompt_id is then the first row's prompt.
     row_prompts: tuple[int, ...] = ()
+    # the prefill axis (core/prefill.py): the form run ("prefix:12", "chunk:8"; "" = one prefill) and
+    # the token offsets where the prompt's prefill is cut into forwards on top of the cache
+    prefill: str = ""
+    splits: tuple[int, ...] = ()
 
     @property
     def is_reference(self) -> bool:
-        return self.batch_size == 1 and self.fillers == "none"
+        return self.batch_size == 1 and self.fillers == "none" and not self.splits
 
     @property
     def label(self) -> str:
+        if self.prefill:
+            from nondet.probes.core.prefill import label
+
+            kind, _, size = self.prefill.partition(":")
+            return (f"p{self.prompt_id} " if self.several_prompts else "") + label(kind, int(size))
         if self.row_prompts:
             targets = ",".join(f"p{k}" for k in self.row_prompts if k >= 0)
             n_fill = sum(k < 0 for k in self.row_prompts)
@@ -121,7 +130,28 @@ def condition_from_record(record: dict) -> Condition:
     """A conditions.jsonl record as the Condition the probe ran (bisect rebuilds its batch)."""
     return Condition(record["condition_id"], record["kernels"], record["batch_size"], tuple(record["positions"]),
                      record["fillers"], record.get("load", "static"), record.get("prompt_id", 0),
-                     row_prompts=tuple(record.get("row_prompts", ())))
+                     row_prompts=tuple(record.get("row_prompts", ())), prefill=record.get("prefill", ""),
+                     splits=tuple(record.get("splits", ())))
+
+
+def plan_prefill(forms, lengths: list[int], kernels: str) -> list[Condition]:
+    """The prefill axis of one kernels mode: per prompt and form, the prompt alone (batch size 1) with
+    its prefill cut where the form says (core/prefill.py), compared with its reference (one prefill).
+    forms: PrefillForms; lengths[k]: prompt k's token count. A size that leaves no token for the
+    generate call's own prefill (>= the prompt's length) is not run for that prompt."""
+    from nondet.probes.core.prefill import splits
+
+    several = len(lengths) > 1
+    out = []
+    for k, n in enumerate(lengths):
+        prefix = f"{kernels}/p{k}" if several else kernels
+        for form in forms:
+            for size in form.sizes(n):
+                cuts = splits(form.kind, size, n)
+                if cuts and f"{prefix}/{form.kind}/{size}" not in {c.condition_id for c in out}:
+                    out.append(Condition(f"{prefix}/{form.kind}/{size}", kernels, 1, (0,), "none", prompt_id=k,
+                                         several_prompts=several, prefill=f"{form.kind}:{size}", splits=cuts))
+    return out
 
 
 def plan_conditions(batch_sizes, placement: str, runs: int | None, ragged: bool,

@@ -35,6 +35,20 @@ def first_numeric_divergence(ref: dict, run: dict) -> int | None:
     return first_token_divergence(ref, run)
 
 
+def versus_reference(ref: dict, run: dict) -> dict:
+    """One run of an axis (speculative, prefill) against its prompt's reference, at batch size 1."""
+    return {"condition_id": run["condition_id"], "kernels": run["kernels"], "prompt_id": run.get("prompt_id", 0),
+            "run_id": run["run_id"], "reference_run_id": ref["run_id"],
+            "distinct_completions": 1 if tokens_of(ref) == tokens_of(run) else 2,
+            "first_token_divergence": first_token_divergence(ref, run),
+            "first_numeric_divergence": first_numeric_divergence(ref, run)}
+
+
+def references(streams: list[dict]) -> dict[tuple[str, int], dict]:
+    """{(kernels, prompt_id): the reference stream} of a run directory's streams."""
+    return {(s["kernels"], s.get("prompt_id", 0)): s for s in streams if s["is_reference"]}
+
+
 def summarize(streams: list[dict], decode: Decode | None = None) -> dict:
     """The diff of one kernels mode's streams (the reference is the stream flagged is_reference)."""
     decode = decode or _join_pieces(streams)

@@ -44,7 +44,8 @@ def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings)
     steps_of = recorder.steps
     if trace.found:
         for row, experts in trace.experts().items():
-            for step, ids in zip(steps_of[row], experts):
+            # the prefill axis's earlier pieces are forward calls of their own, before generate's prefill
+            for step, ids in zip(steps_of[row], experts[len(batch.splits):]):
                 step["experts"] = ids
     eos = eos_ids(model, tokenizer)
     return {row: truncate_at_eos(steps, eos) for row, steps in steps_of.items()}
@@ -80,6 +81,8 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
     """The one `model.generate` call of a condition: the probe's, bisect's lockstep replay, and
     the speculative source's (plain and assisted, `assist`).
 
+    `batch.splits` (the prefill axis): the prompt's pieces before the last cut are prefilled first
+    (core/prefill.py), and generate computes the rest on top of their KV cache.
     `after`: logits processors run after the recorder (bisect forces the reference's tokens);
     `stopping`: extra stopping criteria. Neither changes the numerics of what the recorder saw.
     `assist`: speculative decoding; the call then returns generate's output with `logits`
@@ -91,9 +94,15 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
     device = model.device
     fields, arguments = assist.kwargs() if assist and (assist.prompt_lookup or assist.assistant) else ({}, {})
     cache_fields = _cache_fields(settings, device.type, len(batch.input_ids[0]), assist.drafted if assist else 0)
+    input_ids = torch.tensor(batch.input_ids, device=device)
+    attention_mask = torch.tensor(batch.attention_mask, device=device)
     try:
         with torch.inference_mode():  # a held static cache is reset in here: its tensors are inference tensors
             arguments.update(_held_cache(model, batch, settings, cache_fields))
+            if batch.splits:  # the prefill axis: the pieces before the last cut prefilled first, in order
+                from nondet.probes.core.prefill import cached_pieces
+
+                arguments["past_key_values"] = cached_pieces(model, input_ids, attention_mask, batch.splits)
             config = GenerationConfig(
                 do_sample=False,  # sampling, when asked, is done by the recorder per request
                 max_new_tokens=settings.max_new_tokens,
@@ -105,8 +114,8 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
                 **fields,
             )
             return model.generate(
-                input_ids=torch.tensor(batch.input_ids, device=device),
-                attention_mask=torch.tensor(batch.attention_mask, device=device),
+                input_ids=input_ids,
+                attention_mask=attention_mask,
                 generation_config=config,
                 logits_processor=LogitsProcessorList([p for p in (recorder, *after) if p is not None]),
                 stopping_criteria=StoppingCriteriaList(stopping),

@@ -5,12 +5,12 @@ one kernels mode) and per form (over prompts): distinct completions vs plain gre
 token and first numeric divergence, acceptance rate, tokens/s with and without speculation.
 """
 
-from nondet.probes.core.diff import earliest, first_numeric_divergence, first_token_divergence, tokens_of
+from nondet.probes.core.diff import earliest, references, versus_reference
 
 
 def speculative_section(streams: list[dict], forms: list[str]) -> dict:
-    references = {(s["kernels"], s.get("prompt_id", 0)): s for s in streams if s["is_reference"]}
-    rows = [_condition(references[(s["kernels"], s.get("prompt_id", 0))], s)
+    refs = references(streams)
+    rows = [_condition(refs[(s["kernels"], s.get("prompt_id", 0))], s)
             for s in streams if not s["is_reference"] and s.get("speculative")]
     keys = list(dict.fromkeys((r["kernels"], r["speculative"]) for r in rows))
     return {"forms": forms, "batch_size": 1, "conditions": rows,
@@ -19,11 +19,7 @@ def speculative_section(streams: list[dict], forms: list[str]) -> dict:
 
 def _condition(ref: dict, run: dict) -> dict:
     return {
-        "condition_id": run["condition_id"], "kernels": run["kernels"], "prompt_id": run.get("prompt_id", 0),
-        "speculative": run["speculative"], "run_id": run["run_id"], "reference_run_id": ref["run_id"],
-        "distinct_completions": 1 if tokens_of(ref) == tokens_of(run) else 2,
-        "first_token_divergence": first_token_divergence(ref, run),
-        "first_numeric_divergence": first_numeric_divergence(ref, run),
+        **versus_reference(ref, run), "speculative": run["speculative"],
         "acceptance_rate": run.get("acceptance_rate"),
         "drafted": sum(run.get("drafted") or []), "accepted": sum(run.get("accepted") or []),
         "rounds": len(run.get("drafted") or []), "tokens": len(run["steps"]),

@@ -158,6 +158,10 @@ class StaticSource:
         doc = summarize_modes(streams, self.loaded.tokenizer, self.config.targets)
         if self.budget_note:
             doc["budget"] = self.budget_note
+        if self.config.prefill:
+            from nondet.probes.core.prefill_summary import prefill_section
+
+            doc["prefill"] = prefill_section(streams)
         if self.paths is not None:
             doc["decode_path"] = self.paths.as_summary()
         if self.graphs is not None:
@@ -177,16 +181,25 @@ class StaticSource:
             run_id=self.run_ids - 1, condition_id=condition.condition_id, kernels=condition.kernels, position=row,
             is_reference=condition.is_reference, prompt_id=prompt_id, prompt_tokens=prompt_tokens,
             finish="length" if steps else "empty", text=tok.decode([s["token"] for s in steps]),
-            steps=[step_record(s, token_piece(tok, s["token"])) for s in steps])
+            steps=[step_record(s, token_piece(tok, s["token"])) for s in steps],
+            extra={"prefill": condition.prefill} if condition.prefill else {})
 
 
 def plan_static(config, placement: str, lengths: list[int]) -> list[cond.Condition]:
     """The conditions of every kernels mode, in the order they run (placement resolved, not auto)."""
+    from nondet.probes.core.prefill import as_forms
+
+    forms = as_forms(config.prefill)
+    return [x for mode in config.kernels
+            for x in _batches(config, placement, lengths, mode) + cond.plan_prefill(forms, lengths, mode)]
+
+
+def _batches(config, placement: str, lengths: list[int], mode: str) -> list[cond.Condition]:
+    """One kernels mode's references and batches."""
     if placement in cond.ROW_PLACEMENTS:
-        return [x for mode in config.kernels
-                for x in cond.plan_rows(config.batch_sizes, lengths, placement, config.ragged, mode)]
+        return cond.plan_rows(config.batch_sizes, lengths, placement, config.ragged, mode)
     several = len(lengths) > 1
-    return [x for mode in config.kernels for k in range(len(lengths))
+    return [x for k in range(len(lengths))
             for x in cond.plan_conditions(config.batch_sizes, placement, config.runs, config.ragged, mode, k, several)]
 
 
@@ -223,5 +236,12 @@ def condition_record(condition: cond.Condition) -> ConditionRecord:
     return ConditionRecord(condition_id=condition.condition_id, kernels=condition.kernels,
                            batch_size=condition.batch_size, positions=list(condition.positions),
                            fillers=condition.fillers, label=condition.label, load=condition.load,
-                           prompt_id=condition.prompt_id,
-                           extra={"row_prompts": list(condition.row_prompts)} if condition.row_prompts else {})
+                           prompt_id=condition.prompt_id, extra=_condition_extra(condition))
+
+
+def _condition_extra(condition: cond.Condition) -> dict:
+    """What conditions.jsonl needs beyond the common fields to rebuild the batch (bisect)."""
+    extra = {"row_prompts": list(condition.row_prompts)} if condition.row_prompts else {}
+    if condition.prefill:
+        extra.update(prefill=condition.prefill, splits=list(condition.splits))
+    return extra
