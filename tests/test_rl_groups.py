@@ -38,7 +38,7 @@ def test_identical_group_is_flagged_and_a_single_prompt_is_no_group():
 
 
 def test_differing_group_is_not_flagged():
-    streams = [stream(0, GROUP_PROMPT, [1, 2, 3]), stream(1, GROUP_PROMPT, [1, 2, 4]), stream(2, GROUP_PROMPT, [1, 2, 3])]
+    streams = [stream(i, GROUP_PROMPT, tokens) for i, tokens in enumerate(([1, 2, 3], [1, 2, 4], [1, 2, 3]))]
     doc = sample_groups(streams)
     assert doc["identical_groups"] == 0
     assert [(g["size"], g["distinct"], g["identical"]) for g in doc["groups"]] == [(3, 2, False)]
@@ -104,12 +104,17 @@ def test_rollouts_positive_control_identical_group_in_summary(identical_run):
 
 def test_rollouts_negative_control_differing_group_is_not_flagged(tiny_model_dir, tmp_path):
     path = write_rollouts(tmp_path / "rollouts.jsonl", [[20, 21, 22], [20, 21, 23], [24], [20, 21, 22]])
-    doc = run_rl(config(tiny_model_dir, tmp_path / "run", rollouts=path)).summary["rl"]["sample_groups"]
+    result = run_rl(config(tiny_model_dir, tmp_path / "run", rollouts=path))
+    doc = result.summary["rl"]["sample_groups"]
     assert doc["identical_groups"] == 0
     assert [(g["size"], g["distinct"]) for g in doc["groups"]] == [(4, 3)]
+    from nondet.reports import write_report
+
+    md, _ = write_report(result.run_dir)
+    assert "Identical sample groups" not in md.read_text()
 
 
-def test_report_shows_the_identical_groups_only_when_there_are_some(identical_run, tmp_path):
+def test_report_shows_the_identical_groups(identical_run, tmp_path):
     from nondet.reports import write_report
 
     md, _ = write_report(identical_run.run_dir)

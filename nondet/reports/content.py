@@ -15,6 +15,7 @@ from nondet.reports.blocks import (Branch, BranchPoint, Code, CodeBlock, Model, 
                                    Table, TokenDiff, figure_or_hint)
 from nondet.reports.against import against_sections
 from nondet.reports.bisect_sections import ablation_blocks, bisect_blocks
+from nondet.reports.prefill import prefill_sections
 from nondet.reports.prompts import prompt_blocks
 from nondet.reports.speculative import speculative_sections
 from nondet.reports.tables import RunTables
@@ -33,6 +34,7 @@ def build_report(t: RunTables) -> Report:
         Section("Prompts", "prompts", prompt_blocks(t.config.get("config") or {})),
         Section("Conditions", "conditions", _conditions(t)),
         *speculative_sections(t),
+        *prefill_sections(t),
         *tensor_parallel_sections(t),
         *against_sections(t),
         Section("Branch tree", "branch-tree", _tree(t)),

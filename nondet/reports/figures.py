@@ -255,3 +255,43 @@ def _cond_key(row) -> str:
     """The condition id without its kernels mode, so both modes line up."""
     cid = str(row.condition_id)
     return cid.split("/", 1)[1] if cid.startswith(f"{row.kernels}/") else cid
+
+
+def prefill_divergence(t: RunTables) -> bytes | None:
+    """The prefill axis: per form and size (rows), each kernels mode's first step whose logprob bits
+    differ from one-pass prefill (filled marker) and whose token differs (cross); a hollow marker at
+    the right edge where nothing differed within the run's steps."""
+    forms = (t.summary.get("prefill") or {}).get("by_form") or []
+    if not forms:
+        return None
+    labels = list(dict.fromkeys(prefill_label(f) for f in sorted(forms, key=lambda f: (f["kind"] != "prefix",
+                                                                                          f["size"]))))
+    horizon = max(1, int((t.config.get("config") or {}).get("max_new_tokens") or 1))
+    modes = list(dict.fromkeys(f["kernels"] for f in forms))
+    fig, ax = _new(height=1.2 + 0.32 * len(labels) * len(modes))
+    for i, mode in enumerate(modes):
+        offset = (i - (len(modes) - 1) / 2) * 0.25
+        colour = MODE_COLOURS.get(mode, "#5d6d7e")
+        for f in (f for f in forms if f["kernels"] == mode):
+            y = labels.index(prefill_label(f)) + offset
+            bits, token = f["first_numeric_divergence"], f["first_token_divergence"]
+            if bits is None:
+                ax.plot(horizon, y, "o", mfc="white", mec=colour)
+            else:
+                ax.plot(bits, y, "o", color=colour)
+            if token is not None:
+                ax.plot(token, y, "x", color=colour, ms=8)
+        ax.plot([], [], "o", color=colour, label=f"{mode}: bits differ")
+    ax.plot([], [], "x", color="#333333", label="token differs")
+    ax.plot([], [], "o", mfc="white", mec="#333333", label=f"no difference in {horizon} steps")
+    ax.set_yticks(range(len(labels)), labels)
+    ax.invert_yaxis()
+    ax.set_xlim(-0.5, horizon + 0.5)
+    ax.set_xlabel("decode step")
+    ax.set_title("Prefix cache and chunked prefill: where a run leaves one-pass prefill", fontsize=10)
+    ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _png(fig)
+
+
+def prefill_label(form: dict) -> str:
+    return f"prefix {form['size']} cached" if form["kind"] == "prefix" else f"chunks of {form['size']}"

@@ -103,6 +103,8 @@ def cached_pieces(model, input_ids, attention_mask, cuts: tuple[int, ...]):
 
     import torch
 
+    from nondet.kernels.hf_names import cache_kwarg, output_cache
+
     # as generate's own prefill: only the last position's logits (the rest would be computed and dropped)
     keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     cache = None
@@ -110,6 +112,6 @@ def cached_pieces(model, input_ids, attention_mask, cuts: tuple[int, ...]):
     for start, end in zip(bounds, bounds[1:]):
         positions = torch.arange(start, end, device=input_ids.device)
         out = model(input_ids=input_ids[:, start:end], attention_mask=attention_mask[:, :end],
-                    past_key_values=cache, use_cache=True, cache_position=positions, **keep)
-        cache = out.past_key_values
+                    use_cache=True, cache_position=positions, **{cache_kwarg(model): cache}, **keep)
+        cache = output_cache(out)
     return cache

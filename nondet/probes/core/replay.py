@@ -100,9 +100,10 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
         with torch.inference_mode():  # a held static cache is reset in here: its tensors are inference tensors
             arguments.update(_held_cache(model, batch, settings, cache_fields))
             if batch.splits:  # the prefill axis: the pieces before the last cut prefilled first, in order
+                from nondet.kernels.hf_names import cache_kwarg
                 from nondet.probes.core.prefill import cached_pieces
 
-                arguments["past_key_values"] = cached_pieces(model, input_ids, attention_mask, batch.splits)
+                arguments[cache_kwarg(model)] = cached_pieces(model, input_ids, attention_mask, batch.splits)
             config = GenerationConfig(
                 do_sample=False,  # sampling, when asked, is done by the recorder per request
                 max_new_tokens=settings.max_new_tokens,
