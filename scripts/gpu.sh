@@ -15,6 +15,7 @@
 #   moe          scripts/device/gpu_moe.py: a Qwen3-30B-A3B-shaped MoE, default vs the mode, and its step time
 #   demo         probe / speculative / rl on the demo model with --confirm
 #   bisect       scripts/device/gpu_bisect.py: what bisect blames on a GPU model, with and without a baseline
+#   prefill-axis scripts/device/gpu_prefill_axis.py: prefix cache and chunked prefill vs one pass, dense and MoE
 # Speed (each prints a table; docs/benchmarks.md keeps the figures)
 #   score        nondet kernels bench --score (ratios to cuBLAS / SDPA, invariance checked in the same run)
 #   tune         nondet kernels tune, then the score under the tuned table
@@ -70,6 +71,7 @@ run_step() {
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4
           timeout 120 python3 -m nondet rl --device cuda --confirm -n 32 --out /tmp/run-rl 2>&1 | quiet | tail -20 ;;
     bisect) timeout 480 python3 scripts/device/gpu_bisect.py 2>&1 | tail -30 ;;
+    prefill-axis) timeout 560 python3 scripts/device/gpu_prefill_axis.py --out "$OUT" 2>&1 | quiet | tail -120 ;;
     score) timeout 420 python3 -m nondet kernels bench --score --out "$OUT/score.md" 2>&1 | tail -60 ;;
     probe) timeout 300 python3 scripts/bench_probe.py --gpu 2>&1 | tail -12 ;;
     probe-compile) timeout 470 python3 scripts/bench_probe.py --gpu --compile 2>&1 | quiet | tail -12 ;;
