@@ -71,7 +71,7 @@ run_step() {
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4
           timeout 120 python3 -m nondet rl --device cuda --confirm -n 32 --out /tmp/run-rl 2>&1 | quiet | tail -20 ;;
     bisect) timeout 480 python3 scripts/device/gpu_bisect.py 2>&1 | tail -30 ;;
-    prefill-axis) timeout 560 python3 scripts/device/gpu_prefill_axis.py --out "$OUT" 2>&1 | quiet | tail -120 ;;
+    prefill-axis) timeout 560 python3 scripts/device/gpu_prefill_axis.py --out "$OUT" 2>&1 | quiet | tail -250 ;;
     score) timeout 420 python3 -m nondet kernels bench --score --out "$OUT/score.md" 2>&1 | tail -60 ;;
     probe) timeout 300 python3 scripts/bench_probe.py --gpu 2>&1 | tail -12 ;;
     probe-compile) timeout 470 python3 scripts/bench_probe.py --gpu --compile 2>&1 | quiet | tail -12 ;;

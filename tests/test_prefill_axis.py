@@ -142,3 +142,13 @@ def test_a_mixture_of_experts_keeps_one_pass_bits_under_the_mode(tmp_path):
     require_divergence(result.summary["modes"]["default"], "the prefill axis of a random Qwen3-MoE")
     fixed = [f for f in result.summary["prefill"]["by_form"] if f["kernels"] == FIX_KERNELS]
     assert fixed and all(f["prompts_bits_differ"] == 0 for f in fixed)
+
+
+def test_a_size_no_prompt_can_run_is_said(tmp_path, tiny_model_dir):
+    done = cli_runner.run(["probe", "--model", str(tiny_model_dir), "-p", "one two three", "-b", "1", "-n", "2",
+                           "--chunked-prefill", "2,500", "--out", str(tmp_path / "r")])
+    assert done.returncode == 0, done.stderr
+    assert "prefill chunk:500: not run, every prompt is 500 tokens or shorter" in done.stdout
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["prefill"]["not_run"] == ["chunk:500"]
+    assert [f["size"] for f in summary["prefill"]["by_form"]] == [2]

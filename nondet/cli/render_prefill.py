@@ -18,6 +18,8 @@ def print_prefill(summary: dict, console: Console) -> None:
     for mode in modes:  # the caption once, under the last table
         console.print(prefill_table(mode, [f for f in section["by_form"] if f["kernels"] == mode],
                                     CAPTION if mode == modes[-1] else None))
+    for form in (section or {}).get("not_run", []):
+        console.print(f"prefill {form}: not run, every prompt is {form.partition(':')[2]} tokens or shorter")
 
 
 def prefill_table(mode: str, forms: list[dict], caption: str | None = CAPTION) -> Table:

@@ -10,6 +10,7 @@ prefill), then `nondet bisect` on the first default-kernels split whose bits dif
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -32,10 +33,12 @@ def dense_model() -> str:
 
 
 def probe_and_bisect(name: str, model: str, out: Path, tokens: int) -> None:
-    run = out / f"prefill-{name}"
+    run = Path(f"/tmp/prefill-{name}")  # the run directory stays here; its prefill section goes to $OUT
     print(f"=== {name}: {model}", flush=True)
+    shutil.rmtree(run, ignore_errors=True)  # a warm machine keeps /tmp: the probe refuses a used --out
     nondet("probe", "--model", model, "-p", PROMPT, "-n", str(tokens), *AXIS, "--out", str(run), timeout=400)
     summary = json.loads((run / "summary.json").read_text())
+    (out / f"prefill-{name}.json").write_text(json.dumps(summary["prefill"], indent=1))
     for f in summary["prefill"]["by_form"]:
         print(f"{f['kernels']:16} {f['kind']:6} {f['size']:4}  bits from {f['first_numeric_divergence']}  "
               f"tokens from {f['first_token_divergence']}", flush=True)
@@ -43,6 +46,9 @@ def probe_and_bisect(name: str, model: str, out: Path, tokens: int) -> None:
                  if c["kernels"] == "default" and c["first_numeric_divergence"] is not None]
     if differing:
         nondet("bisect", str(run), "--condition", differing[0]["condition_id"], timeout=300)
+        bisect = json.loads((run / "bisect.json").read_text())
+        print(f"bisect {differing[0]['condition_id']}: origin {bisect['origin']}, minimal set "
+              f"{bisect['minimal_set']}", flush=True)
 
 
 def main() -> None:

@@ -8,13 +8,17 @@ logprob bits left the prompt's reference (its whole prompt prefilled in one forw
 from nondet.probes.core.diff import earliest, references, versus_reference
 
 
-def prefill_section(streams: list[dict]) -> dict:
+def prefill_section(streams: list[dict], forms: tuple[str, ...] = ()) -> dict:
+    """forms: the forms asked for ("chunk:64"); one no prompt could run (a size >= every prompt's
+    length leaves the generate call nothing to prefill) is listed under not_run."""
     refs = references(streams)
     rows = [_condition(refs[(s["kernels"], s.get("prompt_id", 0))], s)
             for s in streams if not s["is_reference"] and s.get("prefill")]
     keys = list(dict.fromkeys((r["kernels"], r["kind"], r["size"]) for r in rows))
+    ran = {f"{kind}:{size}" for _, kind, size in keys}
     return {"batch_size": 1, "conditions": rows,
-            "by_form": [_form([r for r in rows if (r["kernels"], r["kind"], r["size"]) == key]) for key in keys]}
+            "by_form": [_form([r for r in rows if (r["kernels"], r["kind"], r["size"]) == key]) for key in keys],
+            "not_run": [f for f in forms if not f.endswith(":auto") and f not in ran]}
 
 
 def _condition(ref: dict, run: dict) -> dict:

@@ -161,7 +161,7 @@ class StaticSource:
         if self.config.prefill:
             from nondet.probes.core.prefill_summary import prefill_section
 
-            doc["prefill"] = prefill_section(streams)
+            doc["prefill"] = prefill_section(streams, self.config.prefill)
         if self.paths is not None:
             doc["decode_path"] = self.paths.as_summary()
         if self.graphs is not None:
