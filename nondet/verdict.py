@@ -183,3 +183,25 @@ def _grade_words(c: dict) -> str:
 def _percent(x: float) -> str:
     """0.1135 -> '11%', 0.00998 -> '1%', 0.0042 -> '0.42%'."""
     return f"{x:.0%}" if x == 0 or x >= 0.1 else f"{x * 100:.2g}%"
+
+
+def sampler_lines(summary: dict) -> list[str]:
+    """sampler_line of every kernels mode of a summary.json (terminal and report)."""
+    sampler = (summary.get("sampling") or {}).get("sampler", "per-request")
+    lines = [sampler_line(f"{mode} kernels", m.get("flip_causes") or {}, sampler)
+             for mode, m in summary.get("modes", {}).items()]
+    return [line for line in lines if line]
+
+
+def sampler_line(name: str, causes: dict, sampler: str) -> str | None:
+    """When some runs flipped with the reference's logits (summary.json modes.<mode>.flip_causes): the
+    sampler's random stream, not the kernels, chose another token. None when no flip was the sampler's."""
+    n = causes.get("sampler", 0)
+    if not n:
+        return None
+    total = sum(causes.values())
+    fix = ("the requests share one generator (--sampler shared); each request its own seeded generator "
+           "(--sampler per-request) removes it" if sampler == "shared" else
+           "the requests drew different random numbers with equal seeds")
+    return (f"{name}: {n} of {total} runs whose tokens differ had the reference's logits, bit for bit, at the "
+            f"flip: the sampler chose another token, not the kernels; {fix}")

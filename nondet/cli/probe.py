@@ -43,6 +43,11 @@ def probe(
         callback=o.at_least_one)] = None,
     temperature: Annotated[float, typer.Option(help="0 = greedy. >0 samples; each request has its own seeded generator.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of each request's generator when sampling.")] = 0,
+    sampler: Annotated[str, typer.Option(
+        "--sampler", help="With --temperature > 0: per-request (each request its own generator seeded with --seed, "
+                          "so a row's draws never depend on the batch) or shared (one generator for the whole "
+                          "batch, rows drawn in order, as transformers' batched sampling and a server that ignores "
+                          "seeds do). The verdict says when a flip came from the sampler, not the logits.")] = "per-request",
     kernels: o.KernelsOpt = "default",
     confirm: Annotated[bool, typer.Option(
         "--confirm", help="Run default kernels, then batch-invariant ones, and compare.")] = False,
@@ -164,7 +169,7 @@ def probe(
         trust_remote_code=trust_remote_code, inject_variance=inject_variance, batch_sizes=batch_sizes, out=out,
         load=load_config, placement=positions, runs=runs,
         fillers=read_lines_file(fillers, "fillers") if fillers else FILLERS,
-        ragged=ragged, max_new_tokens=max_new_tokens or 200, temperature=temperature, seed=seed,
+        ragged=ragged, max_new_tokens=max_new_tokens or 200, temperature=temperature, seed=seed, sampler=sampler,
         kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads, speculative=speculative,
         budget=budget, kv_cache=kv_cache, tp_invariant=tp_invariant, **_tp_fields(tp),
         compile_backend="inductor" if compile else None, chat=chat, system=system,

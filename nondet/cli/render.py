@@ -9,7 +9,7 @@ from rich.text import Text
 from nondet.cli.fit import fitted
 from nondet.fmt import fmt_hex_value, fmt_step
 from nondet.text import quoted, shorten
-from nondet.verdict import confidence_line, graph_census_line
+from nondet.verdict import confidence_line, graph_census_line, sampler_lines
 
 visible = quoted  # model text on the terminal (cli/bisect.py imports it by this name)
 
@@ -28,6 +28,8 @@ def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
     for mode, m in summary["modes"].items():
         if m.get("confidence"):
             console.print(confidence_line(f"{mode} kernels", m["confidence"]))
+    for line in sampler_lines(summary):
+        console.print(line)
     coverage = summary.get("kernel_coverage") or {}
     if coverage.get("injected_control"):
         console.print(f"note: {coverage['injected_control']}")

@@ -49,6 +49,9 @@ class ProbeConfig:
     max_new_tokens: int = 200  # the default model's first flips come at tokens ~10-150
     temperature: float = 0.0  # 0 = greedy
     seed: int = 0  # per-request generator seed when sampling
+    # when sampling: per-request (each request its own generator seeded with `seed`: the fix) | shared (one
+    # generator for the batch, rows drawn in order: transformers' batched sampling, a server ignoring seeds)
+    sampler: str = "per-request"
     kernels: tuple[str, ...] = ("default",)  # kernel modes run in order ("--confirm" = both)
     threads: int | None = None  # torch CPU threads (None = torch's default); fingerprinted
     out: str | None = None  # run directory (None = nondet-runs/<time>-probe)
@@ -217,6 +220,7 @@ def validate_config(config: ProbeConfig) -> None:
         raise UsageError("--max-new-tokens must be >= 1")
     if config.temperature < 0:
         raise UsageError("--temperature must be >= 0")
+    _validate_sampler(config)
     for mode in config.kernels:
         if mode not in KERNEL_MODES:
             raise UsageError(f"--kernels must be one of {', '.join(KERNEL_MODES)}, not {mode!r}")
@@ -289,3 +293,14 @@ def _validate_prefill(config: ProbeConfig) -> None:
             or config.kv_cache != "dynamic" or config.budget is not None):
         raise UsageError("--prefix-cache / --chunked-prefill run in process with the dynamic KV cache; drop "
                          "--load / --endpoint / --speculative / --tp / --compile / --kv-cache / --budget")
+
+
+def _validate_sampler(config: ProbeConfig) -> None:
+    """--sampler picks how static batches sample (recorder.py); other sources sample their own way."""
+    from nondet.probes.core.recorder import SAMPLERS
+
+    if config.sampler not in SAMPLERS:
+        raise UsageError(f"--sampler must be one of {', '.join(SAMPLERS)}, not {config.sampler!r}")
+    if config.sampler != "per-request" and (config.temperature == 0 or config.load.mode != "static" or config.tp):
+        raise UsageError("--sampler shared draws the samples of static batches from one generator; it needs "
+                         "--temperature > 0 and no --load / --endpoint / --tp")

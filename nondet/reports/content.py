@@ -20,7 +20,7 @@ from nondet.reports.prompts import prompt_blocks
 from nondet.reports.speculative import speculative_sections
 from nondet.reports.tables import RunTables
 from nondet.reports.tensor_parallel import tensor_parallel_sections
-from nondet.verdict import confidence_line, graph_census_line, partly_line, report_verdict
+from nondet.verdict import confidence_line, graph_census_line, partly_line, report_verdict, sampler_lines
 
 CONTEXT_BEFORE, CONTEXT_AFTER = 12, 16  # tokens shown around a split in the token diff
 MAX_DIFFS = 6                            # divergent completions shown in the token diff
@@ -71,9 +71,10 @@ def partial_sentence(partial: str) -> str:
 
 
 def _confidence_note(t: RunTables) -> list[Para]:
-    """Per kernels mode: the runs that diverged, the 95% interval of the rate, the grade."""
-    return _sentences([confidence_line(f"{mode} kernels", m["confidence"]) for mode, m in t.modes.items()
-                       if m.get("confidence")])
+    """Per kernels mode: the runs that diverged, the 95% interval of the rate, the grade; then the flips
+    the sampler made with the reference's logits."""
+    lines = [confidence_line(f"{mode} kernels", m["confidence"]) for mode, m in t.modes.items() if m.get("confidence")]
+    return _sentences(lines + sampler_lines(t.summary))
 
 
 def _coverage_note(t: RunTables) -> list[Para]:

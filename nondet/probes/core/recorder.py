@@ -14,14 +14,20 @@ the batch-invariant mode log_softmax is the mode's row-blocked kernel, row-indep
 construction). With temperature > 0 it samples each row with that request's own generator
 and masks the others, so generate's greedy argmax takes the sampled token: RNG effects stay
 apart from numeric ones (the target uses the same seed in every condition).
+
+The `shared` sampler is the other way, on purpose: one generator for the whole batch, seeded once
+per call and drawn row after row, as transformers' batched sampling after torch.manual_seed and a
+server that ignores per-request seeds draw. A row's random numbers then depend on how many rows
+drew before it, so its samples depend on the batch even where its logits do not.
 """
 
 TOP_K = 5
+SAMPLERS = ("per-request", "shared")  # each request its own seeded generator | one for the batch
 
 
 class StepRecorder:
     def __init__(self, target_rows, batch_size: int, temperature: float, seed: int,
-                 filler_seed_offset: int = 1):
+                 filler_seed_offset: int = 1, sampler: str = "per-request"):
         import torch
 
         self.target_rows = tuple(target_rows)
@@ -30,7 +36,10 @@ class StepRecorder:
         self._pending: list[tuple] = []  # per step: (tokens [R], logprob [R], top ids [R,5], top lp [R,5], margin [R])
         self._rows = None  # target rows as an index tensor on the logits' device (first step)
         self.generators = None
-        if temperature > 0:
+        self.shared = None  # the batch's one generator (sampler "shared")
+        if temperature > 0 and sampler == "shared":
+            self.shared = torch.Generator().manual_seed(seed)
+        elif temperature > 0:
             self.generators = [torch.Generator().manual_seed(
                 seed if r in self.target_rows else seed + filler_seed_offset + r)
                 for r in range(batch_size)]
@@ -49,7 +58,7 @@ class StepRecorder:
         if self._rows is None:
             self._rows = torch.tensor(self.target_rows, device=scores.device)
         self._pending.append(gather_step(scores.index_select(0, self._rows).float(), chosen[self._rows]))
-        if self.generators is None:
+        if self.generators is None and self.shared is None:
             return scores
         forced = torch.full_like(scores, float("-inf"))
         forced[torch.arange(scores.shape[0]), chosen] = 0.0
@@ -58,6 +67,9 @@ class StepRecorder:
     def _choose(self, scores):
         import torch
 
+        if self.shared is not None:  # every row from the one stream, row 0 first
+            probs = torch.softmax(scores.float() / self.temperature, dim=-1)
+            return torch.multinomial(probs.cpu(), 1, generator=self.shared)[:, 0].to(scores.device)
         if self.generators is None:
             return torch.argmax(scores, dim=-1)
         picks = []

@@ -33,6 +33,8 @@ class DecodeSettings:
     compile_backend: str | None = None
     # with batch-invariant kernels, run a model whose op census finds uncovered ops (partly invariant)
     allow_uncovered: bool = False
+    # when sampling: per-request (each request its own generator) | shared (one for the batch; recorder.py)
+    sampler: str = "per-request"
 
 
 def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings) -> dict[int, list[dict]]:
@@ -53,7 +55,8 @@ def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings)
 
 def new_recorder(batch: Batch, settings: DecodeSettings) -> StepRecorder:
     """The recorder of the batch's target rows (each target samples with the same seed)."""
-    return StepRecorder(batch.target_rows, len(batch.input_ids), settings.temperature, settings.seed)
+    return StepRecorder(batch.target_rows, len(batch.input_ids), settings.temperature, settings.seed,
+                        sampler=settings.sampler)
 
 
 @dataclass(frozen=True)

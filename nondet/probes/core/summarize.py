@@ -6,6 +6,7 @@ Pure Python over the on-disk stream dicts (no torch), shared by every source.
 from nondet.probes.core.confidence import mode_confidence
 from nondet.probes.core.diff import summarize, verdict
 from nondet.probes.core.diff_prompts import merge_prompts
+from nondet.probes.core.flip_cause import flip_causes
 from nondet.prompt import Prompt
 from nondet.rundir.records import Summary
 
@@ -23,6 +24,9 @@ def summarize_modes(streams: list[dict], tokenizer=None, prompts: tuple[Prompt, 
         routing = routing_changes(of_mode)
         if routing is not None:
             modes[mode]["routing"] = routing
+        causes = flip_causes(of_mode)
+        if causes:
+            modes[mode]["flip_causes"] = causes
     return {"modes": modes, "verdict": verdict(modes)}
 
 

@@ -96,7 +96,7 @@ class StaticSource:
         def seconds(b: int, steps: int) -> float:
             timing = cond.Condition(f"{mode}/timing/bs{b}", mode, b, tuple(range(b)), "copies")
             settings = DecodeSettings(steps, self.config.temperature, self.config.seed, self.config.kv_cache,
-                                      allow_uncovered=self.config.allow_uncovered)
+                                      allow_uncovered=self.config.allow_uncovered, sampler=self.config.sampler)
             started = time.perf_counter()
             replay_condition(self.loaded.model, self.loaded.tokenizer, timing, target, fillers, settings)
             return time.perf_counter() - started
@@ -128,7 +128,7 @@ class StaticSource:
         (a warm-up call first, timed apart; compiled.DecodePaths)."""
         c = self.config
         settings = DecodeSettings(c.max_new_tokens, c.temperature, c.seed, c.kv_cache,
-                                  allow_uncovered=c.allow_uncovered)
+                                  allow_uncovered=c.allow_uncovered, sampler=c.sampler)
         if self.paths is None:
             return run(settings)
         from nondet.probes.core.compiled import compile_scope
@@ -158,6 +158,9 @@ class StaticSource:
         doc = summarize_modes(streams, self.loaded.tokenizer, self.config.targets)
         if self.budget_note:
             doc["budget"] = self.budget_note
+        if self.config.temperature > 0:  # how the probe sampled: the sampler line of the verdict needs it
+            doc["sampling"] = {"temperature": self.config.temperature, "seed": self.config.seed,
+                               "sampler": self.config.sampler}
         if self.config.prefill:
             from nondet.probes.core.prefill_summary import prefill_section
 
