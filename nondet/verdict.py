@@ -200,8 +200,9 @@ def sampler_line(name: str, causes: dict, sampler: str) -> str | None:
     if not n:
         return None
     total = sum(causes.values())
-    fix = ("the requests share one generator (--sampler shared); each request its own seeded generator "
-           "(--sampler per-request) removes it" if sampler == "shared" else
-           "the requests drew different random numbers with equal seeds")
+    fix = {"shared": "the requests share one generator (--sampler shared); each request its own seeded generator "
+                     "(--sampler per-request) removes it",
+           "server": "every request carried the same seed, so the server ignores or shares seeds under load"
+           }.get(sampler, "the requests drew different random numbers with equal seeds")
     return (f"{name}: {n} of {total} runs whose tokens differ had the reference's logits, bit for bit, at the "
             f"flip: the sampler chose another token, not the kernels; {fix}")

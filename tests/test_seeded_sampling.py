@@ -97,3 +97,34 @@ def test_the_terminal_and_report_say_the_sampler(tmp_path, tiny_model_dir):
 def test_bad_sampler_settings_are_one_line(tmp_path, args, words):
     done = cli_runner.run(["probe", "-b", "1", "-n", "2", "--out", str(tmp_path / "r"), *args])
     assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_server_probe_sends_every_copy_the_same_seed(tmp_path):
+    import sys
+    from pathlib import Path
+
+    from nondet.probes.core.load_config import LoadConfig
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from stub_server import StubServer
+
+    with StubServer() as stub:
+        load = LoadConfig(mode="server", endpoint=stub.url, rate=100.0, timeout=5.0)
+        summary = run_probe(ProbeConfig(max_new_tokens=4, runs=3, temperature=0.7, seed=11, out=str(tmp_path / "r"),
+                                        load=load)).summary
+        greedy = run_probe(ProbeConfig(max_new_tokens=4, runs=1, out=str(tmp_path / "g"), load=load)).summary
+    sampled = [b for b in stub.received if b.get("temperature") == 0.7]
+    assert len(sampled) == 4 and all(b["seed"] == 11 for b in sampled)  # the reference and 3 copies
+    assert not any("seed" in b for b in stub.received if b.get("temperature") == 0.0)
+    assert summary["sampling"] == {"temperature": 0.7, "seed": 11, "sampler": "server"}
+    assert "sampling" not in greedy
+
+
+def test_the_sampler_line_names_the_way_the_run_sampled():
+    from nondet.verdict import sampler_line, sampler_lines
+
+    assert sampler_line("default kernels", {"numerics": 2}, "shared") is None  # no flip was the sampler's
+    assert "--sampler per-request" in sampler_line("x", {"sampler": 1}, "shared")
+    assert "the server ignores or shares seeds" in sampler_line("server", {"sampler": 2, "numerics": 1}, "server")
+    summary = {"sampling": {"sampler": "server"}, "modes": {"default": {"flip_causes": {"sampler": 1}}}}
+    assert sampler_lines(summary) == [sampler_line("default kernels", {"sampler": 1}, "server")]

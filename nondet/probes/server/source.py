@@ -108,7 +108,10 @@ class ServerSource:
 
     def summarize(self, streams: list[dict]) -> Summary:
         doc = summarize_server(_first_per_index(streams), self.config, self.tokenizer)
-        return Summary(doc["modes"], doc["verdict"], extra={"load": doc["load"]})
+        extra = {"load": doc["load"]}
+        if self.config.temperature > 0:
+            extra["sampling"] = {"temperature": self.config.temperature, "seed": self.config.seed, "sampler": "server"}
+        return Summary(doc["modes"], doc["verdict"], extra=extra)
 
     def close(self) -> None:
         """A resume is recorded even when it fails part-way: which runs came after the interruption."""
@@ -261,6 +264,8 @@ def _fingerprint(config, identity: dict, model: str | None) -> dict:
 
 def _payload(config, model: str | None, prompt: str, max_tokens: int) -> dict:
     body = {"max_tokens": max_tokens, "temperature": config.temperature}
+    if config.temperature > 0:  # every copy the same seed: equal seeds must give equal samples, alone or not
+        body["seed"] = config.seed
     if model:
         body["model"] = model
     if config.load.chat:
