@@ -35,6 +35,7 @@ class StubServer:
         self.answer, self.engine = answer, engine
         self.answered = 0  # completions answered with 200
         self.received: list[dict] = []  # completion request bodies, in arrival order
+        self.resets: list[int] = []  # llama.cpp slot erases: how many completions had arrived before each
         self.auth: list[str | None] = []  # Authorization header of each completion request
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -76,6 +77,13 @@ def completion_body(n: int, body: dict, answer: Answer = Answer()) -> dict:
             "usage": {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)}}
 
 
+def words_as_prompt_tokens(answer: dict, body: dict) -> dict:
+    """usage.prompt_tokens = the prompt's words (the prefix probe reads a warming request's length there)."""
+    n = max(1, len(str(body.get("prompt", "")).split()))
+    answer["usage"].update(prompt_tokens=n, total_tokens=n + answer["usage"]["completion_tokens"])
+    return answer
+
+
 def as_llama_cpp(answer: dict) -> dict:
     """An answer of completion_body as llama.cpp's server words it: logprobs in the chat shape."""
     lp = answer["choices"][0]["logprobs"]
@@ -106,11 +114,16 @@ def _handler(stub: StubServer):
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
+            if self.path.startswith("/slots/"):  # llama.cpp's slot erase: its prefix cache reset
+                if stub.engine != "llama.cpp":
+                    return self._send(404, b'{"error": "not found"}')
+                stub.resets.append(len(stub.received))  # completions received before this reset
+                return self._send(200, b'{"id_slot": 0, "n_erased": 0}')
             stub.auth.append(self.headers.get("Authorization"))
             action = stub.decide(body)
             if action.startswith(("ok:", "nologprobs:")):
                 kind, n = action.split(":")
-                answer = completion_body(int(n), body, stub.answer)
+                answer = words_as_prompt_tokens(completion_body(int(n), body, stub.answer), body)
                 if stub.engine == "llama.cpp":
                     answer = as_llama_cpp(answer)
                 if kind == "nologprobs":

@@ -161,6 +161,10 @@ def make_source(config: ProbeConfig, on_progress=None) -> Source:
         from nondet.probes.tp.source import TensorParallelSource
 
         return TensorParallelSource(config)
+    if config.prefill and config.load.mode == "server":
+        from nondet.probes.server.prefix import PrefixServerSource
+
+        return PrefixServerSource(config)
     if config.speculative:
         from nondet.probes.speculative.source import SpeculativeSource
 
@@ -289,6 +293,11 @@ def _validate_prefill(config: ProbeConfig) -> None:
     from nondet.probes.core.prefill import as_forms
 
     as_forms(config.prefill)
+    if config.load.mode == "server":
+        from nondet.probes.server.prefix import check_server_prefill
+
+        check_server_prefill(config)
+        return
     if (config.load.mode != "static" or config.speculative or config.tp or config.compile_backend
             or config.kv_cache != "dynamic" or config.budget is not None):
         raise UsageError("--prefix-cache / --chunked-prefill run in process with the dynamic KV cache; drop "

@@ -29,5 +29,6 @@ def prefill_sections(t: RunTables) -> list[Section]:
                             ["Per form and size, each kernels mode's first step whose logprob bits differ from "
                              "one-pass prefill (filled), whose token differs (cross), or none (hollow, at the "
                              "right edge). Earliest over the prompts."], ["No prefill runs: nothing to plot."])
+    cold = [Para([f"Cold cache: {section['cold']}."], kind="note")] if section.get("cold") else []
     return [Section("Prefix cache and chunked prefill", "prefill",
-                    [Table(HEADER, rows, [False, False] + [True] * 6), note, *figure])]
+                    [Table(HEADER, rows, [False, False] + [True] * 6), note, *cold, *figure])]
