@@ -75,3 +75,18 @@ def test_llama_cpp_python_server_answers_with_logprobs(tmp_path):
     assert summary["load"]["compare_level"] == "logprobs" and summary["modes"]["default"]["n_runs"] == 3
     fp = json.loads((tmp_path / "run" / "fingerprint.json").read_text())
     assert (fp["load"]["server"]["engine"], fp["load"]["server"]["owned_by"]) == ("llama-cpp-python", ["me"])
+
+
+@pytest.mark.slow
+@needs_llama_server
+def test_llama_server_prefix_cache_cold_by_slot_erase_vs_warm(tmp_path):
+    """The prefix axis on llama.cpp: its slot erase makes each pair cold on the target's own text; the
+    warm run reuses the warming request's cached prefix (cache_prompt is on by default)."""
+    with llama_cpp_serve(tmp_path / "server", parallel=1) as url:
+        config = LoadConfig(mode="server", endpoint=url)
+        summary = run_probe(ProbeConfig(max_new_tokens=24, prefill=("prefix:auto",), out=str(tmp_path / "run"),
+                                        load=config)).summary
+    section = summary["prefill"]
+    assert section["cold"] == "the server's cache reset (POST /slots/0?action=erase)"
+    assert len(section["conditions"]) == 4 and summary["load"]["compare_level"] == "logprobs"
+    assert all(c["size"] > 0 for c in section["conditions"])
