@@ -176,7 +176,7 @@ def _grade_words(c: dict) -> str:
     if c["grade"] == "fragile":
         steps = [p["fragile_steps"] for p in (c.get("prompts") or {}).values() if p["fragile_steps"]]
         shown = ", ".join(map(str, steps[0][:5])) + (", ..." if steps and len(steps[0]) > 5 else "")
-        return f"fragile (the reference's margin is below the measured difference at step {shown})"
+        return f"fragile (the reference's margin is 0 or below the measured difference at step {shown})"
     return c["grade"]
 
 

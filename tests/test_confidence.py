@@ -1,8 +1,9 @@
 """How sure a verdict is (nondet/probes/core/confidence.py): the Wilson interval, and the grade.
 
 Positive controls: a run whose tokens differ makes its prompt unstable; a reference margin below the
-difference the runs measured makes a prompt fragile although no token flipped (the demo's exact ties).
-Negative: bit-identical runs are stable even at a margin of 0, since they measured no difference.
+difference the runs measured makes a prompt fragile although no token flipped; so does an exact tie
+(margin 0, as the demo has), even where the runs are bit-identical. Negative: bit-identical runs
+without a tie are stable.
 """
 
 import pytest
@@ -22,6 +23,7 @@ def stream(run_id, steps, reference=False, prompt_id=0):
 
 
 REF = [step(5, -1.0, 0.5), step(7, -0.7, 0.0), step(9, -0.2, 2.0)]  # step 1: an exact tie
+CLEAR = [step(5, -1.0, 0.5), step(7, -0.7, 0.25), step(9, -0.2, 2.0)]  # no tie
 
 
 def test_wilson_matches_the_closed_forms():
@@ -55,21 +57,27 @@ def test_a_margin_below_the_measured_difference_is_fragile_without_any_flip():
     assert c["fragile_steps"] == [1] and c["noise"] == 2 ** -7
 
 
-def test_bit_identical_runs_are_stable_even_at_an_exact_tie():
-    c = prompt_confidence([stream(0, REF, True), stream(1, REF), stream(2, REF)])
+def test_bit_identical_runs_without_a_tie_are_stable():
+    c = prompt_confidence([stream(0, CLEAR, True), stream(1, CLEAR), stream(2, CLEAR)])
     assert (c["diverged"], c["grade"], c["noise"]) == (0, STABLE, 0.0)
+
+
+def test_an_exact_tie_is_fragile_even_where_the_runs_are_bit_identical():
+    c = prompt_confidence([stream(0, REF, True), stream(1, REF), stream(2, REF)])
+    assert (c["diverged"], c["grade"], c["noise"], c["fragile_steps"]) == (0, FRAGILE, 0.0, [1])
 
 
 def test_the_mode_pools_prompts_and_takes_the_worst_grade():
     moved = [step(5, -1.0 + 2 ** -7, 0.5)] + REF[1:]
-    streams = [stream(0, REF, True, 0), stream(1, REF, False, 0), stream(2, REF, True, 1), stream(3, moved, False, 1)]
+    streams = [stream(0, CLEAR, True, 0), stream(1, CLEAR, False, 0), stream(2, REF, True, 1),
+               stream(3, moved, False, 1)]
     c = mode_confidence(streams)
     assert (c["diverged"], c["runs"], c["grade"]) == (0, 2, FRAGILE)
     assert c["grades"] == {STABLE: 1, FRAGILE: 1} and set(c["prompts"]) == {"0", "1"}
 
 
 def test_the_line_states_the_bound_or_the_interval_and_the_grade():
-    none = mode_confidence([stream(0, REF, True)] + [stream(i, REF) for i in range(1, 31)])
+    none = mode_confidence([stream(0, CLEAR, True)] + [stream(i, CLEAR) for i in range(1, 31)])
     assert confidence_line("batch-invariant kernels", none) == (
         "batch-invariant kernels: 0 of 30 runs diverged: the flip rate is below 11% at 95%; stable")
     flipped = REF[:2] + [step(4, -0.3, 1.0)]
@@ -79,4 +87,4 @@ def test_the_line_states_the_bound_or_the_interval_and_the_grade():
     moved = [step(5, -1.0 + 2 ** -7, 0.5)] + REF[1:]
     fragile = mode_confidence([stream(0, REF, True), stream(1, moved)])
     assert confidence_line("default kernels", fragile).endswith(
-        "; fragile (the reference's margin is below the measured difference at step 1)")
+        "; fragile (the reference's margin is 0 or below the measured difference at step 1)")

@@ -8,8 +8,8 @@ kernels mode's summary carries, per prompt and over all prompts:
   upper bound is the statement: "0 of 30 runs diverged: the flip rate is below 11% at 95%".
 - a grade: unstable (some run diverged in tokens); fragile (none did, but at some step the
   reference's top-1 / top-2 logprob margin is below the largest logprob difference these runs
-  measured between a run and its reference at the same step and token: one more such difference
-  could flip the token, flip seen or not); stable otherwise. A mode whose runs are bit-identical
+  measured between a run and its reference at the same step and token, or 0, an exact tie: one more
+  such difference could flip the token, flip seen or not); stable otherwise. A mode whose runs are bit-identical
   measured no difference, so only a flip makes it unstable.
 
 Pure Python over the on-disk stream dicts (floats as float.hex strings); no torch.
@@ -34,8 +34,7 @@ def prompt_confidence(streams: list[dict]) -> dict:
     others = [s for s in streams if not s["is_reference"]]
     diverged = sum(tokens_of(s) != tokens_of(ref) for s in others)
     noise = max((_largest_difference(ref, s) for s in others), default=0.0)
-    fragile_steps = [i for i, step in enumerate(ref["steps"])
-                     if step.get("margin") is not None and hex_to_float(step["margin"]) < noise]
+    fragile_steps = [i for i, step in enumerate(ref["steps"]) if _near_tie(step.get("margin"), noise)]
     grade = UNSTABLE if diverged else FRAGILE if fragile_steps else STABLE
     return {**rate_entry(diverged, len(others)), "grade": grade, "noise": noise, "fragile_steps": fragile_steps}
 
@@ -50,6 +49,12 @@ def mode_confidence(streams: list[dict]) -> dict:
     return {**pooled, "grade": max(grades, key=_ORDER.index),
             "grades": {g: grades.count(g) for g in _ORDER if g in grades},
             "prompts": {str(k): p for k, p in prompts.items()}}
+
+
+def _near_tie(margin: str | None, noise: float) -> bool:
+    """A reference step one difference away from another token: its top-1 / top-2 margin below the
+    measured noise, or an exact tie (margin 0: any difference at all picks the other token)."""
+    return margin is not None and (hex_to_float(margin) == 0.0 or hex_to_float(margin) < noise)
 
 
 def _largest_difference(ref: dict, run: dict) -> float:
