@@ -36,6 +36,10 @@ def probe(
              "--endpoint: N replays under load (default 8 / 16), plus the reference sent alone.")] = None,
     fillers: Annotated[Optional[Path], typer.Option(
         help="File of filler prompts, one per line (default: a built-in multilingual set).")] = None,
+    trials: Annotated[int, typer.Option(
+        "--trials", help="Static: run every batch N times, each repeat with the fillers rotated (other requests in "
+                         "the other rows): more runs, a tighter interval on the flip rate. A server's --runs are "
+                         "its trials.")] = 1,
     ragged: Annotated[bool, typer.Option(
         "--ragged", help="Also run left-padded batches of unequal lengths (a separate, labelled condition).")] = False,
     max_new_tokens: Annotated[Optional[int], typer.Option(
@@ -169,7 +173,7 @@ def probe(
         trust_remote_code=trust_remote_code, inject_variance=inject_variance, batch_sizes=batch_sizes, out=out,
         load=load_config, placement=positions, runs=runs,
         fillers=read_lines_file(fillers, "fillers") if fillers else FILLERS,
-        ragged=ragged, max_new_tokens=max_new_tokens or 200, temperature=temperature, seed=seed, sampler=sampler,
+        ragged=ragged, trials=trials, max_new_tokens=max_new_tokens or 200, temperature=temperature, seed=seed, sampler=sampler,
         kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads, speculative=speculative,
         budget=budget, kv_cache=kv_cache, tp_invariant=tp_invariant, **_tp_fields(tp),
         compile_backend="inductor" if compile else None, chat=chat, system=system,

@@ -90,6 +90,9 @@ class ProbeConfig:
     # an earlier request, the rest prefilled on top), "chunk:8" (prefill in chunks of 8), ":auto" sizes
     # from the prompt's length; each run alone (batch size 1) against the prompt's one-pass prefill
     prefill: tuple[str, ...] = ()
+    # static load: every batch run this many times, each repeat with the fillers rotated (other requests in
+    # the other rows), so the flip rate's interval rests on more runs; a server's --runs are its trials
+    trials: int = 1
 
     def __post_init__(self) -> None:
         # prompts read back from config.json (a server probe's --resume) hold a Chat as {"messages": [...]}
@@ -255,6 +258,9 @@ def validate_config(config: ProbeConfig) -> None:
         raise UsageError("--tp: every tensor-parallel degree must be an integer >= 1, e.g. --tp 1,2")
     if config.prefill:
         _validate_prefill(config)
+    if config.trials < 1 or (config.trials > 1 and (config.load.mode != "static" or config.tp or config.speculative)):
+        raise UsageError("--trials must be >= 1 and repeats static batches; against a server or the continuous "
+                         "engine --runs sets the number of replays under load")
     if config.tp and (config.load.mode != "static" or config.speculative or config.budget is not None):
         raise UsageError("--tp runs static batches in worker processes; drop --load / --endpoint / --speculative / "
                          "--budget")

@@ -47,7 +47,7 @@ def build_batch(condition: Condition, target: list[int], fillers: list[list[int]
     if condition.splits:  # the prefill axis: the prompt alone, its prefill cut into pieces
         return Batch([list(target)], [[1] * len(target)], (0,), condition.splits)
     rows: list[list[int]] = []
-    filler_index = 0
+    filler_index = condition.trial  # a later trial: the rotation starts further on
     for row in range(condition.batch_size):
         if row in condition.positions:
             rows.append(list(target))
@@ -67,7 +67,7 @@ def _prompt_rows(condition: Condition, fillers: list[list[int]], pad_id: int,
                          "it needs its row_prompts and every prompt's tokens, which this reader does not pass; "
                          "probe with --positions ends (one prompt per batch) to replay a condition")
     length = max(len(prompts[k]) for k in condition.row_prompts if k >= 0)
-    fill = iter(range(condition.batch_size))
+    fill = iter(range(condition.trial, condition.trial + condition.batch_size))
     rows = [list(prompts[k]) if k >= 0 else fit_length(fillers[next(fill) % len(fillers)], length)
             for k in condition.row_prompts]
     return _left_pad(rows, pad_id, condition.positions)

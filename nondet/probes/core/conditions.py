@@ -47,6 +47,9 @@ class Condition:
     # the token offsets where the prompt's prefill is cut into forwards on top of the cache
     prefill: str = ""
     splits: tuple[int, ...] = ()
+    # --trials: the repeat of a batch (0 = the first); trial t starts the filler rotation t texts later,
+    # so the other rows hold other requests (core/batch.py)
+    trial: int = 0
 
     @property
     def is_reference(self) -> bool:
@@ -54,6 +57,9 @@ class Condition:
 
     @property
     def label(self) -> str:
+        return self._label() + (f" trial {self.trial + 1}" if self.trial else "")
+
+    def _label(self) -> str:
         if self.prefill:
             from nondet.probes.core.prefill import label
 
@@ -131,7 +137,17 @@ def condition_from_record(record: dict) -> Condition:
     return Condition(record["condition_id"], record["kernels"], record["batch_size"], tuple(record["positions"]),
                      record["fillers"], record.get("load", "static"), record.get("prompt_id", 0),
                      row_prompts=tuple(record.get("row_prompts", ())), prefill=record.get("prefill", ""),
-                     splits=tuple(record.get("splits", ())))
+                     splits=tuple(record.get("splits", ())), trial=record.get("trial", 0))
+
+
+def with_trials(conditions: list[Condition], trials: int) -> list[Condition]:
+    """--trials N: every batch repeated N times in all (ids "<id>/t2" ...), each repeat with the fillers
+    rotated; the references (the prompt alone) run once."""
+    from dataclasses import replace
+
+    repeats = [replace(c, condition_id=f"{c.condition_id}/t{t + 1}", trial=t)
+               for t in range(1, trials) for c in conditions if not c.is_reference and not c.splits]
+    return conditions + repeats
 
 
 def plan_prefill(forms, lengths: list[int], kernels: str) -> list[Condition]:

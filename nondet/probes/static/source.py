@@ -194,7 +194,8 @@ def plan_static(config, placement: str, lengths: list[int]) -> list[cond.Conditi
 
     forms = as_forms(config.prefill)
     return [x for mode in config.kernels
-            for x in _batches(config, placement, lengths, mode) + cond.plan_prefill(forms, lengths, mode)]
+            for x in cond.with_trials(_batches(config, placement, lengths, mode), config.trials)
+            + cond.plan_prefill(forms, lengths, mode)]
 
 
 def _batches(config, placement: str, lengths: list[int], mode: str) -> list[cond.Condition]:
@@ -245,6 +246,8 @@ def condition_record(condition: cond.Condition) -> ConditionRecord:
 def _condition_extra(condition: cond.Condition) -> dict:
     """What conditions.jsonl needs beyond the common fields to rebuild the batch (bisect)."""
     extra = {"row_prompts": list(condition.row_prompts)} if condition.row_prompts else {}
+    if condition.trial:
+        extra["trial"] = condition.trial
     if condition.prefill:
         extra.update(prefill=condition.prefill, splits=list(condition.splits))
     return extra

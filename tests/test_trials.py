@@ -1,0 +1,43 @@
+"""--trials N: every static batch N times, each repeat with the fillers rotated, the reference once."""
+
+import json
+
+import pytest
+
+import cli_runner
+from nondet.probes.core.batch import build_batch
+from nondet.probes.core.conditions import Condition, plan_conditions, with_trials
+
+
+def test_every_batch_repeats_and_the_reference_runs_once():
+    plan = with_trials(plan_conditions((1, 2, 4), "ends", None, False, "default"), 3)
+    ids = [c.condition_id for c in plan]
+    assert ids == ["default/bs1/ref", "default/bs2/ends", "default/bs4/ends", "default/bs2/ends/t2",
+                   "default/bs4/ends/t2", "default/bs2/ends/t3", "default/bs4/ends/t3"]
+    assert [c.trial for c in plan] == [0, 0, 0, 1, 1, 2, 2] and plan[-1].label == "bs=4 pos=0,3 trial 3"
+    assert with_trials(plan[:3], 1) == plan[:3]
+
+
+def test_a_later_trial_puts_other_fillers_around_the_same_target():
+    target, fillers = [1, 2, 3], [[10, 11, 12], [20, 21, 22], [30, 31, 32]]
+    first = Condition("default/bs3/last", "default", 3, (2,), "same-length")
+    again = Condition("default/bs3/last/t2", "default", 3, (2,), "same-length", trial=1)
+    a, b = build_batch(first, target, fillers, 0), build_batch(again, target, fillers, 0)
+    assert a.input_ids[2] == b.input_ids[2] == target
+    assert a.input_ids[:2] == [[10, 11, 12], [20, 21, 22]] and b.input_ids[:2] == [[20, 21, 22], [30, 31, 32]]
+
+
+def test_trials_add_runs_to_the_interval(tmp_path, tiny_model_dir):
+    done = cli_runner.run(["probe", "--model", str(tiny_model_dir), "-p", "one two three", "-b", "1,2",
+                           "--trials", "4", "-n", "3", "--out", str(tmp_path / "r"), "--json"])
+    assert done.returncode == 0, done.stderr
+    mode = json.loads(done.stdout)["modes"]["default"]
+    assert mode["n_runs"] == 1 + 4 * 2 and mode["confidence"]["runs"] == 8  # ends: 2 rows a batch, 4 trials
+    records = [json.loads(line) for line in (tmp_path / "r" / "conditions.jsonl").read_text().splitlines()]
+    assert [r.get("trial", 0) for r in records] == [0, 0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("args", [["--trials", "0"], ["--trials", "2", "--load", "continuous"]])
+def test_bad_trials_are_one_line(tmp_path, args):
+    done = cli_runner.run(["probe", "-b", "1,2", "-n", "2", "--out", str(tmp_path / "r"), *args])
+    assert done.returncode == 2 and "--trials must be >= 1" in done.stderr and "Traceback" not in done.stderr
