@@ -16,6 +16,7 @@
 #   demo         probe / speculative / rl on the demo model with --confirm
 #   bisect       scripts/device/gpu_bisect.py: what bisect blames on a GPU model, with and without a baseline
 #   prefill-axis scripts/device/gpu_prefill_axis.py: prefix cache and chunked prefill vs one pass, dense and MoE
+#   sampling     seeded sampling on the prefill axis's dense model: one generator for the batch vs one per request
 # Speed (each prints a table; docs/benchmarks.md keeps the figures)
 #   score        nondet kernels bench --score (ratios to cuBLAS / SDPA, invariance checked in the same run)
 #   tune         nondet kernels tune, then the score under the tuned table
@@ -71,6 +72,12 @@ run_step() {
     demo) probe_demo probe; probe_demo spec --speculative ngram:4,self:4
           timeout 120 python3 -m nondet rl --device cuda --confirm -n 32 --out /tmp/run-rl 2>&1 | quiet | tail -20 ;;
     bisect) timeout 480 python3 scripts/device/gpu_bisect.py 2>&1 | tail -30 ;;
+    sampling) local model; model=$(python3 -c "import sys; sys.path.insert(0, 'scripts/device')
+from gpu_prefill_axis import dense_model; print(dense_model())" 2>/dev/null | tail -1)
+              for s in shared per-request; do rm -rf "/tmp/run-sampling-$s"
+                timeout 240 python3 -m nondet probe --model "$model" --device cuda -p "Tell me about Richard Feynman" \
+                  -b 1,2,4,8 --temperature 1 --sampler "$s" --confirm -n 64 --out "/tmp/run-sampling-$s" 2>&1 | tail -16
+              done ;;
     prefill-axis) timeout 560 python3 scripts/device/gpu_prefill_axis.py --out "$OUT" 2>&1 | quiet | tail -250 ;;
     score) timeout 420 python3 -m nondet kernels bench --score --out "$OUT/score.md" 2>&1 | tail -60 ;;
     probe) timeout 300 python3 scripts/bench_probe.py --gpu 2>&1 | tail -12 ;;
