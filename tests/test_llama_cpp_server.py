@@ -80,9 +80,10 @@ def test_llama_cpp_python_server_answers_with_logprobs(tmp_path):
 @pytest.mark.slow
 @needs_llama_server
 def test_llama_server_prefix_cache_cold_by_slot_erase_vs_warm(tmp_path):
-    """The prefix axis on llama.cpp: its slot erase makes each pair cold on the target's own text; the
-    warm run reuses the warming request's cached prefix (cache_prompt is on by default)."""
-    with llama_cpp_serve(tmp_path / "server", parallel=1) as url:
+    """The prefix axis on llama.cpp: its slot erase (slot actions need --slot-save-path) makes each pair
+    cold on the target's own text; the warm run reuses the warming request's cached prefix (cache_prompt
+    is on by default)."""
+    with llama_cpp_serve(tmp_path / "server", parallel=1, extra=("--slot-save-path", str(tmp_path))) as url:
         config = LoadConfig(mode="server", endpoint=url)
         summary = run_probe(ProbeConfig(max_new_tokens=24, prefill=("prefix:auto",), out=str(tmp_path / "run"),
                                         load=config)).summary
