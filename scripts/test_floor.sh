@@ -55,6 +55,8 @@ FLOOR_TESTS=(
   "tests/test_rl.py::test_continuous_sampler_batched_requests_are_bit_identical_under_the_mode"
   "tests/test_tp.py::test_negative_control_the_mode_at_tp2_is_one_completion_with_the_same_bits"
   tests/test_tp_census.py  # 5.17 shards no embedding and all-reduces from its hooks
+  tests/test_prefill_axis.py  # the cache kwarg and the forward's cache output changed name after 5.17
+  tests/test_seeded_sampling.py
 )
 # the mode's generate at four batch sizes, 2 min 20 s here; test_kernels_mode's left-padding test covers that path
 SKIP=(--deselect "tests/test_kernels_mode.py::test_qwen3_generate_batch_invariant_with_mode")

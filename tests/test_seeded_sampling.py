@@ -113,8 +113,10 @@ def test_a_server_probe_sends_every_copy_the_same_seed(tmp_path):
         summary = run_probe(ProbeConfig(max_new_tokens=4, runs=3, temperature=0.7, seed=11, out=str(tmp_path / "r"),
                                         load=load)).summary
         greedy = run_probe(ProbeConfig(max_new_tokens=4, runs=1, out=str(tmp_path / "g"), load=load)).summary
-    sampled = [b for b in stub.received if b.get("temperature") == 0.7]
-    assert len(sampled) == 4 and all(b["seed"] == 11 for b in sampled)  # the reference and 3 copies
+    from nondet.probes.probe import DEFAULT_PROMPT
+
+    sampled = [b for b in stub.received if b.get("temperature") == 0.7 and b.get("prompt") == DEFAULT_PROMPT]
+    assert len(sampled) == 4 and all(b["seed"] == 11 for b in sampled)  # the reference and 3 copies (not fillers)
     assert not any("seed" in b for b in stub.received if b.get("temperature") == 0.0)
     assert summary["sampling"] == {"temperature": 0.7, "seed": 11, "sampler": "server"}
     assert "sampling" not in greedy
