@@ -30,24 +30,34 @@ DETLLM_SECONDS = 77.8  # detLLM 0.1.1 on the same model, prompts and sizes
 def main() -> None:
     args = _parse()
     tree = Path(args.tree).resolve()
-    env = {**os.environ, "PYTHONPATH": str(tree), "GITHUB_ACTIONS": ""}
+    wall, code, verdict = time_gate(tree, args.prompts, args.tokens, args.batch_sizes, args.kernels)
+    print(f"tree: {tree} ({_commit(tree)}); {args.prompts} prompts x {args.tokens} tokens x batch sizes "
+          f"{args.batch_sizes}, kernels {args.kernels}")
+    print(f"wall time: {wall:.1f} s, exit code {code}")
+    print(f"verdict: {verdict[:200]}")
+    print(f"reference figures on this kind of machine: nondet gate before the row plan {GATE_BEFORE_SECONDS} s, "
+          f"detLLM {DETLLM_SECONDS} s (scripts/bench_gate_detllm.py measures detLLM here)")
+
+
+def time_gate(tree: Path, prompts: int, tokens: int, batch_sizes: str, kernels: str,
+              model: str | None = None) -> tuple[float, int, str]:
+    """(wall seconds, exit code, verdict line) of `nondet gate` from `tree` on the first `prompts` demo prompts.
+    model: a model directory (--model); None = the tree's embedded default, the random-weight one
+    (NONDET_DEMO_MODEL=random: the trained demo is another, slower model), its injected norm included."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "GITHUB_ACTIONS": "", "NONDET_DEMO_MODEL": "random"}
     _build_model(env)
     work = Path(tempfile.mkdtemp(prefix="nondet-bench-gate-"))
     (work / ".git").mkdir()  # a repository root: no config file above it is read
-    argv = [sys.executable, "-m", "nondet", "gate", "--batch-sizes", args.batch_sizes,
-            "--max-new-tokens", str(args.tokens), "--kernels", args.kernels, "--no-bisect", "--out", "run"]
-    for prompt in DEMO_PROMPTS[:args.prompts]:
+    argv = [sys.executable, "-m", "nondet", "gate", "--batch-sizes", batch_sizes,
+            "--max-new-tokens", str(tokens), "--kernels", kernels, "--no-bisect", "--out", "run"]
+    argv += ["--model", model] if model else []
+    for prompt in DEMO_PROMPTS[:prompts]:
         argv += ["--prompt", prompt]
     started = time.perf_counter()
     proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
     verdict = next((line for line in proc.stdout.splitlines() if line.startswith("nondet gate:")), proc.stderr[-300:])
-    print(f"tree: {tree} ({_commit(tree)}); {args.prompts} prompts x {args.tokens} tokens x batch sizes "
-          f"{args.batch_sizes}, kernels {args.kernels}")
-    print(f"wall time: {wall:.1f} s, exit code {proc.returncode}")
-    print(f"verdict: {verdict[:200]}")
-    print(f"reference figures on this kind of machine: nondet gate before the row plan {GATE_BEFORE_SECONDS} s, "
-          f"detLLM {DETLLM_SECONDS} s")
+    return wall, proc.returncode, verdict
 
 
 def _build_model(env: dict) -> None:
