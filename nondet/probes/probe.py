@@ -192,7 +192,7 @@ def make_source(config: ProbeConfig, on_progress=None) -> Source:
 def _open(source: Source, config: ProbeConfig) -> RunWriter:
     """Open the source, then the run directory: a new one gets its header; a resumed one keeps it."""
     if not config.load.resume:  # before the model loads: refused in a second, not after minutes
-        if config.load.mode == "server":  # the one source whose run can be finished later
+        if config.load.mode == "server" and not config.prefill:  # the one source whose run can be finished later
             refuse_a_used_run_dir(config.out, f"finish it with --resume {config.out} or pass a new --out")
         else:
             refuse_a_used_run_dir(config.out)
