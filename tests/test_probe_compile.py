@@ -8,6 +8,7 @@ compiled streams equal its eager ones bit for bit, one distinct completion.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +95,29 @@ def test_cli_compile_with_inductor_prints_each_modes_path(tmp_path, default_mode
     assert graphs["graphs_inspected"] >= 1 and graphs["routed"] > 0 and graphs["uncovered"] == [], graphs
     assert summary["kernel_coverage"]["coverage"] == "invariant"
     assert f"compiled graphs under the mode: {graphs['graphs_inspected']} inspected" in r.stdout, r.stdout
+    import os  # Inductor's caches went under NONDET_CACHE (conftest points it at a temp dir)
+    assert any((Path(os.environ["NONDET_CACHE"]) / "inductor").iterdir())
+
+
+def test_compile_scope_points_inductor_at_nondet_cache_and_restores(monkeypatch, tmp_path):
+    import os
+
+    from nondet.probes.core.compiled import INDUCTOR_CACHE_ENV, compile_scope
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("NONDET_CACHE", str(tmp_path))
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
+    with compile_scope():
+        assert os.environ[INDUCTOR_CACHE_ENV] == str(tmp_path / "inductor")
+    assert INDUCTOR_CACHE_ENV not in os.environ
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, default_cache_dir())  # what importing torch's compiler writes
+    with compile_scope():
+        assert os.environ[INDUCTOR_CACHE_ENV] == str(tmp_path / "inductor")
+    assert os.environ[INDUCTOR_CACHE_ENV] == default_cache_dir()
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, "/somewhere/else")  # the user's own setting is kept
+    with compile_scope():
+        assert os.environ[INDUCTOR_CACHE_ENV] == "/somewhere/else"
 
 
 @pytest.mark.parametrize("args", [["--endpoint", "http://127.0.0.1:9"], ["--load", "continuous"],

@@ -14,6 +14,7 @@ because one comparison must never mix the two paths.
 """
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ WARM_STEPS = 4  # decode steps: dynamo compiles on the 1st, cudagraph trees warm
 SPECULATIVE_WARM_CALLS = {"cuda": 2}
 RECOMPILE_LIMIT = 256  # one graph per batch shape and cache length per kernels mode; dynamo's default stops at 8
 COMPILED, EAGER = "compiled", "eager"
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # read by Inductor each time it opens its caches
 
 
 def speculative_warm_calls(device_type: str) -> int:
@@ -62,11 +64,37 @@ def warm_up_stop(prompt_tokens: int):
 
 @contextlib.contextmanager
 def compile_scope():
-    """Dynamo allowed one graph per shape (every batch size and prompt length is a new one)."""
+    """Dynamo allowed one graph per shape (every batch size and prompt length is a new one), and
+    Inductor's on-disk caches under NONDET_CACHE (inductor/), so a second probe of the same model
+    and shapes starts warm after a reboot too (Inductor's default is a folder in /tmp); a
+    TORCHINDUCTOR_CACHE_DIR the user set is kept. Restored on exit."""
     import torch._dynamo
 
-    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-        yield
+    from nondet.probes.models.default_model import cache_root
+
+    before = os.environ.get(INDUCTOR_CACHE_ENV)
+    if _inductors_own(before):
+        os.environ[INDUCTOR_CACHE_ENV] = str(cache_root() / "inductor")
+    try:
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop(INDUCTOR_CACHE_ENV, None)
+        else:
+            os.environ[INDUCTOR_CACHE_ENV] = before
+
+
+def _inductors_own(value: str | None) -> bool:
+    """Unset, or Inductor's default: importing torch's compiler writes its default folder into the
+    variable, so only another value is the user's."""
+    if value is None:
+        return True
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # a torch that moved it: keep whatever is set
+        return False
+    return os.path.abspath(value) == os.path.abspath(default_cache_dir())
 
 
 def label(backend: str, device_type: str) -> str:
