@@ -70,7 +70,7 @@ def compile_scope():
     TORCHINDUCTOR_CACHE_DIR the user set is kept. Restored on exit."""
     import torch._dynamo
 
-    from nondet.probes.models.default_model import cache_root
+    from nondet.probes.core.cache_dir import cache_root
 
     before = os.environ.get(INDUCTOR_CACHE_ENV)
     if _inductors_own(before):

@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from nondet.probes.core.cache_dir import cache_root  # noqa: F401 (re-exported: demo_model, drafts, scripts)
 from nondet.probes.core.corpus import FILLERS, TRAINING_TEXT
 
 DEFAULT_MODEL_NAME = "nondet-default"
@@ -34,12 +35,6 @@ class DefaultModelSpec:
     def digest(self) -> str:
         blob = json.dumps(asdict(self), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
-
-
-def cache_root() -> Path:
-    """Where built artefacts live; NONDET_CACHE overrides (tests point it at a temp dir)."""
-    env = os.environ.get("NONDET_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "nondet"
 
 
 def default_model_dir(spec: DefaultModelSpec = DefaultModelSpec()) -> Path:
