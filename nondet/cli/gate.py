@@ -73,6 +73,12 @@ def gate(
              "own kernels.")] = None,
     compile: Annotated[Optional[bool], typer.Option(
         "--compile", help="Decode on the compiled path a deployment uses (see nondet probe --compile).")] = None,
+    prefix_cache: Annotated[Optional[str], typer.Option(
+        "--prefix-cache", help="Batch axis: also each prompt alone with its first N tokens' KV cache left by an "
+                               "earlier request, vs one prefill (see nondet probe --prefix-cache), e.g. auto.")] = None,
+    chunked_prefill: Annotated[Optional[str], typer.Option(
+        "--chunked-prefill", help="Batch axis: also each prompt alone prefilled in chunks of C tokens, vs one "
+                                  "pass (see nondet probe --chunked-prefill), e.g. 16,64.")] = None,
     junit: Annotated[Optional[Path], typer.Option("--junit", help="Write JUnit XML here (one test case per condition).")] = None,
     bisect: Annotated[bool, typer.Option("--bisect/--no-bisect", help="Bisect the first failing condition.")] = True,
     out: o.OutOpt = None,
@@ -128,7 +134,8 @@ def gate(
              "max-logprob-diff": max_logprob_diff, "dtype": dtype, "device": device, "threads": threads,
              "load": load, "endpoint": endpoint, "rate": rate, "concurrency": concurrency,
              "inject-variance": inject_variance, "speculative-forms": speculative, "rl": rl, "max-kl": max_kl,
-             "micro-batch": micro_batch, "sampler-batch": sampler_batch, "compile": compile}
+             "micro-batch": micro_batch, "sampler-batch": sampler_batch, "compile": compile,
+             "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill}
     source = config if config is not None else find_config(Path.cwd())
     settings = resolve(flags, load_config(source) if source else {}, source)
     outputs = GateOutputs(str(junit) if junit else None, bisect)
@@ -195,7 +202,7 @@ def probe_configs(settings: "GateSettings", out: str | None, speculative: str | 
                                   batch_sizes=None if speculative else settings.batch_sizes, out=run_dir, load=load,
                                   speculative=speculative, placement=settings.positions, runs=settings.runs,
                                   max_new_tokens=settings.max_new_tokens, kernels=(settings.kernels,),
-                                  threads=settings.threads,
+                                  threads=settings.threads, prefill=() if speculative else settings.prefill,
                                   compile_backend="inductor" if settings.compile else None)
                for prompts, run_dir in groups]
     for config in configs:  # now, before any axis runs: e.g. a chat prompt on an axis that takes plain text

@@ -59,7 +59,7 @@ DEFAULT_FORMS = "ngram:4,self:4"  # prompt lookup and the model as its own draft
 PROMPT_KEYS = ("prompt", "prompts", "prompts-file")  # one of them per layer (flags: --prompt or --prompts)
 KEYS = ("model", *PROMPT_KEYS, "batch-sizes", "positions", "runs", "max-new-tokens", "kernels",
         "dtype", "device", "threads", "load", "endpoint", "rate", "concurrency", "inject-variance", "compile",
-        "require",
+        "prefix-cache", "chunked-prefill", "require",
         *THRESHOLDS, "speculative", "speculative-forms", "rl", "max-kl", "micro-batch", "sampler-batch")
 
 
@@ -92,6 +92,8 @@ class GateSettings:
     micro_batches: tuple[int, ...] = (1, 4, 8)  # rl trainer micro-batch sizes, one condition each
     sampler_batch: int = 8  # rl sampler prompts per batched generate call
     compile: bool = False  # decode on the compiled path (probe --compile); the batch axis's static batches
+    # the batch axis also runs the prefill splits (probe --prefix-cache / --chunked-prefill), judged by its policy
+    prefill: tuple[str, ...] = ()
     source: str = ""  # the config file the settings came from ("" = flags and defaults only)
 
 
@@ -143,6 +145,7 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
         concurrency=_typed(values, "concurrency", int, label),
         inject_variance=_flag(values, "inject-variance", label) if "inject-variance" in values else None,
         compile=_flag(values, "compile", label),
+        prefill=_prefill(values, label),
         policy=_policy(given, file_values, label.where),
         axes=_axes(given, file_values),
         speculative_forms=_forms(values, label),
@@ -348,6 +351,25 @@ def _axis_policy(axis: str, flags: dict[str, Any], file_values: dict[str, Any], 
     if not keys:
         return Policy(axis=axis)
     return _one_policy(keys[0], file_values[keys[0]], f"{where}: ", axis)
+
+
+def _prefill(values: dict[str, Any], label: _Labels) -> tuple[str, ...]:
+    """prefix-cache / chunked-prefill: "auto", "8,16", 8 or [8, 16] -> the probe's prefill forms."""
+    from nondet.probes.core.prefill import parse_prefill
+
+    def text(key: str) -> str | None:
+        value = values.get(key)
+        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return ",".join(map(str, value))
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return _typed(values, key, str, label)
+
+    try:
+        return parse_prefill(text("prefix-cache"), text("chunked-prefill"))
+    except UsageError as exc:  # its message names the flag; a file's value is named by the file
+        flag, _, rest = str(exc).partition(": ")
+        raise UsageError(f"{label(flag.removeprefix('--'))}: {rest}") from None
 
 
 def _forms(values: dict[str, Any], label: _Labels) -> str:
