@@ -71,3 +71,13 @@ def short_hex(h: str) -> str:
 def run_dir_arg(t) -> str:
     """The run directory of `t` (anything with .path) as one shell argument."""
     return shlex.quote(str(t.path))
+
+
+def fmt_prefill_form(form: dict) -> str:
+    """A summary.json prefill entry ({"kind", "size"}) in words: 'prefix 16 cached', 'chunks of 4'."""
+    return f"prefix {form['size']} cached" if form["kind"] == "prefix" else f"chunks of {form['size']}"
+
+
+def prefill_order(form: dict) -> tuple:
+    """Sort key of prefill entries: the prefixes first, then the chunk sizes, each by size."""
+    return form["kind"] != "prefix", form["size"]

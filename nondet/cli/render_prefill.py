@@ -4,7 +4,7 @@ prefill, one table per kernels mode (summary.json "prefill")."""
 from rich.console import Console
 from rich.table import Table
 
-from nondet.fmt import fmt_step
+from nondet.fmt import fmt_prefill_form, fmt_step, prefill_order
 
 COLUMNS = ("prefill", "texts", "flips", "bits differ", "token", "bits")
 CAPTION = ("each prompt alone (batch size 1), its prefill in pieces vs in one pass. texts: distinct completions, "
@@ -26,12 +26,9 @@ def prefill_table(mode: str, forms: list[dict], caption: str | None = CAPTION) -
     table = Table(title=f"prefix cache and chunked prefill vs one pass, kernels: {mode}", caption=caption)
     for col in COLUMNS:
         table.add_column(col, justify="left" if col == "prefill" else "right")
-    for f in sorted(forms, key=lambda f: (f["kind"] != "prefix", f["size"])):
-        table.add_row(form_label(f), str(f["distinct_completions"]), f"{f['prompts_diverged']}/{f['n_prompts']}",
+    for f in sorted(forms, key=prefill_order):
+        table.add_row(fmt_prefill_form(f), str(f["distinct_completions"]), f"{f['prompts_diverged']}/{f['n_prompts']}",
                       f"{f['prompts_bits_differ']}/{f['n_prompts']}", fmt_step(f["first_token_divergence"]),
                       fmt_step(f["first_numeric_divergence"]))
     return table
 
-
-def form_label(form: dict) -> str:
-    return f"prefix {form['size']} cached" if form["kind"] == "prefix" else f"chunks of {form['size']}"

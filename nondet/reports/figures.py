@@ -8,6 +8,7 @@ import io
 import numpy as np
 import pandas as pd
 
+from nondet.fmt import fmt_prefill_form, prefill_order
 from nondet.reports.tables import RunTables
 
 OP_ORDER = ["embedding", "norm", "matmul", "attention", "softmax", "rotary", "activation", "other"]
@@ -264,8 +265,7 @@ def prefill_divergence(t: RunTables) -> bytes | None:
     forms = (t.summary.get("prefill") or {}).get("by_form") or []
     if not forms:
         return None
-    labels = list(dict.fromkeys(prefill_label(f) for f in sorted(forms, key=lambda f: (f["kind"] != "prefix",
-                                                                                          f["size"]))))
+    labels = list(dict.fromkeys(fmt_prefill_form(f) for f in sorted(forms, key=prefill_order)))
     horizon = max(1, int((t.config.get("config") or {}).get("max_new_tokens") or 1))
     modes = list(dict.fromkeys(f["kernels"] for f in forms))
     fig, ax = _new(height=1.2 + 0.32 * len(labels) * len(modes))
@@ -273,7 +273,7 @@ def prefill_divergence(t: RunTables) -> bytes | None:
         offset = (i - (len(modes) - 1) / 2) * 0.25
         colour = MODE_COLOURS.get(mode, "#5d6d7e")
         for f in (f for f in forms if f["kernels"] == mode):
-            y = labels.index(prefill_label(f)) + offset
+            y = labels.index(fmt_prefill_form(f)) + offset
             bits, token = f["first_numeric_divergence"], f["first_token_divergence"]
             if bits is None:
                 ax.plot(horizon, y, "o", mfc="white", mec=colour)
@@ -291,7 +291,3 @@ def prefill_divergence(t: RunTables) -> bytes | None:
     ax.set_title("Prefix cache and chunked prefill: where a run leaves one-pass prefill", fontsize=10)
     ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _png(fig)
-
-
-def prefill_label(form: dict) -> str:
-    return f"prefix {form['size']} cached" if form["kind"] == "prefix" else f"chunks of {form['size']}"

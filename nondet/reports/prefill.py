@@ -2,7 +2,7 @@
 prefill (summary.json's "prefill" section, written by the static source), a table and a figure.
 Absent for probes without --prefix-cache / --chunked-prefill."""
 
-from nondet.fmt import fmt_step
+from nondet.fmt import fmt_prefill_form, fmt_step, prefill_order
 from nondet.reports import figures
 from nondet.reports.blocks import Para, Section, Table, figure_or_hint
 from nondet.reports.tables import RunTables
@@ -15,8 +15,8 @@ def prefill_sections(t: RunTables) -> list[Section]:
     section = t.summary.get("prefill")
     if not section or not section.get("by_form"):
         return []
-    forms = sorted(section["by_form"], key=lambda f: (f["kind"] != "prefix", f["size"], f["kernels"]))
-    rows = [[figures.prefill_label(f), f["kernels"], fmt_step(f["n_prompts"]), fmt_step(f["distinct_completions"]),
+    forms = sorted(section["by_form"], key=lambda f: (*prefill_order(f), f["kernels"]))
+    rows = [[fmt_prefill_form(f), f["kernels"], fmt_step(f["n_prompts"]), fmt_step(f["distinct_completions"]),
              f"{f['prompts_diverged']} of {f['n_prompts']}", f"{f['prompts_bits_differ']} of {f['n_prompts']}",
              fmt_step(f["first_token_divergence"]), fmt_step(f["first_numeric_divergence"])] for f in forms]
     note = Para(["Each prompt runs alone (batch size 1) and is compared with itself prefilled in one forward. "

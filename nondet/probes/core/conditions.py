@@ -158,16 +158,16 @@ def plan_prefill(forms, lengths: list[int], kernels: str) -> list[Condition]:
     from nondet.probes.core.prefill import splits
 
     several = len(lengths) > 1
-    out = []
+    out: dict[str, Condition] = {}  # by id: auto's sizes may repeat a size given explicitly
     for k, n in enumerate(lengths):
         prefix = f"{kernels}/p{k}" if several else kernels
         for form in forms:
             for size in form.sizes(n):
-                cuts = splits(form.kind, size, n)
-                if cuts and f"{prefix}/{form.kind}/{size}" not in {c.condition_id for c in out}:
-                    out.append(Condition(f"{prefix}/{form.kind}/{size}", kernels, 1, (0,), "none", prompt_id=k,
-                                         several_prompts=several, prefill=f"{form.kind}:{size}", splits=cuts))
-    return out
+                cuts, cid = splits(form.kind, size, n), f"{prefix}/{form.kind}/{size}"
+                if cuts and cid not in out:
+                    out[cid] = Condition(cid, kernels, 1, (0,), "none", prompt_id=k, several_prompts=several,
+                                         prefill=f"{form.kind}:{size}", splits=cuts)
+    return list(out.values())
 
 
 def plan_conditions(batch_sizes, placement: str, runs: int | None, ragged: bool,

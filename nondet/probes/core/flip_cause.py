@@ -10,7 +10,7 @@ there -> "numerics". Without a recorded distribution (a server that returned no 
 "unknown". Pure Python over the on-disk stream dicts.
 """
 
-from nondet.probes.core.diff import first_token_divergence
+from nondet.probes.core.diff import first_token_divergence, references
 
 CAUSES = ("numerics", "sampler", "unknown")
 
@@ -33,7 +33,7 @@ def flip_cause(ref: dict, run: dict) -> str | None:
 def flip_causes(streams: list[dict]) -> dict | None:
     """One kernels mode's streams: {cause: runs} over the runs whose tokens left their prompt's
     reference; None when none did."""
-    refs = {s.get("prompt_id", 0): s for s in streams if s["is_reference"]}
-    found = [flip_cause(refs[s.get("prompt_id", 0)], s) for s in streams if not s["is_reference"]]
+    refs = references(streams)
+    found = [flip_cause(refs[(s["kernels"], s.get("prompt_id", 0))], s) for s in streams if not s["is_reference"]]
     counts = {cause: found.count(cause) for cause in CAUSES if found.count(cause)}
     return counts or None

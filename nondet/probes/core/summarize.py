@@ -62,3 +62,11 @@ def as_summary(doc: dict) -> Summary:
     """A summarize_modes dict (plus extra sections such as "load") as the typed record."""
     return Summary(modes=doc["modes"], verdict=doc["verdict"],
                    extra={k: v for k, v in doc.items() if k not in ("modes", "verdict")})
+
+
+def sampling_section(config, sampler: str) -> dict:
+    """{"sampling": ...} for summary.json when the probe sampled (verdict.sampler_lines words the
+    sampler's flips by it): temperature, seed and how the requests drew; {} when greedy."""
+    if config.temperature <= 0:
+        return {}
+    return {"sampling": {"temperature": config.temperature, "seed": config.seed, "sampler": sampler}}

@@ -108,9 +108,9 @@ class ServerSource:
 
     def summarize(self, streams: list[dict]) -> Summary:
         doc = summarize_server(_first_per_index(streams), self.config, self.tokenizer)
-        extra = {"load": doc["load"]}
-        if self.config.temperature > 0:
-            extra["sampling"] = {"temperature": self.config.temperature, "seed": self.config.seed, "sampler": "server"}
+        from nondet.probes.core.summarize import sampling_section
+
+        extra = {"load": doc["load"], **sampling_section(self.config, "server")}
         return Summary(doc["modes"], doc["verdict"], extra=extra)
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ from nondet.probes.core.numerics import fingerprint
 from nondet.probes.core.pieces import token_piece
 from nondet.probes.core.replay import DecodeSettings, generate, generate_condition
 from nondet.probes.core.source import Emit, Opened, Planned, step_record
-from nondet.probes.core.summarize import as_summary, summarize_modes
+from nondet.probes.core.summarize import as_summary, sampling_section, summarize_modes
 from nondet.probes.models.loading import load_model
 from nondet.rundir.records import ConditionRecord, StreamRecord
 
@@ -158,9 +158,7 @@ class StaticSource:
         doc = summarize_modes(streams, self.loaded.tokenizer, self.config.targets)
         if self.budget_note:
             doc["budget"] = self.budget_note
-        if self.config.temperature > 0:  # how the probe sampled: the sampler line of the verdict needs it
-            doc["sampling"] = {"temperature": self.config.temperature, "seed": self.config.seed,
-                               "sampler": self.config.sampler}
+        doc.update(sampling_section(self.config, self.config.sampler))
         if self.config.prefill:
             from nondet.probes.core.prefill_summary import prefill_section
 
