@@ -1,6 +1,6 @@
 """`nondet gate --prefix-cache / --chunked-prefill`: the batch axis also runs each prompt alone with its
 prefill cut into forwards on the cache, and its policy judges those conditions like the batches.
-Positive control: default kernels on a bf16 Qwen3 whose split prefill changes the bits on this host
+Positive control: default kernels on an fp32 Qwen3 whose split prefill changes the bits on this host
 (the same case as test_prefill_axis.py; skipped with the reason where it does not); negative: the mode."""
 
 import json
@@ -37,8 +37,8 @@ def model(tmp_path_factory):
 
 
 def _gate(model, out, kernels):
-    return cli_runner.run(["gate", "--model", str(model), "--prompt", PROMPT, "-b", "1,2", "-n", "8",
-                           "--prefix-cache", "5", "--chunked-prefill", "3", "--kernels", kernels, "--no-bisect",
+    return cli_runner.run(["gate", "--model", str(model), "--dtype", "float32", "--prompt", PROMPT, "-b", "1,2",
+                           "-n", "8", "--prefix-cache", "5", "--chunked-prefill", "3", "--kernels", kernels, "--no-bisect",
                            "--threads", "1", "--out", str(out)])
 
 
