@@ -79,7 +79,7 @@ def test_nothing_is_sorted_outside_collecting_and_the_setting_is_restored():
 @pytest.mark.parametrize("allowed", [False, True])
 def test_the_static_source_refuses_an_uncovered_graph_unless_allowed(allowed):
     from nondet.errors import UnsupportedModelError
-    from nondet.probes.static.source import refuse_uncovered_graphs
+    from nondet.probes.static.decoder import refuse_uncovered_graphs
 
     census = GraphCensus()
     census.uncovered[("model.layers.0.mixer", "aten::cumsum")] += 2

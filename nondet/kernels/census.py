@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nondet.kernels import op_kinds, overrides
 
 ROUTED, ROW_INDEPENDENT, UNCOVERED = "routed", "row-independent", "uncovered"
-_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d")
+COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d")
 # collectives that move data without arithmetic (a gathered lm_head's logits, DTensor's bookkeeping)
 _COPYING_COLLECTIVES = {"all_gather_into_tensor", "all_gather_into_tensor_out", "allgather_", "broadcast",
                         "broadcast_", "wait_tensor", "_wrap_tensor_autograd", "all_to_all_single", "alltoall_base_"}
@@ -243,8 +243,8 @@ def classify(func, args, kwargs, compiled: bool, in_kernel: bool, module=None) -
         return ROUTED, "nondet custom op"
     if in_kernel:
         return ROUTED, "inside a nondet kernel"
-    if namespace in _COLLECTIVE_NAMESPACES:
-        return _collective(op_kinds.base_name(func), module)
+    if namespace in COLLECTIVE_NAMESPACES:
+        return collective_kind(op_kinds.base_name(func), module)
     name = _override_name(func)
     taken = name is not None and overrides.TAKES[name](*args, **kwargs)
     if taken and not compiled:
@@ -259,14 +259,15 @@ def classify(func, args, kwargs, compiled: bool, in_kernel: bool, module=None) -
     return UNCOVERED, "no batch-invariant kernel"
 
 
-def _collective(name: str, module) -> tuple[str, str]:
+def collective_kind(name: str, module) -> tuple[str, str]:
     """A collective the mode's all-reduce (collective.py, which takes torch.distributed.all_reduce, the
     call of transformers' row-parallel linears) did not take: a copy is row-independent; a sum in a
     vocab-parallel embedding adds each element's one lookup to exact zeros (the other ranks mask ids
-    outside their shard), so its order cannot change a bit; any other sum has the backend's order."""
+    outside their shard), so its order cannot change a bit; any other sum has the backend's order.
+    module: the innermost module running, or its class (a compiled graph keeps the class)."""
     if name in _COPYING_COLLECTIVES:
         return ROW_INDEPENDENT, "a collective that copies (no arithmetic)"
-    if isinstance(module, torch.nn.Embedding):
+    if isinstance(module, type) and issubclass(module, torch.nn.Embedding) or isinstance(module, torch.nn.Embedding):
         return ROW_INDEPENDENT, "a vocab-parallel embedding's sum: one rank's lookup plus exact zeros"
     return UNCOVERED, "a collective sum outside the mode's all-reduce (the backend's summation order)"
 

@@ -74,7 +74,8 @@ def invariant_all_reduce(tensor: torch.Tensor, op=None, group=None, async_op: bo
         return original(tensor, op=op, group=group, async_op=async_op)
     parts = gather(tensor, group)
     tensor.copy_(pairwise_tree(parts) if _STATE["tree"] else rank_order_sum(parts).to(tensor.dtype))
-    _STATE["calls"] += 1
+    if not torch.compiler.is_compiling():  # traced, the count would be a guard: a recompile per call
+        _STATE["calls"] += 1  # (transformers' compiled generate prefills eagerly: its calls are counted)
     return None
 
 

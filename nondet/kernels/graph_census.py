@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nondet.kernels import op_kinds
+from nondet.kernels.census import COLLECTIVE_NAMESPACES, ROW_INDEPENDENT, collective_kind
 
 # float reductions and contractions: their order of accumulation is the compiler's choice
 REDUCING = frozenset("""
@@ -121,6 +122,11 @@ def _sort(census: GraphCensus, node) -> None:
     namespace, op = target.namespace, op_kinds.base_name(target)
     if namespace == "nondet":
         census.routed += 1
+    elif namespace in COLLECTIVE_NAMESPACES:  # as the eager census sorts them (a copy; an embedding's exact sum)
+        if collective_kind(op, _module_type(node))[0] == ROW_INDEPENDENT:
+            census.row_independent += 1
+        else:
+            census.uncovered[(_module_of(node), f"{namespace}::{op}")] += 1
     elif namespace == "prims" and op in _PRIMS_ROW_INDEPENDENT:
         census.row_independent += 1
     else:
@@ -157,6 +163,13 @@ def _module_of(node) -> str:
         return "?"
     path = list(stack.values())[-1][0]
     return str(path).replace("L['self'].", "").replace("L['self']", "model") or "?"
+
+
+def _module_type(node):
+    """The class of the innermost module that called the op (None where the graph lost it)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    kind = list(stack.values())[-1][1] if stack else None
+    return kind if isinstance(kind, type) else None
 
 
 def _kernel_fn(node):

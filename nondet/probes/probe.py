@@ -242,9 +242,9 @@ def validate_config(config: ProbeConfig) -> None:
     if config.kv_cache not in KV_CACHES or (config.kv_cache != "dynamic" and config.load.mode != "static"):
         raise UsageError(f"--kv-cache must be one of {', '.join(KV_CACHES)} (static batches only), "
                          f"not {config.kv_cache!r}")
-    if config.compile_backend and (config.load.mode != "static" or config.tp or config.budget is not None):
-        raise UsageError("--compile decodes in this process (static batches, --speculative); drop --load / "
-                         "--endpoint / --tp / --budget")
+    if config.compile_backend and (config.load.mode != "static" or config.budget is not None):
+        raise UsageError("--compile decodes static batches (in this process, or in --tp ranks); drop --load / "
+                         "--endpoint / --budget")
     if config.system and not config.chat:
         raise UsageError("--system is the system message of --chat prompts; add --chat")
     _validate_chat_prompts(config)

@@ -9,15 +9,11 @@ around it, and ragged batches when asked. Each target row of a condition becomes
 StreamRecord whose prompt_id is that row's prompt: it is compared with that prompt's reference.
 """
 
-import contextlib
 import time
-from dataclasses import replace
 
-from nondet.errors import UnsupportedModelError
 from nondet.probes.core import conditions as cond
 from nondet.probes.core.batch import build_batch, tokenize_inputs
 from nondet.probes.core.chat import model_texts
-from nondet.probes.core.kernel_coverage import PARTLY
 from nondet.probes.core.kernels_mode import COMPILED_CALLS, kernels_mode
 from nondet.probes.core.numerics import fingerprint
 from nondet.probes.core.pieces import token_piece
@@ -25,6 +21,7 @@ from nondet.probes.core.replay import DecodeSettings, generate, generate_conditi
 from nondet.probes.core.source import Emit, Opened, Planned, step_record
 from nondet.probes.core.summarize import as_summary, sampling_section, summarize_modes
 from nondet.probes.models.loading import load_model
+from nondet.probes.static.decoder import ConditionDecoder
 from nondet.rundir.records import ConditionRecord, StreamRecord
 
 
@@ -39,20 +36,18 @@ class StaticSource:
         self.run_ids = 0
         self.started = time.perf_counter()  # --budget counts from open() (model load included)
         self.budget_note: dict | None = None  # summary.json "budget" (--budget only)
-        self.paths = None  # --compile: compiled.DecodePaths, set in open() once the device is known
-        self.graphs = None  # --compile with the mode: what Inductor compiled under it (kernels/graph_census.py)
+        self.decoder = None  # eager or compiled decoding of a condition (decoder.py), set in open()
 
     def open(self) -> Opened:
         self.started = time.perf_counter()
         self.loaded = self.loaded or load_model(self.config.model)
         self.inputs = [tokenize_inputs(self.loaded.tokenizer, p, self.config.fillers) for p in self.prompt_texts()]
         env = fingerprint(self.loaded.description, ",".join(self.config.kernels))
-        env["decode_path"] = f"eager, {self.config.kv_cache} KV cache"
-        if self.config.compile_backend:
-            from nondet.probes.core.compiled import DecodePaths, label
-
-            self.paths = DecodePaths(self.config.compile_backend, self.loaded.model.device.type)
-            env["decode_path"] = label(self.paths.backend, self.paths.device_type)
+        c = self.config
+        settings = DecodeSettings(c.max_new_tokens, c.temperature, c.seed, c.kv_cache,
+                                  allow_uncovered=c.allow_uncovered, sampler=c.sampler)
+        self.decoder = ConditionDecoder(settings, c.compile_backend, self.loaded.model.device.type)
+        env["decode_path"] = self.decoder.label(c.kv_cache)
         return Opened(env)
 
     def prompt_texts(self) -> list[str]:
@@ -118,41 +113,10 @@ class StaticSource:
             return replay_condition(self.loaded.model, self.loaded.tokenizer, condition, target, fillers,
                                     settings, prompts, warm)
 
-        for row, steps in self._decode(condition.kernels, run).items():
+        for row, steps in self.decoder.decode(condition.kernels, run).items():
             prompt_id = condition.row_prompts[row] if condition.row_prompts else condition.prompt_id
             emit(self._stream(condition, row, steps, prompt_id, len(prompts[prompt_id])))
         return condition_record(condition)
-
-    def _decode(self, mode: str, run) -> dict[int, list[dict]]:
-        """One condition's streams through `run(settings, warm)`: eager, or on the compiled path
-        (a warm-up call first, timed apart; compiled.DecodePaths)."""
-        c = self.config
-        settings = DecodeSettings(c.max_new_tokens, c.temperature, c.seed, c.kv_cache,
-                                  allow_uncovered=c.allow_uncovered, sampler=c.sampler)
-        if self.paths is None:
-            return run(settings)
-        from nondet.probes.core.compiled import compile_scope
-
-        compiled = replace(settings, compile_backend=c.compile_backend)
-        with compile_scope(), self._sorting_graphs(mode):
-            if self.paths.compiles(mode):
-                self.paths.warm_up(mode, lambda: run(compiled, warm=True))
-            chosen = compiled if self.paths.compiles(mode) else replace(settings, kv_cache="static")
-            started = time.perf_counter()
-            rows = run(chosen)
-        self.paths.measured(mode, time.perf_counter() - started)
-        if self.graphs is not None:
-            refuse_uncovered_graphs(self.graphs, c.allow_uncovered)
-        return rows
-
-    def _sorting_graphs(self, mode: str):
-        """Under the mode, every graph Inductor compiles goes into self.graphs (graph_census.py)."""
-        if mode == "default":
-            return contextlib.nullcontext()
-        from nondet.kernels.graph_census import GraphCensus, collecting
-
-        self.graphs = self.graphs or GraphCensus()
-        return collecting(self.graphs)
 
     def summarize(self, streams: list[dict]):
         doc = summarize_modes(streams, self.loaded.tokenizer, self.config.targets)
@@ -163,12 +127,7 @@ class StaticSource:
             from nondet.probes.core.prefill_summary import prefill_section
 
             doc["prefill"] = prefill_section(streams, self.config.prefill)
-        if self.paths is not None:
-            doc["decode_path"] = self.paths.as_summary()
-        if self.graphs is not None:
-            doc["compiled_graph_census"] = self.graphs.to_json()
-            if self.graphs.uncovered:  # allowed (refused otherwise): the run is partly invariant
-                doc["kernel_coverage"] = {"coverage": PARTLY, "uncovered": self.graphs.uncovered_lines()}
+        doc.update(self.decoder.summary())
         return as_summary(doc)
 
     def close(self) -> None:
@@ -222,16 +181,6 @@ def replay_condition(model, tokenizer, condition: cond.Condition, target: list[i
 
         generate(model, tokenizer, batch, settings, None, stopping=[warm_up_stop(len(batch.input_ids[0]))])
         return {}
-
-
-def refuse_uncovered_graphs(graphs, allow_uncovered: bool) -> None:
-    """A reduction Inductor compiled under the mode that is not ours refuses the run (exit 3, the
-    streams already written kept), unless allowed: then summarize labels it partly invariant."""
-    if graphs.uncovered and not allow_uncovered:
-        from nondet.kernels.coverage import refusal_line
-
-        module, op = sorted(graphs.uncovered)[0]
-        raise UnsupportedModelError(refusal_line(module, op, len(graphs.uncovered) - 1, " in the compiled graph"))
 
 
 def condition_record(condition: cond.Condition) -> ConditionRecord:

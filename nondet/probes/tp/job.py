@@ -34,3 +34,5 @@ class Job:
     # TP-invariance (kernels/tp_tree.py): under the mode, row-parallel linears reduce K as a tree of
     # this many leaves (the largest degree of the run; this rank computes leaves / degree); 0 = off
     tree_leaves: int = 0
+    # --compile: each rank decodes on transformers' compiled path (static/decoder.py), as the static probe
+    compile_backend: str | None = None

@@ -43,6 +43,7 @@ class TensorParallelSource:
         self.done_in_group = 0
         self.writer = None
         self.run_ids = 0
+        self.decode_by_degree: dict[int, dict] = {}  # --compile: each group's decoder summary (rank 0's)
 
     def open(self) -> Opened:
         """Check the degrees against the model and devices, tokenize here, start the first group:
@@ -84,7 +85,12 @@ class TensorParallelSource:
         from nondet.probes.tp.summary import tp_section
 
         doc = summarize_modes(streams, self.tokenizer, self.config.targets)
-        return as_summary({**doc, "tensor_parallel": tp_section(streams, self.degrees, self.config.targets)})
+        doc["tensor_parallel"] = tp_section(streams, self.degrees, self.config.targets)
+        doc.update(merged_decode(self.decode_by_degree))
+        if self.decode_by_degree:
+            doc["tensor_parallel"]["decode_paths"] = {str(d): s.get("decode_path") for d, s in
+                                                      sorted(self.decode_by_degree.items())}
+        return as_summary(doc)
 
     def close(self) -> None:
         if self.group is not None:
@@ -95,11 +101,12 @@ class TensorParallelSource:
         """Start the group of one degree; its rank 0's "ready" info (fingerprint, backend, NCCL)."""
         from nondet.probes.tp.group import WorkerGroup, free_port
 
-        settings = DecodeSettings(self.config.max_new_tokens, self.config.temperature, self.config.seed)
+        c = self.config
+        settings = DecodeSettings(c.max_new_tokens, c.temperature, c.seed, allow_uncovered=c.allow_uncovered)
         threads = self.config.threads or (None if self.config.model.device.startswith("cuda") else 1)
         leaves = max(self.degrees) if self.config.tp_invariant else 0
         job = Job(self.config.model, degree, self.jobs[degree], tuple(self.inputs), settings, threads, free_port(),
-                  tree_leaves=leaves)
+                  tree_leaves=leaves, compile_backend=c.compile_backend)
         self.group, self.group_degree, self.done_in_group = WorkerGroup(job), degree, 0
         return self.group.next("ready")[2]
 
@@ -116,6 +123,8 @@ class TensorParallelSource:
         self.group = None
         calls = done[2].get("invariant_all_reduce_calls") if len(done) > 2 else None
         degree = self.group_degree
+        if len(done) > 2 and done[2].get("decode"):
+            self.decode_by_degree[degree] = done[2]["decode"]
         if self.writer is not None:
             self.writer.update_fingerprint(lambda fp: _set_calls(fp, degree, calls))
 
@@ -145,6 +154,45 @@ def _at_degree(condition: cond.Condition, degree: int) -> cond.Condition:
     """'default/bs8/ends' -> 'default/tp2/bs8/ends': ids stay unique when degrees share a run directory."""
     kernels, _, rest = condition.condition_id.partition("/")
     return dataclasses.replace(condition, condition_id=f"{kernels}/tp{degree}/{rest}")
+
+
+def merged_decode(by_degree: dict[int, dict]) -> dict:
+    """The compiled path over every degree's group: per kernels mode its time summed, "eager" where any
+    degree fell back (its reason), and the graph census's findings of every group; {} when eager."""
+    if not by_degree:
+        return {}
+    doc: dict = {}
+    for degree, summary in sorted(by_degree.items()):
+        path = summary.get("decode_path")
+        if path:
+            merged = doc.setdefault("decode_path", {"compiled": path["compiled"], "modes": {}})
+            for mode, entry in path["modes"].items():
+                into = merged["modes"].setdefault(mode, {"path": "compiled", "reason": None, "warmup_s": 0.0,
+                                                         "measured_s": 0.0, "conditions": 0})
+                if entry["path"] != "compiled" and into["path"] == "compiled":
+                    into.update(path=entry["path"], reason=f"TP{degree}: {entry['reason']}")
+                for key in ("warmup_s", "measured_s", "conditions"):
+                    into[key] = round(into[key] + entry[key], 3)
+        if "compiled_graph_census" in summary:
+            doc["compiled_graph_census"] = _add_census(doc.get("compiled_graph_census"), summary["compiled_graph_census"])
+        if "kernel_coverage" in summary:
+            doc["kernel_coverage"] = summary["kernel_coverage"]
+    return doc
+
+
+def _add_census(total: dict | None, more: dict) -> dict:
+    """Two groups' graph census (GraphCensus.to_json) as one: counts added, findings joined."""
+    if total is None:
+        return more
+    uncovered = {(u["module"], u["op"]): u["calls"] for u in total["uncovered"]}
+    for u in more["uncovered"]:
+        uncovered[(u["module"], u["op"])] = uncovered.get((u["module"], u["op"]), 0) + u["calls"]
+    unreviewed = dict(total["unreviewed"])
+    for op, n in more["unreviewed"].items():
+        unreviewed[op] = unreviewed.get(op, 0) + n
+    return {**{k: total[k] + more[k] for k in ("graphs_inspected", "routed", "row_independent")},
+            "uncovered": [{"module": m, "op": op, "calls": n} for (m, op), n in sorted(uncovered.items())],
+            "unreviewed": dict(sorted(unreviewed.items()))}
 
 
 def _group_info(info: dict) -> dict:

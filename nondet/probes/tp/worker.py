@@ -29,9 +29,6 @@ def main(rank: int, job: Job, pipe) -> None:
         pipe.send(("error", rank, type(exc).__name__, _one_line(exc)))
         pipe.close()
         os._exit(1)
-    from nondet.kernels import collective
-
-    pipe.send(("done", rank, {"invariant_all_reduce_calls": collective.calls()}))
     pipe.close()
 
 
@@ -39,6 +36,8 @@ def _run(rank: int, job: Job, pipe) -> None:
     import torch
 
     from nondet.probes.core.numerics import fingerprint, numerics_scope
+    from nondet.kernels import collective
+    from nondet.probes.static.decoder import ConditionDecoder
     from nondet.probes.static.source import replay_condition
     from nondet.probes.tp.load import load_tp_model
 
@@ -46,10 +45,12 @@ def _run(rank: int, job: Job, pipe) -> None:
     _join(rank, job, device)
     with numerics_scope(job.threads):
         loaded = load_tp_model(job.spec, job.degree, device)
+        decoder = ConditionDecoder(job.settings, job.compile_backend, torch.device(device).type)
         census = _census(job, loaded.model)  # every rank: the census's forward has collectives to pair up
         if rank == 0:
             kernels = ",".join(dict.fromkeys(c.kernels for c in job.conditions))
             info = {"fingerprint": fingerprint(loaded.description, kernels), **_environment(job, device)}
+            info["fingerprint"]["decode_path"] = decoder.label(job.settings.kv_cache)
             if census is not None:  # the run's census, and this group's coverage in its groups entry
                 info["fingerprint"]["census"], info["census_coverage"] = census, census["coverage"]
             pipe.send(("ready", rank, info))
@@ -63,11 +64,17 @@ def _run(rank: int, job: Job, pipe) -> None:
         prompts = [list(target) for target, _ in job.inputs]
         for condition in job.conditions:
             target, fillers = job.inputs[condition.prompt_id]
+
+            def run(settings, warm=False, condition=condition, target=target, fillers=fillers):
+                return replay_condition(loaded.model, loaded.tokenizer, condition, list(target),
+                                        [list(f) for f in fillers], settings, prompts, warm)
+
             with tree_scope(job, condition.kernels, loaded.model):
-                rows = replay_condition(loaded.model, loaded.tokenizer, condition, list(target),
-                                        [list(f) for f in fillers], job.settings, prompts)
+                rows = decoder.decode(condition.kernels, run)
             if rank == 0:
                 pipe.send(("condition", condition.condition_id, rows))
+    # rank 0's compiled-path bookkeeping (its graph census: every rank compiles the same graphs)
+    pipe.send(("done", rank, {"invariant_all_reduce_calls": collective.calls(), "decode": decoder.summary()}))
     if job.degree > 1:
         torch.distributed.destroy_process_group()
 

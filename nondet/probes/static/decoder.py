@@ -1,0 +1,86 @@
+"""How one condition of static batches is decoded: eager, or on the compiled path.
+
+The static source and each tensor-parallel rank decode their conditions through a ConditionDecoder,
+so `--compile` means the same thing with and without `--tp`: per kernels mode, a warm-up call of
+the condition's shape first (compile and CUDA-graph capture, timed apart; compiled.DecodePaths),
+then the condition's own call; under the mode, every graph Inductor compiles is sorted by the
+graph census (kernels/graph_census.py), and a reduction it did not route refuses the run.
+"""
+
+import contextlib
+import time
+from dataclasses import replace
+
+from nondet.errors import UnsupportedModelError
+from nondet.probes.core.kernel_coverage import PARTLY
+from nondet.probes.core.replay import DecodeSettings
+
+
+class ConditionDecoder:
+    """Decodes conditions through `run(settings, warm)`; keeps the compiled path's bookkeeping."""
+
+    def __init__(self, settings: DecodeSettings, compile_backend: str | None, device_type: str) -> None:
+        self.settings = settings  # the eager settings; the compiled ones add compile_backend
+        self.compile_backend = compile_backend
+        self.paths = None  # compiled.DecodePaths with --compile
+        self.graphs = None  # under the mode on the compiled path: what Inductor compiled (GraphCensus)
+        if compile_backend:
+            from nondet.probes.core.compiled import DecodePaths
+
+            self.paths = DecodePaths(compile_backend, device_type)
+
+    def label(self, kv_cache: str) -> str:
+        """The fingerprint's decode_path."""
+        if self.paths is None:
+            return f"eager, {kv_cache} KV cache"
+        from nondet.probes.core.compiled import label
+
+        return label(self.paths.backend, self.paths.device_type)
+
+    def decode(self, mode: str, run) -> dict[int, list[dict]]:
+        """One condition's streams through `run(settings, warm)`: eager, or compiled (a warm-up call first)."""
+        if self.paths is None:
+            return run(self.settings)
+        from nondet.probes.core.compiled import compile_scope
+
+        compiled = replace(self.settings, compile_backend=self.compile_backend)
+        with compile_scope(), self._sorting_graphs(mode):
+            if self.paths.compiles(mode):
+                self.paths.warm_up(mode, lambda: run(compiled, warm=True))
+            chosen = compiled if self.paths.compiles(mode) else replace(self.settings, kv_cache="static")
+            started = time.perf_counter()
+            rows = run(chosen)
+        self.paths.measured(mode, time.perf_counter() - started)
+        if self.graphs is not None:
+            refuse_uncovered_graphs(self.graphs, self.settings.allow_uncovered)
+        return rows
+
+    def _sorting_graphs(self, mode: str):
+        """Under the mode, every graph Inductor compiles goes into self.graphs (graph_census.py)."""
+        if mode == "default":
+            return contextlib.nullcontext()
+        from nondet.kernels.graph_census import GraphCensus, collecting
+
+        self.graphs = self.graphs or GraphCensus()
+        return collecting(self.graphs)
+
+    def summary(self) -> dict:
+        """summary.json's decode_path, compiled_graph_census and (allowed uncovered ops) kernel_coverage."""
+        doc = {}
+        if self.paths is not None:
+            doc["decode_path"] = self.paths.as_summary()
+        if self.graphs is not None:
+            doc["compiled_graph_census"] = self.graphs.to_json()
+            if self.graphs.uncovered:  # allowed (refused otherwise): the run is partly invariant
+                doc["kernel_coverage"] = {"coverage": PARTLY, "uncovered": self.graphs.uncovered_lines()}
+        return doc
+
+
+def refuse_uncovered_graphs(graphs, allow_uncovered: bool) -> None:
+    """A reduction Inductor compiled under the mode that is not ours refuses the run (exit 3, the
+    streams already written kept), unless allowed: then summarize labels it partly invariant."""
+    if graphs.uncovered and not allow_uncovered:
+        from nondet.kernels.coverage import refusal_line
+
+        module, op = sorted(graphs.uncovered)[0]
+        raise UnsupportedModelError(refusal_line(module, op, len(graphs.uncovered) - 1, " in the compiled graph"))

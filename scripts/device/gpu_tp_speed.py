@@ -1,0 +1,231 @@
+"""Tensor parallelism's decode step at the 8B shape, next to one GPU: TP1, TP2, TP4; eager and compiled.
+
+    python3 scripts/device/gpu_tp_speed.py [--worlds 1,2,4] [--batches 1,8,64] [--layers 36] [--out DIR]
+
+The model: a random Qwen3 of Qwen3-8B's shape (hidden 4096, 12288 MLP, 32 / 8 heads of 128, vocab
+151936, untied lm_head, bf16), built here and saved once (nothing downloaded). Each world size runs
+in its own spawned ranks (NCCL), loaded the way `nondet probe --tp N` loads (probes/tp/load.py:
+transformers' DistributedConfig where it exists). Per batch size, kernels and path, one generate
+call of a 32-token prompt on every rank, timed on rank 0 between consecutive tokens (generate syncs
+every step, so the gaps are decode steps' wall time; the median of TOKENS - 2 gaps):
+
+    kernels   default | batch-invariant (the mode) | tp-invariant (the mode with the K tree of
+              --tp-invariant at the largest world asked, world > 1 only)
+    path      eager: transformers' dynamic cache, no compile (the probe's default path)
+              compiled: a static cache and transformers' compile config (torch.compile,
+              CUDA graphs), the path of `nondet probe --compile`; the mode with traceable=True
+
+Each row also has the bits of the last step's logits at row 0 (a hash) so eager vs compiled and
+TP degrees can be compared. Writes $OUT/tp_speed.json and prints a Markdown table; a row that raised
+holds the error's first line.
+"""
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+PROMPT = 32
+CUDA = os.environ.get("DEVICE", "cuda") == "cuda"
+
+
+def build(path: Path, layers: int, hidden: int) -> None:
+    """Qwen3-8B's shape with random weights (seed 0), saved with save_pretrained (kept when present)."""
+    if (path / "config.json").exists():
+        return
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=max(hidden // 128, 2), num_key_value_heads=max(hidden // 512, 2),
+                      head_dim=128, max_position_embeddings=4096, tie_word_embeddings=False,
+                      pad_token_id=0, eos_token_id=2, bos_token_id=1)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda" if CUDA else "cpu"):
+        model = Qwen3ForCausalLM(cfg).eval()
+    torch.set_default_dtype(torch.float32)
+    model.save_pretrained(path)
+    del model
+
+
+class StepClock:
+    """A generate streamer: the time each new token reaches the host."""
+
+    def __init__(self):
+        self.times = []
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+
+def kernels_scope(kernels: str, model, compiled: bool, max_world: int, world: int):
+    from nondet.kernels import batch_invariant, collective, tp_tree
+
+    stack = contextlib.ExitStack()
+    if kernels != "default":
+        stack.enter_context(batch_invariant(model=model, traceable=compiled))
+    if kernels == "tp-invariant":
+        stack.enter_context(tp_tree.tree_linears(model, max_world // world))
+        stack.enter_context(collective.tree_order())
+    return stack
+
+
+def decode(model, batch: int, tokens: int, compiled: bool) -> tuple[float, float, str]:
+    """(first call s, ms per decode step, hash of row 0's last logits) of a generate call of `tokens`."""
+    from nondet.probes.core.compiled import generation_fields
+
+    device = model.device
+    ids = torch.randint(5, 2000, (batch, PROMPT), generator=torch.Generator().manual_seed(batch)).to(device)
+    fields = generation_fields("inductor", device.type) if compiled else {"disable_compile": True}
+
+    def call(streamer=None):
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+                              min_new_tokens=tokens, do_sample=False, pad_token_id=0, streamer=streamer,
+                              output_logits=True, return_dict_in_generate=True, **fields)
+
+    started = time.perf_counter()
+    call()  # compile and capture (compiled); kernels' first launches (eager)
+    first = time.perf_counter() - started
+    clock = StepClock()
+    out = call(clock)
+    gaps = [1000 * (b - a) for a, b in zip(clock.times[2:], clock.times[3:])]  # [0] prompt, [1] after prefill
+    digest = hashlib.sha256(out.logits[-1][0].float().cpu().numpy().tobytes()).hexdigest()[:12]
+    return first, statistics.median(gaps), digest
+
+
+def profile(model, world: int, out: str, write: bool) -> None:
+    """Where an eager default B = 1 step's time goes on rank 0 (write): top ops by self CPU and GPU time.
+    Every rank runs the same calls (the collectives must match)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
+    with torch.inference_mode():
+        decode(model, 1, 4, False)  # warm
+        with torch_profile(activities=activities) as prof:
+            decode(model, 1, 4, False)
+    if not write:
+        return
+    averages = prof.key_averages()
+    text = averages.table(sort_by="self_cpu_time_total", row_limit=20)
+    if CUDA:
+        text += "\n" + averages.table(sort_by="self_cuda_time_total", row_limit=15)
+    Path(out, f"tp{world}_profile.txt").write_text(text)
+
+
+def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    if CUDA:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if CUDA else "gloo", rank=rank, world_size=world)
+    from transformers import AutoModelForCausalLM
+
+    from nondet.probes.tp.load import _tp_kwargs
+
+    started = time.perf_counter()
+    kwargs = _tp_kwargs(world) if world > 1 else {}
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, **kwargs).eval()
+    if world == 1:
+        model = model.to("cuda" if CUDA else "cpu")
+    load_s = time.perf_counter() - started
+    rows = []
+    if args.profile:
+        profile(model, world, args.out, rank == 0)
+    kernels = [k for k in args.kernels if world > 1 or k != "tp-invariant"]
+    for compiled in [path == "compiled" for path in args.paths]:
+        for kernel in kernels:
+            for batch in args.batches:
+                row = {"world": world, "kernels": kernel, "path": "compiled" if compiled else "eager", "batch": batch}
+                try:
+                    with kernels_scope(kernel, model, compiled, max(args.worlds), world), torch.inference_mode():
+                        first, ms, digest = decode(model, batch, args.tokens, compiled)
+                    row.update(first_call_s=round(first, 2), ms=round(ms, 3), logits=digest)
+                except Exception as exc:  # noqa: BLE001 (a benchmark row: record and go on)
+                    row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}" if str(exc) else type(exc).__name__
+                    if rank == 0:
+                        traceback.print_exc()
+                rows.append(row)
+                if rank == 0:
+                    print(json.dumps(row), flush=True)
+                    Path(out_file).write_text(json.dumps({"load_s": round(load_s, 1), "rows": rows}))
+            torch._dynamo.reset()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_world(world: int, args) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out_file = f"{args.out}/tp{world}{args.tag}.json"
+    try:
+        mp.spawn(rank_main, args=(world, port, args, out_file), nprocs=world, join=True)
+    except Exception as exc:  # noqa: BLE001 (one world failing leaves the others' rows)
+        print(f"world {world}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+    return json.loads(Path(out_file).read_text()) if Path(out_file).exists() else {"rows": []}
+
+
+def table(results: dict) -> str:
+    lines = ["| TP | path | kernels | " + " | ".join(f"B = {b} ms" for b in results["batches"]) + " | first call s (B max) |",
+             "| --- | --- | --- | " + " | ".join("---:" for _ in results["batches"]) + " | ---: |"]
+    rows = [r for w in results["worlds"].values() for r in w["rows"]]
+    keys = sorted({(r["world"], r["path"], r["kernels"]) for r in rows}, key=lambda k: (k[1], k[2], k[0]))
+    for world, path, kernels in keys:
+        cells = {r["batch"]: r for r in rows if (r["world"], r["path"], r["kernels"]) == (world, path, kernels)}
+        shown = [str(cells[b].get("ms", cells[b].get("error", "?")[:40])) if b in cells else "—" for b in results["batches"]]
+        last = cells.get(max(results["batches"]), {})
+        lines.append(f"| {world} | {path} | {kernels} | " + " | ".join(shown) + f" | {last.get('first_call_s', '—')} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worlds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
+    p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 64])
+    p.add_argument("--layers", type=int, default=36)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--tokens", type=int, default=24)
+    p.add_argument("--model", default="")
+    p.add_argument("--paths", type=lambda s: s.split(","), default=["eager", "compiled"])
+    p.add_argument("--kernels", type=lambda s: s.split(","), default=["default", "batch-invariant", "tp-invariant"])
+    p.add_argument("--profile", action="store_true", help="also profile an eager default B = 1 step per world")
+    p.add_argument("--tag", default="", help="a suffix of the output files (two runs in one $OUT)")
+    p.add_argument("--out", default=os.environ.get("OUT", "/tmp/nondet-tp-speed"))
+    args = p.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    args.model = args.model or f"/tmp/nondet-qwen3-8b-shape-{args.hidden}x{args.layers}"
+    started = time.perf_counter()
+    build(Path(args.model), args.layers, args.hidden)
+    print(f"model built in {time.perf_counter() - started:.0f} s", flush=True)
+    worlds = [w for w in args.worlds if not CUDA or w <= torch.cuda.device_count()]
+    results = {"device": torch.cuda.get_device_name(0) if CUDA else "cpu", "torch": torch.__version__,
+               "layers": args.layers, "hidden": args.hidden, "batches": args.batches, "tokens": args.tokens,
+               "worlds": {}}
+    for world in worlds:
+        results["worlds"][str(world)] = run_world(world, args)
+        Path(args.out, f"tp_speed{args.tag}.json").write_text(json.dumps(results, indent=1))
+        print(table(results), flush=True)
+    import transformers
+
+    results["transformers"] = transformers.__version__
+    Path(args.out, f"tp_speed{args.tag}.json").write_text(json.dumps(results, indent=1))
+    Path(args.out, f"tp_speed{args.tag}.md").write_text(table(results) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
