@@ -134,3 +134,33 @@ def test_traceable_takes_only_its_three_values(qwen3):
     with pytest.raises(ValueError, match="traceable"):
         with batch_invariant(model=qwen3, traceable="everywhere"):
             pass
+
+
+def test_choosing_the_opaque_or_the_triton_op_adds_no_guard_on_a_dynamic_batch():
+    """custom_ops.op picks the launch by row count; traced with a symbolic batch, asking rows > 128 made
+    dynamo guard on it (B * heads <= 128) and compile again at each threshold the batch crossed. The
+    control: the same function with the row count asked the old way compiles twice."""
+    from nondet.kernels import custom_ops
+
+    def opaque(x):  # the row count asked without a guard (custom_ops._surely_more_than_decode)
+        return custom_ops.op("mean_last", x)(x, True)
+
+    def asked(x):  # the old question: rows > DECODE_ROWS on the symbol
+        rows = x.numel() // x.shape[-1]
+        return custom_ops.op("mean_last", x)(x, True) + (1.0 if rows > custom_ops.DECODE_ROWS else 0.0)
+
+    custom_ops.ensure_registered()
+    for fn, graphs_wanted in ((opaque, 1), (asked, 2)):
+        graphs = []
+
+        def count(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend=count, dynamic=True)
+        for batch in (2, 5, 9, 20):  # x (B, 16 heads, 64): B * 16 crosses 128 between 5 and 9
+            x = torch.randn(batch, 16, 64)
+            assert torch.equal(compiled(x), fn(x))
+        assert len(graphs) == graphs_wanted, (fn.__name__, len(graphs))
+    torch._dynamo.reset()

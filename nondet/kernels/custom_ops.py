@@ -185,9 +185,20 @@ def op(name: str, *tensors: torch.Tensor):
     ensure_registered()
     first = tensors[0]
     rows = first.numel() // max(first.shape[-1], 1) if first.dim() else 1
-    gpu = (name in GPU_OPS and rows > DECODE_ROWS and first.is_cuda and first.dtype in TRITON_DTYPES and not interpreting()
-           and all(t.dtype == first.dtype for t in tensors[1:]))
+    gpu = (name in GPU_OPS and _surely_more_than_decode(rows) and first.is_cuda and first.dtype in TRITON_DTYPES
+           and not interpreting() and all(t.dtype == first.dtype for t in tensors[1:]))
     return getattr(torch.ops.nondet, f"{name}_gpu" if gpu else name)
+
+
+def _surely_more_than_decode(rows) -> bool:
+    """rows > DECODE_ROWS where that is known without a guard. Traced with a dynamic batch, rows is a
+    symbol: asking would make dynamo guard on it (B * heads <= 128, ...) and compile the decode step
+    again at every threshold the batch crosses (5 graphs for batch sizes 1..128 on an H200, where
+    default kernels take 2). Both ops give the same bits (GPU_OPS), so an unknown row count keeps
+    the opaque op, the decode batch's choice."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true(rows > DECODE_ROWS))
 
 
 def grouped_mm(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, stored_out_in: bool) -> torch.Tensor:
