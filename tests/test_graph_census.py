@@ -111,3 +111,27 @@ def test_inductors_cache_is_off_while_a_census_collects():
     with collecting(GraphCensus()):
         assert sorting.uuid() is None
     assert sorting.uuid() == inductor_pass().uuid()
+
+
+class _Node:
+    """The fields of an FX node the sort reads: an op, its module stack, no arguments."""
+
+    def __init__(self, target, module_class):
+        self.target, self.args, self.kwargs = target, (), {}
+        self.meta = {"nn_module_stack": {"m": ("model.layers.0.module", module_class)}}
+
+
+@pytest.mark.parametrize("target, module_class, found", [
+    (torch.ops._c10d_functional.all_reduce.default, torch.nn.Embedding, "row_independent"),  # one lookup + zeros
+    (torch.ops._c10d_functional.all_gather_into_tensor.default, torch.nn.Linear, "row_independent"),  # a copy
+    (torch.ops._c10d_functional.wait_tensor.default, torch.nn.Linear, "row_independent"),
+    (torch.ops._c10d_functional.all_reduce.default, torch.nn.Linear, "uncovered"),  # the backend's sum order
+])
+def test_collectives_in_a_compiled_graph_are_sorted_as_the_eager_census_sorts_them(target, module_class, found):
+    from nondet.kernels.graph_census import _sort
+
+    census = GraphCensus()
+    _sort(census, _Node(target, module_class))
+    assert (census.row_independent == 1) == (found == "row_independent")
+    assert bool(census.uncovered) == (found == "uncovered")
+    assert not census.unreviewed

@@ -1,0 +1,78 @@
+"""`nondet probe --tp 1,2 --compile` on the CPU (gloo, Inductor): every rank decodes on transformers'
+compiled path through the static probe's decoder (probes/static/decoder.py).
+
+The positive control fires on any host (the injected batch-variant norm: default kernels' bits differ
+at both degrees); the negative: the mode at TP2, compiled, is one completion with the same bits at every
+batch size, its collective ran, and the graph census found no reduction it does not route (the
+collectives sorted: the mode's all-gathers copy, the vocab-parallel embedding's sum is exact).
+merged_decode (pure) is checked on its own, in the fast selection.
+"""
+
+import json
+import os
+
+import pytest
+
+import cli_runner
+from nondet.probes.tp.source import merged_decode
+
+
+@pytest.fixture(scope="module")
+def compiled_tp_run(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tpc") / "run"
+    r = cli_runner.run(("probe", "--tp", "1,2", "--compile", "--model", str(tiny_model_dir), "--prompt",
+                        "Tell me about Richard Feynman", "--batch-sizes", "1,2", "--max-new-tokens", "4", "--confirm",
+                        "--inject-variance", "--out", str(out), "--json"), env=dict(os.environ), timeout=600)
+    assert r.returncode == 0, r.stderr
+    return out, json.loads(r.stdout)
+
+
+@pytest.mark.slow
+def test_every_degree_decodes_compiled_under_both_kernels(compiled_tp_run):
+    out, summary = compiled_tp_run
+    modes = summary["decode_path"]["modes"]
+    assert {m: e["path"] for m, e in modes.items()} == {"default": "compiled", "batch-invariant": "compiled"}
+    assert all(e["conditions"] == 4 for e in modes.values())  # 2 conditions at each of 2 degrees
+    assert set(summary["tensor_parallel"]["decode_paths"]) == {"1", "2"}
+    assert "torch.compile" in json.loads((out / "fingerprint.json").read_text())["decode_path"]
+
+
+@pytest.mark.slow
+def test_positive_control_fires_compiled_at_both_degrees(compiled_tp_run):
+    _, summary = compiled_tp_run
+    by_degree = summary["tensor_parallel"]["modes"]["default"]["by_degree"]
+    assert all(r["first_numeric_divergence"] in (0, 1) for r in by_degree), by_degree
+
+
+@pytest.mark.slow
+def test_the_compiled_mode_at_tp2_is_one_completion_and_its_graphs_are_covered(compiled_tp_run):
+    out, summary = compiled_tp_run
+    tp2 = next(r for r in summary["tensor_parallel"]["modes"]["batch-invariant"]["by_degree"] if r["tp"] == 2)
+    assert tp2["distinct_completions"] == 1 and tp2["first_numeric_divergence"] is None
+    census = summary["compiled_graph_census"]
+    assert census["graphs_inspected"] >= 2 and census["routed"] > 0 and census["uncovered"] == []
+    assert not any(op.startswith("_c10d") for op in census["unreviewed"]), census
+    groups = json.loads((out / "fingerprint.json").read_text())["tensor_parallel"]["groups"]
+    assert next(g for g in groups if g["degree"] == 2)["invariant_all_reduce_calls"] > 0
+
+
+def _path(path="compiled", reason=None, warm=1.0, measured=0.5, n=2):
+    return {"path": path, "reason": reason, "warmup_s": warm, "measured_s": measured, "conditions": n}
+
+
+def test_merged_decode_adds_the_degrees_and_keeps_a_fallback_with_its_degree():
+    census = {"graphs_inspected": 1, "routed": 3, "row_independent": 5, "unreviewed": {"aten::x": 1},
+              "uncovered": [{"module": "m", "op": "aten::cumsum", "calls": 1}]}
+    by_degree = {
+        1: {"decode_path": {"compiled": "torch.compile", "modes": {"default": _path()}}, "compiled_graph_census": census},
+        2: {"decode_path": {"compiled": "torch.compile", "modes": {"default": _path("eager", "Unsupported: x")}},
+            "compiled_graph_census": census},
+    }
+    doc = merged_decode(by_degree)
+    entry = doc["decode_path"]["modes"]["default"]
+    assert entry == {"path": "eager", "reason": "TP2: Unsupported: x", "warmup_s": 2.0, "measured_s": 1.0,
+                     "conditions": 4}
+    assert doc["compiled_graph_census"]["graphs_inspected"] == 2 and doc["compiled_graph_census"]["routed"] == 6
+    assert doc["compiled_graph_census"]["uncovered"] == [{"module": "m", "op": "aten::cumsum", "calls": 2}]
+    assert doc["compiled_graph_census"]["unreviewed"] == {"aten::x": 2}
+    assert merged_decode({}) == {}
