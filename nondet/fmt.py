@@ -81,3 +81,9 @@ def fmt_prefill_form(form: dict) -> str:
 def prefill_order(form: dict) -> tuple:
     """Sort key of prefill entries: the prefixes first, then the chunk sizes, each by size."""
     return form["kind"] != "prefix", form["size"]
+
+
+def breaks_note(m: dict) -> str:
+    """'; N graph breaks (those pieces ran eager, ...)' for a compiled mode whose warm-up broke the graph."""
+    n = m.get("graph_breaks") or 0
+    return f"; {n} graph break{'s' if n != 1 else ''} (those pieces ran eager, outside CUDA graphs)" if n else ""

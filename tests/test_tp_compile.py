@@ -33,6 +33,8 @@ def test_every_degree_decodes_compiled_under_both_kernels(compiled_tp_run):
     modes = summary["decode_path"]["modes"]
     assert {m: e["path"] for m, e in modes.items()} == {"default": "compiled", "batch-invariant": "compiled"}
     assert all(e["conditions"] == 4 for e in modes.values())  # 2 conditions at each of 2 degrees
+    # one graph per shape: transformers 5.2x's TP modules trace without a break (5.17's break at each one)
+    assert all(e["graph_breaks"] == 0 for e in modes.values()), modes
     assert set(summary["tensor_parallel"]["decode_paths"]) == {"1", "2"}
     assert "torch.compile" in json.loads((out / "fingerprint.json").read_text())["decode_path"]
 
@@ -56,8 +58,9 @@ def test_the_compiled_mode_at_tp2_is_one_completion_and_its_graphs_are_covered(c
     assert next(g for g in groups if g["degree"] == 2)["invariant_all_reduce_calls"] > 0
 
 
-def _path(path="compiled", reason=None, warm=1.0, measured=0.5, n=2):
-    return {"path": path, "reason": reason, "warmup_s": warm, "measured_s": measured, "conditions": n}
+def _path(path="compiled", reason=None, warm=1.0, measured=0.5, n=2, breaks=1):
+    return {"path": path, "reason": reason, "warmup_s": warm, "measured_s": measured, "conditions": n,
+            "graph_breaks": breaks}
 
 
 def test_merged_decode_adds_the_degrees_and_keeps_a_fallback_with_its_degree():
@@ -71,7 +74,7 @@ def test_merged_decode_adds_the_degrees_and_keeps_a_fallback_with_its_degree():
     doc = merged_decode(by_degree)
     entry = doc["decode_path"]["modes"]["default"]
     assert entry == {"path": "eager", "reason": "TP2: Unsupported: x", "warmup_s": 2.0, "measured_s": 1.0,
-                     "conditions": 4}
+                     "conditions": 4, "graph_breaks": 2}
     assert doc["compiled_graph_census"]["graphs_inspected"] == 2 and doc["compiled_graph_census"]["routed"] == 6
     assert doc["compiled_graph_census"]["uncovered"] == [{"module": "m", "op": "aten::cumsum", "calls": 2}]
     assert doc["compiled_graph_census"]["unreviewed"] == {"aten::x": 2}

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from nondet.cli.fit import fitted
-from nondet.fmt import fmt_hex_value, fmt_step
+from nondet.fmt import breaks_note, fmt_hex_value, fmt_step
 from nondet.text import quoted, shorten
 from nondet.verdict import confidence_line, graph_census_line, sampler_lines
 
@@ -50,7 +50,7 @@ def decode_path_lines(d: dict) -> list[str]:
     for mode, m in d["modes"].items():
         if m["path"] == "compiled":
             lines.append(f"{mode}: {d['compiled']}; compile + warm-up {m['warmup_s']:.1f} s, "
-                         f"decode {m['measured_s']:.1f} s over {m['conditions']} calls")
+                         f"decode {m['measured_s']:.1f} s over {m['conditions']} calls" + breaks_note(m))
         else:
             lines.append(f"{mode}: eager, static KV cache (could not compile: {m['reason']}); "
                          f"decode {m['measured_s']:.1f} s")

@@ -36,6 +36,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_compile import _StepClock as StepClock  # noqa: E402
+
 PROMPT = 32
 CUDA = os.environ.get("DEVICE", "cuda") == "cuda"
 
@@ -57,19 +60,6 @@ def build(path: Path, layers: int, hidden: int) -> None:
     torch.set_default_dtype(torch.float32)
     model.save_pretrained(path)
     del model
-
-
-class StepClock:
-    """A generate streamer: the time each new token reaches the host."""
-
-    def __init__(self):
-        self.times = []
-
-    def put(self, value):
-        self.times.append(time.perf_counter())
-
-    def end(self):
-        pass
 
 
 def kernels_scope(kernels: str, model, compiled: bool, max_world: int, world: int):
@@ -100,7 +90,7 @@ def decode(model, batch: int, tokens: int, compiled: bool) -> tuple[float, float
     started = time.perf_counter()
     call()  # compile and capture (compiled); kernels' first launches (eager)
     first = time.perf_counter() - started
-    clock = StepClock()
+    clock = StepClock()  # gpu_compile.py's: the time each new token reaches the host
     out = call(clock)
     gaps = [1000 * (b - a) for a, b in zip(clock.times[2:], clock.times[3:])]  # [0] prompt, [1] after prefill
     digest = hashlib.sha256(out.logits[-1][0].float().cpu().numpy().tobytes()).hexdigest()[:12]

@@ -112,6 +112,9 @@ class ModePath:
     warmup_s: float = 0.0  # compile + CUDA-graph capture + warm-up calls
     measured_s: float = 0.0  # the conditions' own generate calls
     conditions: int = 0
+    # dynamo's graph breaks while warming up: each leaves a piece of the step eager (and out of the CUDA
+    # graph), e.g. transformers 5.17's tensor-parallel modules; 0 = one graph per shape
+    graph_breaks: int = 0
 
 
 @dataclass
@@ -130,7 +133,7 @@ class DecodePaths:
         """Run `warm()` (a short generate of the condition's shape), timed as warm-up. A failure at the
         mode's first condition switches the mode to eager; a later one is an error."""
         entry = self.modes.setdefault(mode, ModePath())
-        started = time.perf_counter()
+        started, breaks = time.perf_counter(), _graph_breaks()
         try:
             warm()
         except NondetError:
@@ -142,6 +145,7 @@ class DecodePaths:
             entry.path, entry.reason = EAGER, _first_line(exc)
         finally:
             entry.warmup_s += time.perf_counter() - started
+            entry.graph_breaks += _graph_breaks() - breaks
 
     def measured(self, mode: str, seconds: float) -> None:
         entry = self.modes.setdefault(mode, ModePath())
@@ -152,8 +156,16 @@ class DecodePaths:
         """summary.json "decode_path": the compiled label and, per kernels mode, its path and time."""
         return {"compiled": label(self.backend, self.device_type),
                 "modes": {m: {"path": e.path, "reason": e.reason, "warmup_s": round(e.warmup_s, 3),
-                              "measured_s": round(e.measured_s, 3), "conditions": e.conditions}
+                              "measured_s": round(e.measured_s, 3), "conditions": e.conditions,
+                              "graph_breaks": e.graph_breaks}
                           for m, e in self.modes.items()}}
+
+
+def _graph_breaks() -> int:
+    """Graph breaks dynamo has counted in this process so far (each one counted as it is traced)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
 
 
 def _first_line(exc: Exception) -> str:
