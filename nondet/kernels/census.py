@@ -267,7 +267,7 @@ def collective_kind(name: str, module) -> tuple[str, str]:
     module: the innermost module running, or its class (a compiled graph keeps the class)."""
     if name in _COPYING_COLLECTIVES:
         return ROW_INDEPENDENT, "a collective that copies (no arithmetic)"
-    if isinstance(module, type) and issubclass(module, torch.nn.Embedding) or isinstance(module, torch.nn.Embedding):
+    if isinstance(module, torch.nn.Embedding) or (isinstance(module, type) and issubclass(module, torch.nn.Embedding)):
         return ROW_INDEPENDENT, "a vocab-parallel embedding's sum: one rank's lookup plus exact zeros"
     return UNCOVERED, "a collective sum outside the mode's all-reduce (the backend's summation order)"
 
