@@ -193,9 +193,9 @@ def op(name: str, *tensors: torch.Tensor):
 def _surely_more_than_decode(rows) -> bool:
     """rows > DECODE_ROWS where that is known without a guard. Traced with a dynamic batch, rows is a
     symbol: asking would make dynamo guard on it (B * heads <= 128, ...) and compile the decode step
-    again at every threshold the batch crosses (5 graphs for batch sizes 1..128 on an H200, where
-    default kernels take 2). Both ops give the same bits (GPU_OPS), so an unknown row count keeps
-    the opaque op, the decode batch's choice."""
+    again at every threshold the batch crosses (on an H200 batch sizes 2-4, 5-8, 9-16 and 17-128 were
+    graphs of their own, where default kernels compile one for them all). Both ops give the same bits
+    (GPU_OPS), so an unknown row count keeps the opaque op, the decode batch's choice."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     return bool(statically_known_true(rows > DECODE_ROWS))
