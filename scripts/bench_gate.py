@@ -40,7 +40,7 @@ def main() -> None:
 
 
 def time_gate(tree: Path, prompts: int, tokens: int, batch_sizes: str, kernels: str,
-              model: str | None = None) -> tuple[float, int, str]:
+              model: str | None = None, extra: tuple[str, ...] = ()) -> tuple[float, int, str]:
     """(wall seconds, exit code, verdict line) of `nondet gate` from `tree` on the first `prompts` demo prompts.
     model: a model directory (--model); None = the tree's embedded default, the random-weight one
     (NONDET_DEMO_MODEL=random: the trained demo is another, slower model), its injected norm included."""
@@ -51,6 +51,7 @@ def time_gate(tree: Path, prompts: int, tokens: int, batch_sizes: str, kernels: 
     argv = [sys.executable, "-m", "nondet", "gate", "--batch-sizes", batch_sizes,
             "--max-new-tokens", str(tokens), "--kernels", kernels, "--no-bisect", "--out", "run"]
     argv += ["--model", model] if model else []
+    argv += list(extra)  # e.g. --positions padded
     for prompt in DEMO_PROMPTS[:prompts]:
         argv += ["--prompt", prompt]
     started = time.perf_counter()

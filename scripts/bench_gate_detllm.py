@@ -6,7 +6,8 @@ The work: the embedded model (a random Qwen3, hidden 512, 4 layers, bf16), the f
 prompts, N new tokens, batch sizes 1, 2, 4, 8, default kernels. detLLM runs
 `detllm check --backend hf --runs 1 --batch-size 1 --vary-batch 2,4,8` (each prompt at batch
 size 1, then the prompts in batches of 2, 4 and 8: the same generate calls a padded sweep makes);
-nondet runs `nondet gate --no-bisect` (scripts/bench_gate.py). detLLM lives in its own virtual
+nondet runs `nondet gate --no-bisect` (scripts/bench_gate.py), with its row plan (no compared row
+padded) and with `--positions padded` (detLLM's calls, left-padded). detLLM lives in its own virtual
 environment (--env, default $NONDET_CACHE/detllm-0.1.1), created on first use with detLLM 0.1.1
 and this environment's torch version, so both time the same torch kernels. Prints one table.
 """
@@ -61,12 +62,14 @@ def main() -> None:
     model = Path(default_model_dir())
     tree = Path(__file__).resolve().parents[1]
     gate, code, verdict = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model))
+    padded = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model), ("--positions", "padded"))
     detllm, detllm_code = time_detllm(exe, model, args.prompts, args.tokens)
     print(f"{args.prompts} prompts x {args.tokens} tokens x batch sizes 1,2,4,8, default kernels, the embedded model")
     print("| tool | wall (s) | exit | speed vs detLLM |")
     print("| --- | ---: | ---: | ---: |")
     print(f"| detLLM 0.1.1 | {detllm:.1f} | {detllm_code} | 1.00x |")
     print(f"| nondet gate | {gate:.1f} | {code} | {detllm / gate:.2f}x |")
+    print(f"| nondet gate --positions padded (detLLM's calls) | {padded[0]:.1f} | {padded[1]} | {detllm / padded[0]:.2f}x |")
     print(f"gate verdict: {verdict[:160]}")
 
 
