@@ -33,14 +33,21 @@
 #   tuned        a tuned and an untuned kernel table on this device
 #   cross-record the probe's streams on this device -> $OUT/cross_streams.jsonl (and cross_fingerprint.json)
 #   cross-compare the same probe, compared with .cross/cross_streams.jsonl (and its fingerprint) recorded on another kind
+#   tp-speed     scripts/device/gpu_tp_speed.py: the decode step at TP1 / TP2 / TP4 (as many GPUs as there are),
+#                eager and compiled (TP_SPEED_ARGS, e.g. "--layers 8 --paths compiled"; compiled TP needs the
+#                transformers of scripts/device/wheels.sh, carried as .device-wheels)
 # Tensor parallelism needs 2 GPUs: scripts/device/gpu_tp.sh. Kernel tuning sweeps and profiles: scripts/device/README.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
-# a newer transformers carried as a wheel (pip install --target /tmp/site) comes first where present
+# the tree first; a PYTHONPATH the caller set (e.g. a pip install --target folder) after it
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=160 NONDET_CACHE=${NONDET_CACHE:-/tmp/nondet-cache}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.log"
+if [ -f .device-wheels/VERSION ]; then  # a newer transformers carried as wheels (scripts/device/wheels.sh)
+  python3 -m pip install -q --no-index --find-links .device-wheels "transformers==$(cat .device-wheels/VERSION)" \
+    > "$OUT/wheels.log" 2>&1 || echo "carried transformers not installed: see $OUT/wheels.log"
+fi
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
 'transformers', transformers.__version__)" | tee -a "$OUT/device.log"
 
@@ -112,6 +119,8 @@ from gpu_prefill_axis import dense_model; print(dense_model())" 2>/dev/null | ta
                    # the other kind's fingerprint, where recorded: compare then names the device (and any version) that differs
                    [ -s .cross/cross_fingerprint.json ] && cp .cross/cross_fingerprint.json /tmp/run-other/fingerprint.json
                    python3 -m nondet compare /tmp/run-other /tmp/run-cross 2>&1 | tail -20 ;;
+    tp-speed) NCCL_NVLS_ENABLE=0 timeout 560 python3 scripts/device/gpu_tp_speed.py --out "$OUT" ${TP_SPEED_ARGS:-} \
+                2>&1 | grep -v -i "warn" | tail -30 ;;
     *) echo "unknown step $1 (see the header of scripts/gpu.sh)"; return 2 ;;
   esac
 }
