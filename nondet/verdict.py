@@ -146,11 +146,15 @@ def partly_line(uncovered: list[str]) -> str:
 
 def graph_census_line(g: dict) -> str:
     """--compile under the mode: what the ops Inductor compiled were (summary.json compiled_graph_census)."""
-    if not g.get("graphs_inspected"):
+    stored = g.get("graphs_from_store") or 0
+    if not g.get("graphs_inspected") and not stored:
         return ("compiled graphs under the mode: none inspected (the backend ran no Inductor pass); the compiled "
                 "path's coverage rests on the census taken before compiling")
     unreviewed = sum(g.get("unreviewed", {}).values())
-    return (f"compiled graphs under the mode: {g['graphs_inspected']} inspected, {g['routed']} ops batch-invariant, "
+    inspected = f"{g['graphs_inspected']} inspected" + (
+        f" and {stored} from the census store (graphs compiled under the census before: Inductor's cache serves "
+        "those this run needs)" if stored else "")
+    return (f"compiled graphs under the mode: {inspected}, {g['routed']} ops batch-invariant, "
             f"{g['row_independent']} row-independent, {len(g.get('uncovered', []))} uncovered"
             + (f", {unreviewed} unreviewed" if unreviewed else ""))
 

@@ -135,3 +135,48 @@ def test_collectives_in_a_compiled_graph_are_sorted_as_the_eager_census_sorts_th
     assert (census.row_independent == 1) == (found == "row_independent")
     assert bool(census.uncovered) == (found == "uncovered")
     assert not census.unreviewed
+
+
+def _census_of(fn, *args, store=None) -> GraphCensus:
+    torch._dynamo.reset()
+    census = GraphCensus(store=store)
+    with traced_scope(ALL), collecting(census):
+        torch.compile(fn, backend="inductor", fullgraph=True)(*args)
+    torch._dynamo.reset()
+    return census
+
+
+def test_a_graph_served_from_inductors_cache_keeps_its_census_through_the_store(tmp_path, monkeypatch):
+    """With a store, the census leaves Inductor's caches on: the second compile of the same graph is served
+    from the cache (the pass does not run: 0 inspected) and its findings, the cumsum included, come from
+    the store. The control: the same compile with a census that has no store turns the caches off, so the
+    graph is compiled and sorted again."""
+    from nondet.kernels.census_store import CensusStore
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    store = CensusStore(tmp_path / "census" / "k.jsonl", "k")
+    x, w = torch.randn(3, 16), torch.randn(8, 16)
+
+    def fn(x, w):
+        return F.linear(x, w).cumsum(-1)
+
+    first = _census_of(fn, x, w, store=store)
+    assert first.inspected >= 1 and first.stored == 0 and len(store.entries()) >= 1
+    second = _census_of(fn, x, w, store=CensusStore(store.path, "k"))
+    assert second.inspected == 0, "the cache should have served the graph"
+    assert second.stored == len(store.entries()) and "aten::cumsum" in {op for _, op in second.uncovered}
+    assert second.routed >= 1 and second.to_json()["graphs_from_store"] == second.stored
+    without_store = _census_of(fn, x, w)
+    assert without_store.inspected >= 1  # caches off: traced and sorted again
+
+
+def test_a_store_under_another_key_serves_nothing(tmp_path, monkeypatch):
+    """The store's key is part of the pass's uuid, so of Inductor's cache key: graphs compiled for another
+    key (another model, torch, transformers or nondet kernels) are compiled and sorted again."""
+    from nondet.kernels.census_store import CensusStore
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    x, w = torch.randn(3, 16), torch.randn(8, 16)
+    _census_of(_norm_then_linear, x, w, store=CensusStore(tmp_path / "a.jsonl", "a"))
+    other = _census_of(_norm_then_linear, x, w, store=CensusStore(tmp_path / "b.jsonl", "b"))
+    assert other.inspected >= 1 and other.stored == 0 and not other.uncovered

@@ -26,6 +26,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from nondet.kernels import op_kinds
 from nondet.kernels.census import COLLECTIVE_NAMESPACES, ROW_INDEPENDENT, collective_kind
@@ -54,40 +55,70 @@ class GraphCensus:
     row_independent: int = 0
     uncovered: collections.Counter = field(default_factory=collections.Counter)  # (module, op) -> calls
     unreviewed: collections.Counter = field(default_factory=collections.Counter)  # op -> calls
+    store: object = None  # census_store.CensusStore: each graph's findings kept beside Inductor's cache
+    stored: int = 0  # graphs whose findings came from the store (compiled under it before; see census_store.py)
+    store_read: bool = False  # the store's findings are added once, when the census first collects
+
+    def add(self, other: "GraphCensus") -> None:
+        self.inspected += other.inspected
+        self.routed += other.routed
+        self.row_independent += other.row_independent
+        self.uncovered.update(other.uncovered)
+        self.unreviewed.update(other.unreviewed)
+
+    def add_stored(self, entry: dict) -> None:
+        """A graph's findings from the store (an entry of to_json's form), counted apart from `inspected`."""
+        self.stored += 1
+        self.routed += entry["routed"]
+        self.row_independent += entry["row_independent"]
+        self.uncovered.update({(u["module"], u["op"]): u["calls"] for u in entry["uncovered"]})
+        self.unreviewed.update(entry["unreviewed"])
 
     def uncovered_lines(self) -> list[str]:
         """'module: namespace::op (compiled graph)', as kernel_coverage lists what was not covered."""
         return [f"{module}: {op} (compiled graph)" for module, op in sorted(self.uncovered)]
 
     def to_json(self) -> dict:
-        return {"graphs_inspected": self.inspected, "routed": self.routed, "row_independent": self.row_independent,
+        return {"graphs_inspected": self.inspected, "graphs_from_store": self.stored,
+                "routed": self.routed, "row_independent": self.row_independent,
                 "uncovered": [{"module": m, "op": op, "calls": n} for (m, op), n in sorted(self.uncovered.items())],
                 "unreviewed": dict(sorted(self.unreviewed.items()))}
 
 
-class _Pass:
+class _Pass(CustomGraphPass):
     """Inductor's post-grad custom pass (config.post_grad_custom_pre_pass): reads the graph, changes
-    nothing. uuid: None while a census collects, so Inductor's caches neither serve nor keep those
-    graphs (a graph served from a cache is never traced, and the census would see nothing); else this
-    file's text, so a changed census is a new cache entry."""
+    nothing. uuid (part of Inductor's cache key): this file's text, so a changed census is a new cache
+    entry; while a census collects, also its store's key (census_store.py), or None where a census has
+    no store, so Inductor's caches neither serve nor keep those graphs (a graph served from a cache is
+    never traced, and the census would see nothing). A CustomGraphPass: Inductor's caches take no other
+    kind of pass (before, every graph compiled under the mode bypassed them)."""
 
     def __init__(self, then=None):
         self.then = then  # no lock or other unpicklable state: Inductor copies its config
 
     def __call__(self, graph) -> None:
-        for census in _COLLECTING:
-            census.inspected += 1
+        if _COLLECTING:
+            found = GraphCensus(inspected=1)
             for node in graph.nodes:
                 if node.op == "call_function":
-                    _sort(census, node)
+                    _sort(found, node)
+            digest = None
+            for census in _COLLECTING:
+                census.add(found)
+                if census.store is not None:
+                    from nondet.kernels.census_store import graph_digest
+
+                    digest = digest or graph_digest(graph)
+                    census.store.append(digest, found.to_json())
         if self.then is not None:
             self.then(graph)
 
     def uuid(self):
-        if _COLLECTING:
+        stores = {c.store.key if c.store is not None else None for c in _COLLECTING}
+        if None in stores or len(stores) > 1:
             return None
         with open(__file__, "rb") as source:
-            mine = hashlib.sha256(source.read()).hexdigest()
+            mine = hashlib.sha256(source.read()).hexdigest() + "".join(sorted(stores))
         theirs = self.then.uuid() if self.then is not None and hasattr(self.then, "uuid") else None
         return mine if self.then is None else (mine, theirs)
 
@@ -100,7 +131,12 @@ def inductor_pass(existing=None) -> _Pass:
 
 @contextlib.contextmanager
 def collecting(census: GraphCensus):
-    """For the body, every graph Inductor compiles under the traced mode is sorted into `census`."""
+    """For the body, every graph Inductor compiles under the traced mode is sorted into `census`; with
+    census.store, the store's findings are added first (once per census) and each new graph is kept."""
+    if census.store is not None and not census.store_read:
+        census.store_read = True
+        for entry in census.store.entries():
+            census.add_stored(entry)
     _COLLECTING.append(census)
     try:
         yield census

@@ -97,6 +97,16 @@ def _inductors_own(value: str | None) -> bool:
     return os.path.abspath(value) == os.path.abspath(default_cache_dir())
 
 
+def census_store(model, extra: str = ""):
+    """The compiled graph census's store for this model (kernels/census_store.py), under NONDET_CACHE/census:
+    with it, the mode's graphs are kept in Inductor's caches like the default kernels' graphs."""
+    from nondet.kernels.census_store import CensusStore, store_key
+    from nondet.probes.core.cache_dir import cache_root
+
+    key = store_key(model.config.to_json_string(), str(model.dtype), model.device.type, extra)
+    return CensusStore(cache_root() / "census" / f"{key}.jsonl", key)
+
+
 def label(backend: str, device_type: str) -> str:
     """The compiled path in words, for the fingerprint and the report."""
     graphs = ", CUDA graphs" if device_type == "cuda" else ""

@@ -19,9 +19,11 @@ from nondet.probes.core.replay import DecodeSettings
 class ConditionDecoder:
     """Decodes conditions through `run(settings, warm)`; keeps the compiled path's bookkeeping."""
 
-    def __init__(self, settings: DecodeSettings, compile_backend: str | None, device_type: str) -> None:
+    def __init__(self, settings: DecodeSettings, compile_backend: str | None, device_type: str,
+                 census_store=None) -> None:
         self.settings = settings  # the eager settings; the compiled ones add compile_backend
         self.compile_backend = compile_backend
+        self.census_store = census_store  # kernels/census_store.py: the mode's graphs cached with their census
         self.paths = None  # compiled.DecodePaths with --compile
         self.graphs = None  # under the mode on the compiled path: what Inductor compiled (GraphCensus)
         if compile_backend:
@@ -61,7 +63,7 @@ class ConditionDecoder:
             return contextlib.nullcontext()
         from nondet.kernels.graph_census import GraphCensus, collecting
 
-        self.graphs = self.graphs or GraphCensus()
+        self.graphs = self.graphs or GraphCensus(store=self.census_store)
         return collecting(self.graphs)
 
     def summary(self) -> dict:

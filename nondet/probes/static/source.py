@@ -14,6 +14,7 @@ import time
 from nondet.probes.core import conditions as cond
 from nondet.probes.core.batch import build_batch, tokenize_inputs
 from nondet.probes.core.chat import model_texts
+from nondet.probes.core.compiled import census_store
 from nondet.probes.core.kernels_mode import COMPILED_CALLS, kernels_mode
 from nondet.probes.core.numerics import fingerprint
 from nondet.probes.core.pieces import token_piece
@@ -46,7 +47,8 @@ class StaticSource:
         c = self.config
         settings = DecodeSettings(c.max_new_tokens, c.temperature, c.seed, c.kv_cache,
                                   allow_uncovered=c.allow_uncovered, sampler=c.sampler)
-        self.decoder = ConditionDecoder(settings, c.compile_backend, self.loaded.model.device.type)
+        store = census_store(self.loaded.model) if c.compile_backend else None
+        self.decoder = ConditionDecoder(settings, c.compile_backend, self.loaded.model.device.type, store)
         env["decode_path"] = self.decoder.label(c.kv_cache)
         return Opened(env)
 

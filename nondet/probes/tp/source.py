@@ -190,7 +190,8 @@ def _add_census(total: dict | None, more: dict) -> dict:
     unreviewed = dict(total["unreviewed"])
     for op, n in more["unreviewed"].items():
         unreviewed[op] = unreviewed.get(op, 0) + n
-    return {**{k: total[k] + more[k] for k in ("graphs_inspected", "routed", "row_independent")},
+    return {**{k: total.get(k, 0) + more.get(k, 0) for k in ("graphs_inspected", "graphs_from_store", "routed",
+                                                            "row_independent")},
             "uncovered": [{"module": m, "op": op, "calls": n} for (m, op), n in sorted(uncovered.items())],
             "unreviewed": dict(sorted(unreviewed.items()))}
 

@@ -37,6 +37,7 @@ def _run(rank: int, job: Job, pipe) -> None:
 
     from nondet.probes.core.numerics import fingerprint, numerics_scope
     from nondet.kernels import collective
+    from nondet.probes.core.compiled import census_store
     from nondet.probes.static.decoder import ConditionDecoder
     from nondet.probes.static.source import replay_condition
     from nondet.probes.tp.load import load_tp_model
@@ -45,7 +46,8 @@ def _run(rank: int, job: Job, pipe) -> None:
     _join(rank, job, device)
     with numerics_scope(job.threads):
         loaded = load_tp_model(job.spec, job.degree, device)
-        decoder = ConditionDecoder(job.settings, job.compile_backend, torch.device(device).type)
+        store = census_store(loaded.model, f"tp{job.degree}") if job.compile_backend else None
+        decoder = ConditionDecoder(job.settings, job.compile_backend, torch.device(device).type, store)
         census = _census(job, loaded.model)  # every rank: the census's forward has collectives to pair up
         if rank == 0:
             kernels = ",".join(dict.fromkeys(c.kernels for c in job.conditions))
