@@ -180,3 +180,18 @@ def test_a_store_under_another_key_serves_nothing(tmp_path, monkeypatch):
     _census_of(_norm_then_linear, x, w, store=CensusStore(tmp_path / "a.jsonl", "a"))
     other = _census_of(_norm_then_linear, x, w, store=CensusStore(tmp_path / "b.jsonl", "b"))
     assert other.inspected >= 1 and other.stored == 0 and not other.uncovered
+
+
+def test_the_store_keeps_one_entry_per_graph_and_skips_a_cut_line(tmp_path):
+    from nondet.kernels.census_store import CensusStore
+
+    store = CensusStore(tmp_path / "s.jsonl", "k")
+    found = GraphCensus(inspected=1, routed=2).to_json()
+    store.append("g1", found)
+    store.append("g1", found)  # the same graph again: written once
+    other = CensusStore(store.path, "k")  # another rank's process, which has not read the file
+    other._seen = set()
+    other.append("g1", found)
+    with open(store.path, "a") as f:
+        f.write('{"format": 1, "graph": "g2", "rou')  # a line cut by a crash
+    assert [e["graph"] for e in CensusStore(store.path, "k").entries()] == ["g1"]

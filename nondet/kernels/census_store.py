@@ -30,17 +30,18 @@ class CensusStore:
         self._seen: set[str] | None = None
 
     def entries(self) -> list[dict]:
+        """The stored graphs' findings, one per graph (tensor-parallel ranks may each have written one)."""
         if not self.path.exists():
             return []
-        out = []
+        out: dict[str, dict] = {}
         for line in self.path.read_text().splitlines():
             try:
                 entry = json.loads(line)
             except json.JSONDecodeError:  # a line cut by a crash: that graph compiles (and is sorted) again
                 continue
             if entry.get("format") == FORMAT:
-                out.append(entry)
-        return out
+                out.setdefault(entry["graph"], entry)
+        return list(out.values())
 
     def append(self, digest: str, found: dict) -> None:
         """One graph's findings, once per distinct graph (written and flushed before the pass returns)."""
