@@ -137,7 +137,8 @@ def probe(
                                   "(an eighth, a quarter and half of the prompt).")] = None,
     compile: Annotated[bool, typer.Option(
         "--compile", help="Decode on the compiled path a deployment uses: transformers' torch.compile'd generate "
-                          "with a static KV cache (CUDA graphs on CUDA), default kernels and the mode alike. "
+                          "with a static KV cache (CUDA graphs on CUDA), default kernels and the mode alike (with "
+                          "--tp, on every rank). "
                           "Compile and warm-up time are reported apart; a kernels mode that cannot compile runs "
                           "eager, and the summary says so.")] = False,
 ) -> None:
