@@ -195,3 +195,18 @@ def test_the_store_keeps_one_entry_per_graph_and_skips_a_cut_line(tmp_path):
     with open(store.path, "a") as f:
         f.write('{"format": 1, "graph": "g2", "rou')  # a line cut by a crash
     assert [e["graph"] for e in CensusStore(store.path, "k").entries()] == ["g1"]
+
+
+def test_a_removed_store_file_makes_cached_graphs_compile_again(tmp_path, monkeypatch):
+    """Graphs cached while a store existed are not served once its file is gone (their findings went with
+    it): the new file's generation is part of the uuid, so they are compiled and sorted again."""
+    from nondet.kernels.census_store import CensusStore
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    x, w = torch.randn(3, 16), torch.randn(8, 16)
+    path = tmp_path / "census" / "k.jsonl"
+    _census_of(_norm_then_linear, x, w, store=CensusStore(path, "k"))
+    assert _census_of(_norm_then_linear, x, w, store=CensusStore(path, "k")).inspected == 0  # served
+    path.unlink()
+    again = _census_of(_norm_then_linear, x, w, store=CensusStore(path, "k"))
+    assert again.inspected >= 1 and again.stored == 0

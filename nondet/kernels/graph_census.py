@@ -114,7 +114,7 @@ class _Pass(CustomGraphPass):
             self.then(graph)
 
     def uuid(self):
-        stores = {c.store.key if c.store is not None else None for c in _COLLECTING}
+        stores = {c.store.identity() if c.store is not None else None for c in _COLLECTING}
         if None in stores or len(stores) > 1:
             return None
         with open(__file__, "rb") as source:
