@@ -59,8 +59,16 @@ class GraphCensus:
     stored: int = 0  # graphs whose findings came from the store (compiled under it before; see census_store.py)
     store_read: bool = False  # the store's findings are added once, when the census first collects
 
+    @classmethod
+    def from_json(cls, doc: dict) -> "GraphCensus":
+        """The census to_json wrote (the findings; not the store)."""
+        return cls(doc["graphs_inspected"], doc["routed"], doc["row_independent"],
+                   collections.Counter({(u["module"], u["op"]): u["calls"] for u in doc["uncovered"]}),
+                   collections.Counter(doc["unreviewed"]), stored=doc.get("graphs_from_store", 0))
+
     def add(self, other: "GraphCensus") -> None:
         self.inspected += other.inspected
+        self.stored += other.stored
         self.routed += other.routed
         self.row_independent += other.row_independent
         self.uncovered.update(other.uncovered)
@@ -68,11 +76,9 @@ class GraphCensus:
 
     def add_stored(self, entry: dict) -> None:
         """A graph's findings from the store (an entry of to_json's form), counted apart from `inspected`."""
-        self.stored += 1
-        self.routed += entry["routed"]
-        self.row_independent += entry["row_independent"]
-        self.uncovered.update({(u["module"], u["op"]): u["calls"] for u in entry["uncovered"]})
-        self.unreviewed.update(entry["unreviewed"])
+        found = GraphCensus.from_json(entry)
+        found.inspected, found.stored = 0, 1
+        self.add(found)
 
     def uncovered_lines(self) -> list[str]:
         """'module: namespace::op (compiled graph)', as kernel_coverage lists what was not covered."""

@@ -182,18 +182,13 @@ def merged_decode(by_degree: dict[int, dict]) -> dict:
 
 def _add_census(total: dict | None, more: dict) -> dict:
     """Two groups' graph census (GraphCensus.to_json) as one: counts added, findings joined."""
+    from nondet.kernels.graph_census import GraphCensus
+
     if total is None:
         return more
-    uncovered = {(u["module"], u["op"]): u["calls"] for u in total["uncovered"]}
-    for u in more["uncovered"]:
-        uncovered[(u["module"], u["op"])] = uncovered.get((u["module"], u["op"]), 0) + u["calls"]
-    unreviewed = dict(total["unreviewed"])
-    for op, n in more["unreviewed"].items():
-        unreviewed[op] = unreviewed.get(op, 0) + n
-    return {**{k: total.get(k, 0) + more.get(k, 0) for k in ("graphs_inspected", "graphs_from_store", "routed",
-                                                            "row_independent")},
-            "uncovered": [{"module": m, "op": op, "calls": n} for (m, op), n in sorted(uncovered.items())],
-            "unreviewed": dict(sorted(unreviewed.items()))}
+    census = GraphCensus.from_json(total)
+    census.add(GraphCensus.from_json(more))
+    return census.to_json()
 
 
 def _group_info(info: dict) -> dict:
