@@ -14,6 +14,7 @@ import os
 import pytest
 
 import cli_runner
+from controls import FIX_KERNELS, WITHOUT_MODE
 from nondet.probes.tp.source import merged_decode
 
 
@@ -21,7 +22,8 @@ from nondet.probes.tp.source import merged_decode
 def compiled_tp_run(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("tpc") / "run"
     r = cli_runner.run(("probe", "--tp", "1,2", "--compile", "--model", str(tiny_model_dir), "--prompt",
-                        "Tell me about Richard Feynman", "--batch-sizes", "1,2", "--max-new-tokens", "4", "--confirm",
+                        "Tell me about Richard Feynman", "--batch-sizes", "1,2", "--max-new-tokens", "4",
+                        *(("--kernels", "default") if WITHOUT_MODE else ("--confirm",)),
                         "--inject-variance", "--out", str(out), "--json"), env=dict(os.environ), timeout=600)
     assert r.returncode == 0, r.stderr
     return out, json.loads(r.stdout)
@@ -49,9 +51,9 @@ def test_positive_control_fires_compiled_at_both_degrees(compiled_tp_run):
 @pytest.mark.slow
 def test_the_compiled_mode_at_tp2_is_one_completion_and_its_graphs_are_covered(compiled_tp_run):
     out, summary = compiled_tp_run
-    tp2 = next(r for r in summary["tensor_parallel"]["modes"]["batch-invariant"]["by_degree"] if r["tp"] == 2)
+    tp2 = next(r for r in summary["tensor_parallel"]["modes"][FIX_KERNELS]["by_degree"] if r["tp"] == 2)
     assert tp2["distinct_completions"] == 1 and tp2["first_numeric_divergence"] is None
-    census = summary["compiled_graph_census"]
+    census = summary.get("compiled_graph_census") or {}
     assert census["graphs_inspected"] >= 2 and census["routed"] > 0 and census["uncovered"] == []
     assert not any(op.startswith("_c10d") for op in census["unreviewed"]), census
     groups = json.loads((out / "fingerprint.json").read_text())["tensor_parallel"]["groups"]
