@@ -25,6 +25,9 @@
 #   prefill      the same model's 512-token prefill: eager, compiled, and compiled under CUDA graphs
 #   probe        scripts/bench_probe.py --gpu (the probe's GPU case and its roofline)
 #   probe-compile scripts/bench_probe.py --gpu --compile (the same case on the compiled path)
+#   probe-cli    the acceptance row: `nondet probe --compile --confirm` on the GPU case (one prompt), timed
+#                whole from a cold NONDET_CACHE, again warm, eager, and the 8 built-in prompts warm
+#                (PROBE_CLI_RUNS picks); each with torch's compile-time breakdown (scripts/device/gpu_probe_cli.py)
 #   rl           scripts/bench_rl.py (the trainer step under the mode)
 #   rl-compile   scripts/bench_rl.py --compile (the same step with a torch.compile'd forward)
 #   speculative  scripts/bench_speculative.py (speedup kept under the mode)
@@ -89,6 +92,25 @@ from gpu_prefill_axis import dense_model; print(dense_model())" 2>/dev/null | ta
     score) timeout 420 python3 -m nondet kernels bench --score --out "$OUT/score.md" 2>&1 | tail -60 ;;
     probe) timeout 300 python3 scripts/bench_probe.py --gpu 2>&1 | tail -12 ;;
     probe-compile) timeout 470 python3 scripts/bench_probe.py --gpu --compile 2>&1 | quiet | tail -12 ;;
+    probe-cli) local model; model=$(python3 -c "import sys; sys.path.insert(0, 'scripts')
+from bench_probe import GPU_CASE; from nondet.probes.models.default_model import default_model_dir as d
+print(d(GPU_CASE))" 2>/dev/null | tail -1)
+               local cache; cache=$(mktemp -d)  # cold: nothing compiled yet for this model
+               local base=(probe --model "$model" --device cuda --confirm -b 1,2,4,8,16,32,64,128 -n 200)
+               for run in ${PROBE_CLI_RUNS:-cold warm eager prompts8-warm}; do
+                 local args=("${base[@]}" -p "Tell me about Richard Feynman" --compile)
+                 [ "$run" = eager ] && args=("${base[@]}" -p "Tell me about Richard Feynman")
+                 [ "$run" = prompts8-warm ] && args=("${base[@]}" --compile)  # the 8 built-in prompts
+                 rm -rf "/tmp/run-cli-$run"; local t0; t0=$(date +%s.%N)
+                 NONDET_CACHE=$cache TORCH_LOGS=recompiles timeout 280 python3 scripts/device/gpu_probe_cli.py \
+                   "${args[@]}" --out "/tmp/run-cli-$run" > "$OUT/probe-cli-$run.log" 2>&1
+                 echo "$run: exit $? wall $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')") s," \
+                   "recompiles logged $(grep -c 'Recompiling function' "$OUT/probe-cli-$run.log")"
+                 grep -A12 "^== wall" "$OUT/probe-cli-$run.log"
+                 python3 -c "import json; s = json.load(open('/tmp/run-cli-$run/summary.json'))
+print(json.dumps(s.get('decode_path'))); print({m: (v['distinct_completions'], v['first_numeric_divergence'])
+for m, v in s['modes'].items()})" 2>&1 | tail -3
+               done ;;
     rl) timeout 120 python3 scripts/bench_rl.py 2>&1 | tail -12 ;;
     rl-compile) timeout 420 python3 scripts/bench_rl.py --compile 2>&1 | tail -12 ;;
     compile-tests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compile_gpu.py -rA 2>&1 | tail -15 ;;
@@ -119,7 +141,7 @@ from gpu_prefill_axis import dense_model; print(dense_model())" 2>/dev/null | ta
                    # the other kind's fingerprint, where recorded: compare then names the device (and any version) that differs
                    [ -s .cross/cross_fingerprint.json ] && cp .cross/cross_fingerprint.json /tmp/run-other/fingerprint.json
                    python3 -m nondet compare /tmp/run-other /tmp/run-cross 2>&1 | tail -20 ;;
-    tp-speed) NCCL_NVLS_ENABLE=0 timeout 560 python3 scripts/device/gpu_tp_speed.py --out "$OUT" ${TP_SPEED_ARGS:-} \
+    tp-speed) NCCL_NVLS_ENABLE=0 timeout ${TP_SPEED_TIMEOUT:-560} python3 scripts/device/gpu_tp_speed.py --out "$OUT" ${TP_SPEED_ARGS:-} \
                 2>&1 | grep -v -i "warn" | tail -30 ;;
     *) echo "unknown step $1 (see the header of scripts/gpu.sh)"; return 2 ;;
   esac

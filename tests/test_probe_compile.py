@@ -51,6 +51,19 @@ def test_the_compiled_mode_gives_the_eager_modes_bits(tmp_path, default_model_di
     assert "compiled_graph_census" not in eager.summary
 
 
+def test_a_batch_shape_is_warmed_up_once_however_many_conditions_share_it(tmp_path, default_model_dir):
+    """--trials 2 runs batch sizes 2 and 3 twice (batch 1 has no fillers to rotate): the second condition
+    of a shape reuses its compiled graph, one warm-up per shape. Control: without trials, three shapes,
+    three warm-ups."""
+    config = ProbeConfig(prompt=PROMPT, batch_sizes=(1, 2, 3), max_new_tokens=6, kernels=("default",), trials=2,
+                         compile_backend="aot_eager", out=str(tmp_path / "trials"))
+    result = run_probe(config)
+    path = result.summary["decode_path"]["modes"]["default"]
+    assert path["conditions"] == 5 and path["warm_ups"] == 3
+    once, _ = probe(tmp_path, "once", kernels=("default",))
+    assert once.summary["decode_path"]["modes"]["default"]["warm_ups"] == 3
+
+
 @pytest.mark.slow
 def test_the_compiled_path_still_finds_injected_variance_and_the_mode_removes_it(tmp_path, default_model_dir):
     result, _ = probe(tmp_path, "inject", kernels=("default", "batch-invariant"), inject=True)

@@ -49,7 +49,8 @@ def decode_path_lines(d: dict) -> list[str]:
     lines = []
     for mode, m in d["modes"].items():
         if m["path"] == "compiled":
-            lines.append(f"{mode}: {d['compiled']}; compile + warm-up {m['warmup_s']:.1f} s, "
+            shapes = f" ({m['warm_ups']} batch shapes)" if m.get("warm_ups") else ""  # older run dirs lack it
+            lines.append(f"{mode}: {d['compiled']}; compile + warm-up {m['warmup_s']:.1f} s{shapes}, "
                          f"decode {m['measured_s']:.1f} s over {m['conditions']} calls" + breaks_note(m))
         else:
             lines.append(f"{mode}: eager, static KV cache (could not compile: {m['reason']}); "

@@ -97,24 +97,26 @@ def decode(model, batch: int, tokens: int, compiled: bool) -> tuple[float, float
     return first, statistics.median(gaps), digest
 
 
-def profile(model, world: int, out: str, write: bool) -> None:
-    """Where an eager default B = 1 step's time goes on rank 0 (write): top ops by self CPU and GPU time.
-    Every rank runs the same calls (the collectives must match)."""
+def profile(model, world: int, out: str, write: bool, compiled: bool = False) -> None:
+    """Where a default B = 1 step's time goes on rank 0 (write): top ops by self CPU and GPU time, of a
+    short generate call (eager; or compiled, after the timed rows compiled and captured its graphs, so
+    the profile sees replays: the collectives' GPU time inside the step). Every rank runs the same
+    calls (the collectives must match)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
     with torch.inference_mode():
-        decode(model, 1, 4, False)  # warm
+        decode(model, 1, 6, compiled)  # warm
         with torch_profile(activities=activities) as prof:
-            decode(model, 1, 4, False)
+            decode(model, 1, 6, compiled)
     if not write:
         return
     averages = prof.key_averages()
     text = averages.table(sort_by="self_cpu_time_total", row_limit=20)
     if CUDA:
-        text += "\n" + averages.table(sort_by="self_cuda_time_total", row_limit=15)
-    Path(out, f"tp{world}_profile.txt").write_text(text)
+        text += "\n" + averages.table(sort_by="self_cuda_time_total", row_limit=25)
+    Path(out, f"tp{world}_profile{'_compiled' if compiled else ''}.txt").write_text(text)
 
 
 def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
@@ -134,7 +136,7 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
         model = model.to("cuda" if CUDA else "cpu")
     load_s = time.perf_counter() - started
     rows = []
-    if args.profile:
+    if args.profile and "eager" in args.paths:
         profile(model, world, args.out, rank == 0)
     kernels = [k for k in args.kernels if world > 1 or k != "tp-invariant"]
     for compiled in [path == "compiled" for path in args.paths]:
@@ -153,6 +155,8 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                 if rank == 0:
                     print(json.dumps(row), flush=True)
                     Path(out_file).write_text(json.dumps({"load_s": round(load_s, 1), "rows": rows}))
+                if args.profile and compiled and kernel == "default" and batch == 1 and "error" not in row:
+                    profile(model, world, args.out, rank == 0, compiled=True)
             torch._dynamo.reset()
     dist.barrier()
     dist.destroy_process_group()
@@ -193,7 +197,7 @@ def main() -> None:
     p.add_argument("--model", default="")
     p.add_argument("--paths", type=lambda s: s.split(","), default=["eager", "compiled"])
     p.add_argument("--kernels", type=lambda s: s.split(","), default=["default", "batch-invariant", "tp-invariant"])
-    p.add_argument("--profile", action="store_true", help="also profile an eager default B = 1 step per world")
+    p.add_argument("--profile", action="store_true", help="also profile a default B = 1 step per world and path")
     p.add_argument("--tag", default="", help="a suffix of the output files (two runs in one $OUT)")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/nondet-tp-speed"))
     args = p.parse_args()

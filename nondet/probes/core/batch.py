@@ -73,6 +73,14 @@ def _prompt_rows(condition: Condition, fillers: list[list[int]], pad_id: int,
     return _left_pad(rows, pad_id, condition.positions)
 
 
+def batch_shape(condition: Condition, target: list[int], fillers: list[list[int]],
+                prompts: list[list[int]] | None = None) -> tuple:
+    """What a compiled decode's graphs depend on: (rows, padded prompt length, prefill cuts). Two
+    conditions of one shape reuse one compiled graph and CUDA graph (core/compiled.py)."""
+    batch = build_batch(condition, target, fillers, 0, prompts)
+    return len(batch.input_ids), len(batch.input_ids[0]), batch.splits
+
+
 def fit_length(tokens: list[int], length: int) -> list[int]:
     """Repeat or cut a filler so it has exactly `length` tokens."""
     if not tokens:

@@ -122,6 +122,7 @@ class ModePath:
     warmup_s: float = 0.0  # compile + CUDA-graph capture + warm-up calls
     measured_s: float = 0.0  # the conditions' own generate calls
     conditions: int = 0
+    warm_ups: int = 0  # one per batch shape: conditions of a shape already warmed up reuse its graphs
     # dynamo's graph breaks while warming up: each leaves a piece of the step eager (and out of the CUDA
     # graph), e.g. transformers 5.17's tensor-parallel modules; 0 = one graph per shape
     graph_breaks: int = 0
@@ -144,6 +145,7 @@ class DecodePaths:
         mode's first condition switches the mode to eager; a later one is an error."""
         entry = self.modes.setdefault(mode, ModePath())
         started, breaks = time.perf_counter(), _graph_breaks()
+        entry.warm_ups += 1
         try:
             warm()
         except NondetError:
@@ -167,7 +169,7 @@ class DecodePaths:
         return {"compiled": label(self.backend, self.device_type),
                 "modes": {m: {"path": e.path, "reason": e.reason, "warmup_s": round(e.warmup_s, 3),
                               "measured_s": round(e.measured_s, 3), "conditions": e.conditions,
-                              "graph_breaks": e.graph_breaks}
+                              "warm_ups": e.warm_ups, "graph_breaks": e.graph_breaks}
                           for m, e in self.modes.items()}}
 
 

@@ -25,6 +25,7 @@ class ConditionDecoder:
         self.compile_backend = compile_backend
         self.census_store = census_store  # kernels/census_store.py: the mode's graphs cached with their census
         self.paths = None  # compiled.DecodePaths with --compile
+        self.warmed: set = set()  # (kernels mode, batch shape) already compiled and captured
         self.graphs = None  # under the mode on the compiled path: what Inductor compiled (GraphCensus)
         if compile_backend:
             from nondet.probes.core.compiled import DecodePaths
@@ -39,16 +40,19 @@ class ConditionDecoder:
 
         return label(self.paths.backend, self.paths.device_type)
 
-    def decode(self, mode: str, run) -> dict[int, list[dict]]:
-        """One condition's streams through `run(settings, warm)`: eager, or compiled (a warm-up call first)."""
+    def decode(self, mode: str, run, shape: tuple | None = None) -> dict[int, list[dict]]:
+        """One condition's streams through `run(settings, warm)`: eager, or compiled (a warm-up call first,
+        unless a condition of the same mode and batch shape (core/batch.batch_shape) was warmed up already:
+        its graph is compiled and captured, so a second warm-up would only decode)."""
         if self.paths is None:
             return run(self.settings)
         from nondet.probes.core.compiled import compile_scope
 
         compiled = replace(self.settings, compile_backend=self.compile_backend)
         with compile_scope(), self._sorting_graphs(mode):
-            if self.paths.compiles(mode):
+            if self.paths.compiles(mode) and (shape is None or (mode, shape) not in self.warmed):
                 self.paths.warm_up(mode, lambda: run(compiled, warm=True))
+                self.warmed.add((mode, shape))
             chosen = compiled if self.paths.compiles(mode) else replace(self.settings, kv_cache="static")
             started = time.perf_counter()
             rows = run(chosen)

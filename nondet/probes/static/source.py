@@ -12,7 +12,7 @@ StreamRecord whose prompt_id is that row's prompt: it is compared with that prom
 import time
 
 from nondet.probes.core import conditions as cond
-from nondet.probes.core.batch import build_batch, tokenize_inputs
+from nondet.probes.core.batch import batch_shape, build_batch, tokenize_inputs
 from nondet.probes.core.chat import model_texts
 from nondet.probes.core.compiled import census_store
 from nondet.probes.core.kernels_mode import COMPILED_CALLS, kernels_mode
@@ -115,7 +115,8 @@ class StaticSource:
             return replay_condition(self.loaded.model, self.loaded.tokenizer, condition, target, fillers,
                                     settings, prompts, warm)
 
-        for row, steps in self.decoder.decode(condition.kernels, run).items():
+        shape = batch_shape(condition, target, fillers, prompts)
+        for row, steps in self.decoder.decode(condition.kernels, run, shape).items():
             prompt_id = condition.row_prompts[row] if condition.row_prompts else condition.prompt_id
             emit(self._stream(condition, row, steps, prompt_id, len(prompts[prompt_id])))
         return condition_record(condition)

@@ -168,10 +168,11 @@ def merged_decode(by_degree: dict[int, dict]) -> dict:
             merged = doc.setdefault("decode_path", {"compiled": path["compiled"], "modes": {}})
             for mode, entry in path["modes"].items():
                 into = merged["modes"].setdefault(mode, {"path": "compiled", "reason": None, "warmup_s": 0.0,
-                                                         "measured_s": 0.0, "conditions": 0, "graph_breaks": 0})
+                                                         "measured_s": 0.0, "conditions": 0, "warm_ups": 0,
+                                                         "graph_breaks": 0})
                 if entry["path"] != "compiled" and into["path"] == "compiled":
                     into.update(path=entry["path"], reason=f"TP{degree}: {entry['reason']}")
-                for key in ("warmup_s", "measured_s", "conditions", "graph_breaks"):
+                for key in ("warmup_s", "measured_s", "conditions", "warm_ups", "graph_breaks"):
                     into[key] = round(into[key] + entry.get(key, 0), 3)
         if "compiled_graph_census" in summary:
             doc["compiled_graph_census"] = _add_census(doc.get("compiled_graph_census"), summary["compiled_graph_census"])

@@ -36,6 +36,7 @@ def _run(rank: int, job: Job, pipe) -> None:
     import torch
 
     from nondet.probes.core.numerics import fingerprint, numerics_scope
+    from nondet.probes.core.batch import batch_shape
     from nondet.kernels import collective
     from nondet.probes.core.compiled import census_store
     from nondet.probes.static.decoder import ConditionDecoder
@@ -72,7 +73,8 @@ def _run(rank: int, job: Job, pipe) -> None:
                                         [list(f) for f in fillers], settings, prompts, warm)
 
             with tree_scope(job, condition.kernels, loaded.model):
-                rows = decoder.decode(condition.kernels, run)
+                rows = decoder.decode(condition.kernels, run, batch_shape(condition, list(target),
+                                                                          [list(f) for f in fillers], prompts))
             if rank == 0:
                 pipe.send(("condition", condition.condition_id, rows))
     # rank 0's compiled-path bookkeeping (its graph census: every rank compiles the same graphs)
