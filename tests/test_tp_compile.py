@@ -62,7 +62,7 @@ def test_the_compiled_mode_at_tp2_is_one_completion_and_its_graphs_are_covered(c
 
 def _path(path="compiled", reason=None, warm=1.0, measured=0.5, n=2, breaks=1):
     return {"path": path, "reason": reason, "warmup_s": warm, "measured_s": measured, "conditions": n,
-            "graph_breaks": breaks}
+            "warm_ups": n, "graph_breaks": breaks}
 
 
 def test_merged_decode_adds_the_degrees_and_keeps_a_fallback_with_its_degree():
@@ -76,8 +76,29 @@ def test_merged_decode_adds_the_degrees_and_keeps_a_fallback_with_its_degree():
     doc = merged_decode(by_degree)
     entry = doc["decode_path"]["modes"]["default"]
     assert entry == {"path": "eager", "reason": "TP2: Unsupported: x", "warmup_s": 2.0, "measured_s": 1.0,
-                     "conditions": 4, "graph_breaks": 2}
+                     "conditions": 4, "warm_ups": 4, "graph_breaks": 2}
     assert doc["compiled_graph_census"]["graphs_inspected"] == 2 and doc["compiled_graph_census"]["routed"] == 6
     assert doc["compiled_graph_census"]["uncovered"] == [{"module": "m", "op": "aten::cumsum", "calls": 2}]
     assert doc["compiled_graph_census"]["unreviewed"] == {"aten::x": 2}
     assert merged_decode({}) == {}
+
+
+def test_a_tp_models_compiled_step_skips_only_the_guards_on_its_fixed_layout():
+    """DTensor specs and the TP wrappers' closure cells are dropped; what tells the kernels modes apart
+    (hooks, globals such as F.linear, the torch function mode stack) and the inputs stay guarded."""
+    from types import SimpleNamespace as Entry
+
+    from nondet.probes.core.compiled import generation_fields, tp_layout_guards_off
+
+    entries = [Entry(guard_type="DTENSOR_SPEC_MATCH", name="L['args'][0]._modules['lm_head']._parameters['weight']._spec"),
+               Entry(guard_type="NOT_PRESENT_IN_GENERIC_DICT",
+                     name="L['args'][0]._modules['lm_head'].forward.__closure__[3].cell_contents"),
+               Entry(guard_type="EMPTY_NN_MODULE_HOOKS_DICT", name="L['args'][0]._modules['model']._forward_hooks"),
+               Entry(guard_type="ID_MATCH", name="G['__import_torch_dot_nn_dot_functional'].linear"),
+               Entry(guard_type="TORCH_FUNCTION_MODE_STACK", name=""),
+               Entry(guard_type="TENSOR_MATCH", name="L['kwargs']['input_ids']")]
+    assert tp_layout_guards_off(entries) == [False, False, True, True, True, True]
+    tp = generation_fields("inductor", "cuda", tensor_parallel=True)["compile_config"]
+    assert tp.mode is None and tp.options == {"guard_filter_fn": tp_layout_guards_off, "triton.cudagraphs": True}
+    one = generation_fields("inductor", "cuda")["compile_config"]
+    assert one.mode == "reduce-overhead" and one.options is None  # one GPU: transformers' default, every guard

@@ -16,7 +16,9 @@ every step, so the gaps are decode steps' wall time; the median of TOKENS - 2 ga
               CUDA graphs), the path of `nondet probe --compile`; the mode with traceable=True
 
 Each row also has the bits of the last step's logits at row 0 (a hash) so eager vs compiled and
-TP degrees can be compared. Writes $OUT/tp_speed.json and prints a Markdown table; a row that raised
+TP degrees can be compared, and, compiled, the graphs dynamo compiled, its graph breaks and Inductor's
+CUDA-graph skips (with their reasons) during the row; the compiled rows run in the probe's compile
+scope (its recompile limit). NONDET_TP_ALL_GUARDS=1 keeps every dynamo guard of the TP step. Writes $OUT/tp_speed.json and prints a Markdown table; a row that raised
 holds the error's first line.
 """
 
@@ -41,6 +43,9 @@ from gpu_compile import _StepClock as StepClock  # noqa: E402
 
 PROMPT = 32
 CUDA = os.environ.get("DEVICE", "cuda") == "cuda"
+# NONDET_TP_ALL_GUARDS=1: the compiled TP step keeps every dynamo guard (the probe's path before
+# compiled.tp_layout_guards_off), for before / after figures
+NO_GUARD_FILTER = os.environ.get("NONDET_TP_ALL_GUARDS") == "1"
 
 
 def build(path: Path, layers: int, hidden: int) -> None:
@@ -76,11 +81,12 @@ def kernels_scope(kernels: str, model, compiled: bool, max_world: int, world: in
 
 def decode(model, batch: int, tokens: int, compiled: bool) -> tuple[float, float, str]:
     """(first call s, ms per decode step, hash of row 0's last logits) of a generate call of `tokens`."""
-    from nondet.probes.core.compiled import generation_fields
+    from nondet.probes.core.compiled import generation_fields, is_tensor_parallel
 
     device = model.device
     ids = torch.randint(5, 2000, (batch, PROMPT), generator=torch.Generator().manual_seed(batch)).to(device)
-    fields = generation_fields("inductor", device.type) if compiled else {"disable_compile": True}
+    tp = is_tensor_parallel(model) and not NO_GUARD_FILTER
+    fields = generation_fields("inductor", device.type, tp) if compiled else {"disable_compile": True}
 
     def call(streamer=None):
         return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
@@ -119,6 +125,33 @@ def profile(model, world: int, out: str, write: bool, compiled: bool = False) ->
     Path(out, f"tp{world}_profile{'_compiled' if compiled else ''}.txt").write_text(text)
 
 
+CUDAGRAPH_SKIPS: list[str] = []  # Inductor's reasons for running a compiled graph without CUDA graphs
+
+
+def record_cudagraph_skips() -> None:
+    """Keep Inductor's "skipping cudagraphs due to ..." messages (logged only under TORCH_LOGS otherwise):
+    a graph without CUDA graphs launches every kernel from the host, which a step's time shows."""
+    from torch._inductor import cudagraph_utils, output_code
+
+    original = cudagraph_utils.log_cudagraph_skip_and_bump_counter
+
+    def log(msg: str) -> None:
+        CUDAGRAPH_SKIPS.append(msg[:200])
+        original(msg)
+
+    for module in (cudagraph_utils, output_code):
+        if hasattr(module, "log_cudagraph_skip_and_bump_counter"):
+            module.log_cudagraph_skip_and_bump_counter = log
+
+
+def dynamo_counts() -> dict:
+    """Graphs dynamo compiled, graph breaks it met and CUDA-graph skips so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values()),
+            "cudagraph_skips": len(CUDAGRAPH_SKIPS)}
+
+
 def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -127,6 +160,7 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
     dist.init_process_group("nccl" if CUDA else "gloo", rank=rank, world_size=world)
     from transformers import AutoModelForCausalLM
 
+    from nondet.probes.core.compiled import compile_scope
     from nondet.probes.tp.load import _tp_kwargs
 
     started = time.perf_counter()
@@ -136,6 +170,7 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
         model = model.to("cuda" if CUDA else "cpu")
     load_s = time.perf_counter() - started
     rows = []
+    record_cudagraph_skips()
     if args.profile and "eager" in args.paths:
         profile(model, world, args.out, rank == 0)
     kernels = [k for k in args.kernels if world > 1 or k != "tp-invariant"]
@@ -143,10 +178,15 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
         for kernel in kernels:
             for batch in args.batches:
                 row = {"world": world, "kernels": kernel, "path": "compiled" if compiled else "eager", "batch": batch}
+                before = dynamo_counts()
                 try:
-                    with kernels_scope(kernel, model, compiled, max(args.worlds), world), torch.inference_mode():
+                    with kernels_scope(kernel, model, compiled, max(args.worlds), world), torch.inference_mode(), \
+                            compile_scope():  # the probe's recompile limit and Inductor cache folder
                         first, ms, digest = decode(model, batch, args.tokens, compiled)
                     row.update(first_call_s=round(first, 2), ms=round(ms, 3), logits=digest)
+                    if compiled:  # a break leaves pieces eager and outside CUDA graphs: the step's time says why
+                        row.update({k: v - before[k] for k, v in dynamo_counts().items()})
+                        row["skip_reasons"] = sorted(set(CUDAGRAPH_SKIPS[before["cudagraph_skips"]:]))[:3]
                 except Exception as exc:  # noqa: BLE001 (a benchmark row: record and go on)
                     row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}" if str(exc) else type(exc).__name__
                     if rank == 0:

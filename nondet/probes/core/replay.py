@@ -96,7 +96,7 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
 
     device = model.device
     fields, arguments = assist.kwargs() if assist and (assist.prompt_lookup or assist.assistant) else ({}, {})
-    cache_fields = _cache_fields(settings, device.type, len(batch.input_ids[0]), assist.drafted if assist else 0)
+    cache_fields = _cache_fields(settings, model, len(batch.input_ids[0]), assist.drafted if assist else 0)
     input_ids = torch.tensor(batch.input_ids, device=device)
     attention_mask = torch.tensor(batch.attention_mask, device=device)
     try:
@@ -132,14 +132,14 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
                                "lower --batch-sizes or --max-new-tokens") from exc
 
 
-def _cache_fields(settings: DecodeSettings, device_type: str, prompt_len: int, drafted: int) -> dict:
+def _cache_fields(settings: DecodeSettings, model, prompt_len: int, drafted: int) -> dict:
     """GenerationConfig fields of the KV cache kind and the decode path (see DecodeSettings). A
     static cache holds max_length positions; speculative decoding's last verification pass may
     write `drafted` + 1 more (drafts past the end are cut only after they are verified)."""
     if settings.compile_backend:
-        from nondet.probes.core.compiled import generation_fields
+        from nondet.probes.core.compiled import generation_fields, is_tensor_parallel
 
-        fields = generation_fields(settings.compile_backend, device_type)
+        fields = generation_fields(settings.compile_backend, model.device.type, is_tensor_parallel(model))
         if drafted:
             fields["max_cache_len"] = assisted_cache_len(prompt_len, settings.max_new_tokens, drafted)
         return fields
