@@ -84,21 +84,39 @@ def test_merged_decode_adds_the_degrees_and_keeps_a_fallback_with_its_degree():
 
 
 def test_a_tp_models_compiled_step_skips_only_the_guards_on_its_fixed_layout():
-    """DTensor specs and the TP wrappers' closure cells are dropped; what tells the kernels modes apart
-    (hooks, globals such as F.linear, the torch function mode stack) and the inputs stay guarded."""
+    """DTensor specs and the cells of TP forward wrappers are dropped; what tells the kernels modes apart
+    (hooks, globals such as F.linear, the torch function mode stack, a forward wrapper of our own) and
+    the inputs stay guarded. A model without DTensors gets no filter, and transformers' default mode."""
     from types import SimpleNamespace as Entry
 
-    from nondet.probes.core.compiled import generation_fields, tp_layout_guards_off
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
 
-    entries = [Entry(guard_type="DTENSOR_SPEC_MATCH", name="L['args'][0]._modules['lm_head']._parameters['weight']._spec"),
-               Entry(guard_type="NOT_PRESENT_IN_GENERIC_DICT",
-                     name="L['args'][0]._modules['lm_head'].forward.__closure__[3].cell_contents"),
-               Entry(guard_type="EMPTY_NN_MODULE_HOOKS_DICT", name="L['args'][0]._modules['model']._forward_hooks"),
+    from nondet.probes.core import compiled
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    mesh = object.__new__(DeviceMesh)  # a closure cell of torch.distributed's kind; never used
+
+    def tp_forward(x, _mesh=mesh):
+        return x
+
+    def our_forward(x, _scope=len):
+        return x
+
+    model[0].forward = (lambda f, m: lambda x: f(x) if m else x)(tp_forward, mesh)  # closes over a DeviceMesh
+    model[1].forward = (lambda f, s: lambda x: f(x) if s else x)(our_forward, len)  # closes over ours
+    keep = compiled._layout_filter(model)
+    path = "L['args'][0]._modules['{}'].forward.__closure__[1].cell_contents"
+    entries = [Entry(guard_type="DTENSOR_SPEC_MATCH", name="L['args'][0]._modules['0']._parameters['weight']._spec"),
+               Entry(guard_type="ID_MATCH", name=path.format("0")),
+               Entry(guard_type="ID_MATCH", name=path.format("1")),
+               Entry(guard_type="EMPTY_NN_MODULE_HOOKS_DICT", name="L['args'][0]._modules['0']._forward_hooks"),
                Entry(guard_type="ID_MATCH", name="G['__import_torch_dot_nn_dot_functional'].linear"),
                Entry(guard_type="TORCH_FUNCTION_MODE_STACK", name=""),
                Entry(guard_type="TENSOR_MATCH", name="L['kwargs']['input_ids']")]
-    assert tp_layout_guards_off(entries) == [False, False, True, True, True, True]
-    tp = generation_fields("inductor", "cuda", tensor_parallel=True)["compile_config"]
-    assert tp.mode is None and tp.options == {"guard_filter_fn": tp_layout_guards_off, "triton.cudagraphs": True}
-    one = generation_fields("inductor", "cuda")["compile_config"]
+    assert keep(entries) == [False, False, True, True, True, True, True]
+    assert compiled.tp_layout_guard_filter(model) is None  # no DTensor parameter: not a TP model
+    tp = compiled.generation_fields("inductor", "cuda", keep)["compile_config"]
+    assert tp.mode is None and tp.options == {"guard_filter_fn": keep, "triton.cudagraphs": True}
+    one = compiled.generation_fields("inductor", "cuda")["compile_config"]
     assert one.mode == "reduce-overhead" and one.options is None  # one GPU: transformers' default, every guard

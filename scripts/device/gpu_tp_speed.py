@@ -44,7 +44,7 @@ from gpu_compile import _StepClock as StepClock  # noqa: E402
 PROMPT = 32
 CUDA = os.environ.get("DEVICE", "cuda") == "cuda"
 # NONDET_TP_ALL_GUARDS=1: the compiled TP step keeps every dynamo guard (the probe's path before
-# compiled.tp_layout_guards_off), for before / after figures
+# compiled.tp_layout_guard_filter), for before / after figures
 NO_GUARD_FILTER = os.environ.get("NONDET_TP_ALL_GUARDS") == "1"
 
 
@@ -81,12 +81,12 @@ def kernels_scope(kernels: str, model, compiled: bool, max_world: int, world: in
 
 def decode(model, batch: int, tokens: int, compiled: bool) -> tuple[float, float, str]:
     """(first call s, ms per decode step, hash of row 0's last logits) of a generate call of `tokens`."""
-    from nondet.probes.core.compiled import generation_fields, is_tensor_parallel
+    from nondet.probes.core.compiled import generation_fields, tp_layout_guard_filter
 
     device = model.device
     ids = torch.randint(5, 2000, (batch, PROMPT), generator=torch.Generator().manual_seed(batch)).to(device)
-    tp = is_tensor_parallel(model) and not NO_GUARD_FILTER
-    fields = generation_fields("inductor", device.type, tp) if compiled else {"disable_compile": True}
+    guards = None if NO_GUARD_FILTER else tp_layout_guard_filter(model)
+    fields = generation_fields("inductor", device.type, guards) if compiled else {"disable_compile": True}
 
     def call(streamer=None):
         return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,

@@ -15,7 +15,9 @@ because one comparison must never mix the two paths.
 
 import contextlib
 import os
+import re
 import time
+import weakref
 from dataclasses import dataclass, field
 
 from nondet.errors import NondetError
@@ -37,16 +39,16 @@ def speculative_warm_calls(device_type: str) -> int:
     return SPECULATIVE_WARM_CALLS.get(device_type, 1)
 
 
-def generation_fields(backend: str, device_type: str, tensor_parallel: bool = False) -> dict:
+def generation_fields(backend: str, device_type: str, guard_filter=None) -> dict:
     """GenerationConfig fields of the compiled path: a static cache, and transformers' compile config
-    (CUDA: its default mode, CUDA graphs; other devices: Inductor's default mode, forced on). A
-    tensor-parallel model's step skips the guards on its fixed layout (tp_layout_guards_off): the same
-    CUDA graphs, passed as the option that mode sets, since torch.compile takes a mode or options."""
+    (CUDA: its default mode, CUDA graphs; other devices: Inductor's default mode, forced on).
+    guard_filter (tp_layout_guard_filter): dynamo keeps only the guards it keeps; the same CUDA graphs
+    are then asked for as the option that mode sets, since torch.compile takes a mode or options."""
     from transformers import CompileConfig
 
     cuda = device_type == "cuda"
-    if tensor_parallel:
-        options = {"guard_filter_fn": tp_layout_guards_off, **({"triton.cudagraphs": True} if cuda else {})}
+    if guard_filter is not None:
+        options = {"guard_filter_fn": guard_filter, **({"triton.cudagraphs": True} if cuda else {})}
         config = CompileConfig(backend=backend, mode=None, options=options)
     else:
         config = CompileConfig(backend=backend, mode="reduce-overhead" if cuda else "default")
@@ -55,18 +57,58 @@ def generation_fields(backend: str, device_type: str, tensor_parallel: bool = Fa
     return {"cache_implementation": "static", "compile_config": config}
 
 
-def tp_layout_guards_off(entries) -> list[bool]:
-    """Dynamo's guard filter for a tensor-parallel model: keep every guard but those on what the TP
-    load fixed for the model's lifetime: each DTensor parameter's spec (placements, mesh) and the
-    cells of transformers' TP forward wrappers (their ParallelStyle and DeviceMesh). Checking those on
-    every decode step took 1.03 ms of host time per step on rank 0 against 0.13 ms at TP1 (H200, 8
-    layers of the 8B width, 2026-11-28); on a CPU TP2 of 4 layers 1.8 -> 0.8 ms (docs/benchmarks.md).
-    What tells the kernels modes apart (globals, hooks, the torch function mode stack) stays guarded."""
-    return [not (e.guard_type == "DTENSOR_SPEC_MATCH" or ".forward.__closure__" in e.name) for e in entries]
+# Dynamo's guards on what a tensor-parallel load fixes for the model's lifetime: each DTensor parameter's
+# spec (placements, mesh) and the cells of transformers' TP forward wrappers (their ParallelStyle and
+# DeviceMesh). Checking them on every decode step took 1.03 ms of host time per step on rank 0 against
+# 0.13 ms at TP1 (H200, 8 layers of the 8B width, 2026-11-28); on a CPU TP2 of 4 layers 1.8 -> 0.9 ms
+# (docs/benchmarks.md). The compiled TP step skips them; every other guard stays, among them what tells
+# the kernels modes apart (globals such as F.linear, hooks, the torch function mode stack, our own
+# forward wrappers' cells).
+_WRAPPER_CELL = re.compile(r"((?:\._modules\['[^']+'\])+)\.forward\.__closure__")
+_TP_CLASSES = ("torch.distributed", "transformers.distributed", "transformers.integrations.tensor_parallel")
+_FILTERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its filter (None: not TP)
 
 
-def is_tensor_parallel(model) -> bool:
-    """Whether the model's parameters are sharded DTensors (transformers' tp_plan load)."""
+def tp_layout_guard_filter(model):
+    """The guard filter of a tensor-parallel model (DTensor parameters), None for any other; one object
+    per model, so transformers keeps one compiled call (it recompiles when the compile config changes)."""
+    if model not in _FILTERS:
+        _FILTERS[model] = _layout_filter(model) if _has_dtensors(model) else None
+    return _FILTERS[model]
+
+
+def _layout_filter(model):
+    wrapped = frozenset(name for name, module in model.named_modules() if name and _tp_wrapped(module))
+
+    def keep(entries) -> list[bool]:
+        return [not (e.guard_type == "DTENSOR_SPEC_MATCH" or _wrapper_of(e.name) in wrapped) for e in entries]
+
+    return keep
+
+
+def _wrapper_of(guard_name: str) -> str | None:
+    """The dotted module path whose forward's closure a guard reads ("...._modules['model']._modules['norm']
+    .forward.__closure__[0]..." -> "model.norm"), or None."""
+    found = _WRAPPER_CELL.search(guard_name)
+    return ".".join(re.findall(r"\['([^']+)'\]", found.group(1))) if found else None
+
+
+def _tp_wrapped(module) -> bool:
+    """Whether the module's forward is a TP wrapper: an instance forward defined in transformers' or
+    torch's distributed code, or closing over their objects (a ParallelStyle, a DeviceMesh)."""
+    forward = module.__dict__.get("forward")
+    if (getattr(forward, "__module__", None) or "").startswith(_TP_CLASSES):
+        return True
+    for cell in getattr(forward, "__closure__", None) or ():
+        try:
+            if type(cell.cell_contents).__module__.startswith(_TP_CLASSES):
+                return True
+        except ValueError:  # an empty cell
+            continue
+    return False
+
+
+def _has_dtensors(model) -> bool:
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # a torch built without distributed

@@ -137,9 +137,9 @@ def _cache_fields(settings: DecodeSettings, model, prompt_len: int, drafted: int
     static cache holds max_length positions; speculative decoding's last verification pass may
     write `drafted` + 1 more (drafts past the end are cut only after they are verified)."""
     if settings.compile_backend:
-        from nondet.probes.core.compiled import generation_fields, is_tensor_parallel
+        from nondet.probes.core.compiled import generation_fields, tp_layout_guard_filter
 
-        fields = generation_fields(settings.compile_backend, model.device.type, is_tensor_parallel(model))
+        fields = generation_fields(settings.compile_backend, model.device.type, tp_layout_guard_filter(model))
         if drafted:
             fields["max_cache_len"] = assisted_cache_len(prompt_len, settings.max_new_tokens, drafted)
         return fields
