@@ -4,8 +4,9 @@
 
 Runs the CLI as `python -m nondet` would, timed from before its import, and at exit prints to stderr
 the wall time and torch's own compile-time breakdown (dynamo tracing, AOT autograd, Inductor, each
-summed over every compiled graph: torch._dynamo.utils.compile_times), plus the CUDA graphs cudagraph
-trees recorded. Speed only: the run directory is the probe's, unchanged.
+summed over every compiled graph: torch._dynamo.utils.compile_times; phases of half a second or more),
+and dynamo's and Inductor's counters of graphs, cache hits and CUDA-graph recordings. Speed only: the
+run directory is the probe's, unchanged.
 """
 
 import atexit
@@ -19,14 +20,9 @@ def report() -> None:
     import torch._dynamo.utils as dynamo_utils
 
     print(f"\n== wall {time.perf_counter() - STARTED:.1f} s (imports included)", file=sys.stderr)
-    phases = []  # "name, seconds" lines: the phases over half a second, longest first
-    for line in dynamo_utils.compile_times(repr="str", aggregate=True).splitlines():
-        name, _, value = line.rpartition(",")
-        try:
-            phases.append((float(value), name.strip()))
-        except ValueError:
-            continue
-    for seconds, name in sorted(phases, reverse=True)[:16]:
+    names, values = dynamo_utils.compile_times(repr="csv", aggregate=True)  # the printed table's layout varies
+    phases = sorted(((float(v), name) for name, v in zip(names, values)), reverse=True)  # longest first
+    for seconds, name in phases[:16]:
         if seconds >= 0.5:
             print(f"  {name}: {seconds:.1f} s", file=sys.stderr)
     counters = {k: dict(v) for k, v in dynamo_utils.counters.items() if k in ("inductor", "stats", "aot_autograd")}

@@ -18,8 +18,8 @@ every step, so the gaps are decode steps' wall time; the median of TOKENS - 2 ga
 Each row also has the bits of the last step's logits at row 0 (a hash) so eager vs compiled and
 TP degrees can be compared, and, compiled, the graphs dynamo compiled, its graph breaks and Inductor's
 CUDA-graph skips (with their reasons) during the row; the compiled rows run in the probe's compile
-scope (its recompile limit). NONDET_TP_ALL_GUARDS=1 keeps every dynamo guard of the TP step. Writes $OUT/tp_speed.json and prints a Markdown table; a row that raised
-holds the error's first line.
+scope (its recompile limit). NONDET_TP_ALL_GUARDS=1 keeps every dynamo guard of the TP step. Writes
+$OUT/tp_speed.json and prints a Markdown table; a row that raised holds the error's first line.
 """
 
 import argparse

@@ -52,7 +52,7 @@ def generation_fields(backend: str, device_type: str, guard_filter=None) -> dict
         config = CompileConfig(backend=backend, mode=None, options=options)
     else:
         config = CompileConfig(backend=backend, mode="reduce-overhead" if cuda else "default")
-    if device_type != "cuda":
+    if not cuda:
         config._compile_all_devices = True  # transformers compiles generate on CUDA-like devices only
     return {"cache_implementation": "static", "compile_config": config}
 

@@ -161,18 +161,20 @@ def merged_decode(by_degree: dict[int, dict]) -> dict:
     degree fell back (its reason), and the graph census's findings of every group; {} when eager."""
     if not by_degree:
         return {}
+    from nondet.probes.core.compiled import ModePath
+
+    blank = dataclasses.asdict(ModePath())  # a mode's entry before any degree: compiled, times and counts 0
+    summed = [key for key, value in blank.items() if isinstance(value, (int, float))]
     doc: dict = {}
     for degree, summary in sorted(by_degree.items()):
         path = summary.get("decode_path")
         if path:
             merged = doc.setdefault("decode_path", {"compiled": path["compiled"], "modes": {}})
             for mode, entry in path["modes"].items():
-                into = merged["modes"].setdefault(mode, {"path": "compiled", "reason": None, "warmup_s": 0.0,
-                                                         "measured_s": 0.0, "conditions": 0, "warm_ups": 0,
-                                                         "graph_breaks": 0})
+                into = merged["modes"].setdefault(mode, dict(blank))
                 if entry["path"] != "compiled" and into["path"] == "compiled":
                     into.update(path=entry["path"], reason=f"TP{degree}: {entry['reason']}")
-                for key in ("warmup_s", "measured_s", "conditions", "warm_ups", "graph_breaks"):
+                for key in summed:
                     into[key] = round(into[key] + entry.get(key, 0), 3)
         if "compiled_graph_census" in summary:
             doc["compiled_graph_census"] = _add_census(doc.get("compiled_graph_census"), summary["compiled_graph_census"])
