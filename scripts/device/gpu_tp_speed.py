@@ -239,6 +239,7 @@ def main() -> None:
     p.add_argument("--kernels", type=lambda s: s.split(","), default=["default", "batch-invariant", "tp-invariant"])
     p.add_argument("--profile", action="store_true", help="also profile a default B = 1 step per world and path")
     p.add_argument("--tag", default="", help="a suffix of the output files (two runs in one $OUT)")
+    p.add_argument("--build-only", action="store_true", help="build and save the model, then stop (runs side by side share it)")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/nondet-tp-speed"))
     args = p.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -246,6 +247,8 @@ def main() -> None:
     started = time.perf_counter()
     build(Path(args.model), args.layers, args.hidden)
     print(f"model built in {time.perf_counter() - started:.0f} s", flush=True)
+    if args.build_only:
+        return
     worlds = [w for w in args.worlds if not CUDA or w <= torch.cuda.device_count()]
     results = {"device": torch.cuda.get_device_name(0) if CUDA else "cpu", "torch": torch.__version__,
                "layers": args.layers, "hidden": args.hidden, "batches": args.batches, "tokens": args.tokens,

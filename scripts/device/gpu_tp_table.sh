@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The tensor-parallel decode-step table on one 4-GPU host in one device call (scripts/device/gpu_tp_speed.py
+# for each degree): TP2 on GPUs 0,1 and TP1 on GPU 2 at the same time, then TP4 on all four. Runs side by
+# side never share a GPU; each prints its own rows, and the tables land in $OUT/tp_speed-tpN.md.
+#
+#   OUT=dir bash scripts/device/gpu_tp_table.sh            (gpu.sh installs the carried wheels first:
+#                                                          use `bash scripts/gpu.sh tp-table`)
+# Knobs: TP_TABLE_ARGS (passed to every run; default "--layers 8 --paths compiled"), TP_TABLE_BUDGET
+# (seconds for everything, default 560), TP_TABLE_WORLDS (default "1,2 4": the groups of degrees run
+# one after the other; the degrees of a group run side by side).
+set -uo pipefail
+OUT=${OUT:-/tmp/nondet-tp-table}
+mkdir -p "$OUT"
+ARGS=${TP_TABLE_ARGS:---layers 8 --paths compiled}
+BUDGET=${TP_TABLE_BUDGET:-560}
+START=$(date +%s)
+export NCCL_NVLS_ENABLE=0  # NVLink multicast off: plain ring/tree all-reduces
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+
+# shellcheck disable=SC2086  # ARGS is a list of options
+python3 scripts/device/gpu_tp_speed.py $ARGS --build-only --out "$OUT" 2>&1 | tail -2
+for group in ${TP_TABLE_WORLDS:-1,2 4}; do
+  next_gpu=0
+  for world in ${group//,/ }; do
+    gpus=$(seq -s, "$next_gpu" $(( next_gpu + world - 1 )))
+    next_gpu=$(( next_gpu + world ))
+    echo "=== TP$world on GPUs $gpus, $(date -u +%H:%M:%S), $(left) s left"
+    # shellcheck disable=SC2086
+    CUDA_VISIBLE_DEVICES=$gpus timeout "$(left)" python3 scripts/device/gpu_tp_speed.py $ARGS --worlds "$world" \
+      --tag="-tp$world" --out "$OUT" > "$OUT/tp$world.log" 2>&1 &
+  done
+  wait
+  for world in ${group//,/ }; do
+    echo "--- TP$world"; grep -v -i warn "$OUT/tp$world.log" | grep "^{\|^|\|Error" | tail -20
+  done
+done
+echo "=== done $(date -u +%H:%M:%S)"
