@@ -68,10 +68,14 @@ def invariant_all_reduce(tensor: torch.Tensor, op=None, group=None, async_op: bo
     Other ops, async calls and a world of one go to the original (nothing to make invariant)."""
     import torch.distributed as dist
 
-    original = _STATE["original"] or dist.all_reduce
-    op = dist.ReduceOp.SUM if op is None else op
-    if op != dist.ReduceOp.SUM or async_op or dist.get_world_size(group) == 1:
-        return original(tensor, op=op, group=group, async_op=async_op)
+    # The traced path (a sum, synchronous, several ranks) must not test a collective function for truth:
+    # `original or dist.all_reduce` broke torch 2.11's dynamo graph at every call (a data-dependent jump
+    # on its rewrite of dist.all_reduce), 2 graphs a layer on the GPU. The original is looked up only
+    # where it is called.
+    summed = op is None or op == dist.ReduceOp.SUM
+    if not summed or async_op or dist.get_world_size(group) == 1:
+        original = dist.all_reduce if _STATE["original"] is None else _STATE["original"]
+        return original(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group, async_op=async_op)
     parts = gather(tensor, group)
     tensor.copy_(pairwise_tree(parts) if _STATE["tree"] else rank_order_sum(parts).to(tensor.dtype))
     if not torch.compiler.is_compiling():  # traced, the count would be a guard: a recompile per call

@@ -152,6 +152,14 @@ def dynamo_counts() -> dict:
             "cudagraph_skips": len(CUDAGRAPH_SKIPS)}
 
 
+def break_reasons(before: dict) -> list[str]:
+    """The graph-break reasons (dynamo's counter keys) that came up since `before` (a copy of the counter)."""
+    from torch._dynamo.utils import counters
+
+    new = {k: v - before.get(k, 0) for k, v in counters["graph_break"].items() if v > before.get(k, 0)}
+    return [f"{n}x {k[:240]}" for k, n in sorted(new.items(), key=lambda kv: -kv[1])[:4]]
+
+
 def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -179,6 +187,7 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
             for batch in args.batches:
                 row = {"world": world, "kernels": kernel, "path": "compiled" if compiled else "eager", "batch": batch}
                 before = dynamo_counts()
+                breaks_before = dict(torch._dynamo.utils.counters["graph_break"])
                 try:
                     with kernels_scope(kernel, model, compiled, max(args.worlds), world), torch.inference_mode(), \
                             compile_scope():  # the probe's recompile limit and Inductor cache folder
@@ -187,6 +196,7 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                     if compiled:  # a break leaves pieces eager and outside CUDA graphs: the step's time says why
                         row.update({k: v - before[k] for k, v in dynamo_counts().items()})
                         row["skip_reasons"] = sorted(set(CUDAGRAPH_SKIPS[before["cudagraph_skips"]:]))[:3]
+                        row["break_reasons"] = break_reasons(breaks_before)
                 except Exception as exc:  # noqa: BLE001 (a benchmark row: record and go on)
                     row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}" if str(exc) else type(exc).__name__
                     if rank == 0:
