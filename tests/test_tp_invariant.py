@@ -20,9 +20,9 @@ def nondet(*args):
     return cli_runner.run(args, env=dict(os.environ), timeout=300)
 
 
-def tp_versus(tmp_path, *extra) -> tuple[dict, dict]:
-    out = tmp_path / ("tree" if extra else "plain")
-    r = nondet("probe", "--tp", "1,2", "--prompt", "Tell me about Richard Feynman", "--batch-sizes", "1,2",
+def tp_versus(tmp_path, *extra, model=None) -> tuple[dict, dict]:
+    out = tmp_path / ("tree" if "--tp-invariant" in extra else "plain")
+    r = nondet("probe", "--tp", "1,2", *(("--model", str(model)) if model else ()), "--prompt", "Tell me about Richard Feynman", "--batch-sizes", "1,2",
                "--max-new-tokens", "6", "--kernels", "batch-invariant", "--out", str(out), *extra)
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -39,6 +39,19 @@ def test_the_mode_alone_leaves_tp2_off_tp1_and_the_tree_makes_them_bitwise_equal
     tree, fp_tree = tp_versus(tmp_path, "--tp-invariant")
     assert tree["bitwise_equal"] and tree["first_token_divergence"] is None  # negative control
     assert fp_plain["tp_invariant_leaves"] is None and fp_tree["tp_invariant_leaves"] == 2
+
+
+@pytest.mark.slow
+def test_compiled_the_tree_makes_tp1_and_tp2_bitwise_equal_with_every_linear_routed(tmp_path, tiny_model_dir):
+    """--compile: the tree's stand-in for F.linear must reach the mode's ops in the graph (a refusal by
+    the compiled census, exit 3, before tp_tree routed the calls it passes on); control as above."""
+    plain, _ = tp_versus(tmp_path, "--compile", model=tiny_model_dir)
+    assert not plain["bitwise_equal"] and plain["first_numeric_divergence"] == 0  # positive control
+    tree, fp_tree = tp_versus(tmp_path, "--compile", "--tp-invariant", model=tiny_model_dir)
+    assert tree["bitwise_equal"] and tree["first_token_divergence"] is None  # negative control
+    summary = json.loads((tmp_path / "tree" / "summary.json").read_text())
+    assert summary["decode_path"]["modes"]["batch-invariant"]["path"] == "compiled"
+    assert summary["compiled_graph_census"]["uncovered"] == [] and fp_tree["tp_invariant_leaves"] == 2
 
 
 @pytest.mark.parametrize("args", [["--tp-invariant"], ["--tp", "1,3", "--tp-invariant"]])

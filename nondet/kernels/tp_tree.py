@@ -35,13 +35,16 @@ def pairwise_tree(parts: list[torch.Tensor]) -> torch.Tensor:
 
 def tree_linear(x: torch.Tensor, weight: torch.Tensor, leaves: int) -> torch.Tensor:
     """x (..., K) @ weight (N, K)^T as a pairwise tree of `leaves` K chunks (see the module doc)."""
-    from nondet.kernels import ops
+    from nondet.kernels import ops, traced
 
     k = weight.shape[1]
     if k % leaves:
         raise ValueError(f"a row-parallel linear's K ({k}) does not split into {leaves} equal chunks")
     c = k // leaves
-    return pairwise_tree([ops.linear(x[..., i * c:(i + 1) * c].contiguous(), weight[:, i * c:(i + 1) * c].contiguous())
+    # traced (torch.compile), a leaf must enter the graph as the mode's opaque op: ops.linear's host code
+    # (Triton launches on CUDA, aten's mm.out on the CPU) is not something the graph may hold
+    product = traced.opaque_linear if torch.compiler.is_compiling() else ops.linear
+    return pairwise_tree([product(x[..., i * c:(i + 1) * c].contiguous(), weight[:, i * c:(i + 1) * c].contiguous())
                           for i in range(leaves)])
 
 
@@ -64,6 +67,13 @@ def tree_linears(model, leaves: int):
     original, hooks = F.linear, []
 
     def linear(x, weight, bias=None):
+        if not _STATE["leaves"] and torch.compiler.is_compiling():
+            # Traced, a call from this Python stand-in does not reach the mode's TorchFunctionMode (torch
+            # 2.13: the builtin linear stayed in the graph, where Inductor picks its own mm), so it is
+            # routed here as the mode routes F.linear: the tree is only ever on inside the mode
+            from nondet.kernels import traced
+
+            return traced.opaque_linear(x, weight, bias)
         if not _STATE["leaves"]:
             return original(x, weight, bias)
         local = weight.to_local() if hasattr(weight, "to_local") else weight  # a TP shard (DTensor)

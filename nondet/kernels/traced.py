@@ -28,7 +28,8 @@ from nondet.kernels import custom_ops, squares
 op = custom_ops.op  # the nondet:: op for these tensors (its _gpu triton_op on CUDA)
 
 
-def _linear(x, weight, bias=None):
+def opaque_linear(x, weight, bias=None):
+    """F.linear as the nondet:: mm / addmm a traced graph keeps opaque (the eager mode's kernels)."""
     rows = x.reshape(-1, x.shape[-1])
     if bias is None:
         out = op("mm", rows, weight)(rows, weight.t())
@@ -80,7 +81,7 @@ def _topk(x, k, dim=-1, largest=True, sorted=True):
     return ordered.narrow(dim, 0, k), order.narrow(dim, 0, k)
 
 
-ROUTES = {"linear": _linear, "matmul": _matmul, "mean": _mean, "layer_norm": _layer_norm,
+ROUTES = {"linear": opaque_linear, "matmul": _matmul, "mean": _mean, "layer_norm": _layer_norm,
           "softmax": _softmax(False), "log_softmax": _softmax(True), "topk": _topk}
 
 
@@ -89,7 +90,9 @@ def _table(ops: frozenset) -> dict:
     """{torch function: ROUTES name} for the op classes `ops`."""
     table = {}
     if "matmul" in ops:
-        table.update({F.linear: "linear", torch.matmul: "matmul", torch.Tensor.matmul: "matmul",
+        # torch._C._nn.linear is F.linear's builtin: tp_tree.tree_linears swaps F.linear for a Python
+        # function while it runs, and a table built then would route that one and miss the builtin
+        table.update({torch._C._nn.linear: "linear", torch.matmul: "matmul", torch.Tensor.matmul: "matmul",
                       torch.Tensor.__matmul__: "matmul", torch.bmm: "matmul", torch.Tensor.bmm: "matmul"})
     if "norm" in ops:
         table.update({torch.mean: "mean", torch.Tensor.mean: "mean", F.layer_norm: "layer_norm"})

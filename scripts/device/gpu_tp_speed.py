@@ -10,7 +10,7 @@ call of a 32-token prompt on every rank, timed on rank 0 between consecutive tok
 every step, so the gaps are decode steps' wall time; the median of TOKENS - 2 gaps):
 
     kernels   default | batch-invariant (the mode) | tp-invariant (the mode with the K tree of
-              --tp-invariant at the largest world asked, world > 1 only)
+              --tp-invariant for --tree-degree, default the largest world asked; TP1 too)
     path      eager: transformers' dynamic cache, no compile (the probe's default path)
               compiled: a static cache and transformers' compile config (torch.compile,
               CUDA graphs), the path of `nondet probe --compile`; the mode with traceable=True
@@ -181,7 +181,8 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
     record_cudagraph_skips()
     if args.profile and "eager" in args.paths:
         profile(model, world, args.out, rank == 0)
-    kernels = [k for k in args.kernels if world > 1 or k != "tp-invariant"]
+    tree = args.tree_degree or max(args.worlds)  # the K tree's leaves: the largest degree compared
+    kernels = [k for k in args.kernels if k != "tp-invariant" or tree > 1]
     for compiled in [path == "compiled" for path in args.paths]:
         for kernel in kernels:
             for batch in args.batches:
@@ -189,7 +190,7 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                 before = dynamo_counts()
                 breaks_before = dict(torch._dynamo.utils.counters["graph_break"])
                 try:
-                    with kernels_scope(kernel, model, compiled, max(args.worlds), world), torch.inference_mode(), \
+                    with kernels_scope(kernel, model, compiled, tree, world), torch.inference_mode(), \
                             compile_scope():  # the probe's recompile limit and Inductor cache folder
                         first, ms, digest = decode(model, batch, args.tokens, compiled)
                     row.update(first_call_s=round(first, 2), ms=round(ms, 3), logits=digest)
@@ -249,6 +250,7 @@ def main() -> None:
     p.add_argument("--kernels", type=lambda s: s.split(","), default=["default", "batch-invariant", "tp-invariant"])
     p.add_argument("--profile", action="store_true", help="also profile a default B = 1 step per world and path")
     p.add_argument("--tag", default="", help="a suffix of the output files (two runs in one $OUT)")
+    p.add_argument("--tree-degree", type=int, default=0, help="tp-invariant's tree for this degree (default: the largest of --worlds; runs of one degree each, side by side, pass the largest of them all)")
     p.add_argument("--build-only", action="store_true", help="build and save the model, then stop (runs side by side share it)")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/nondet-tp-speed"))
     args = p.parse_args()
