@@ -45,6 +45,9 @@ def set_enabled(on: bool) -> None:
 def tree_order():
     """Inside: the invariant all-reduce combines the ranks' partials pairwise, each node rounded to
     the dtype (tp_tree.py: the row-parallel linears' K tree continues across the ranks)."""
+    from nondet.kernels import custom_ops
+
+    custom_ops.ensure_registered()  # the tree's traced nodes (tp_tree.pairwise_tree)
     saved = _STATE["tree"]
     try:
         _STATE["tree"] = True

@@ -26,11 +26,18 @@ _STATE = {"leaves": 0}  # leaves of the call in progress (0: a plain F.linear)
 
 
 def pairwise_tree(parts: list[torch.Tensor]) -> torch.Tensor:
-    """((p0 + p1) + (p2 + p3)) ...: each node an fp32 add rounded once to the parts' dtype."""
+    """((p0 + p1) + (p2 + p3)) ...: each node an fp32 add rounded once to the parts' dtype. Traced, each
+    node is the opaque nondet::rounded_add (custom_ops.py), whose rounding Inductor cannot fuse away."""
     assert parts and len(parts) & (len(parts) - 1) == 0, "a power of 2 of parts"
+    add = torch.ops.nondet.rounded_add if torch.compiler.is_compiling() else rounded_add
     while len(parts) > 1:
-        parts = [(a.float() + b.float()).to(a.dtype) for a, b in zip(parts[::2], parts[1::2])]
+        parts = [add(a, b) for a, b in zip(parts[::2], parts[1::2])]
     return parts[0]
+
+
+def rounded_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One node of the tree in eager: a + b in fp32, rounded once to a's dtype."""
+    return (a.float() + b.float()).to(a.dtype)
 
 
 def tree_linear(x: torch.Tensor, weight: torch.Tensor, leaves: int) -> torch.Tensor:
@@ -61,6 +68,9 @@ def tree_linears(model, leaves: int):
     """Row-parallel linears of `model` reduce K as a tree of `leaves` chunks (this rank's share)."""
     import torch.nn.functional as F
 
+    from nondet.kernels import custom_ops
+
+    custom_ops.ensure_registered()  # the tree's traced nodes (pairwise_tree)
     names = rowwise_module_names(model)
     if not names:
         raise ValueError("the model has no row-parallel linears in its tensor-parallel plan")
