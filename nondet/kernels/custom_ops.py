@@ -107,26 +107,28 @@ def ensure_registered() -> None:
         return x.new_empty((x.shape[0], weight.shape[1] if stored_out_in else weight.shape[2]))
 
     @torch.library.custom_op("nondet::rounded_add", mutates_args=())
-    def rounded_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        # one node of tp_tree's pairwise K tree, opaque, so that Inductor cannot fuse two levels of the
-        # tree and drop the rounding between them (on an H200 a 4-leaf tree compiled gave other bits than
-        # eager; a 2-leaf one, one level, the same)
-        from nondet.kernels import tp_tree
+    def rounded_add_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return rounded_add(a, b)
 
-        return tp_tree.rounded_add(a, b)
-
-    @rounded_add.register_fake
+    @rounded_add_op.register_fake
     def _(a, b):
         return torch.empty_like(a)
 
     _REGISTERED.update(mm=mm, addmm=addmm, grouped_mm=grouped_mm_op, layer_norm=layer_norm, bmm=bmm, mean_last=mean_last,
-                       mean_sq=mean_sq, softmax=softmax, attention=attention, rounded_add=rounded_add)
+                       mean_sq=mean_sq, softmax=softmax, attention=attention, rounded_add=rounded_add_op)
     _REGISTERED.update(_register_gpu_ops(ops))
     # the bare attention kernel and the grouped matmul have no backward: a training forward takes the
     # whole attention op and the experts' loop (grouped.applies)
     # (tp_tree's rounded_add is an inference-only op too)
     custom_grads.register({name: op for name, op in _REGISTERED.items()
                            if name not in ("attention_kernel", "grouped_mm", "rounded_add")})
+
+
+def rounded_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One node of tp_tree's pairwise K tree: a + b in fp32, rounded once to a's dtype. Traced, it is the
+    opaque nondet::rounded_add, so that Inductor cannot fuse two levels of the tree and drop the rounding
+    between them (on an H200 a 4-leaf tree compiled gave other bits than eager; one level, the same)."""
+    return (a.float() + b.float()).to(a.dtype)
 
 
 def _register_gpu_ops(ops) -> dict:

@@ -28,16 +28,13 @@ _STATE = {"leaves": 0}  # leaves of the call in progress (0: a plain F.linear)
 def pairwise_tree(parts: list[torch.Tensor]) -> torch.Tensor:
     """((p0 + p1) + (p2 + p3)) ...: each node an fp32 add rounded once to the parts' dtype. Traced, each
     node is the opaque nondet::rounded_add (custom_ops.py), whose rounding Inductor cannot fuse away."""
+    from nondet.kernels import custom_ops
+
     assert parts and len(parts) & (len(parts) - 1) == 0, "a power of 2 of parts"
-    add = torch.ops.nondet.rounded_add if torch.compiler.is_compiling() else rounded_add
+    add = torch.ops.nondet.rounded_add if torch.compiler.is_compiling() else custom_ops.rounded_add
     while len(parts) > 1:
         parts = [add(a, b) for a, b in zip(parts[::2], parts[1::2])]
     return parts[0]
-
-
-def rounded_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """One node of the tree in eager: a + b in fp32, rounded once to a's dtype."""
-    return (a.float() + b.float()).to(a.dtype)
 
 
 def tree_linear(x: torch.Tensor, weight: torch.Tensor, leaves: int) -> torch.Tensor:
