@@ -122,7 +122,9 @@ def rank_main(rank, world, port, model_dir, out):
     dist.init_process_group("nccl" if CUDA else "gloo", rank=rank, world_size=world)
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, tp_plan="auto").eval()
+    from nondet.probes.tp.load import tp_kwargs  # DistributedConfig where transformers has it
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, **tp_kwargs(world)).eval()
     rows = []
     for batch in BATCHES:
         ids = torch.randint(5, 1000, (batch, PROMPT), generator=torch.Generator().manual_seed(batch))

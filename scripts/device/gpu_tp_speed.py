@@ -169,10 +169,10 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from nondet.probes.core.compiled import compile_scope
-    from nondet.probes.tp.load import _tp_kwargs
+    from nondet.probes.tp.load import tp_kwargs
 
     started = time.perf_counter()
-    kwargs = _tp_kwargs(world) if world > 1 else {}
+    kwargs = tp_kwargs(world) if world > 1 else {}
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, **kwargs).eval()
     if world == 1:
         model = model.to("cuda" if CUDA else "cpu")

@@ -24,7 +24,7 @@ def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
     if degree > 1:
-        kwargs.update(_tp_kwargs(degree))
+        kwargs.update(tp_kwargs(degree))
     try:
         tokenizer = load_tokenizer(source, spec)
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
@@ -39,7 +39,7 @@ def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
     return LoadedModel(model, tokenizer, description)
 
 
-def _tp_kwargs(degree: int) -> dict:
+def tp_kwargs(degree: int) -> dict:
     """from_pretrained's tensor-parallel arguments. The degree must be given: transformers 5.2x's
     DistributedConfig defaults tp_size to 1, which loads every weight whole on every rank (no
     sharding, no all-reduce: a "TP2" run that is TP1 twice). Older releases take tp_plan/tp_size."""
