@@ -77,3 +77,25 @@ def test_rank_order_sum_is_fp32_in_rank_order():
     # bf16 adds in order round 1 + 2^-8 back to 1 (ties to even) twice and lose them
     assert total.to(torch.bfloat16).tolist() == [1.0 + 2 * small, 1.0 + 2 * small]
     assert ((parts[0] + parts[1]) + parts[2]).tolist() == [1.0, 1.0]
+
+
+class _NoTruth:
+    """A collective that must be called, never tested for truth: torch 2.11's dynamo graph-broke at
+    `original or dist.all_reduce` (a truth test of the collective it rewrites) on every all-reduce."""
+
+    def __bool__(self):
+        raise AssertionError("the invariant all-reduce tested a collective function for truth")
+
+    def __call__(self, tensor, op=None, group=None, async_op=False):
+        return None
+
+
+def test_the_invariant_all_reduce_sums_without_testing_the_original_for_truth(monkeypatch):
+    monkeypatch.setitem(collective._STATE, "original", _NoTruth())
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(collective, "gather", lambda tensor, group=None: [tensor.clone(), torch.ones_like(tensor)])
+    t = torch.tensor([1.0, 2.0])
+    assert collective.invariant_all_reduce(t) is None
+    assert t.tolist() == [2.0, 3.0]  # p0 + p1 in rank order
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)  # one rank: the original, called
+    assert collective.invariant_all_reduce(t) is None and t.tolist() == [2.0, 3.0]
