@@ -238,6 +238,31 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def bits_across_degrees(results: dict) -> list[str]:
+    """Per path, kernels and batch size run at several degrees: whether row 0's last logits agree (their
+    hashes). --tp-invariant must agree everywhere; the others are expected to differ between degrees."""
+    rows = [r for w in results["worlds"].values() for r in w["rows"] if "logits" in r]
+    lines = []
+    for path, kernels, batch in sorted({(r["path"], r["kernels"], r["batch"]) for r in rows}):
+        by_world = {r["world"]: r["logits"] for r in rows if (r["path"], r["kernels"], r["batch"]) == (path, kernels, batch)}
+        if len(by_world) > 1:
+            verdict = "equal" if len(set(by_world.values())) == 1 else "differ"
+            lines.append(f"{path} {kernels} B = {batch}: {verdict} " + ", ".join(f"TP{w} {h}" for w, h in sorted(by_world.items())))
+    return lines
+
+
+def merge(out: str) -> None:
+    """One table (and the bits across degrees) from the runs side by side in `out` (tp_speed-*.json)."""
+    parts = [json.loads(f.read_text()) for f in sorted(Path(out).glob("tp_speed-*.json"))]
+    if not parts:
+        return
+    merged = {**parts[0], "worlds": {w: r for part in parts for w, r in part["worlds"].items()}}
+    text = table(merged) + "\n\n" + "\n".join(bits_across_degrees(merged)) + "\n"
+    Path(out, "tp_speed.md").write_text(text)
+    Path(out, "tp_speed.json").write_text(json.dumps(merged, indent=1))
+    print(text, flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worlds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
@@ -251,10 +276,13 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="also profile a default B = 1 step per world and path")
     p.add_argument("--tag", default="", help="a suffix of the output files (two runs in one $OUT)")
     p.add_argument("--tree-degree", type=int, default=0, help="tp-invariant's tree for this degree (default: the largest of --worlds; runs of one degree each, side by side, pass the largest of them all)")
+    p.add_argument("--merge", action="store_true", help="merge the tp_speed-*.json of runs side by side in --out into one table, then stop")
     p.add_argument("--build-only", action="store_true", help="build and save the model, then stop (runs side by side share it)")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/nondet-tp-speed"))
     args = p.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        return merge(args.out)
     args.model = args.model or f"/tmp/nondet-qwen3-8b-shape-{args.hidden}x{args.layers}"
     started = time.perf_counter()
     build(Path(args.model), args.layers, args.hidden)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tensor-parallel decode-step table on one 4-GPU host in one device call (scripts/device/gpu_tp_speed.py
-# for each degree): TP2 on GPUs 0,1 and TP1 on GPU 2 at the same time, then TP4 on all four. Runs side by
-# side never share a GPU; each prints its own rows, and the tables land in $OUT/tp_speed-tpN.md.
+# for each degree): TP1 on GPU 0 and TP2 on GPUs 1,2 at the same time, then TP4 on all four. Runs side by
+# side never share a GPU. Each prints its own rows; then one table of every degree, and per row whether
+# row 0's logits agree across degrees (--tp-invariant must), land in $OUT/tp_speed.md.
 #
 #   OUT=dir bash scripts/device/gpu_tp_table.sh            (gpu.sh installs the carried wheels first:
 #                                                          use `bash scripts/gpu.sh tp-table`)
@@ -34,4 +35,6 @@ for group in ${TP_TABLE_WORLDS:-1,2 4}; do
     echo "--- TP$world"; grep -v -i warn "$OUT/tp$world.log" | grep "^{\|^|\|Error" | tail -20
   done
 done
+echo "=== all degrees ($OUT/tp_speed.md)"
+python3 scripts/device/gpu_tp_speed.py --merge --out "$OUT"
 echo "=== done $(date -u +%H:%M:%S)"
