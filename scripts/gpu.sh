@@ -39,6 +39,8 @@
 #   tp-speed     scripts/device/gpu_tp_speed.py: the decode step at TP1 / TP2 / TP4 (as many GPUs as there are),
 #                eager and compiled (TP_SPEED_ARGS, e.g. "--layers 8 --paths compiled"; compiled TP needs the
 #                transformers of scripts/device/wheels.sh, carried as .device-wheels)
+#   tp-check     on 4 GPUs: --tp-invariant's tree compiled keeps eager's bits (tests/gpu/test_tp_tree_gpu.py, its
+#                control), and one layer's logits at TP1 / TP2 / TP4, eager and compiled, agree (tp_speed.md)
 #   tp-table     scripts/device/gpu_tp_table.sh: on 4 GPUs, TP1 and TP2 side by side, then TP4 (TP_TABLE_ARGS)
 # Tensor parallelism needs 2 GPUs: scripts/device/gpu_tp.sh. Kernel tuning sweeps and profiles: scripts/device/README.md.
 set -uo pipefail
@@ -142,6 +144,9 @@ for m, v in s['modes'].items()})" 2>&1 | tail -3
                    # the other kind's fingerprint, where recorded: compare then names the device (and any version) that differs
                    [ -s .cross/cross_fingerprint.json ] && cp .cross/cross_fingerprint.json /tmp/run-other/fingerprint.json
                    python3 -m nondet compare /tmp/run-other /tmp/run-cross 2>&1 | tail -20 ;;
+    tp-check) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_tree_gpu.py 2>&1 | tail -5
+              TP_TABLE_BUDGET=240 TP_TABLE_ARGS="--layers 1 --paths eager,compiled --tokens 6 --batches 1,8 \
+                --kernels default,tp-invariant --tree-degree 4" timeout 260 bash scripts/device/gpu_tp_table.sh | tail -12 ;;
     tp-table) timeout $(( ${TP_TABLE_BUDGET:-560} + 20 )) bash scripts/device/gpu_tp_table.sh ;;
     tp-speed) NCCL_NVLS_ENABLE=0 timeout ${TP_SPEED_TIMEOUT:-560} python3 scripts/device/gpu_tp_speed.py --out "$OUT" ${TP_SPEED_ARGS:-} \
                 2>&1 | grep -v -i "warn" | tail -30 ;;
