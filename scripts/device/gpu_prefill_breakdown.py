@@ -14,6 +14,7 @@ elementwise kernels, descriptor set-up); the classes say which kernels the mode 
 import argparse
 import collections
 import time
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,7 @@ from gpu_attention_stages import graph_us
 from gpu_compile import build, compiled_prefill
 
 from nondet.kernels import triton_attention, triton_matmul, triton_rows, tune
-from nondet.kernels.config import MatmulConfig, matmul_config
+from nondet.kernels.config import MatmulConfig, k_chunk_for, matmul_config
 
 CLASSES = (  # (class, substrings of kernel names), first match wins
     ("matmul", ("_mm_", "gemm", "nvjet", "xmma", "cutlass", "cublas", "sm90_")),
@@ -111,28 +112,36 @@ EXTRA_CANDIDATES = tuple(MatmulConfig(bm, bn, 64, 1024, 8, w, st, True) for bm, 
     (128, 256, 16, 3), (256, 128, 16, 3), (128, 128, 8, 5), (128, 128, 4, 4)))
 
 
-def print_tile_sweep(shapes, ms) -> None:
+def print_tile_sweep(shapes, ms, k_chunks=()) -> None:
     """Each (K, N) at each M under every candidate tile: us (ratio to cuBLAS), tiles per SM (waves), and
-    BITS where a row differs from the shipped dispatch's."""
+    BITS where a row differs from the shipped dispatch's. k_chunks: each candidate again with these
+    config k_chunks (the chunk a K gets is config.k_chunk_for: 256 gives 512 at K 4096), a K order for
+    every M, never one by M: such a row's bits are checked against the shipped tile with the same chunk,
+    and its name carries "K chunk <chunk>"."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for m in ms:
         for k, n in shapes:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
             shipped = matmul_config(torch.bfloat16, m, k, n)
-            reference = triton_matmul.mm(x, w.t())
+            chunk = k_chunk_for(k, shipped)  # the K chunk this K gets (config.k_chunk_for)
+            other = [replace(shipped, k_chunk=c) for c in k_chunks if k_chunk_for(k, replace(shipped, k_chunk=c)) != chunk]
+            references = {k_chunk_for(k, cfg): triton_matmul.mm(x, w.t(), cfg=cfg) for cfg in other}
+            references[chunk] = triton_matmul.mm(x, w.t())
             ref_us = graph_us(lambda: F.linear(x, w))
             cells = []
-            for cand in tune.CANDIDATES + EXTRA_CANDIDATES:
+            chunked = [replace(cand, k_chunk=cfg.k_chunk) for cfg in other for cand in tune.CANDIDATES + EXTRA_CANDIDATES]
+            for cand in tune.CANDIDATES + EXTRA_CANDIDATES + tuple(chunked):
                 try:
-                    same = torch.equal(triton_matmul.mm(x, w.t(), cfg=cand), reference)
+                    same = torch.equal(triton_matmul.mm(x, w.t(), cfg=cand), references[k_chunk_for(k, cand)])
                     us = graph_us(lambda cand=cand: triton_matmul.mm(x, w.t(), cfg=cand))
                 except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is a cell, not a stop
                     cells.append((float("inf"), f"{tune._name(cand)} failed: {type(exc).__name__}"))
                     continue
                 tiles = -(-m // cand.block_m) * -(-n // cand.block_n)
                 mark = " (shipped)" if cand == shipped else ""
-                cells.append((us, f"{tune._name(cand)}{mark} {us:.1f} ({ref_us / us:.2f}x, {tiles / sms:.2f} waves)"
+                name = tune._name(cand) + (f" K chunk {k_chunk_for(k, cand)}" if k_chunk_for(k, cand) != chunk else "")
+                cells.append((us, f"{name}{mark} {us:.1f} ({ref_us / us:.2f}x, {tiles / sms:.2f} waves)"
                                   f"{'' if same else ' BITS'}"))
             cells.sort()
             shipped_cell = next((text for _, text in cells if "(shipped)" in text), "shipped not among candidates")
@@ -146,10 +155,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--sweep", default="", help="M values (comma-separated): every candidate tile on the "
                         "8B matmul shapes at each, instead of the tables")
+    parser.add_argument("--k-chunks", default="", help="with --sweep: every candidate again with these config "
+                        "k_chunks (comma-separated; 256 gives a 512 chunk at K 4096), a K order for every M")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     if args.sweep:
-        return print_tile_sweep(SWEEP_SHAPES, [int(m) for m in args.sweep.split(",")])
+        chunks = [int(c) for c in args.k_chunks.split(",") if c]
+        return print_tile_sweep(SWEEP_SHAPES, [int(m) for m in args.sweep.split(",")], chunks)
     model = build(args.layers)
     print_shape_table(model, args.tokens, args.layers)
     print_graph_tables(model, args.tokens)
