@@ -17,6 +17,7 @@ BUDGET=${TP_TABLE_BUDGET:-560}
 START=$(date +%s)
 export NCCL_NVLS_ENABLE=0  # NVLink multicast off: plain ring/tree all-reduces
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+rm -f "$OUT"/tp_speed-tp*.json  # the merged table is of this run's degrees only
 
 # shellcheck disable=SC2086  # ARGS is a list of options
 python3 scripts/device/gpu_tp_speed.py $ARGS --build-only --out "$OUT" 2>&1 | tail -2
