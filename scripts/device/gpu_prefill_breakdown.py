@@ -107,9 +107,12 @@ def print_shape_table(model, tokens: int, layers: int) -> None:
 # the 8B shapes of Qwen3 (FFN 12288) and Llama 3 (FFN 14336): K / V, Q / O, gate / up, down
 SWEEP_SHAPES = ((4096, 1024), (4096, 4096), (4096, 12288), (12288, 4096), (4096, 14336), (14336, 4096))
 # beyond the tuner's: 16 warps give the 128x256 tile's two fp32 accumulators (the running sum and the
-# chunk's) half the registers per thread that 8 warps do; deeper pipelines on the 128x128 tile
-EXTRA_CANDIDATES = tuple(MatmulConfig(bm, bn, 64, 1024, 8, w, st, True) for bm, bn, w, st in (
-    (128, 256, 16, 3), (256, 128, 16, 3), (128, 128, 8, 5), (128, 128, 4, 4)))
+# chunk's) half the registers per thread that 8 warps do; deeper pipelines on the 128x128 tile; for
+# M 64 / 128, 64-row tiles 256 wide (A re-read from L2 once per 256 columns, not per 64 or 128: with
+# --k-chunks their fewer tiles still make enough split programs)
+EXTRA_CANDIDATES = tuple(MatmulConfig(bm, bn, 64, 1024, 8, w, st, tma) for bm, bn, w, st, tma in (
+    (128, 256, 16, 3, True), (256, 128, 16, 3, True), (128, 128, 8, 5, True), (128, 128, 4, 4, True),
+    (64, 256, 8, 3, False), (64, 256, 8, 4, False)))
 
 
 def print_tile_sweep(shapes, ms, k_chunks=()) -> None:
