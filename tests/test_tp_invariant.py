@@ -22,7 +22,8 @@ def nondet(*args):
 
 def tp_versus(tmp_path, *extra, model=None) -> tuple[dict, dict]:
     out = tmp_path / ("tree" if "--tp-invariant" in extra else "plain")
-    r = nondet("probe", "--tp", "1,2", *(("--model", str(model)) if model else ()), "--prompt", "Tell me about Richard Feynman", "--batch-sizes", "1,2",
+    model_args = ("--model", str(model)) if model else ()
+    r = nondet("probe", "--tp", "1,2", *model_args, "--prompt", "Tell me about Richard Feynman", "--batch-sizes", "1,2",
                "--max-new-tokens", "6", "--kernels", "batch-invariant", "--out", str(out), *extra)
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((out / "summary.json").read_text())
