@@ -22,14 +22,14 @@ import fnmatch
 
 import torch
 
+from nondet.kernels import custom_ops
+
 _STATE = {"leaves": 0}  # leaves of the call in progress (0: a plain F.linear)
 
 
 def pairwise_tree(parts: list[torch.Tensor]) -> torch.Tensor:
     """((p0 + p1) + (p2 + p3)) ...: each node an fp32 add rounded once to the parts' dtype. Traced, each
     node is the opaque nondet::rounded_add (custom_ops.py), whose rounding Inductor cannot fuse away."""
-    from nondet.kernels import custom_ops
-
     assert parts and len(parts) & (len(parts) - 1) == 0, "a power of 2 of parts"
     add = torch.ops.nondet.rounded_add if torch.compiler.is_compiling() else custom_ops.rounded_add
     while len(parts) > 1:
@@ -65,8 +65,6 @@ def tree_linears(model, leaves: int):
     """Row-parallel linears of `model` reduce K as a tree of `leaves` chunks (this rank's share)."""
     import torch.nn.functional as F
 
-    from nondet.kernels import custom_ops
-
     custom_ops.ensure_registered()  # the tree's traced nodes (pairwise_tree)
     names = rowwise_module_names(model)
     if not names:
@@ -74,14 +72,14 @@ def tree_linears(model, leaves: int):
     original, hooks = F.linear, []
 
     def linear(x, weight, bias=None):
-        if not _STATE["leaves"] and torch.compiler.is_compiling():
-            # Traced, a call from this Python stand-in does not reach the mode's TorchFunctionMode (torch
-            # 2.13: the builtin linear stayed in the graph, where Inductor picks its own mm), so it is
-            # routed here as the mode routes F.linear: the tree is only ever on inside the mode
-            from nondet.kernels import traced
-
-            return traced.opaque_linear(x, weight, bias)
         if not _STATE["leaves"]:
+            if torch.compiler.is_compiling():
+                # Traced, a call from this Python stand-in does not reach the mode's TorchFunctionMode
+                # (torch 2.13: the builtin linear stayed in the graph, where Inductor picks its own mm),
+                # so it is routed here as the mode routes F.linear: the tree is only ever on inside the mode
+                from nondet.kernels import traced
+
+                return traced.opaque_linear(x, weight, bias)
             return original(x, weight, bias)
         local = weight.to_local() if hasattr(weight, "to_local") else weight  # a TP shard (DTensor)
         out = tree_linear(x, local, _STATE["leaves"])
