@@ -86,6 +86,8 @@ def test_fingerprint_records_the_collective_and_nccl_settings(tp_run):
     assert section["collective"]["batch-invariant"].startswith("all_gather + sum in rank order")
     assert {"nccl_algo", "nccl_proto", "nccl_version"} <= set(section)
     assert [g["degree"] for g in section["groups"]] == [1, 2]
+    # TP2's linears decode on plain local shards (probes/tp/local_params.py); TP1 has no DTensor to swap
+    assert [g["local_shard_params"] > 0 for g in section["groups"]] == [False, True]
 
 
 def test_report_shows_tp1_vs_tp2_and_the_run_directory_stays_readable(tp_run):

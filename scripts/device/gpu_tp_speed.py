@@ -10,7 +10,9 @@ call of a 32-token prompt on every rank, timed on rank 0 between consecutive tok
 every step, so the gaps are decode steps' wall time; the median of TOKENS - 2 gaps):
 
     kernels   default | batch-invariant (the mode) | tp-invariant (the mode with the K tree of
-              --tp-invariant for --tree-degree, default the largest world asked; TP1 too)
+              --tp-invariant for --tree-degree, default the largest world asked; TP1 too); each may
+              end in "+local": the TP linears then hold plain local shards, not DTensors
+              (probes/tp/local_params.py)
     path      eager: transformers' dynamic cache, no compile (the probe's default path)
               compiled: a static cache and transformers' compile config (torch.compile,
               CUDA graphs), the path of `nondet probe --compile`; the mode with traceable=True
@@ -68,9 +70,15 @@ def build(path: Path, layers: int, hidden: int) -> None:
 
 
 def kernels_scope(kernels: str, model, compiled: bool, max_world: int, world: int):
+    """The row's kernels; a "+local" suffix also swaps the TP linears' DTensors for their local shards
+    (probes/tp/local_params.py)."""
     from nondet.kernels import batch_invariant, collective, tp_tree
+    from nondet.probes.tp.local_params import local_linear_params
 
     stack = contextlib.ExitStack()
+    kernels, local = kernels.removesuffix("+local"), kernels.endswith("+local")
+    if local:
+        stack.enter_context(local_linear_params(model))
     if kernels != "default":
         stack.enter_context(batch_invariant(model=model, traceable=compiled))
     if kernels == "tp-invariant":
@@ -182,7 +190,7 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
     if args.profile and "eager" in args.paths:
         profile(model, world, args.out, rank == 0)
     tree = args.tree_degree or max(args.worlds)  # the K tree's leaves: the largest degree compared
-    kernels = [k for k in args.kernels if k != "tp-invariant" or tree > 1]
+    kernels = [k for k in args.kernels if not k.startswith("tp-invariant") or tree > 1]
     for compiled in [path == "compiled" for path in args.paths]:
         for kernel in kernels:
             for batch in args.batches:

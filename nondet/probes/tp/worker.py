@@ -36,12 +36,11 @@ def _run(rank: int, job: Job, pipe) -> None:
     import torch
 
     from nondet.probes.core.numerics import fingerprint, numerics_scope
-    from nondet.probes.core.batch import batch_shape
     from nondet.kernels import collective
     from nondet.probes.core.compiled import census_store
     from nondet.probes.static.decoder import ConditionDecoder
-    from nondet.probes.static.source import replay_condition
     from nondet.probes.tp.load import load_tp_model
+    from nondet.probes.tp.local_params import local_linear_params
 
     device = _device(rank, job)
     _join(rank, job, device)
@@ -52,7 +51,7 @@ def _run(rank: int, job: Job, pipe) -> None:
         census = _census(job, loaded.model)  # every rank: the census's forward has collectives to pair up
         if rank == 0:
             kernels = ",".join(dict.fromkeys(c.kernels for c in job.conditions))
-            info = {"fingerprint": fingerprint(loaded.description, kernels), **_environment(job, device)}
+            info = {"fingerprint": fingerprint(loaded.description, kernels), **_environment(job, device, loaded.model)}
             info["fingerprint"]["decode_path"] = decoder.label(job.settings.kv_cache)
             if census is not None:  # the run's census, and this group's coverage in its groups entry
                 info["fingerprint"]["census"], info["census_coverage"] = census, census["coverage"]
@@ -64,23 +63,32 @@ def _run(rank: int, job: Job, pipe) -> None:
             result = bisect_on_rank(rank, job.degree, loaded.model, loaded.tokenizer, job.bisect, job.settings)
             if rank == 0:
                 pipe.send(("bisect", result))
-        prompts = [list(target) for target, _ in job.inputs]
-        for condition in job.conditions:
-            target, fillers = job.inputs[condition.prompt_id]
-
-            def run(settings, warm=False, condition=condition, target=target, fillers=fillers):
-                return replay_condition(loaded.model, loaded.tokenizer, condition, list(target),
-                                        [list(f) for f in fillers], settings, prompts, warm)
-
-            with tree_scope(job, condition.kernels, loaded.model):
-                rows = decoder.decode(condition.kernels, run, batch_shape(condition, list(target),
-                                                                          [list(f) for f in fillers], prompts))
-            if rank == 0:
-                pipe.send(("condition", condition.condition_id, rows))
+        with local_linear_params(loaded.model):  # the same local kernels, without DTensors on the host path
+            _decode_conditions(rank, job, loaded, decoder, pipe)
     # rank 0's compiled-path bookkeeping (its graph census: every rank compiles the same graphs)
     pipe.send(("done", rank, {"invariant_all_reduce_calls": collective.calls(), "decode": decoder.summary()}))
     if job.degree > 1:
         torch.distributed.destroy_process_group()
+
+
+def _decode_conditions(rank: int, job: Job, loaded, decoder, pipe) -> None:
+    """Every condition of the job, in order, on this rank; rank 0 sends each one's rows."""
+    from nondet.probes.core.batch import batch_shape
+    from nondet.probes.static.source import replay_condition
+
+    prompts = [list(target) for target, _ in job.inputs]
+    for condition in job.conditions:
+        target, fillers = job.inputs[condition.prompt_id]
+
+        def run(settings, warm=False, condition=condition, target=target, fillers=fillers):
+            return replay_condition(loaded.model, loaded.tokenizer, condition, list(target),
+                                    [list(f) for f in fillers], settings, prompts, warm)
+
+        with tree_scope(job, condition.kernels, loaded.model):
+            rows = decoder.decode(condition.kernels, run, batch_shape(condition, list(target),
+                                                                      [list(f) for f in fillers], prompts))
+        if rank == 0:
+            pipe.send(("condition", condition.condition_id, rows))
 
 
 def _census(job: Job, model) -> dict | None:
@@ -133,9 +141,12 @@ def _join(rank: int, job: Job, device: str) -> None:
     dist.init_process_group(backend, rank=rank, world_size=job.degree, timeout=datetime.timedelta(minutes=10))
 
 
-def _environment(job: Job, device: str) -> dict:
-    """The fingerprint's tensor-parallel facts of this group: backend, NCCL and its settings."""
+def _environment(job: Job, device: str, model) -> dict:
+    """The fingerprint's tensor-parallel facts of this group: backend, NCCL and its settings, and how
+    many TP linear parameters decode as plain local shards (local_params.py)."""
     import torch
+
+    from nondet.probes.tp.local_params import shard_linears
 
     nccl = None
     if device.startswith("cuda"):
@@ -145,7 +156,8 @@ def _environment(job: Job, device: str) -> dict:
             nccl = "unknown"
     return {"degree": job.degree, "backend": None if job.degree == 1 else ("nccl" if nccl else "gloo"),
             "nccl_version": nccl, "nccl_algo": os.environ.get("NCCL_ALGO"),
-            "nccl_proto": os.environ.get("NCCL_PROTO"), "threads_per_rank": job.threads}
+            "nccl_proto": os.environ.get("NCCL_PROTO"), "threads_per_rank": job.threads,
+            "local_shard_params": len(shard_linears(model))}
 
 
 def _maybe_fail(rank: int) -> None:

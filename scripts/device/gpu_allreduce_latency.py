@@ -1,0 +1,130 @@
+"""One all-reduce of a decode step's activations, per call: NCCL, the mode's invariant one, a one-shot P2P one.
+
+    python3 scripts/device/gpu_allreduce_latency.py [--worlds 2,4] [--batches 1,8,64] [--out DIR]
+
+Why: a compiled TP2 decode step of the 8B shape (36 layers, 72 all-reduces of B x 4096 bf16) took
+12.2 ms at B = 1 against one GPU's 8.5 ms (4 x H200, 2026-11-28): about 0.1 ms a layer more than half
+the weights' read would allow, i.e. the all-reduces. This times one all-reduce of (B, 4096) bf16 as the
+step issues them, 72 in a row captured in one CUDA graph (the compiled step replays graphs), for:
+
+    nccl        torch.distributed.all_reduce (NCCL picks ring / tree and the protocol; NVLS off)
+    invariant   kernels.collective.invariant_all_reduce (all_gather, then an fp32 sum in rank order)
+    one-shot    torch.ops.symm_mem.one_shot_all_reduce_copy: every rank reads every peer's buffer over
+                NVLink (P2P loads, no multicast) and adds the W values in rank order 0..W-1, the same
+                order on every rank and for every row
+
+and checks the one-shot's bits: equal on every rank, and against the invariant all-reduce's (W = 2: one
+bf16 add is one rounding of the fp32 sum, so they must agree; W > 2: its bf16 adds round after each).
+Prints a Markdown table, writes $OUT/allreduce_latency.json.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+HIDDEN = 4096
+CALLS = 72  # all-reduces in one 36-layer decode step (o_proj and down_proj of each layer)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _graph_us(fn, replays: int = 20) -> float:
+    """Microseconds per call of fn() captured CALLS times in one CUDA graph, median of `replays` replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    times = []
+    for _ in range(replays):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / CALLS)
+    return sorted(times)[len(times) // 2]
+
+
+def _rank(rank: int, world: int, port: int, batches: list[int], queue) -> None:
+    import torch.distributed._symmetric_memory as symm_mem
+
+    from nondet.kernels import collective
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    group = dist.group.WORLD.group_name
+    rows = []
+    for batch in batches:
+        gen = torch.Generator("cuda").manual_seed(1000 * batch + rank)
+        x = torch.randn(batch, HIDDEN, device="cuda", generator=gen).bfloat16()
+        work = x.clone()
+        buffer = symm_mem.empty((batch, HIDDEN), dtype=torch.bfloat16, device="cuda")
+        symm_mem.rendezvous(buffer, group)
+        one_shot = torch.ops.symm_mem.one_shot_all_reduce_copy(buffer, x, "sum", group)
+        reference = x.clone()
+        collective.invariant_all_reduce(reference)
+        hashes = [None] * world
+        dist.all_gather_object(hashes, hashlib.sha256(one_shot.cpu().view(torch.int16).numpy().tobytes()).hexdigest())
+        row = {"world": world, "batch": batch, "one_shot_same_on_every_rank": len(set(hashes)) == 1,
+               "one_shot_equals_invariant": bool(torch.equal(one_shot, reference)),
+               "nccl_us": _graph_us(lambda: dist.all_reduce(work)),
+               "invariant_us": _graph_us(lambda: collective.invariant_all_reduce(work)),
+               "one_shot_us": _graph_us(lambda: torch.ops.symm_mem.one_shot_all_reduce_copy(buffer, x, "sum", group))}
+        rows.append(row)
+    if rank == 0:
+        queue.put(rows)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", default="2,4")
+    parser.add_argument("--batches", default="1,8,64")
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    args = parser.parse_args()
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    batches = [int(b) for b in args.batches.split(",")]
+    rows = []
+    for world in (int(w) for w in args.worlds.split(",")):
+        if world > torch.cuda.device_count():
+            continue
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        mp.spawn(_rank, args=(world, _free_port(), batches, queue), nprocs=world, join=True)
+        rows += queue.get()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "allreduce_latency.json").write_text(json.dumps(rows, indent=1))
+    print(f"| W | B | NCCL us | invariant us | one-shot us | one-shot same on every rank | one-shot == invariant |")
+    print("| ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    for r in rows:
+        print(f"| {r['world']} | {r['batch']} | {r['nccl_us']:.1f} | {r['invariant_us']:.1f} | {r['one_shot_us']:.1f} "
+              f"| {r['one_shot_same_on_every_rank']} | {r['one_shot_equals_invariant']} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""probes/tp/local_params.py on the CPU: 2 gloo ranks, a tiny Qwen3 loaded with transformers' TP plan.
+
+Inside local_linear_params the TP linears hold plain local shards; the logits must be the same bits as
+with their DTensors (the same local kernels run), eagerly and compiled, and the DTensors come back after.
+The control: the swap really happened (a count > 0 and no DTensor weight on any linear inside), so an
+equality of two unchanged models cannot pass for it.
+"""
+
+import os
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, port: int, model_dir: str, results):
+    from torch.distributed.tensor import DTensor
+    from transformers import AutoModelForCausalLM
+
+    from nondet.probes.tp.load import tp_kwargs
+    from nondet.probes.tp.local_params import local_linear_params
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), CUDA_VISIBLE_DEVICES="")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **tp_kwargs(2)).eval()
+    ids = torch.tensor([[3, 17, 42, 9, 100, 7], [5, 6, 7, 8, 9, 10]])
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    dtensors_before = sum(isinstance(m.weight, DTensor) for m in linears)
+    with torch.inference_mode():
+        plain = model(ids).logits
+        compiled = torch.compile(model, backend="inductor", fullgraph=False)
+        with local_linear_params(model) as swapped:
+            dtensors_inside = sum(isinstance(m.weight, DTensor) for m in linears)
+            local = model(ids).logits
+            local_compiled = compiled(ids).logits
+        dtensors_after = sum(isinstance(m.weight, DTensor) for m in linears)
+        reference_compiled = compiled(ids).logits
+    if rank == 0:
+        results.put({"swapped": swapped, "dtensors_inside": dtensors_inside, "dtensors_after": dtensors_after,
+                     "dtensors_before": dtensors_before, "eager_equal": bool(torch.equal(plain, local)),
+                     "compiled_equal": bool(torch.equal(reference_compiled, local_compiled))})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_local_shards_give_the_dtensor_models_bits_and_the_dtensors_come_back(tiny_model_dir):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    mp.start_processes(_rank, args=(_port(), str(tiny_model_dir), results), nprocs=2, join=True,
+                       start_method="spawn")
+    r = results.get(timeout=5)
+    assert r["swapped"] > 0 and r["dtensors_inside"] == 0, r  # control: the swap happened
+    assert r["dtensors_after"] == r["dtensors_before"] > 0, r
+    assert r["eager_equal"] and r["compiled_equal"], r
