@@ -147,3 +147,25 @@ def test_qwen3_left_padding_invariant_with_mode():
     padded, alone = left_padded_and_alone(model)
     assert torch.equal(padded[0], alone[0])
     assert all(torch.equal(a, b) for a, b in zip(padded[1], alone[1]))
+
+
+def test_under_inference_mode_the_census_sees_linears_decomposed_and_the_rows_are_invariant():
+    """torch.inference_mode turns autograd off, so aten::linear reached the census's dispatch mode whole
+    and the mode refused a plain Qwen3 ("aten::linear is not covered"). The census now records the
+    composite's parts as the backend runs them (addmm / mm, which the mode overrides): entered with
+    model= inside inference_mode, the mode takes its census and runs. That those parts are the mode's
+    is proved by the rows: with the row-count kernels on the CPU key (the control: a row alone and in a
+    batch of 4 differ), the mode gives row 0 the same logits inside inference_mode. (The census itself
+    runs without the row-count kernels: its check against the default forward is for real kernels.)"""
+    from controls import row_count_kernels, same
+
+    model = tiny_qwen3(torch.float32, hidden=128, layers=1)
+    batch = torch.randint(0, 512, (4, 3), generator=torch.Generator().manual_seed(3))  # 3 rows vs 12
+    with torch.inference_mode():
+        with mode(model=model):  # raised UnsupportedModel before
+            model(batch)
+        with row_count_kernels():
+            require_variance(model(batch[:1]).logits[0], model(batch).logits[0], "a tiny Qwen3's row 0 alone vs in 4")
+            with mode():
+                alone, among = model(batch[:1]).logits[0], model(batch).logits[0]
+    assert same(alone, among)

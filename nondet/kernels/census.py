@@ -226,6 +226,17 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _runs_as_its_decomposition(func):
+            # Under torch.inference_mode a composite op (aten::linear) reaches this mode whole: autograd,
+            # which decomposes it otherwise, is off. The backend then runs the same decomposition
+            # (linear -> addmm / mm, the ops the mode overrides), so it is recorded op by op, as it runs.
+            TorchDispatchMode.__enter__(self)  # the mode again for the parts; not our __enter__ (its hooks)
+            try:
+                out = func.decompose(*args, **kwargs)
+            finally:
+                TorchDispatchMode.__exit__(self, None, None, None)
+            if out is not NotImplemented:
+                return out
         module = self._stack[-1] if self._stack else None
         verdict, why = classify(func, args, kwargs, self._compiled, _inside_our_kernel(), module)
         self._counts[(self._names[module] if module is not None else "", _op_name(func), verdict, why)] += 1
@@ -234,6 +245,14 @@ class _Recorder(TorchDispatchMode):
     def uses(self) -> tuple[OpUse, ...]:
         return tuple(OpUse(module, op, verdict, why, calls)
                      for (module, op, verdict, why), calls in self._counts.items())
+
+
+def _runs_as_its_decomposition(func) -> bool:
+    """Whether the backends run the op as its CompositeImplicitAutograd decomposition (no kernel of
+    their own on the CPU or CUDA key): aten::linear, matmul, softmax.int, layer_norm, sdpa."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    name = func.name()
+    return has(name, "CompositeImplicitAutograd") and not has(name, "CPU") and not has(name, "CUDA")
 
 
 def classify(func, args, kwargs, compiled: bool, in_kernel: bool, module=None) -> tuple[str, str]:

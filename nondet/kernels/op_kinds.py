@@ -21,7 +21,7 @@ choice may follow the batch. The mode must route them (overrides.py) or the cens
 
 VIEWS_AND_COPIES = frozenset("""
     view _unsafe_view reshape expand expand_as permute transpose t unsqueeze squeeze slice select alias
-    as_strided split split_with_sizes unbind chunk narrow contiguous clone copy_ _to_copy to detach
+    as_strided split split_with_sizes unbind chunk narrow contiguous clone copy_ _to_copy to detach detach_
     lift_fresh lift_fresh_copy empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like
     new_zeros ones ones_like new_ones full full_like new_full arange scalar_tensor fill_ fill zero_ _local_scalar_dense
     _assert_async _assert_tensor_metadata sym_size sym_stride sym_numel is_nonzero item resize_ set_
