@@ -32,7 +32,7 @@ import contextlib
 
 import torch
 
-from nondet.kernels import grouped
+from nondet.kernels import grouped, tp_experts
 
 EXPERTS_IMPLEMENTATION = "nondet_batch_invariant"
 PREVIOUS_ATTR = "_nondet_previous_experts"  # set on each experts module by the mode: what to fall back to
@@ -53,6 +53,14 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
         return previous_forward(self)(self, hidden_states, top_k_index, top_k_weights)
     if getattr(self, "_is_expert_parallel", False):
         raise ValueError(f"batch-invariant experts do not support expert parallelism ({type(self).__name__})")
+    if tp_experts.leaves():  # --tp-invariant: the down projection's K as tp_tree's fixed tree
+        return tp_experts.tree_combine(self, hidden_states, top_k_index, top_k_weights, _invariant_combine)
+    return _invariant_combine(self, hidden_states, top_k_index, top_k_weights)
+
+
+def _invariant_combine(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                       top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The mode's experts: the grouped path where it applies, else the loop (same bits)."""
     if grouped.applies(hidden_states, self):  # no host sync: compiled graphs, CUDA graphs, one launch per projection
         return grouped.combine(self, hidden_states, top_k_index, top_k_weights)
     scope = _ENABLED["matmul_scope"]

@@ -14,7 +14,10 @@ their subtree; the all-reduce then combines the ranks' roots with the same pairw
 
 The switch: a forward pre-hook on each row-parallel module (named by the model's tp plan)
 turns the tree on for the F.linear call inside it, and a forward hook turns it off; F.linear
-is wrapped only inside `tree_linears` and restored in `finally`. Nothing happens at import.
+is wrapped only inside `tree_linears` and restored in `finally`. A plan that shards a parameter
+row-wise inside a module (a fused MoE's experts.down_proj) gets the same tree through the experts'
+forward (tp_experts.py), or a one-line refusal where that layout is not covered. Nothing happens
+at import.
 """
 
 import contextlib
@@ -52,12 +55,40 @@ def tree_linear(x: torch.Tensor, weight: torch.Tensor, leaves: int) -> torch.Ten
                           for i in range(leaves)])
 
 
+def _rowwise_patterns(model) -> list[str]:
+    plan = dict(getattr(model, "tp_plan", None) or getattr(model.config, "base_model_tp_plan", None) or {})
+    return [p if p.startswith("model.") else f"model.{p}" for p, style in plan.items()
+            if str(style).startswith("rowwise")]
+
+
 def rowwise_module_names(model) -> list[str]:
     """Modules the model's tensor-parallel plan shards row-wise (their K is split over ranks)."""
-    plan = dict(getattr(model, "tp_plan", None) or getattr(model.config, "base_model_tp_plan", None) or {})
-    patterns = [p if p.startswith("model.") else f"model.{p}" for p, style in plan.items()
-                if str(style).startswith("rowwise")]
+    patterns = _rowwise_patterns(model)
     return [name for name, _ in model.named_modules() if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+
+
+def rowwise_parameters(model) -> list[tuple[str, str]]:
+    """(module name, parameter name) of the parameters the plan shards row-wise by name, inside a module
+    it does not (Qwen3-MoE: "layers.*.mlp.experts.down_proj", a 3-D parameter of the fused experts)."""
+    patterns = _rowwise_patterns(model)
+    return [(module_name, name) for module_name, module in model.named_modules()
+            for name, _ in module.named_parameters(recurse=False)
+            if any(fnmatch.fnmatchcase(f"{module_name}.{name}", p) for p in patterns)]
+
+
+def experts_module_names(model) -> list[str]:
+    """Experts modules whose row-parallel down_proj the tree covers (tp_experts.py); raises ValueError,
+    one line, for any other row-parallel parameter: --tp-invariant refuses what it would not make equal."""
+    from nondet.kernels import tp_experts
+
+    names = []
+    for module_name, parameter in rowwise_parameters(model):
+        reason = tp_experts.uncovered_reason(model.get_submodule(module_name), parameter)
+        if reason:
+            raise ValueError(f"--tp-invariant does not cover {module_name}.{parameter}, which the tensor-parallel "
+                             f"plan shards row-wise: {reason}")
+        names.append(module_name)
+    return names
 
 
 @contextlib.contextmanager
@@ -65,9 +96,11 @@ def tree_linears(model, leaves: int):
     """Row-parallel linears of `model` reduce K as a tree of `leaves` chunks (this rank's share)."""
     import torch.nn.functional as F
 
+    from nondet.kernels import tp_experts
+
     custom_ops.ensure_registered()  # the tree's traced nodes (pairwise_tree)
-    names = rowwise_module_names(model)
-    if not names:
+    names, experts_names = rowwise_module_names(model), experts_module_names(model)
+    if not names and not experts_names:
         raise ValueError("the model has no row-parallel linears in its tensor-parallel plan")
     original, hooks = F.linear, []
 
@@ -91,14 +124,24 @@ def tree_linears(model, leaves: int):
     def off(_module, _args, _out):
         _STATE["leaves"] = 0
 
+    def experts_on(_module, _args):
+        tp_experts.set_leaves(leaves)
+
+    def experts_off(_module, _args, _out):
+        tp_experts.set_leaves(0)
+
     try:
         F.linear = linear
         for name in names:
             module = model.get_submodule(name)
             hooks += [module.register_forward_pre_hook(on), module.register_forward_hook(off)]
-        yield names
+        for name in experts_names:
+            module = model.get_submodule(name)
+            hooks += [module.register_forward_pre_hook(experts_on), module.register_forward_hook(experts_off)]
+        yield names + experts_names
     finally:
         F.linear = original
         _STATE["leaves"] = 0
+        tp_experts.set_leaves(0)
         for hook in hooks:
             hook.remove()

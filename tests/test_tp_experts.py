@@ -1,0 +1,106 @@
+"""--tp-invariant on a fused MoE (kernels/tp_experts.py): the experts' down projection reduces its K
+(the intermediate dim) as tp_tree's fixed tree, or the run is refused in one line.
+
+Structural, on any host: what a rank computes at TP2 (its half of the intermediate dim as a 2-leaf
+subtree, then the collective's pairwise add) equals the 4-leaf tree of TP1, bit for bit, while the
+experts without the tree give other bits (the control). End to end (slow): probe --tp 1,2 on a tiny
+Qwen3-MoE, where the mode alone leaves TP2 off TP1 and --tp-invariant makes them bitwise equal.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+import cli_runner
+import family_models as fm
+from nondet.kernels import batch_invariant, tp_experts, tp_tree
+from nondet.probes.models.default_model import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return fm.save_family("qwen3-moe", tmp_path_factory.mktemp("qwen3-moe"), tokenizer=build_tokenizer(512))
+
+
+def _routed(experts, tokens: int = 5):
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(tokens, experts.gate_up_proj.shape[-1], generator=gen).bfloat16()
+    index = torch.stack([torch.randperm(experts.num_experts, generator=gen)[:2] for _ in range(tokens)])
+    weights = torch.softmax(torch.randn(tokens, 2, generator=gen), -1).bfloat16()
+    return hidden, index, weights
+
+
+def _experts_tree(module, routed, leaves: int) -> torch.Tensor:
+    tp_experts.set_leaves(leaves)
+    try:
+        return module(*routed)
+    finally:
+        tp_experts.set_leaves(0)
+
+
+def test_a_ranks_subtree_of_the_experts_then_the_pairwise_add_is_the_whole_tree(moe_dir):
+    model = fm.load(moe_dir, torch.bfloat16)
+    experts = model.model.layers[0].mlp.experts
+    routed = _routed(experts)
+    with torch.no_grad(), batch_invariant(model=model):
+        whole = _experts_tree(experts, routed, 4)
+        plain = experts(*routed)
+        # rank r at TP2 holds [gate_r; up_r] and down_proj's columns r: a view of half the intermediate dim
+        ranks = [_rank_subtree(tp_experts.LeafView(experts, r, 2), routed) for r in (0, 1)]
+    assert not torch.equal(plain, whole)  # control: the tree is not what the experts compute alone
+    # but the same sum up to bf16 roundings: the leaves partition the intermediate dim
+    assert (whole.float() - plain.float()).norm() < 0.02 * plain.float().norm()
+    assert torch.equal(tp_tree.pairwise_tree(ranks), whole)
+
+
+def _rank_subtree(view, routed) -> torch.Tensor:
+    """A TP2 rank's partial: its 2 leaves of the experts (on its half) as a pairwise tree."""
+    from nondet.kernels import experts
+
+    tp_experts.set_leaves(2)
+    try:
+        return tp_experts.tree_combine(view, *routed, experts._invariant_combine)
+    finally:
+        tp_experts.set_leaves(0)
+
+
+def test_tree_combine_splits_only_into_equal_chunks(moe_dir):
+    model = fm.load(moe_dir, torch.float32)
+    experts = model.model.layers[0].mlp.experts  # intermediate 32
+    with torch.no_grad(), batch_invariant(model=model), pytest.raises(ValueError, match="into 3 equal chunks"):
+        _experts_tree(experts, _routed(experts), 3)
+
+
+def test_tree_linears_hooks_the_experts_and_refuses_a_layout_it_does_not_cover(moe_dir):
+    model = fm.load(moe_dir, torch.float32)
+    with tp_tree.tree_linears(model, 2) as names:
+        assert "model.layers.0.mlp.experts" in names and "model.layers.0.self_attn.o_proj" in names
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+    model.model.layers[1].mlp.experts.is_transposed = True
+    with pytest.raises(ValueError) as info:
+        with tp_tree.tree_linears(model, 2):
+            pass
+    message = str(info.value)
+    assert "\n" not in message
+    assert message == ("--tp-invariant does not cover model.layers.1.mlp.experts.down_proj, which the tensor-parallel "
+                       "plan shards row-wise: its experts layout has is_transposed=True")
+
+
+@pytest.mark.slow
+def test_on_an_moe_the_mode_alone_leaves_tp2_off_tp1_and_the_tree_makes_them_bitwise_equal(tmp_path, moe_dir):
+    def versus(*extra):
+        out = tmp_path / ("tree" if extra else "plain")
+        r = cli_runner.run(("probe", "--tp", "1,2", "--model", str(moe_dir), "--prompt", "Tell me about Richard Feynman",
+                            "--batch-sizes", "1,2", "--max-new-tokens", "6", "--kernels", "batch-invariant",
+                            "--dtype", "float32", "--out", str(out), *extra), env=dict(os.environ), timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        summary = json.loads((out / "summary.json").read_text())
+        (row,) = summary["tensor_parallel"]["modes"]["batch-invariant"]["vs_reference"]
+        return row
+
+    plain = versus()
+    assert not plain["bitwise_equal"] and plain["first_numeric_divergence"] is not None  # positive control
+    tree = versus("--tp-invariant")
+    assert tree["bitwise_equal"] and tree["first_numeric_divergence"] is None  # negative control
