@@ -21,11 +21,11 @@ import contextlib
 
 import torch
 
-from nondet.kernels.tp_tree import pairwise_tree
+from nondet.kernels.rounded_tree import pairwise_tree
 
 NAME = "all_gather + sum in rank order (fp32, cast to the input dtype)"
 DEFAULT_NAME = "torch.distributed.all_reduce (backend's own algorithm)"
-# the replaced all_reduce while enabled; invariant calls made; tree: combine as tp_tree.pairwise_tree
+# the replaced all_reduce while enabled; invariant calls made; tree: combine as rounded_tree.pairwise_tree
 _STATE = {"original": None, "calls": 0, "tree": False}
 
 
@@ -47,7 +47,7 @@ def tree_order():
     the dtype (tp_tree.py: the row-parallel linears' K tree continues across the ranks)."""
     from nondet.kernels import custom_ops
 
-    custom_ops.ensure_registered()  # the tree's traced nodes (tp_tree.pairwise_tree)
+    custom_ops.ensure_registered()  # the tree's traced nodes (rounded_tree.pairwise_tree)
     saved = _STATE["tree"]
     try:
         _STATE["tree"] = True

@@ -11,41 +11,19 @@ Here the experts' forward is cut along I into `leaves` equal chunks (tp_tree's l
 the whole experts computation of the mode (route, gate, down, weighted fp32 sum over a token's
 experts, cast once to the dtype) restricted to chunk i, i.e. on a view of the module whose gate_up
 holds chunk i of the gate and of the up rows and whose down_proj holds chunk i of its columns. The
-leaves are combined by tp_tree.pairwise_tree, and a rank at degree d computes leaves/d adjacent
+leaves are combined by rounded_tree.pairwise_tree, and a rank at degree d computes leaves/d adjacent
 leaves of its own slice, so every degree computes the same tree (the collective continues it).
 
 Layouts covered: concatenated [gate; up] (or up_proj alone), not transposed, no bias, no norm after
-the expert. `uncovered_reason` names what else a plan shards row-wise in an experts module, so
+the expert; tp_tree.uncovered_reason names what else a plan shards row-wise in an experts module, so
 --tp-invariant refuses it in one line instead of running it outside the tree.
 """
 
 import torch
 
+from nondet.kernels.rounded_tree import pairwise_tree
+
 _STATE = {"leaves": 0}  # leaves of the experts call in progress (0: no tree)
-
-
-def uncovered_reason(module, parameter: str) -> str | None:
-    """Why the tree cannot cover a row-parallel `parameter` of `module`, or None when it can."""
-    from nondet.kernels import experts
-
-    if not experts.is_dispatched(module):
-        return "it is not an experts module that transformers' ExpertsInterface dispatches"
-    if parameter != "down_proj":
-        return f"only an experts module's down_proj is covered, not {parameter}"
-    for flag, expected in (("is_transposed", False), ("has_bias", False), ("has_post_expert_norm", False),
-                           ("is_concatenated", True)):
-        if getattr(module, flag, expected) != expected:
-            return f"its experts layout has {flag}={not expected}"
-    if getattr(module, "has_gate", True) and not _default_gate(module):
-        return "its experts apply their own gate to the gate / up projection"
-    return None
-
-
-def _default_gate(module) -> bool:
-    from transformers.integrations import moe
-
-    default = getattr(moe, "_default_apply_gate", None)
-    return default is not None and getattr(type(module), "_apply_gate", None) is default
 
 
 def set_leaves(leaves: int) -> None:
@@ -84,8 +62,6 @@ def _local(weight: torch.Tensor) -> torch.Tensor:
 def tree_combine(module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                  combine) -> torch.Tensor:
     """combine(view, hidden, index, weights) -> (T, H) for each leaf of this rank, then the pairwise tree."""
-    from nondet.kernels.tp_tree import pairwise_tree
-
     count = _STATE["leaves"]
     width = _local(module.down_proj).shape[-1]
     if width % count:

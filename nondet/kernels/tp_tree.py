@@ -25,19 +25,10 @@ import fnmatch
 
 import torch
 
-from nondet.kernels import custom_ops
+from nondet.kernels import custom_ops, experts, tp_experts
+from nondet.kernels.rounded_tree import pairwise_tree
 
 _STATE = {"leaves": 0}  # leaves of the call in progress (0: a plain F.linear)
-
-
-def pairwise_tree(parts: list[torch.Tensor]) -> torch.Tensor:
-    """((p0 + p1) + (p2 + p3)) ...: each node an fp32 add rounded once to the parts' dtype. Traced, each
-    node is the opaque nondet::rounded_add (custom_ops.py), whose rounding Inductor cannot fuse away."""
-    assert parts and len(parts) & (len(parts) - 1) == 0, "a power of 2 of parts"
-    add = torch.ops.nondet.rounded_add if torch.compiler.is_compiling() else custom_ops.rounded_add
-    while len(parts) > 1:
-        parts = [add(a, b) for a, b in zip(parts[::2], parts[1::2])]
-    return parts[0]
 
 
 def tree_linear(x: torch.Tensor, weight: torch.Tensor, leaves: int) -> torch.Tensor:
@@ -79,11 +70,9 @@ def rowwise_parameters(model) -> list[tuple[str, str]]:
 def experts_module_names(model) -> list[str]:
     """Experts modules whose row-parallel down_proj the tree covers (tp_experts.py); raises ValueError,
     one line, for any other row-parallel parameter: --tp-invariant refuses what it would not make equal."""
-    from nondet.kernels import tp_experts
-
     names = []
     for module_name, parameter in rowwise_parameters(model):
-        reason = tp_experts.uncovered_reason(model.get_submodule(module_name), parameter)
+        reason = uncovered_reason(model.get_submodule(module_name), parameter)
         if reason:
             raise ValueError(f"--tp-invariant does not cover {module_name}.{parameter}, which the tensor-parallel "
                              f"plan shards row-wise: {reason}")
@@ -91,12 +80,32 @@ def experts_module_names(model) -> list[str]:
     return names
 
 
+def uncovered_reason(module, parameter: str) -> str | None:
+    """Why the tree cannot cover a row-parallel `parameter` of `module`, or None when it can."""
+    if not experts.is_dispatched(module):
+        return "it is not an experts module that transformers' ExpertsInterface dispatches"
+    if parameter != "down_proj":
+        return f"only an experts module's down_proj is covered, not {parameter}"
+    for flag, expected in (("is_transposed", False), ("has_bias", False), ("has_post_expert_norm", False),
+                           ("is_concatenated", True)):
+        if getattr(module, flag, expected) != expected:
+            return f"its experts layout has {flag}={not expected}"
+    if getattr(module, "has_gate", True) and not _default_gate(module):
+        return "its experts apply their own gate to the gate / up projection"
+    return None
+
+
+def _default_gate(module) -> bool:
+    from transformers.integrations import moe
+
+    default = getattr(moe, "_default_apply_gate", None)
+    return default is not None and getattr(type(module), "_apply_gate", None) is default
+
+
 @contextlib.contextmanager
 def tree_linears(model, leaves: int):
     """Row-parallel linears of `model` reduce K as a tree of `leaves` chunks (this rank's share)."""
     import torch.nn.functional as F
-
-    from nondet.kernels import tp_experts
 
     custom_ops.ensure_registered()  # the tree's traced nodes (pairwise_tree)
     names, experts_names = rowwise_module_names(model), experts_module_names(model)

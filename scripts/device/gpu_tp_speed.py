@@ -111,7 +111,7 @@ def decode(model, batch: int, tokens: int, compiled: bool) -> tuple[float, float
     return first, statistics.median(gaps), digest
 
 
-def profile(model, world: int, out: str, write: bool, compiled: bool = False) -> None:
+def profile(model, world: int, out: str, write: bool, compiled: bool = False, kernels: str = "default") -> None:
     """Where a default B = 1 step's time goes on rank 0 (write): top ops by self CPU and GPU time, of a
     short generate call (eager; or compiled, after the timed rows compiled and captured its graphs, so
     the profile sees replays: the collectives' GPU time inside the step). Every rank runs the same
@@ -130,7 +130,8 @@ def profile(model, world: int, out: str, write: bool, compiled: bool = False) ->
     text = averages.table(sort_by="self_cpu_time_total", row_limit=20)
     if CUDA:
         text += "\n" + averages.table(sort_by="self_cuda_time_total", row_limit=25)
-    Path(out, f"tp{world}_profile{'_compiled' if compiled else ''}.txt").write_text(text)
+    local = "_local" if kernels.endswith("+local") else ""
+    Path(out, f"tp{world}_profile{'_compiled' if compiled else ''}{local}.txt").write_text(text)
 
 
 CUDAGRAPH_SKIPS: list[str] = []  # Inductor's reasons for running a compiled graph without CUDA graphs
@@ -214,8 +215,10 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                 if rank == 0:
                     print(json.dumps(row), flush=True)
                     Path(out_file).write_text(json.dumps({"load_s": round(load_s, 1), "rows": rows}))
-                if args.profile and compiled and kernel == "default" and batch == 1 and "error" not in row:
-                    profile(model, world, args.out, rank == 0, compiled=True)
+                if args.profile and compiled and kernel.removesuffix("+local") == "default" and batch == 1 \
+                        and "error" not in row:
+                    with kernels_scope(kernel, model, compiled, tree, world):
+                        profile(model, world, args.out, rank == 0, compiled=True, kernels=kernel)
             torch._dynamo.reset()
     dist.barrier()
     dist.destroy_process_group()
@@ -281,7 +284,7 @@ def main() -> None:
     p.add_argument("--model", default="")
     p.add_argument("--paths", type=lambda s: s.split(","), default=["eager", "compiled"])
     p.add_argument("--kernels", type=lambda s: s.split(","), default=["default", "batch-invariant", "tp-invariant"])
-    p.add_argument("--profile", action="store_true", help="also profile a default B = 1 step per world and path")
+    p.add_argument("--profile", action="store_true", help="also profile a default (and default+local) B = 1 step per world and path")
     p.add_argument("--tag", default="", help="a suffix of the output files (two runs in one $OUT)")
     p.add_argument("--tree-degree", type=int, default=0, help="tp-invariant's tree for this degree (default: the largest of --worlds; runs of one degree each, side by side, pass the largest of them all)")
     p.add_argument("--merge", action="store_true", help="merge the tp_speed-*.json of runs side by side in --out into one table, then stop")
