@@ -1,7 +1,9 @@
 """probes/tp/local_params.py on the CPU: 2 gloo ranks, a tiny Qwen3 loaded with transformers' TP plan.
 
-Inside local_linear_params the TP linears hold plain local shards; the logits must be the same bits as
-with their DTensors (the same local kernels run), eagerly and compiled, and the DTensors come back after.
+Inside local_linear_params the TP linears hold plain local shards and run without transformers' TP
+wrappers (the row-parallel ones all-reduce in ours); the logits must be the same bits as with their
+DTensors and wrappers (the same local kernels and collective run), eagerly and compiled, and the
+DTensors and wrappers come back after.
 The control: the swap really happened (a count > 0 and no DTensor weight on any linear inside), so an
 equality of two unchanged models cannot pass for it.
 """
@@ -35,18 +37,23 @@ def _rank(rank: int, port: int, model_dir: str, results):
     ids = torch.tensor([[3, 17, 42, 9, 100, 7], [5, 6, 7, 8, 9, 10]])
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     dtensors_before = sum(isinstance(m.weight, DTensor) for m in linears)
+    wrappers_before = [m.__dict__.get("forward") for m in linears]
     with torch.inference_mode():
         plain = model(ids).logits
         compiled = torch.compile(model, backend="inductor", fullgraph=False)
         with local_linear_params(model) as swapped:
             dtensors_inside = sum(isinstance(m.weight, DTensor) for m in linears)
+            # colwise: nn.Linear's own forward; rowwise: ours (its all-reduce); the lm_head keeps its wrapper
+            forwards = [getattr(m.__dict__.get("forward"), "__module__", "class") for m in linears]
             local = model(ids).logits
             local_compiled = compiled(ids).logits
         dtensors_after = sum(isinstance(m.weight, DTensor) for m in linears)
+        wrappers_back = all(m.__dict__.get("forward") is w for m, w in zip(linears, wrappers_before))
         reference_compiled = compiled(ids).logits
     if rank == 0:
         results.put({"swapped": swapped, "dtensors_inside": dtensors_inside, "dtensors_after": dtensors_after,
-                     "dtensors_before": dtensors_before, "eager_equal": bool(torch.equal(plain, local)),
+                     "dtensors_before": dtensors_before, "wrappers_back": wrappers_back,
+                     "forwards": {f: forwards.count(f) for f in set(forwards)}, "eager_equal": bool(torch.equal(plain, local)),
                      "compiled_equal": bool(torch.equal(reference_compiled, local_compiled))})
     dist.barrier()
     dist.destroy_process_group()
@@ -62,5 +69,8 @@ def test_local_shards_give_the_dtensor_models_bits_and_the_dtensors_come_back(ti
                        start_method="spawn")
     r = results.get(timeout=5)
     assert r["swapped"] > 0 and r["dtensors_inside"] == 0, r  # control: the swap happened
-    assert r["dtensors_after"] == r["dtensors_before"] > 0, r
+    assert r["dtensors_after"] == r["dtensors_before"] > 0 and r["wrappers_back"], r
+    # 2 layers: q, k, v, gate, up plain (10), o_proj and down_proj ours (4), the lm_head transformers' (1)
+    assert r["forwards"] == {"class": 10, "nondet.probes.tp.local_params": 4,
+                             "transformers.distributed.tensor_parallel": 1}, r
     assert r["eager_equal"] and r["compiled_equal"], r

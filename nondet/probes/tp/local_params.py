@@ -16,6 +16,15 @@ go back in `finally`. Only Linears whose weight is sharded on one dimension (Sha
 Shard(1): row) are touched; embeddings and anything else keep their DTensors. A forward inside must
 run without gradients (generate's): with gradients the styles compute in DTensors, and a plain
 parameter there fails loudly (torch refuses to mix Tensor and DTensor), it does not compute wrong.
+
+The TP wrappers' own code is host cost too: traced, each wrapped Linear's forward (its parameters
+listed, swapped and put back around every call) adds guards per layer, ~40% more than the same
+step on one GPU (the guard log of a 4-layer TP2 step on the CPU, 2026-11-28). So inside, a linear of
+the plain "colwise" style (replicated input, its shard of the output kept) runs nn.Linear's own
+forward, and one of the plain "rowwise" style (its shard of the input, a replicated output) runs
+nn.Linear's forward on its shard, then the all-reduce, then the bias, as transformers' local
+inference path does. Any other style (an lm_head that gathers its output, an embedding) keeps its
+wrapper. The wrappers go back in `finally`.
 """
 
 import contextlib
@@ -47,13 +56,64 @@ def local_linear_params(model):
     how many were swapped (0 for a model that is not tensor-parallel)."""
     import torch
 
-    swapped = []
+    swapped, wrappers = [], []
     try:
         for module, name in shard_linears(model):
             original = module._parameters[name]
             module._parameters[name] = torch.nn.Parameter(original.to_local(), requires_grad=False)
             swapped.append((module, name, original))
+        for module in {id(m): m for m, _, _ in swapped}.values():
+            wrapper = module.__dict__.get("forward")
+            plain = plain_forward(module, wrapper)
+            if plain is not None:
+                wrappers.append((module, wrapper))
+                if plain is _CLASS_FORWARD:
+                    del module.forward  # nn.Linear's own forward
+                else:
+                    module.forward = plain
         yield len(swapped)
     finally:
+        for module, wrapper in wrappers:
+            module.forward = wrapper
         for module, name, original in swapped:
             module._parameters[name] = original
+
+
+_CLASS_FORWARD = object()  # plain_forward's answer for "the class's own forward"
+
+
+def plain_forward(module, wrapper):
+    """What replaces transformers' TP wrapper `wrapper` of a Linear holding local shards: _CLASS_FORWARD
+    (colwise), a forward that all-reduces (rowwise), or None (another style: the wrapper stays)."""
+    style, mesh = _closure(wrapper, "self"), _closure(wrapper, "mesh")
+    if style is None or mesh is None or type(style).__module__ != "transformers.distributed.tensor_parallel":
+        return None  # not the 5.2x wrapper this mirrors (5.17 shards another way: its wrapper stays)
+    from torch.distributed.tensor import Replicate, Shard
+
+    name, local_output = type(style).__name__, getattr(style, "use_local_output", False)
+    inputs, outputs = getattr(style, "input_layouts", None), getattr(style, "output_layouts", None)
+    if name == "ColwiseParallel" and local_output and inputs == Replicate() and outputs in (Shard(-1),):
+        return _CLASS_FORWARD
+    if name == "RowwiseParallel" and local_output and inputs == Shard(-1) and outputs == Replicate():
+        return _rowwise_forward(module, mesh.get_group() if mesh.ndim == 1 else mesh.get_group("tp"))
+    return None
+
+
+def _rowwise_forward(module, group):
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    def forward(x):
+        out = F.linear(x, module.weight)  # this rank's partial product: its K shard
+        dist.all_reduce(out, group=group)  # looked up at call time: the mode's collective when it is on
+        return out if module.bias is None else out + module.bias  # once, after the sum
+
+    return forward
+
+
+def _closure(function, name: str):
+    """The value of free variable `name` of `function` (a closure), or None."""
+    code, cells = getattr(function, "__code__", None), getattr(function, "__closure__", None)
+    if code is None or not cells or name not in code.co_freevars:
+        return None
+    return cells[code.co_freevars.index(name)].cell_contents
