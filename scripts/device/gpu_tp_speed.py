@@ -48,6 +48,10 @@ CUDA = os.environ.get("DEVICE", "cuda") == "cuda"
 # NONDET_TP_ALL_GUARDS=1: the compiled TP step keeps every dynamo guard (the probe's path before
 # compiled.tp_layout_guard_filter), for before / after figures
 NO_GUARD_FILTER = os.environ.get("NONDET_TP_ALL_GUARDS") == "1"
+# --count-guards: each compiled row records how many guards dynamo built for its graph and how many the
+# filter kept (a host cost per step that is the same on every machine); TP1 then gets a filter that
+# keeps every guard (the same compile config otherwise: CUDA graphs asked for as an option)
+COUNTERS: dict = {}  # id(model) -> (filter, tally)
 
 
 def build(path: Path, layers: int, hidden: int) -> None:
@@ -94,6 +98,8 @@ def decode(model, batch: int, tokens: int, compiled: bool) -> tuple[float, float
     device = model.device
     ids = torch.randint(5, 2000, (batch, PROMPT), generator=torch.Generator().manual_seed(batch)).to(device)
     guards = None if NO_GUARD_FILTER else tp_layout_guard_filter(model)
+    if COUNT_GUARDS[0]:
+        guards = counting_filter(model, guards)
     fields = generation_fields("inductor", device.type, guards) if compiled else {"disable_compile": True}
 
     def call(streamer=None):
@@ -135,6 +141,24 @@ def profile(model, world: int, out: str, write: bool, compiled: bool = False, ke
 
 
 CUDAGRAPH_SKIPS: list[str] = []  # Inductor's reasons for running a compiled graph without CUDA graphs
+
+
+COUNT_GUARDS = [False]  # set from --count-guards in each rank
+
+
+def counting_filter(model, inner):
+    """One filter per model (transformers keeps one compiled call per compile config): `inner`'s verdicts
+    (all kept when None), tallying the guards of the graph compiled last."""
+    if id(model) not in COUNTERS:
+        tally = {"guards": 0, "guards_kept": 0}
+
+        def keep(entries):
+            flags = inner(entries) if inner is not None else [True] * len(entries)
+            tally.update(guards=len(entries), guards_kept=sum(flags))
+            return flags
+
+        COUNTERS[id(model)] = (keep, tally)
+    return COUNTERS[id(model)][0]
 
 
 def record_cudagraph_skips() -> None:
@@ -188,6 +212,7 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
     load_s = time.perf_counter() - started
     rows = []
     record_cudagraph_skips()
+    COUNT_GUARDS[0] = args.count_guards
     if args.profile and "eager" in args.paths:
         profile(model, world, args.out, rank == 0)
     tree = args.tree_degree or max(args.worlds)  # the K tree's leaves: the largest degree compared
@@ -205,6 +230,8 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                     row.update(first_call_s=round(first, 2), ms=round(ms, 3), logits=digest)
                     if compiled:  # a break leaves pieces eager and outside CUDA graphs: the step's time says why
                         row.update({k: v - before[k] for k, v in dynamo_counts().items()})
+                        if args.count_guards:
+                            row.update(COUNTERS[id(model)][1])
                         row["skip_reasons"] = sorted(set(CUDAGRAPH_SKIPS[before["cudagraph_skips"]:]))[:3]
                         row["break_reasons"] = break_reasons(breaks_before)
                 except Exception as exc:  # noqa: BLE001 (a benchmark row: record and go on)
@@ -285,6 +312,7 @@ def main() -> None:
     p.add_argument("--paths", type=lambda s: s.split(","), default=["eager", "compiled"])
     p.add_argument("--kernels", type=lambda s: s.split(","), default=["default", "batch-invariant", "tp-invariant"])
     p.add_argument("--profile", action="store_true", help="also profile a default (and default+local) B = 1 step per world and path")
+    p.add_argument("--count-guards", action="store_true", help="compiled rows: the guards dynamo built and kept")
     p.add_argument("--tag", default="", help="a suffix of the output files (two runs in one $OUT)")
     p.add_argument("--tree-degree", type=int, default=0, help="tp-invariant's tree for this degree (default: the largest of --worlds; runs of one degree each, side by side, pass the largest of them all)")
     p.add_argument("--merge", action="store_true", help="merge the tp_speed-*.json of runs side by side in --out into one table, then stop")
