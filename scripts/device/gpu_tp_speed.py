@@ -10,9 +10,11 @@ call of a 32-token prompt on every rank, timed on rank 0 between consecutive tok
 every step, so the gaps are decode steps' wall time; the median of TOKENS - 2 gaps):
 
     kernels   default | batch-invariant (the mode) | tp-invariant (the mode with the K tree of
-              --tp-invariant for --tree-degree, default the largest world asked; TP1 too); each may
-              end in "+local": the TP linears then hold plain local shards, not DTensors
-              (probes/tp/local_params.py)
+              --tp-invariant for --tree-degree, default the largest world asked; TP1 too). Each runs
+              as the TP worker decodes: the TP linears on plain local shards without transformers'
+              wrappers (probes/tp/local_params.py); a name ending in "+dtensor" keeps transformers'
+              DTensors and wrappers (the path before 2026-11-28; "+local", as rows of that day were
+              named, is the plain name)
     path      eager: transformers' dynamic cache, no compile (the probe's default path)
               compiled: a static cache and transformers' compile config (torch.compile,
               CUDA graphs), the path of `nondet probe --compile`; the mode with traceable=True
@@ -74,14 +76,13 @@ def build(path: Path, layers: int, hidden: int) -> None:
 
 
 def kernels_scope(kernels: str, model, compiled: bool, max_world: int, world: int):
-    """The row's kernels; a "+local" suffix also swaps the TP linears' DTensors for their local shards
-    (probes/tp/local_params.py)."""
+    """The row's kernels, on local shards unless the name ends in "+dtensor" (the module doc)."""
     from nondet.kernels import batch_invariant, collective, tp_tree
     from nondet.probes.tp.local_params import local_linear_params
 
     stack = contextlib.ExitStack()
-    kernels, local = kernels.removesuffix("+local"), kernels.endswith("+local")
-    if local:
+    kernels, dtensor = kernels.removesuffix("+local").removesuffix("+dtensor"), kernels.endswith("+dtensor")
+    if not dtensor:
         stack.enter_context(local_linear_params(model))
     if kernels != "default":
         stack.enter_context(batch_invariant(model=model, traceable=compiled))
@@ -136,8 +137,8 @@ def profile(model, world: int, out: str, write: bool, compiled: bool = False, ke
     text = averages.table(sort_by="self_cpu_time_total", row_limit=20)
     if CUDA:
         text += "\n" + averages.table(sort_by="self_cuda_time_total", row_limit=25)
-    local = "_local" if kernels.endswith("+local") else ""
-    Path(out, f"tp{world}_profile{'_compiled' if compiled else ''}{local}.txt").write_text(text)
+    dtensor = "_dtensor" if kernels.endswith("+dtensor") else ""
+    Path(out, f"tp{world}_profile{'_compiled' if compiled else ''}{dtensor}.txt").write_text(text)
 
 
 CUDAGRAPH_SKIPS: list[str] = []  # Inductor's reasons for running a compiled graph without CUDA graphs
@@ -242,7 +243,7 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                 if rank == 0:
                     print(json.dumps(row), flush=True)
                     Path(out_file).write_text(json.dumps({"load_s": round(load_s, 1), "rows": rows}))
-                if args.profile and compiled and kernel.removesuffix("+local") == "default" and batch == 1 \
+                if args.profile and compiled and kernel.removesuffix("+local").removesuffix("+dtensor") == "default" and batch == 1 \
                         and "error" not in row:
                     with kernels_scope(kernel, model, compiled, tree, world):
                         profile(model, world, args.out, rank == 0, compiled=True, kernels=kernel)
@@ -311,7 +312,7 @@ def main() -> None:
     p.add_argument("--model", default="")
     p.add_argument("--paths", type=lambda s: s.split(","), default=["eager", "compiled"])
     p.add_argument("--kernels", type=lambda s: s.split(","), default=["default", "batch-invariant", "tp-invariant"])
-    p.add_argument("--profile", action="store_true", help="also profile a default (and default+local) B = 1 step per world and path")
+    p.add_argument("--profile", action="store_true", help="also profile a default (and default+dtensor) B = 1 step per world and path")
     p.add_argument("--count-guards", action="store_true", help="compiled rows: the guards dynamo built and kept")
     p.add_argument("--tag", default="", help="a suffix of the output files (two runs in one $OUT)")
     p.add_argument("--tree-degree", type=int, default=0, help="tp-invariant's tree for this degree (default: the largest of --worlds; runs of one degree each, side by side, pass the largest of them all)")
