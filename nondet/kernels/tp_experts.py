@@ -14,6 +14,9 @@ holds chunk i of the gate and of the up rows and whose down_proj holds chunk i o
 leaves are combined by rounded_tree.pairwise_tree, and a rank at degree d computes leaves/d adjacent
 leaves of its own slice, so every degree computes the same tree (the collective continues it).
 
+Cost: each leaf's view copies its slices of the experts' weights on every call (one more read and
+write of them a step); --tp-invariant is for proving TP1 == TP2, not for speed.
+
 Layouts covered: concatenated [gate; up] (or up_proj alone), not transposed, no bias, no norm after
 the expert; tp_tree.uncovered_reason names what else a plan shards row-wise in an experts module, so
 --tp-invariant refuses it in one line instead of running it outside the tree.

@@ -4,8 +4,8 @@ transformers shards a TP model's weights as DTensors. At inference its column- a
 nn.Linear layers already compute on the local shard (the DTensor is swapped for its local tensor
 around each forward; the row-parallel output is all-reduced as a plain tensor). The DTensor
 parameters still cost every call of a compiled step on the host: dynamo checks guards on each one,
-and the compiled graph unwraps each tensor subclass at its boundary. On 2 H200s (2026-11-28, 8 layers
-of the 8B shape, compiled, B = 1) TP2's step took 3.43 ms against one GPU's 2.71 ms while its GPU time
+and the compiled graph unwraps each tensor subclass at its boundary. On an H200 host (2026-11-28, 8
+layers of the 8B shape, compiled, B = 1) TP2's step took 3.43 ms against one GPU's 2.71 ms while its GPU time
 was lower (1.04 vs 1.45 ms a step): dynamo's cache lookup 0.76 vs 0.25 ms a call, the compiled
 region's own host time 0.72 vs 0.11 ms.
 
@@ -87,7 +87,7 @@ def plain_forward(module, wrapper):
     (colwise), a forward that all-reduces (rowwise), or None (another style: the wrapper stays)."""
     style, mesh = _closure(wrapper, "self"), _closure(wrapper, "mesh")
     if style is None or mesh is None or type(style).__module__ != "transformers.distributed.tensor_parallel":
-        return None  # not the 5.2x wrapper this mirrors (5.17 shards another way: its wrapper stays)
+        return None  # not one of transformers' TP wrappers this mirrors: it stays
     from torch.distributed.tensor import Replicate, Shard
 
     name, local_output = type(style).__name__, getattr(style, "use_local_output", False)
