@@ -125,7 +125,7 @@ def ensure_registered() -> None:
 
 
 def rounded_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """One node of tp_tree's pairwise K tree: a + b in fp32, rounded once to a's dtype. Traced, it is the
+    """One node of rounded_tree's pairwise tree: a + b in fp32, rounded once to a's dtype. Traced, it is the
     opaque nondet::rounded_add, so that Inductor cannot fuse two levels of the tree and drop the rounding
     between them (on an H200 a 4-leaf tree compiled gave other bits than eager; one level, the same)."""
     return (a.float() + b.float()).to(a.dtype)

@@ -31,6 +31,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_attention_stages import graph_us  # noqa: E402
 
 HIDDEN = 4096
 CALLS = 72  # all-reduces in one 36-layer decode step (o_proj and down_proj of each layer)
@@ -42,29 +44,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _graph_us(fn, replays: int = 20) -> float:
-    """Microseconds per call of fn() captured CALLS times in one CUDA graph, median of `replays` replays."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    times = []
-    for _ in range(replays):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / CALLS)
-    return sorted(times)[len(times) // 2]
+def _us(fn) -> float:
+    """us per call, CALLS calls in one CUDA graph, median of 20 replays started together on every rank."""
+    return graph_us(fn, calls=CALLS, replays=20, before_replay=_aligned)
+
+
+def _aligned() -> None:
+    """The ranks start a replay together: a replay's time is then the collectives', not a peer's lag."""
+    dist.barrier()
+    torch.cuda.synchronize()
 
 
 def _rank(rank: int, world: int, port: int, batches: list[int], queue) -> None:
@@ -90,9 +78,9 @@ def _rank(rank: int, world: int, port: int, batches: list[int], queue) -> None:
         dist.all_gather_object(hashes, hashlib.sha256(one_shot.cpu().view(torch.int16).numpy().tobytes()).hexdigest())
         row = {"world": world, "batch": batch, "one_shot_same_on_every_rank": len(set(hashes)) == 1,
                "one_shot_equals_invariant": bool(torch.equal(one_shot, reference)),
-               "nccl_us": _graph_us(lambda: dist.all_reduce(work)),
-               "invariant_us": _graph_us(lambda: collective.invariant_all_reduce(work)),
-               "one_shot_us": _graph_us(lambda: torch.ops.symm_mem.one_shot_all_reduce_copy(buffer, x, "sum", group))}
+               "nccl_us": _us(lambda: dist.all_reduce(work)),
+               "invariant_us": _us(lambda: collective.invariant_all_reduce(work)),
+               "one_shot_us": _us(lambda: torch.ops.symm_mem.one_shot_all_reduce_copy(buffer, x, "sum", group))}
         rows.append(row)
     if rank == 0:
         queue.put(rows)

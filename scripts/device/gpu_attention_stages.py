@@ -23,7 +23,9 @@ from nondet.kernels.triton_attention import attention
 CANDIDATES = ((4, 2, 4, None), (4, 3, 4, None), (8, 2, 4, None), (8, 3, 4, None), (8, 4, 4, None))
 
 
-def graph_us(fn, calls: int = 20) -> float:
+def graph_us(fn, calls: int = 20, replays: int = 5, before_replay=None) -> float:
+    """Microseconds per call of fn(), captured `calls` times in one CUDA graph: the median of `replays`
+    replays. before_replay: run before each (the ranks of a collective align on a barrier)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -31,7 +33,9 @@ def graph_us(fn, calls: int = 20) -> float:
         for _ in range(calls):
             fn()
     times = []
-    for _ in range(5):
+    for _ in range(replays):
+        if before_replay is not None:
+            before_replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()

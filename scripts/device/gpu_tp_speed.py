@@ -81,9 +81,9 @@ def kernels_scope(kernels: str, model, compiled: bool, max_world: int, world: in
     from nondet.probes.tp.local_params import local_linear_params
 
     stack = contextlib.ExitStack()
-    kernels, dtensor = kernels.removesuffix("+local").removesuffix("+dtensor"), kernels.endswith("+dtensor")
-    if not dtensor:
+    if not kernels.endswith("+dtensor"):
         stack.enter_context(local_linear_params(model))
+    kernels = base_kernels(kernels)
     if kernels != "default":
         stack.enter_context(batch_invariant(model=model, traceable=compiled))
     if kernels == "tp-invariant":
@@ -92,14 +92,19 @@ def kernels_scope(kernels: str, model, compiled: bool, max_world: int, world: in
     return stack
 
 
-def decode(model, batch: int, tokens: int, compiled: bool) -> tuple[float, float, str]:
+def base_kernels(name: str) -> str:
+    """The kernels of a row name, without its parameters suffix ("+dtensor", or "+local": the plain name)."""
+    return name.removesuffix("+local").removesuffix("+dtensor")
+
+
+def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = False) -> tuple[float, float, str]:
     """(first call s, ms per decode step, hash of row 0's last logits) of a generate call of `tokens`."""
     from nondet.probes.core.compiled import generation_fields, tp_layout_guard_filter
 
     device = model.device
     ids = torch.randint(5, 2000, (batch, PROMPT), generator=torch.Generator().manual_seed(batch)).to(device)
     guards = None if NO_GUARD_FILTER else tp_layout_guard_filter(model)
-    if COUNT_GUARDS[0]:
+    if count_guards:
         guards = counting_filter(model, guards)
     fields = generation_fields("inductor", device.type, guards) if compiled else {"disable_compile": True}
 
@@ -142,9 +147,6 @@ def profile(model, world: int, out: str, write: bool, compiled: bool = False, ke
 
 
 CUDAGRAPH_SKIPS: list[str] = []  # Inductor's reasons for running a compiled graph without CUDA graphs
-
-
-COUNT_GUARDS = [False]  # set from --count-guards in each rank
 
 
 def counting_filter(model, inner):
@@ -213,7 +215,6 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
     load_s = time.perf_counter() - started
     rows = []
     record_cudagraph_skips()
-    COUNT_GUARDS[0] = args.count_guards
     if args.profile and "eager" in args.paths:
         profile(model, world, args.out, rank == 0)
     tree = args.tree_degree or max(args.worlds)  # the K tree's leaves: the largest degree compared
@@ -227,7 +228,7 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                 try:
                     with kernels_scope(kernel, model, compiled, tree, world), torch.inference_mode(), \
                             compile_scope():  # the probe's recompile limit and Inductor cache folder
-                        first, ms, digest = decode(model, batch, args.tokens, compiled)
+                        first, ms, digest = decode(model, batch, args.tokens, compiled, args.count_guards)
                     row.update(first_call_s=round(first, 2), ms=round(ms, 3), logits=digest)
                     if compiled:  # a break leaves pieces eager and outside CUDA graphs: the step's time says why
                         row.update({k: v - before[k] for k, v in dynamo_counts().items()})
@@ -243,8 +244,7 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                 if rank == 0:
                     print(json.dumps(row), flush=True)
                     Path(out_file).write_text(json.dumps({"load_s": round(load_s, 1), "rows": rows}))
-                if args.profile and compiled and kernel.removesuffix("+local").removesuffix("+dtensor") == "default" and batch == 1 \
-                        and "error" not in row:
+                if args.profile and compiled and base_kernels(kernel) == "default" and batch == 1 and "error" not in row:
                     with kernels_scope(kernel, model, compiled, tree, world):
                         profile(model, world, args.out, rank == 0, compiled=True, kernels=kernel)
             torch._dynamo.reset()
