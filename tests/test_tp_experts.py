@@ -15,6 +15,7 @@ import torch
 
 import cli_runner
 import family_models as fm
+from controls import FIX_KERNELS, mode
 from nondet.kernels import batch_invariant, tp_experts, tp_tree
 from nondet.probes.models.default_model import build_tokenizer
 
@@ -44,7 +45,7 @@ def test_a_ranks_subtree_of_the_experts_then_the_pairwise_add_is_the_whole_tree(
     model = fm.load(moe_dir, torch.bfloat16)
     experts = model.model.layers[0].mlp.experts
     routed = _routed(experts)
-    with torch.no_grad(), batch_invariant(model=model):
+    with torch.no_grad(), mode(model=model):
         whole = _experts_tree(experts, routed, 4)
         plain = experts(*routed)
         # rank r at TP2 holds [gate_r; up_r] and down_proj's columns r: a view of half the intermediate dim
@@ -93,11 +94,11 @@ def test_on_an_moe_the_mode_alone_leaves_tp2_off_tp1_and_the_tree_makes_them_bit
     def versus(*extra):
         out = tmp_path / ("tree" if extra else "plain")
         r = cli_runner.run(("probe", "--tp", "1,2", "--model", str(moe_dir), "--prompt", "Tell me about Richard Feynman",
-                            "--batch-sizes", "1,2", "--max-new-tokens", "6", "--kernels", "batch-invariant",
+                            "--batch-sizes", "1,2", "--max-new-tokens", "6", "--kernels", FIX_KERNELS,
                             "--dtype", "float32", "--out", str(out), *extra), env=dict(os.environ), timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         summary = json.loads((out / "summary.json").read_text())
-        (row,) = summary["tensor_parallel"]["modes"]["batch-invariant"]["vs_reference"]
+        (row,) = summary["tensor_parallel"]["modes"][FIX_KERNELS]["vs_reference"]
         return row
 
     plain = versus()

@@ -14,6 +14,7 @@ import torch
 
 from nondet.kernels import tp_tree
 import cli_runner
+from controls import FIX_KERNELS
 
 
 def nondet(*args):
@@ -24,11 +25,11 @@ def tp_versus(tmp_path, *extra, model=None) -> tuple[dict, dict]:
     out = tmp_path / ("tree" if "--tp-invariant" in extra else "plain")
     model_args = ("--model", str(model)) if model else ()
     r = nondet("probe", "--tp", "1,2", *model_args, "--prompt", "Tell me about Richard Feynman", "--batch-sizes", "1,2",
-               "--max-new-tokens", "6", "--kernels", "batch-invariant", "--out", str(out), *extra)
+               "--max-new-tokens", "6", "--kernels", FIX_KERNELS, "--out", str(out), *extra)
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((out / "summary.json").read_text())
     fingerprint = json.loads((out / "fingerprint.json").read_text())
-    (versus,) = summary["tensor_parallel"]["modes"]["batch-invariant"]["vs_reference"]
+    (versus,) = summary["tensor_parallel"]["modes"][FIX_KERNELS]["vs_reference"]
     return versus, fingerprint["tensor_parallel"]
 
 
@@ -51,7 +52,7 @@ def test_compiled_the_tree_makes_tp1_and_tp2_bitwise_equal_with_every_linear_rou
     tree, fp_tree = tp_versus(tmp_path, "--compile", "--tp-invariant", model=tiny_model_dir)
     assert tree["bitwise_equal"] and tree["first_token_divergence"] is None  # negative control
     summary = json.loads((tmp_path / "tree" / "summary.json").read_text())
-    assert summary["decode_path"]["modes"]["batch-invariant"]["path"] == "compiled"
+    assert summary["decode_path"]["modes"][FIX_KERNELS]["path"] == "compiled"
     assert summary["compiled_graph_census"]["uncovered"] == [] and fp_tree["tp_invariant_leaves"] == 2
 
 
