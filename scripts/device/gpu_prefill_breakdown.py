@@ -115,7 +115,28 @@ EXTRA_CANDIDATES = tuple(MatmulConfig(bm, bn, 64, 1024, 8, w, st, tma) for bm, b
     (64, 256, 8, 3, False), (64, 256, 8, 4, False)))
 
 
-def print_tile_sweep(shapes, ms, k_chunks=()) -> None:
+def launch_variants(cand: MatmulConfig, tma_split: bool):
+    """(label, split, TMA split programs per SM) to time a candidate with: as dispatched, and with
+    --tma-split a TMA tile again forced to the split strategy fed by TMA, one program per (tile, chunk)
+    unit and one persistent program per SM."""
+    yield "", None, None
+    if tma_split and cand.tma:
+        yield " split", True, None
+        yield " split 1/SM", True, 1
+
+
+def timed_mm(x, w, cand, split, per_sm):
+    """(bits of x @ w.T under cand, us of a replay) with the TMA split's programs per SM set to per_sm."""
+    saved = triton_matmul.TMA_SPLIT_PROGRAMS_PER_SM
+    triton_matmul.TMA_SPLIT_PROGRAMS_PER_SM = per_sm
+    try:
+        out = triton_matmul.mm(x, w.t(), cfg=cand, split=split)
+        return out, graph_us(lambda: triton_matmul.mm(x, w.t(), cfg=cand, split=split))
+    finally:
+        triton_matmul.TMA_SPLIT_PROGRAMS_PER_SM = saved
+
+
+def print_tile_sweep(shapes, ms, k_chunks=(), tma_split=False, top=5) -> None:
     """Each (K, N) at each M under every candidate tile: us (ratio to cuBLAS), tiles per SM (waves), and
     BITS where a row differs from the shipped dispatch's. k_chunks: each candidate again with these
     config k_chunks (the chunk a K gets is config.k_chunk_for: 256 gives 512 at K 4096), a K order for
@@ -126,7 +147,7 @@ def print_tile_sweep(shapes, ms, k_chunks=()) -> None:
         for k, n in shapes:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
-            shipped = matmul_config(torch.bfloat16, m, k, n)
+            shipped = matmul_config(torch.bfloat16, m, k, n, x.device)  # the device's dispatch (by_waves)
             chunk = k_chunk_for(k, shipped)  # the K chunk this K gets (config.k_chunk_for)
             other = [replace(shipped, k_chunk=c) for c in k_chunks if k_chunk_for(k, replace(shipped, k_chunk=c)) != chunk]
             references = {k_chunk_for(k, cfg): triton_matmul.mm(x, w.t(), cfg=cfg) for cfg in other}
@@ -134,22 +155,23 @@ def print_tile_sweep(shapes, ms, k_chunks=()) -> None:
             ref_us = graph_us(lambda: F.linear(x, w))
             cells = []
             chunked = [replace(cand, k_chunk=cfg.k_chunk) for cfg in other for cand in tune.CANDIDATES + EXTRA_CANDIDATES]
-            for cand in tune.CANDIDATES + EXTRA_CANDIDATES + tuple(chunked):
+            for cand, (label, split, per_sm) in ((c, v) for c in tune.CANDIDATES + EXTRA_CANDIDATES + tuple(chunked)
+                                                 for v in launch_variants(c, tma_split)):
+                name = tune._name(cand) + label + (f" K chunk {k_chunk_for(k, cand)}" if k_chunk_for(k, cand) != chunk else "")
                 try:
-                    same = torch.equal(triton_matmul.mm(x, w.t(), cfg=cand), references[k_chunk_for(k, cand)])
-                    us = graph_us(lambda cand=cand: triton_matmul.mm(x, w.t(), cfg=cand))
+                    out, us = timed_mm(x, w, cand, split, per_sm)
                 except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is a cell, not a stop
-                    cells.append((float("inf"), f"{tune._name(cand)} failed: {type(exc).__name__}"))
+                    cells.append((float("inf"), f"{name} failed: {type(exc).__name__}"))
                     continue
+                same = torch.equal(out, references[k_chunk_for(k, cand)])
                 tiles = -(-m // cand.block_m) * -(-n // cand.block_n)
-                mark = " (shipped)" if cand == shipped else ""
-                name = tune._name(cand) + (f" K chunk {k_chunk_for(k, cand)}" if k_chunk_for(k, cand) != chunk else "")
+                mark = " (shipped)" if cand == shipped and not label else ""
                 cells.append((us, f"{name}{mark} {us:.1f} ({ref_us / us:.2f}x, {tiles / sms:.2f} waves)"
                                   f"{'' if same else ' BITS'}"))
             cells.sort()
             shipped_cell = next((text for _, text in cells if "(shipped)" in text), "shipped not among candidates")
             print(f"\nM {m} K {k} N {n}: cuBLAS {ref_us:.1f} us; {shipped_cell}; fastest first: "
-                  + "; ".join(text for _, text in cells[:5]), flush=True)
+                  + "; ".join(text for _, text in cells[:top]), flush=True)
 
 
 def main() -> None:
@@ -160,11 +182,14 @@ def main() -> None:
                         "8B matmul shapes at each, instead of the tables")
     parser.add_argument("--k-chunks", default="", help="with --sweep: every candidate again with these config "
                         "k_chunks (comma-separated; 256 gives a 512 chunk at K 4096), a K order for every M")
+    parser.add_argument("--tma-split", action="store_true", help="with --sweep: each TMA tile again forced to "
+                        "the split strategy fed by TMA (one program per unit, and one per SM)")
+    parser.add_argument("--top", type=int, default=5, help="with --sweep: cells printed per shape, fastest first")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     if args.sweep:
         chunks = [int(c) for c in args.k_chunks.split(",") if c]
-        return print_tile_sweep(SWEEP_SHAPES, [int(m) for m in args.sweep.split(",")], chunks)
+        return print_tile_sweep(SWEEP_SHAPES, [int(m) for m in args.sweep.split(",")], chunks, args.tma_split, args.top)
     model = build(args.layers)
     print_shape_table(model, args.tokens, args.layers)
     print_graph_tables(model, args.tokens)
