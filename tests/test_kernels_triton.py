@@ -77,9 +77,7 @@ if not INNER:
 else:
     import torch
 
-    from dataclasses import replace
-
-    from nondet.kernels import counters, reference, triton_attention, triton_matmul, triton_rows
+    from nondet.kernels import reference, triton_attention, triton_matmul, triton_rows
     from nondet.kernels.config import AttentionConfig, MatmulConfig
 
     prepare_interpreter()
@@ -377,35 +375,6 @@ else:
             assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
             assert rel(out, reference.mm(a, w.t(), b)) < 1e-2
         assert len(launched) == 2  # the TMA path ran, not the pointer fallback
-
-    @pytest.mark.parametrize("programs_per_sm", [None, 1])
-    def test_matmul_tma_split_gives_the_fused_kernels_bits(programs_per_sm, monkeypatch):
-        # the split strategy fed by TMA: (tile, chunk) units, chunk sums added in order by the tile's last
-        # unit; one program per unit, or 4 programs (the interpreter's "SMs") walking 27 units each
-        monkeypatch.setattr(triton_matmul, "TMA_SPLIT_PROGRAMS_PER_SM", programs_per_sm)
-        tma_cfg = MatmulConfig(16, 16, 16, 32, 2, 4, 1, tma=True)
-        launches = record_matmul_launches(monkeypatch, run=True)
-        torch.manual_seed(8)
-        a = torch.randn(37, 72, dtype=torch.bfloat16)  # K=72: chunks of 32, 32 and 8; 3 x 2 tiles of 16
-        w = torch.randn(29, 72, dtype=torch.bfloat16)
-        # element (0, 0) tells K orders apart: its 16-wide steps sum to 1, 0, 2^24, -2^24, 0. In 32-wide
-        # chunks 2^24 - 2^24 cancels inside the second chunk (result 1); summed step by step, 1 + 2^24
-        # rounds to 2^24 first (result 0)
-        a[0] = 1.0
-        w[0] = torch.cat([torch.full((16,), 1 / 16), torch.zeros(16), torch.full((16,), 2.0 ** 20),
-                          torch.full((16,), -2.0 ** 20), torch.zeros(8)])
-        bias = torch.randn(29, dtype=torch.bfloat16)
-        for b in (None, bias):
-            ref = triton_matmul.mm(a, w.t(), b, cfg=MM_CFG, split=False)
-            out = triton_matmul.mm(a, w.t(), b, cfg=tma_cfg, split=True)
-            assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
-            assert rel(out, reference.mm(a, w.t(), b)) < 1e-2
-        assert [k for k, _ in launches] == [triton_matmul._mm_kernel, triton_matmul._mm_tma_split_kernel] * 2
-        assert not counters.buffer(a.device).any()  # every tile's counter back at zero
-        assert triton_matmul.mm(a, w.t(), cfg=tma_cfg, split=True)[0, 0] == 1
-        # control: another K order (16-wide chunks: config k_chunk 8 doubles at K 72) gives element (0, 0)
-        # otherwise, so the equal bits above mean the same order
-        assert triton_matmul.mm(a, w.t(), cfg=replace(tma_cfg, k_chunk=8), split=True)[0, 0] == 0
 
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
     def test_matmul_tma_kernel_building_its_own_descriptors_gives_the_same_bits(dtype, monkeypatch):

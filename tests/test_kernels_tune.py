@@ -72,3 +72,18 @@ def test_past_m_256_the_tile_follows_the_rounds_it_fills(m, n, block_n):
     # speed only: the K order (block_k, k_chunk) is every bucket's
     shipped = config.MATMUL_BUCKETS[torch.bfloat16][-1][1]
     assert (chosen.block_k, chosen.k_chunk) == (shipped.block_k, shipped.k_chunk)
+
+
+def test_the_square_tile_takes_five_stages_only_where_a_block_has_the_shared_memory(monkeypatch):
+    # 5 x 32 KiB of A and W tiles: Hopper's 227 KiB per block holds them, an A100's 163 does not
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(config, "tuning", lambda device: {})  # the shipped buckets, no tuned table
+    monkeypatch.setattr(config, "sm_count", lambda device: 132)
+    stages = {}
+    for name, smem in (("hopper", 227 * 1024), ("ampere", 163 * 1024)):
+        monkeypatch.setattr(config, "block_smem", lambda device, smem=smem: smem)
+        stages[name] = {config.matmul_config(torch.bfloat16, 512, 4096, n, cuda).num_stages for n in (4096, 12288)}
+        wide = config.matmul_config(torch.bfloat16, 512, 4096, 14336, cuda)
+        assert (wide.block_n, wide.num_stages) == (256, 3)  # the wide tile keeps its 3
+        assert config.matmul_config(torch.bfloat16, 512, 4096, 4096).num_stages == 4  # no device: no GPU to ask
+    assert stages == {"hopper": {5}, "ampere": {4}}

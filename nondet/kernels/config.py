@@ -210,7 +210,7 @@ def matmul_config(dtype: torch.dtype, m: int, k: int | None = None, n: int | Non
     tuned = tuning(device).get((dtype, k, n)) if cuda else None
     cfg = next(cfg for top, cfg in (tuned or shipped_buckets(dtype, n)) if top is None or m <= top)
     if tuned is None and cuda and n is not None and m > 256 and cfg in (_SQUARE, _WIDE):
-        return by_waves(m, n, sm_count(device))
+        return by_waves(m, n, sm_count(device), block_smem(device) >= DEEP_SQUARE_SMEM)
     return cfg
 
 
@@ -225,13 +225,32 @@ WIDE_TILE_COST = 1.8  # a 128x256 tile's time in 128x128 tiles
 
 
 @functools.lru_cache(maxsize=4096)  # on the launch path; a model has a handful of widths and prompt lengths
-def by_waves(m: int, n: int, sms: int) -> MatmulConfig:
-    """_SQUARE or _WIDE for an (m x N) output on `sms` SMs: the fewer rounds of programs, weighted by tile cost."""
+def by_waves(m: int, n: int, sms: int, deep: bool = False) -> MatmulConfig:
+    """_SQUARE (_SQUARE_DEEP with `deep`) or _WIDE for an (m x N) output on `sms` SMs: the fewer rounds
+    of programs, weighted by tile cost."""
     def rounds(cfg: MatmulConfig) -> int:
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         return -(-tiles // sms)
 
-    return _SQUARE if rounds(_SQUARE) < WIDE_TILE_COST * rounds(_WIDE) else _WIDE
+    if rounds(_SQUARE) < WIDE_TILE_COST * rounds(_WIDE):
+        return _SQUARE_DEEP if deep else _SQUARE
+    return _WIDE
+
+
+# The 128x128 tile with 5 stages in flight where a block may take DEEP_SQUARE_SMEM of shared memory
+# (its A and W tiles: 5 x 32 KiB; Hopper gives a block 227 KiB, an A100 163). Same bits (the K order
+# is the dtype's). H200 (2026-11-28, gpu_prefill_breakdown.py --sweep 512, us, 4 -> 5 stages, cuBLAS in
+# brackets): K 4096 N 12288 90.4 -> 86.4 (70.8), K 12288 N 4096 79.8 -> 77.3 (68.0), K 14336 N 4096
+# 92.0 -> 89.3 (79.2), K = N = 4096 29.7 -> 30.3 (23.8, one full wave: within noise); H100
+# (2026-11-26) 3-6% faster at M 512.
+_SQUARE_DEEP = replace(_SQUARE, num_stages=5)
+DEEP_SQUARE_SMEM = 200 * 1024  # bytes
+
+
+@functools.lru_cache(maxsize=None)
+def block_smem(device: torch.device) -> int:
+    """Bytes of shared memory one block may opt in to on a CUDA device."""
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
 @functools.lru_cache(maxsize=None)

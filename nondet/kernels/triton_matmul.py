@@ -159,36 +159,6 @@ def _mm_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr, count_ptr,
                     s_biasn, alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)
 
 
-@triton.jit
-def tma_descriptors(a_src, b_src, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    DEVICE_DESC: tl.constexpr):
-    """A's (M, K) and the weight's (N, K) descriptors: passed in (host ones), or with DEVICE_DESC built
-    here from the row-major tensors (the same tiles, the same bits)."""
-    if DEVICE_DESC:  # Triton takes their scratch memory from its allocator (Inductor sets one)
-        a_desc = tl.make_tensor_descriptor(a_src, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-        b_desc = tl.make_tensor_descriptor(b_src, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
-    else:
-        a_desc = a_src
-        b_desc = b_src
-    return a_desc, b_desc
-
-
-@triton.jit
-def tma_chunk_sum(a_desc, b_desc, pid_m, pid_n, c, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, K_CHUNK: tl.constexpr, UPCAST: tl.constexpr):
-    """Chunk c of one (BLOCK_M, BLOCK_N) tile, fp32: from zero, a chain of BLOCK_K dots, as chunk_sums
-    sums each chunk (rows past M and K past its end arrive as zeros from TMA)."""
-    part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(c * K_CHUNK, tl.minimum((c + 1) * K_CHUNK, K), BLOCK_K):
-        a = a_desc.load([pid_m * BLOCK_M, k])
-        b = b_desc.load([pid_n * BLOCK_N, k])
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        part = tl.dot(a, b.T, part)
-    return part
-
-
 @triton.jit(do_not_specialize=["M", "NUM_PROGRAMS"])  # one binary for every batch size
 def _mm_tma_kernel(a_src, b_src, c_ptr, bias_ptr, M, N, K, s_cm, s_cn, s_biasm, s_biasn, alpha, beta,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -202,52 +172,31 @@ def _mm_tma_kernel(a_src, b_src, c_ptr, bias_ptr, M, N, K, s_cm, s_cn, s_biasm, 
 
     a_src / b_src: host TMA descriptors of A and B, or with DEVICE_DESC the row-major tensors
     themselves, from which the kernel builds the same descriptors (the same tiles, the same bits)."""
-    a_desc, b_desc = tma_descriptors(a_src, b_src, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, DEVICE_DESC)
+    if DEVICE_DESC:  # Triton takes their scratch memory from its allocator (Inductor sets one)
+        a_desc = tl.make_tensor_descriptor(a_src, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(b_src, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    else:
+        a_desc = a_src
+        b_desc = b_src
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS):
         pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for c in range(0, tl.cdiv(K, K_CHUNK)):
-            acc = acc + tma_chunk_sum(a_desc, b_desc, pid_m, pid_n, c, K, BLOCK_M, BLOCK_N, BLOCK_K, K_CHUNK, UPCAST)
+            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k in range(c * K_CHUNK, tl.minimum((c + 1) * K_CHUNK, K), BLOCK_K):
+                a = a_desc.load([pid_m * BLOCK_M, k])
+                b = b_desc.load([pid_n * BLOCK_N, k])
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                part = tl.dot(a, b.T, part)
+            acc = acc + part
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         _store_tile(acc, c_ptr, bias_ptr, 0, offs_m, offs_n, 0, s_cm, s_cn, 0, s_biasm, s_biasn,
                     alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)  # one matrix: batch entry 0
-
-
-@triton.jit(do_not_specialize=["M", "NUM_PROGRAMS"])  # one binary for every batch size
-def _mm_tma_split_kernel(a_src, b_src, c_ptr, bias_ptr, ws_ptr, count_ptr, M, N, K, s_cm, s_cn, s_biasm, s_biasn,
-                         alpha, beta, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         K_CHUNK: tl.constexpr, GROUP_M: tl.constexpr, NUM_CHUNKS: tl.constexpr, NUM_PROGRAMS,
-                         HAS_BIAS: tl.constexpr, UNIT_SCALE: tl.constexpr, UPCAST: tl.constexpr,
-                         DEVICE_DESC: tl.constexpr):
-    """The split strategy fed by TMA: each (tile, chunk) unit's chunk sum goes to the fp32 workspace
-    (NUM_CHUNKS, M, N); the tile's last unit to arrive adds the chunk sums in chunk order, from zero,
-    and stores the tile, as _mm_kernel's split does. Units run chunk-minor, so a tile's chunks run side
-    by side. NUM_PROGRAMS programs walk the units (one each when there are as many)."""
-    a_desc, b_desc = tma_descriptors(a_src, b_src, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, DEVICE_DESC)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    for unit in tl.range(tl.program_id(0), num_m * num_n * NUM_CHUNKS, NUM_PROGRAMS):
-        tile = unit // NUM_CHUNKS
-        c = unit % NUM_CHUNKS
-        pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
-        part = tma_chunk_sum(a_desc, b_desc, pid_m, pid_n, c, K, BLOCK_M, BLOCK_N, BLOCK_K, K_CHUNK, UPCAST)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        ws = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
-        tl.store(ws + c * M * N, part, mask=out_mask)
-        tl.debug_barrier()  # every thread's part of the chunk sum is written before the release below
-        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == NUM_CHUNKS - 1:  # the tile's other chunk sums are all written: add them in order, from zero
-            tl.store(count_ptr + tile, 0)  # zero again for the next launch (counters.py)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for i in tl.static_range(NUM_CHUNKS):
-                acc = acc + tl.load(ws + i * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
-            _store_tile(acc, c_ptr, bias_ptr, 0, offs_m, offs_n, 0, s_cm, s_cn, 0, s_biasm, s_biasn,
-                        alpha, beta, M, N, HAS_BIAS, UNIT_SCALE)  # one matrix: batch entry 0
 
 
 def use_split(batch: int, m: int, n: int, k: int, cfg: MatmulConfig, device: torch.device,
@@ -283,9 +232,6 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     # Below that (narrow N: a 512 x 4096 @ 4096 x 1024 K/V projection has 32 tiles) splitting K gives
     # the parallelism: 24.3 -> 20.3 us on an H100 (2026-11-25); at 64-128 tiles splitting was slower
     # (512 x 4096 @ 4096 x 4096: 31.1 -> 64.4 us), so those stay on the TMA kernel.
-    if split and tma and TMA_SPLIT:
-        _mm_tma_split(a[0], b[0], c[0], None if bias is None else bias.expand(nb, m, n)[0], alpha, beta, cfg)
-        return c
     tma = tma and not split
     has_bias = bias is not None
     bias_t = bias.expand(nb, m, n) if has_bias else c
@@ -379,40 +325,6 @@ def _mm_tma(a, b, c, bias, alpha, beta, cfg):
     with triton_scratch():  # the descriptors' global memory (a traced launch gets Inductor's instead)
         result = launch(_mm_tma_kernel, (programs,), c)(*args, **meta)
     return result, (programs,), args, meta
-
-
-# Split launches fed by TMA (_mm_tma_split_kernel) where the TMA kernel's tiles allow it; False: the
-# pointer kernel's split (benchmarks compare the two). Same bits either way.
-TMA_SPLIT = True
-# Programs of a TMA split launch per SM; None: one program per (tile, chunk) unit (several share an SM
-# at once, hiding each other's pipeline fill). Benchmarks compare.
-TMA_SPLIT_PROGRAMS_PER_SM = None
-
-
-def _mm_tma_split(a, b, c, bias, alpha, beta, cfg):
-    """c = a (M, K) @ b (K, N) [* alpha + beta * bias (M, N)] by (tile, chunk) units fed by TMA."""
-    m, n = c.shape
-    k = a.shape[1]
-    k_chunk = k_chunk_for(k, cfg)
-    chunks = triton.cdiv(k, k_chunk)
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    units = tiles * chunks
-    per_sm = TMA_SPLIT_PROGRAMS_PER_SM
-    programs = units if per_sm is None else min(units, per_sm * sm_count(a.device))
-    ws = torch.empty((chunks, m, n), dtype=torch.float32, device=a.device)  # each chunk's sums
-    counts = counters.zeroed(tiles, c)  # left at zero by the launch
-    device_desc = _device_desc(a)
-    a_src, b_src = (a, b.t()) if device_desc else _host_descs(a, b, cfg)
-    unit = alpha == 1.0 and (beta == 1.0 or bias is None)
-    bias_t = bias if bias is not None else c
-    with triton_scratch():
-        launch(_mm_tma_split_kernel, (programs,), c)(
-            a_src, b_src, c, bias_t, ws, counts, m, n, k, c.stride(0), c.stride(1),
-            bias_t.stride(0), bias_t.stride(1), float(alpha), float(beta),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, K_CHUNK=k_chunk,
-            GROUP_M=cfg.group_m, NUM_CHUNKS=chunks, NUM_PROGRAMS=programs, HAS_BIAS=bias is not None,
-            UNIT_SCALE=unit, UPCAST=interpreting(), DEVICE_DESC=device_desc,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 # Eager TMA matmuls without bias (a transformers linear), bound per _plan_key (bound.py): ~10 us of

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from gpu_attention_stages import graph_us
 from gpu_compile import build, compiled_prefill
 
-from nondet.kernels import triton_attention, triton_matmul, triton_rows, tune
+from nondet.kernels import config, triton_attention, triton_matmul, triton_rows, tune
 from nondet.kernels.config import MatmulConfig, k_chunk_for, matmul_config
 
 CLASSES = (  # (class, substrings of kernel names), first match wins
@@ -114,29 +114,14 @@ EXTRA_CANDIDATES = tuple(MatmulConfig(bm, bn, 64, 1024, 8, w, st, tma) for bm, b
     (128, 256, 16, 3, True), (256, 128, 16, 3, True), (128, 128, 8, 5, True), (128, 128, 4, 4, True),
     (64, 256, 8, 3, False), (64, 256, 8, 4, False)))
 
-
-def launch_variants(cand: MatmulConfig, tma_split: bool):
-    """(label, split, TMA split programs per SM) to time a candidate with: as dispatched, and with
-    --tma-split a TMA tile again forced to the split strategy fed by TMA, one program per (tile, chunk)
-    unit and one persistent program per SM."""
-    yield "", None, None
-    if tma_split and cand.tma:
-        yield " split", True, None
-        yield " split 1/SM", True, 1
+# for M <= 128 (the split launch, bandwidth-bound): narrower tiles (more programs), deeper pipelines
+# (more weight bytes in flight per SM), and 32-row tiles (mma.sync; the same chain of k16 steps)
+SMALL_M_CANDIDATES = tuple(MatmulConfig(bm, bn, 64, 1024, 8, w, st) for bm, bn, w, st in (
+    (64, 32, 4, 4), (64, 32, 4, 6), (64, 64, 4, 3), (64, 64, 4, 6), (64, 64, 4, 8), (64, 128, 4, 6),
+    (64, 64, 8, 4), (32, 64, 4, 4), (32, 64, 4, 6), (32, 128, 4, 4)))
 
 
-def timed_mm(x, w, cand, split, per_sm):
-    """(bits of x @ w.T under cand, us of a replay) with the TMA split's programs per SM set to per_sm."""
-    saved = triton_matmul.TMA_SPLIT_PROGRAMS_PER_SM
-    triton_matmul.TMA_SPLIT_PROGRAMS_PER_SM = per_sm
-    try:
-        out = triton_matmul.mm(x, w.t(), cfg=cand, split=split)
-        return out, graph_us(lambda: triton_matmul.mm(x, w.t(), cfg=cand, split=split))
-    finally:
-        triton_matmul.TMA_SPLIT_PROGRAMS_PER_SM = saved
-
-
-def print_tile_sweep(shapes, ms, k_chunks=(), tma_split=False, top=5) -> None:
+def print_tile_sweep(shapes, ms, k_chunks=(), top=5) -> None:
     """Each (K, N) at each M under every candidate tile: us (ratio to cuBLAS), tiles per SM (waves), and
     BITS where a row differs from the shipped dispatch's. k_chunks: each candidate again with these
     config k_chunks (the chunk a K gets is config.k_chunk_for: 256 gives 512 at K 4096), a K order for
@@ -154,18 +139,18 @@ def print_tile_sweep(shapes, ms, k_chunks=(), tma_split=False, top=5) -> None:
             references[chunk] = triton_matmul.mm(x, w.t())
             ref_us = graph_us(lambda: F.linear(x, w))
             cells = []
-            chunked = [replace(cand, k_chunk=cfg.k_chunk) for cfg in other for cand in tune.CANDIDATES + EXTRA_CANDIDATES]
-            for cand, (label, split, per_sm) in ((c, v) for c in tune.CANDIDATES + EXTRA_CANDIDATES + tuple(chunked)
-                                                 for v in launch_variants(c, tma_split)):
-                name = tune._name(cand) + label + (f" K chunk {k_chunk_for(k, cand)}" if k_chunk_for(k, cand) != chunk else "")
+            candidates = tune.CANDIDATES + EXTRA_CANDIDATES + (SMALL_M_CANDIDATES if m <= 128 else ())
+            chunked = [replace(cand, k_chunk=cfg.k_chunk) for cfg in other for cand in candidates]
+            for cand in candidates + tuple(chunked):
                 try:
-                    out, us = timed_mm(x, w, cand, split, per_sm)
+                    same = torch.equal(triton_matmul.mm(x, w.t(), cfg=cand), references[k_chunk_for(k, cand)])
+                    us = graph_us(lambda cand=cand: triton_matmul.mm(x, w.t(), cfg=cand))
                 except Exception as exc:  # noqa: BLE001 - a candidate that does not compile is a cell, not a stop
-                    cells.append((float("inf"), f"{name} failed: {type(exc).__name__}"))
+                    cells.append((float("inf"), f"{tune._name(cand)} failed: {type(exc).__name__}"))
                     continue
-                same = torch.equal(out, references[k_chunk_for(k, cand)])
                 tiles = -(-m // cand.block_m) * -(-n // cand.block_n)
-                mark = " (shipped)" if cand == shipped and not label else ""
+                mark = " (shipped)" if cand == shipped else ""
+                name = tune._name(cand) + (f" K chunk {k_chunk_for(k, cand)}" if k_chunk_for(k, cand) != chunk else "")
                 cells.append((us, f"{name}{mark} {us:.1f} ({ref_us / us:.2f}x, {tiles / sms:.2f} waves)"
                                   f"{'' if same else ' BITS'}"))
             cells.sort()
@@ -182,14 +167,16 @@ def main() -> None:
                         "8B matmul shapes at each, instead of the tables")
     parser.add_argument("--k-chunks", default="", help="with --sweep: every candidate again with these config "
                         "k_chunks (comma-separated; 256 gives a 512 chunk at K 4096), a K order for every M")
-    parser.add_argument("--tma-split", action="store_true", help="with --sweep: each TMA tile again forced to "
-                        "the split strategy fed by TMA (one program per unit, and one per SM)")
     parser.add_argument("--top", type=int, default=5, help="with --sweep: cells printed per shape, fastest first")
+    parser.add_argument("--square-stages-4", action="store_true", help="the 128x128 tile with 4 stages on every "
+                        "GPU (config.DEEP_SQUARE_SMEM out of reach): the dispatch before the 5-stage one")
     args = parser.parse_args()
+    if args.square_stages_4:
+        config.DEEP_SQUARE_SMEM = 1 << 40
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     if args.sweep:
         chunks = [int(c) for c in args.k_chunks.split(",") if c]
-        return print_tile_sweep(SWEEP_SHAPES, [int(m) for m in args.sweep.split(",")], chunks, args.tma_split, args.top)
+        return print_tile_sweep(SWEEP_SHAPES, [int(m) for m in args.sweep.split(",")], chunks, args.top)
     model = build(args.layers)
     print_shape_table(model, args.tokens, args.layers)
     print_graph_tables(model, args.tokens)
