@@ -1,6 +1,7 @@
 """`nondet kernels tune`'s table: loaded only for its device and versions, never a different K
 order; the summary says whether tuning beat the shipped configuration (pure functions, no GPU)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -75,15 +76,34 @@ def test_past_m_256_the_tile_follows_the_rounds_it_fills(m, n, block_n):
 
 
 def test_the_square_tile_takes_five_stages_only_where_a_block_has_the_shared_memory(monkeypatch):
-    # 5 x 32 KiB of A and W tiles: Hopper's 227 KiB per block holds them, an A100's 163 does not
+    # 5 x 32 KiB of A and W tiles: a Hopper SM's 228 KiB holds them, an A100's 164 does not
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(config, "tuning", lambda device: {})  # the shipped buckets, no tuned table
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
     stages = {}
-    for name, smem in (("hopper", 227 * 1024), ("ampere", 163 * 1024)):
-        monkeypatch.setattr(config, "block_smem", lambda device, smem=smem: smem)
+    for name, smem in (("hopper", 228 * 1024), ("ampere", 164 * 1024)):
+        monkeypatch.setattr(config, "sm_smem", lambda device, smem=smem: smem)
         stages[name] = {config.matmul_config(torch.bfloat16, 512, 4096, n, cuda).num_stages for n in (4096, 12288)}
         wide = config.matmul_config(torch.bfloat16, 512, 4096, 14336, cuda)
         assert (wide.block_n, wide.num_stages) == (256, 3)  # the wide tile keeps its 3
         assert config.matmul_config(torch.bfloat16, 512, 4096, 4096).num_stages == 4  # no device: no GPU to ask
     assert stages == {"hopper": {5}, "ampere": {4}}
+
+
+@pytest.mark.parametrize("k, n, stages", [
+    (14336, 4096, 3),  # 64 tiles x 7 chunks = 448 programs: 396 resident at 4 stages, 528 at 3
+    (12288, 4096, 4),  # 384 programs: resident at 4 already
+    (4096, 12288, 4),  # 768 programs: not resident even at 3, so the 4 stages stay
+])
+def test_a_split_launch_drops_to_3_stages_only_where_that_makes_every_program_resident(k, n, stages, monkeypatch):
+    monkeypatch.setattr(config, "sm_count", lambda device: 132)
+    monkeypatch.setattr(config, "sm_smem", lambda device: 228 * 1024)
+    cuda = torch.device("cuda", 0)
+    tile = config.MatmulConfig(64, 64, 64, 1024, 8, 4, 4)  # M 64's bucket
+    programs = (n // 64) * -(-k // config.k_chunk_for(k, tile))
+    chosen = config.resident_split(tile, programs, cuda)
+    assert chosen.num_stages == stages
+    assert chosen == dataclasses.replace(tile, num_stages=stages)  # speed only: tile and K order kept
+    decode = config.MatmulConfig(16, 128, 64, 1024, 8, 4, 4)  # decode tiles keep their swept stages
+    assert config.resident_split(decode, 448, cuda) == decode
+    assert config.resident_split(tile, programs, torch.device("cpu")) == tile

@@ -210,7 +210,7 @@ def matmul_config(dtype: torch.dtype, m: int, k: int | None = None, n: int | Non
     tuned = tuning(device).get((dtype, k, n)) if cuda else None
     cfg = next(cfg for top, cfg in (tuned or shipped_buckets(dtype, n)) if top is None or m <= top)
     if tuned is None and cuda and n is not None and m > 256 and cfg in (_SQUARE, _WIDE):
-        return by_waves(m, n, sm_count(device), block_smem(device) >= DEEP_SQUARE_SMEM)
+        return by_waves(m, n, sm_count(device), sm_smem(device) >= DEEP_SQUARE_SMEM)
     return cfg
 
 
@@ -237,9 +237,9 @@ def by_waves(m: int, n: int, sms: int, deep: bool = False) -> MatmulConfig:
     return _WIDE
 
 
-# The 128x128 tile with 5 stages in flight where a block may take DEEP_SQUARE_SMEM of shared memory
-# (its A and W tiles: 5 x 32 KiB; Hopper gives a block 227 KiB, an A100 163). Same bits (the K order
-# is the dtype's). H200 (2026-11-28, gpu_prefill_breakdown.py --sweep 512, us, 4 -> 5 stages, cuBLAS in
+# The 128x128 tile with 5 stages in flight where an SM has DEEP_SQUARE_SMEM of shared memory (its A
+# and W tiles: 5 x 32 KiB; a Hopper SM has 228 KiB, of which a block may take 227; an A100's 164, 163).
+# Same bits (the K order is the dtype's). H200 (2026-11-28, gpu_prefill_breakdown.py --sweep 512, us, 4 -> 5 stages, cuBLAS in
 # brackets): K 4096 N 12288 90.4 -> 86.4 (70.8), K 12288 N 4096 79.8 -> 77.3 (68.0), K 14336 N 4096
 # 92.0 -> 89.3 (79.2), K = N = 4096 29.7 -> 30.3 (23.8, one full wave: within noise); H100
 # (2026-11-26) 3-6% faster at M 512.
@@ -247,10 +247,34 @@ _SQUARE_DEEP = replace(_SQUARE, num_stages=5)
 DEEP_SQUARE_SMEM = 200 * 1024  # bytes
 
 
+# A split launch (M <= 128: a program per (tile, K chunk)) runs fastest when all its programs are resident
+# at once: a second round of a few programs costs about a round. Its pipeline then drops to 3 stages where
+# that fits every program on the SMs and 4 do not. H200 (2026-11-28, gpu_prefill_breakdown.py --sweep 64,
+# us): M 64 K 14336 N 4096, 64x64 tiles x 7 chunks = 448 programs, 3 per SM at 4 stages (64 KiB each;
+# 396 at once), 4 at 3 stages (528): 50.3 -> 39.8 (cuBLAS 35.8); K 12288 (384 programs, resident at 4
+# stages) 35.5 vs 34.6 within noise. Speed only: stages never change the K order. The decode tiles
+# (16 rows) keep the stages their own sweeps chose (_DECODE_NARROW / _DECODE_WIDE): not measured this way.
+SPLIT_FEWEST_STAGES = 3
+
+
+def resident_split(cfg: MatmulConfig, programs: int, device: torch.device) -> MatmulConfig:
+    """cfg with the most stages (down to SPLIT_FEWEST_STAGES) at which `programs` split programs of a
+    64-row or larger tile are all resident on the device's SMs; cfg itself where even the fewest do
+    not make them fit, and for decode tiles."""
+    if device.type != "cuda" or cfg.block_m < 64:
+        return cfg
+    tile_bytes = (cfg.block_m + cfg.block_n) * cfg.block_k * 2  # one stage of A and W tiles, 16-bit
+    for stages in range(cfg.num_stages, SPLIT_FEWEST_STAGES - 1, -1):
+        if programs <= sm_count(device) * (sm_smem(device) // (stages * tile_bytes)):
+            return cfg if stages == cfg.num_stages else replace(cfg, num_stages=stages)
+    return cfg
+
+
 @functools.lru_cache(maxsize=None)
-def block_smem(device: torch.device) -> int:
-    """Bytes of shared memory one block may opt in to on a CUDA device."""
-    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+def sm_smem(device: torch.device) -> int:
+    """Bytes of shared memory of one SM of a CUDA device (what its resident blocks share)."""
+    return torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
+
 
 
 @functools.lru_cache(maxsize=None)

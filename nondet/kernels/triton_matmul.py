@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from nondet.kernels import bound, counters
-from nondet.kernels.config import TUNING_ENV, MatmulConfig, k_chunk_for, matmul_config, sm_count, tuning_generation
+from nondet.kernels.config import (TUNING_ENV, MatmulConfig, k_chunk_for, matmul_config, resident_split, sm_count,
+                                   tuning_generation)
 from nondet.kernels.launch import aligned16, interpreting, launch, triton_scratch
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -241,6 +242,8 @@ def bmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, *,
     k_chunk = k_chunk_for(k, cfg)
     chunks = triton.cdiv(k, k_chunk)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    if split:
+        cfg = resident_split(cfg, nb * tiles * chunks, a.device)
     if not split and tma:
         _mm_tma(a[0], b[0], c[0], None if not has_bias else bias_t[0], alpha, beta, cfg)
         return c

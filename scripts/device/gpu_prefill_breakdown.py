@@ -170,6 +170,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=5, help="with --sweep: cells printed per shape, fastest first")
     parser.add_argument("--square-stages-4", action="store_true", help="the 128x128 tile with 4 stages on every "
                         "GPU (config.DEEP_SQUARE_SMEM out of reach): the dispatch before the 5-stage one")
+    parser.add_argument("--graph-only", action="store_true", help="only the replayed graph's table")
     args = parser.parse_args()
     if args.square_stages_4:
         config.DEEP_SQUARE_SMEM = 1 << 40
@@ -178,7 +179,8 @@ def main() -> None:
         chunks = [int(c) for c in args.k_chunks.split(",") if c]
         return print_tile_sweep(SWEEP_SHAPES, [int(m) for m in args.sweep.split(",")], chunks, args.top)
     model = build(args.layers)
-    print_shape_table(model, args.tokens, args.layers)
+    if not args.graph_only:
+        print_shape_table(model, args.tokens, args.layers)
     print_graph_tables(model, args.tokens)
 
 
