@@ -83,6 +83,15 @@ def prefill_order(form: dict) -> tuple:
     return form["kind"] != "prefix", form["size"]
 
 
+def saved_steps_note(steps: dict) -> str:
+    """'; steps loaded from NONDET_CACHE: batch 1, batch 2' (core/precompiled.py), and those compiled
+    and saved, or compiled by transformers without saving (torch could not save them)."""
+    groups = {"loaded from NONDET_CACHE": [], "compiled and saved": [], "compiled, not saved": []}
+    for batch, what in steps.items():
+        groups["compiled, not saved" if what.startswith("JIT") else "loaded from NONDET_CACHE" if what == "loaded" else what].append(batch)
+    return "".join(f"; steps {name}: {', '.join(batches)}" for name, batches in groups.items() if batches)
+
+
 def breaks_note(m: dict) -> str:
     """'; N graph breaks (those pieces ran eager, ...)' for a compiled mode whose warm-up broke the graph."""
     n = m.get("graph_breaks") or 0

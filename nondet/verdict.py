@@ -152,8 +152,8 @@ def graph_census_line(g: dict) -> str:
                 "path's coverage rests on the census taken before compiling")
     unreviewed = sum(g.get("unreviewed", {}).values())
     inspected = f"{g['graphs_inspected']} inspected" + (
-        f" and {stored} from the census store (graphs compiled under the census before: Inductor's cache serves "
-        "those this run needs)" if stored else "")
+        f" and {stored} from the census store (graphs compiled under the census before: Inductor's cache or "
+        "the saved decode steps serve those this run needs)" if stored else "")
     return (f"compiled graphs under the mode: {inspected}, {g['routed']} ops batch-invariant, "
             f"{g['row_independent']} row-independent, {len(g.get('uncovered', []))} uncovered"
             + (f", {unreviewed} unreviewed" if unreviewed else ""))

@@ -233,8 +233,11 @@ class DecodePaths:
         entry.conditions += 1
 
     def as_summary(self) -> dict:
-        """summary.json "decode_path": the compiled label and, per kernels mode, its path and time."""
-        return {"compiled": label(self.backend, self.device_type),
+        """summary.json "decode_path": the compiled label and, per kernels mode, its path and time, and
+        which decode steps were loaded from saved functions (core/precompiled.py)."""
+        from nondet.probes.core.precompiled import report
+
+        return {"compiled": label(self.backend, self.device_type), "precompiled": report(),
                 "modes": {m: {"path": e.path, "reason": e.reason, "warmup_s": round(e.warmup_s, 3),
                               "measured_s": round(e.measured_s, 3), "conditions": e.conditions,
                               "warm_ups": e.warm_ups, "graph_breaks": e.graph_breaks}

@@ -97,6 +97,8 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
     device = model.device
     fields, arguments = assist.kwargs() if assist and (assist.prompt_lookup or assist.assistant) else ({}, {})
     cache_fields = _cache_fields(settings, model, len(batch.input_ids[0]), assist.drafted if assist else 0)
+    if settings.compile_backend:
+        _precompiled_steps(model, cache_fields["compile_config"], assisted=assist is not None)
     input_ids = torch.tensor(batch.input_ids, device=device)
     attention_mask = torch.tensor(batch.attention_mask, device=device)
     try:
@@ -146,6 +148,20 @@ def _cache_fields(settings: DecodeSettings, model, prompt_len: int, drafted: int
     if settings.kv_cache == "static":
         return {"cache_implementation": "static", "disable_compile": True}
     return {}
+
+
+def _precompiled_steps(model, compile_config, assisted: bool) -> None:
+    """The compiled decode step from functions saved under NONDET_CACHE (core/precompiled.py), not traced
+    again in every process; not for speculative calls, under tensor parallelism (its guard filter) or
+    with NONDET_PRECOMPILE=0: there transformers' own JIT compile."""
+    from nondet.probes.core import precompiled
+    from nondet.probes.core.cache_dir import cache_root
+    from nondet.probes.core.compiled import tp_layout_guard_filter
+
+    if precompiled.enabled() and not assisted and tp_layout_guard_filter(model) is None:
+        precompiled.install(model, compile_config, cache_root() / "precompiled")
+    else:
+        precompiled.uninstall(model)
 
 
 def assisted_cache_len(prompt_len: int, max_new_tokens: int, drafted: int) -> int:

@@ -47,9 +47,10 @@ class ConditionDecoder:
         if self.paths is None:
             return run(self.settings)
         from nondet.probes.core.compiled import compile_scope
+        from nondet.probes.core.precompiled import decoding
 
         compiled = replace(self.settings, compile_backend=self.compile_backend)
-        with compile_scope(), self._sorting_graphs(mode):
+        with compile_scope(), self._sorting_graphs(mode), decoding(mode):
             if self.paths.compiles(mode) and (shape is None or (mode, shape) not in self.warmed):
                 self.paths.warm_up(mode, lambda: run(compiled, warm=True))
                 self.warmed.add((mode, shape))

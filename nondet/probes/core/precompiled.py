@@ -1,0 +1,242 @@
+"""Compiled decode steps kept on disk and loaded without dynamo's trace (torch's AOT precompile).
+
+`probe --compile` spent most of a warm start in dynamo tracing the model again in every process:
+Inductor's caches skip only Inductor (docs/benchmarks.md). torch can save a traced function with its
+guards (`torch.compile(fn, fullgraph=True).aot_compile(example)`, `save_compiled_function`) and load it
+in a new process without tracing (`torch.compiler.load_compiled_function`); on a CPU that cut a warm
+start of the demo-shaped step 17.0 / 22.4 s -> 3.7 / 4.0 s (default / the mode), same bits.
+
+transformers' compiled generate calls `model._compiled_call(**inputs)` for each decode step
+(`get_compiled_call`, made once per compile config). `install` puts a PrecompiledSteps there: one
+function per kernels mode and batch size, loaded from NONDET_CACHE/precompiled/ or, the first time,
+compiled from the step's own inputs and saved. Where torch cannot do that (a graph break, a
+guard it cannot save, an experimental API missing), that mode and class fall back to the JIT compile
+transformers would have made, and `fallbacks` says why.
+
+torch saves no guard on object identities (the model, its modules, the kernels mode's functions), so
+they are left out (GUARD_FILTER) and the file's key stands for them: the model's config, dtype and
+device, the kernels mode, our kernels' source, the tuned table, torch's and transformers' versions and
+the compile options. The guards torch keeps (shapes, dtypes, strides, constants) are checked on each
+call; a step they refuse is compiled again and its file replaced. Under the mode the graph census
+still sees every graph: the census store (kernels/census_store.py) keeps the findings of the graphs
+compiled when a function was saved, and a loaded function compiles none.
+"""
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import weakref
+from pathlib import Path
+
+ENV = "NONDET_PRECOMPILE"  # "0": transformers' own JIT compile, as before this file
+_DECODING: list[str] = []  # the kernels mode whose conditions are decoding now (decoding())
+_INSTALLED: "weakref.WeakSet" = weakref.WeakSet()  # every PrecompiledSteps made in this process (report())
+
+
+@contextlib.contextmanager
+def decoding(mode: str):
+    """The kernels mode the body decodes under: PrecompiledSteps keeps a function per mode."""
+    _DECODING.append(mode)
+    try:
+        yield
+    finally:
+        _DECODING.pop()
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+def install(model, compile_config, folder: Path) -> "PrecompiledSteps":
+    """Make transformers' compiled generate call a PrecompiledSteps for this model and compile config
+    (kept on the model: one object, its functions loaded once per process)."""
+    steps = getattr(model, "_compiled_call", None)
+    if not isinstance(steps, PrecompiledSteps) or steps.compile_config != compile_config:
+        steps = PrecompiledSteps(model, compile_config, folder)
+        _INSTALLED.add(steps)
+    model._compiled_call, model._last_compile_config = steps, compile_config
+    return steps
+
+
+def uninstall(model) -> None:
+    """Give transformers back its own compiled call (a speculative call's verification steps are of
+    other shapes than one-token decode steps: they stay on transformers' JIT compile)."""
+    if isinstance(getattr(model, "_compiled_call", None), PrecompiledSteps):
+        del model._compiled_call
+
+
+def report() -> dict:
+    """What this process's saved functions did, per kernels mode and batch size (summary()), merged."""
+    doc: dict = {}
+    for steps in list(_INSTALLED):
+        for mode, classes in steps.summary().items():
+            doc.setdefault(mode, {}).update(classes)
+    return doc
+
+
+def forward_step(model, **inputs):
+    """What a saved function traces: one call of the model (transformers passes keyword inputs only), its
+    logits alone: a saved function cannot rebuild transformers' output class (it needs the saving
+    process's module references), so __call__ wraps them."""
+    return model(**inputs).logits
+
+
+class PrecompiledSteps:
+    """transformers' `_compiled_call`: the decode step through a saved function per (kernels mode, batch size)."""
+
+    def __init__(self, model, compile_config, folder: Path) -> None:
+        self.model = model
+        self.compile_config = compile_config
+        self.folder = folder
+        self.functions: dict[tuple[str, str], object] = {}
+        self.loaded: dict[tuple[str, str], bool] = {}  # True: read from disk; False: compiled here and saved
+        self.fallbacks: dict[tuple[str, str], str] = {}  # why a (mode, batch) runs transformers' JIT compile
+
+    def __call__(self, **inputs):
+        slot = (_DECODING[-1] if _DECODING else "default", f"batch {_batch(inputs)}")
+        function = self.functions.get(slot) or self._obtain(slot, inputs)
+        if slot in self.fallbacks:
+            return function(**inputs)
+        try:
+            logits = function(self.model, **inputs)
+        except RuntimeError as exc:
+            if "GuardManager check failed" not in str(exc):
+                raise
+            self.functions[slot] = self._compile(slot, inputs)  # inputs of another form: trace again, replace the file
+            logits = self.functions[slot](self.model, **inputs)
+        return _output(logits, inputs)
+
+    def _obtain(self, slot, inputs):
+        path = self.folder / f"{step_key(self.model, self.compile_config, slot)}.bin"
+        try:
+            if path.exists():
+                import torch
+
+                with open(path, "rb") as fh:
+                    self.functions[slot] = torch.compiler.load_compiled_function(fh)
+                self.loaded[slot] = True
+            else:
+                self.functions[slot] = self._compile(slot, inputs)
+        except Exception as exc:  # noqa: BLE001 - torch's experimental precompile fails in many ways; JIT then
+            self.fallbacks[slot] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
+            self.functions[slot] = _jit(self.model, self.compile_config)
+        return self.functions[slot]
+
+    def _compile(self, slot, inputs):
+        """Trace forward_step on these inputs, save, return it. One batch size per function: a dynamic
+        batch dimension is specialised anyway (transformers' static cache keeps its batch size as an
+        int), which torch refuses for a dimension marked dynamic."""
+        import torch
+
+        options = compile_options(self.compile_config)
+        held = self.model.__dict__.pop("_compiled_call", None)  # saved state must not reach our loaded functions
+        try:
+            function = torch.compile(forward_step, **options).aot_compile(((self.model,), inputs))
+        finally:
+            if held is not None:
+                self.model._compiled_call = held
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{step_key(self.model, self.compile_config, slot)}.bin"
+        partial = path.with_suffix(f".{os.getpid()}.part")
+        function.save_compiled_function(str(partial))
+        partial.replace(path)  # a reader never sees half a file
+        self.loaded[slot] = False
+        return function
+
+    def summary(self) -> dict:
+        """summary.json's decode_path "precompiled": per mode and batch size, loaded / saved / why JIT."""
+        doc = {}
+        for (mode, cls), loaded in self.loaded.items():
+            doc.setdefault(mode, {})[cls] = "loaded" if loaded else "compiled and saved"
+        for (mode, cls), why in self.fallbacks.items():
+            doc.setdefault(mode, {})[cls] = f"JIT compile: {why}"
+        return doc
+
+
+def compile_options(compile_config) -> dict:
+    """torch.compile's arguments for a saved function: the compile config's, one graph (AOT precompile
+    takes one or nothing), and GUARD_FILTER with any filter the config has. torch.compile takes a mode or
+    options, so "reduce-overhead" becomes the option it sets (CUDA graphs)."""
+    options = compile_config.to_dict()
+    mode = options.pop("mode", None)
+    if mode not in (None, "default", "reduce-overhead"):
+        raise ValueError(f"compile mode {mode!r} is not saved")
+    extra = dict(options.get("options") or {})
+    if mode == "reduce-overhead":
+        extra["triton.cudagraphs"] = True
+    extra["guard_filter_fn"] = _and(extra.get("guard_filter_fn"), GUARD_FILTER())
+    return {**options, "fullgraph": True, "options": extra}
+
+
+def _jit(model, compile_config):
+    """transformers' own compiled call (get_compiled_call's), for a mode and batch torch could not save."""
+    import torch
+
+    return torch.compile(model.__call__, **compile_config.to_dict())
+
+
+def _and(first, second):
+    """A guard filter keeping what both keep (either may be None)."""
+    if first is None:
+        return second
+    return lambda entries: [a and b for a, b in zip(first(entries), second(entries))]
+
+
+def GUARD_FILTER():  # noqa: N802 - a factory named as the constant it stands for
+    """Dynamo keeps every guard but the kinds torch cannot save (object identities)."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsaved = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    return lambda entries: [e.guard_type not in unsaved and not unsaved & set(e.derived_guard_types or ())
+                            for e in entries]
+
+
+def _batch(inputs: dict) -> int:
+    ids = inputs.get("input_ids")
+    if ids is None:
+        ids = inputs.get("inputs_embeds")
+    return int(ids.shape[0])
+
+
+def _output(logits, inputs: dict):
+    """What transformers' decode loop reads from a step: its logits, and the cache it wrote in place."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    cache = next((v for v in inputs.values() if hasattr(v, "layers")), None)
+    return CausalLMOutputWithPast(logits=logits, past_key_values=cache)
+
+
+def step_key(model, compile_config, slot) -> str:
+    """What a saved function's left-out guards stood for, hashed (sha256, 24 hex digits)."""
+    import torch
+    import transformers
+
+    import nondet
+
+    device = model.device
+    doc = {"config": model.config.to_json_string(), "dtype": str(model.dtype), "class": type(model).__qualname__,
+           "device": device.type, "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
+           "slot": list(slot), "compile": repr(sorted((k, repr(v)) for k, v in compile_config.to_dict().items())),
+           "torch": torch.__version__, "transformers": transformers.__version__, "nondet": nondet.__version__,
+           "source": package_source_digest(), "tuning": _tuning_digest()}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
+
+
+@functools.lru_cache(maxsize=1)
+def package_source_digest() -> str:
+    """sha256 of nondet's source (a saved graph holds the kernels and routes of the code that traced it)."""
+    root = Path(__file__).resolve().parents[2]  # the nondet package
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _tuning_digest() -> str:
+    from nondet.kernels.config import tuning_path
+
+    path = tuning_path()
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""

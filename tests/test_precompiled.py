@@ -1,0 +1,138 @@
+"""Compiled decode steps saved by torch's AOT precompile and loaded in later processes (core/precompiled.py).
+
+The slow test runs `probe --compile --confirm` (Inductor) three times on one NONDET_CACHE: the first
+compiles and saves a function per kernels mode and batch size, the second loads every one (no
+trace) and gives the same streams bit for bit; the control, NONDET_PRECOMPILE=0, is transformers'
+own JIT compile: the same streams again, so loading changed no bit. The fast tests hold the key, the
+compile options, the guard-refusal path and the fallback to transformers' JIT compile where torch cannot
+save a step.
+"""
+
+import json
+import os
+
+import pytest
+
+import cli_runner
+from nondet.probes.core import precompiled
+
+PROMPT = "Tell me about Richard Feynman"
+
+
+class _Config:
+    def __init__(self, **fields):
+        self.fields = fields
+
+    def to_dict(self):
+        return dict(self.fields)
+
+
+def test_compile_options_ask_one_graph_and_cuda_graphs_as_an_option():
+    options = precompiled.compile_options(_Config(fullgraph=False, dynamic=None, backend="inductor",
+                                                  mode="reduce-overhead", options=None))
+    assert options["fullgraph"] is True and "mode" not in options
+    assert options["options"]["triton.cudagraphs"] is True and callable(options["options"]["guard_filter_fn"])
+    plain = precompiled.compile_options(_Config(backend="inductor", mode="default", options=None))
+    assert "triton.cudagraphs" not in plain["options"]
+    with pytest.raises(ValueError, match="max-autotune"):
+        precompiled.compile_options(_Config(backend="inductor", mode="max-autotune", options=None))
+
+
+def test_the_guard_filter_leaves_out_only_what_torch_cannot_save():
+    from types import SimpleNamespace
+
+    keep = precompiled.GUARD_FILTER()
+    entries = [SimpleNamespace(guard_type="TENSOR_MATCH", derived_guard_types=()),
+               SimpleNamespace(guard_type="ID_MATCH", derived_guard_types=()),
+               SimpleNamespace(guard_type="TYPE_MATCH", derived_guard_types=("ID_MATCH",)),
+               SimpleNamespace(guard_type="EQUALS_MATCH", derived_guard_types=None)]
+    assert keep(entries) == [True, False, False, True]
+
+
+def test_the_key_follows_the_kernels_mode_the_batch_and_the_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, CompileConfig
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    config = CompileConfig(backend="inductor", mode="default")
+    keys = {precompiled.step_key(model, config, slot) for slot in
+            (("default", "batch 1"), ("batch-invariant", "batch 1"), ("default", "batch 2"))}
+    assert len(keys) == 3
+    assert precompiled.step_key(model, config, ("default", "batch 1")) in keys  # the same slot, the same file
+    model.config.rms_norm_eps *= 2  # another model: another file
+    assert precompiled.step_key(model, config, ("default", "batch 1")) not in keys
+    assert precompiled.step_key(model, CompileConfig(backend="inductor", mode="reduce-overhead"),
+                                ("default", "batch 1")) != precompiled.step_key(model, config, ("default", "batch 1"))
+
+
+def test_a_step_its_kept_guards_refuse_is_compiled_again(monkeypatch, tmp_path):
+    steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
+    calls = []
+
+    def refused(model, **inputs):
+        raise RuntimeError("GuardManager check failed, reason: size mismatch")
+
+    steps.functions[("default", "batch 2")] = refused
+    monkeypatch.setattr(steps, "_compile", lambda slot, inputs: calls.append(slot) or (lambda model, **i: "logits"))
+    monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
+    import torch
+
+    assert steps(input_ids=torch.zeros(2, 1, dtype=torch.long)) == "logits"
+    assert calls == [("default", "batch 2")]
+    other = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
+    other.functions[("default", "batch 2")] = lambda model, **i: (_ for _ in ()).throw(RuntimeError("CUDA error"))
+    with pytest.raises(RuntimeError, match="CUDA error"):  # any other failure is not a refusal
+        other(input_ids=torch.zeros(2, 1, dtype=torch.long))
+
+
+def test_a_step_torch_cannot_save_runs_transformers_jit_compile_and_says_why(tmp_path, tiny_model_dir, monkeypatch):
+    from nondet.probes.models.loading import ModelSpec
+    from nondet.probes.probe import ProbeConfig, run_probe
+
+    def unsaved(compile_config):
+        raise RuntimeError("Graph breaks are not supported with aot compile")
+
+    monkeypatch.setattr(precompiled, "compile_options", unsaved)
+    monkeypatch.setenv("NONDET_CACHE", str(tmp_path / "cache"))  # nothing saved before: every step compiles
+    config = ProbeConfig(prompt=PROMPT, model=ModelSpec(name=str(tiny_model_dir)), batch_sizes=(1, 2),
+                         max_new_tokens=3, kernels=("default",), compile_backend="aot_eager", out=str(tmp_path / "r"))
+    result = run_probe(config)
+    saved = result.summary["decode_path"]["precompiled"]["default"]
+    why = "JIT compile: RuntimeError: Graph breaks are not supported with aot compile"
+    assert saved == {"batch 1": why, "batch 2": why}
+    assert result.summary["decode_path"]["modes"]["default"]["path"] == "compiled"
+    assert not (tmp_path / "cache" / "precompiled").exists()
+
+
+def _probe(tmp_path, model_dir, name, cache, precompile=True):
+    """One `probe --compile --confirm` in a new interpreter (no dynamo state carried over)."""
+    env = dict(os.environ, NONDET_CACHE=str(cache), NONDET_PRECOMPILE="1" if precompile else "0")
+    out = tmp_path / name
+    r = cli_runner.run(["probe", "--model", model_dir, "-p", PROMPT, "-b", "1,2", "-n", "6", "--confirm", "--compile",
+                        "--out", str(out)], timeout=900, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    streams = sorted((s["kernels"], s["condition_id"], json.dumps(s["steps"])) for s in
+                     map(json.loads, (out / "streams.jsonl").read_text().splitlines()))
+    return summary, streams
+
+
+@pytest.mark.slow
+def test_a_second_probe_loads_every_step_and_gives_the_same_bits(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("NONDET_TEST_SUBPROCESS", "1")  # cli_runner: a new interpreter, not a fork of this one
+    cache = tmp_path / "cache"
+    first, first_streams = _probe(tmp_path, tiny_model_dir, "first", cache)
+    second, second_streams = _probe(tmp_path, tiny_model_dir, "second", cache)
+    modes = ("default", "batch-invariant")
+    assert first["decode_path"]["precompiled"] == {m: {"batch 1": "compiled and saved", "batch 2": "compiled and saved"}
+                                                   for m in modes}
+    assert second["decode_path"]["precompiled"] == {m: {"batch 1": "loaded", "batch 2": "loaded"} for m in modes}
+    assert second_streams == first_streams
+    assert second["modes"]["batch-invariant"]["distinct_completions"] == 1
+    # the mode's graphs were compiled by the first run only: the census reads their findings from its store
+    census = second["compiled_graph_census"]
+    assert census["graphs_inspected"] == 0 and census["graphs_from_store"] >= 1 and census["uncovered"] == []
+    # control: transformers' JIT compile, traced again in this process: the same bits
+    jit, jit_streams = _probe(tmp_path, tiny_model_dir, "jit", cache, precompile=False)
+    assert jit["decode_path"]["precompiled"] == {}
+    assert jit_streams == first_streams
+    assert os.listdir(cache / "precompiled")
