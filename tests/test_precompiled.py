@@ -55,7 +55,7 @@ def test_the_key_follows_the_kernels_mode_the_batch_and_the_model(tiny_model_dir
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     config = CompileConfig(backend="inductor", mode="default")
     keys = {precompiled.step_key(model, config, slot) for slot in
-            (("default", "batch 1"), ("batch-invariant", "batch 1"), ("default", "batch 2"))}
+            (("default", "batch 1"), ("batch-invariant", "batch 1"), ("default", "batch 2+"))}
     assert len(keys) == 3
     assert precompiled.step_key(model, config, ("default", "batch 1")) in keys  # the same slot, the same file
     model.config.rms_norm_eps *= 2  # another model: another file
@@ -71,15 +71,15 @@ def test_a_step_its_kept_guards_refuse_is_compiled_again(monkeypatch, tmp_path):
     def refused(model, **inputs):
         raise RuntimeError("GuardManager check failed, reason: size mismatch")
 
-    steps.functions[("default", "batch 2")] = refused
+    steps.functions[("default", "batch 2+")] = refused
     monkeypatch.setattr(steps, "_compile", lambda slot, inputs: calls.append(slot) or (lambda model, **i: "logits"))
     monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
     import torch
 
     assert steps(input_ids=torch.zeros(2, 1, dtype=torch.long)) == "logits"
-    assert calls == [("default", "batch 2")]
+    assert calls == [("default", "batch 2+")]
     other = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
-    other.functions[("default", "batch 2")] = lambda model, **i: (_ for _ in ()).throw(RuntimeError("CUDA error"))
+    other.functions[("default", "batch 2+")] = lambda model, **i: (_ for _ in ()).throw(RuntimeError("CUDA error"))
     with pytest.raises(RuntimeError, match="CUDA error"):  # any other failure is not a refusal
         other(input_ids=torch.zeros(2, 1, dtype=torch.long))
 
@@ -98,7 +98,7 @@ def test_a_step_torch_cannot_save_runs_transformers_jit_compile_and_says_why(tmp
     result = run_probe(config)
     saved = result.summary["decode_path"]["precompiled"]["default"]
     why = "JIT compile: RuntimeError: Graph breaks are not supported with aot compile"
-    assert saved == {"batch 1": why, "batch 2": why}
+    assert saved == {"batch 1": why, "batch 2+": why}
     assert result.summary["decode_path"]["modes"]["default"]["path"] == "compiled"
     assert not (tmp_path / "cache" / "precompiled").exists()
 
@@ -107,7 +107,7 @@ def _probe(tmp_path, model_dir, name, cache, precompile=True):
     """One `probe --compile --confirm` in a new interpreter (no dynamo state carried over)."""
     env = dict(os.environ, NONDET_CACHE=str(cache), NONDET_PRECOMPILE="1" if precompile else "0")
     out = tmp_path / name
-    r = cli_runner.run(["probe", "--model", model_dir, "-p", PROMPT, "-b", "1,2", "-n", "6", "--confirm", "--compile",
+    r = cli_runner.run(["probe", "--model", model_dir, "-p", PROMPT, "-b", "1,2,3", "-n", "6", "--confirm", "--compile",
                         "--out", str(out)], timeout=900, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -123,9 +123,9 @@ def test_a_second_probe_loads_every_step_and_gives_the_same_bits(tmp_path, tiny_
     first, first_streams = _probe(tmp_path, tiny_model_dir, "first", cache)
     second, second_streams = _probe(tmp_path, tiny_model_dir, "second", cache)
     modes = ("default", "batch-invariant")
-    assert first["decode_path"]["precompiled"] == {m: {"batch 1": "compiled and saved", "batch 2": "compiled and saved"}
+    assert first["decode_path"]["precompiled"] == {m: {"batch 1": "compiled and saved", "batch 2+": "compiled and saved"}
                                                    for m in modes}
-    assert second["decode_path"]["precompiled"] == {m: {"batch 1": "loaded", "batch 2": "loaded"} for m in modes}
+    assert second["decode_path"]["precompiled"] == {m: {"batch 1": "loaded", "batch 2+": "loaded"} for m in modes}
     assert second_streams == first_streams
     assert second["modes"]["batch-invariant"]["distinct_completions"] == 1
     # the mode's graphs were compiled by the first run only: the census reads their findings from its store

@@ -7,15 +7,16 @@ in a new process without tracing (`torch.compiler.load_compiled_function`); on a
 start of the demo-shaped step 17.0 / 22.4 s -> 3.7 / 4.0 s (default / the mode), same bits.
 
 transformers' compiled generate calls `model._compiled_call(**inputs)` for each decode step
-(`get_compiled_call`, made once per compile config). `install` puts a PrecompiledSteps there: one
-function per kernels mode and batch size, loaded from NONDET_CACHE/precompiled/ or, the first time,
-compiled from the step's own inputs and saved. Where torch cannot do that (a graph break, a
-guard it cannot save, an experimental API missing), that mode and class fall back to the JIT compile
-transformers would have made, and `fallbacks` says why.
+(`get_compiled_call`, made once per compile config). `install` puts a PrecompiledSteps there: per
+kernels mode one function for batch 1 and one for every larger batch (a symbolic batch dimension, as
+dynamo's automatic dynamic makes it on the second batch size), loaded from NONDET_CACHE/precompiled/
+or, the first time, compiled from the step's own inputs and saved. Where torch cannot do that (a graph
+break, a guard it cannot save, an experimental API missing), that mode and batch class fall back to the
+JIT compile transformers would have made, and `fallbacks` says why.
 
 torch saves no guard on object identities (the model, its modules, the kernels mode's functions), so
 they are left out (GUARD_FILTER) and the file's key stands for them: the model's config, dtype and
-device, the kernels mode, our kernels' source, the tuned table, torch's and transformers' versions and
+device, the kernels mode, nondet's source, the tuned table, torch's and transformers' versions and
 the compile options. The guards torch keeps (shapes, dtypes, strides, constants) are checked on each
 call; a step they refuse is compiled again and its file replaced. Under the mode the graph census
 still sees every graph: the census store (kernels/census_store.py) keeps the findings of the graphs
@@ -84,7 +85,7 @@ def forward_step(model, **inputs):
 
 
 class PrecompiledSteps:
-    """transformers' `_compiled_call`: the decode step through a saved function per (kernels mode, batch size)."""
+    """transformers' `_compiled_call`: the decode step through a saved function per (kernels mode, batch 1 or 2+)."""
 
     def __init__(self, model, compile_config, folder: Path) -> None:
         self.model = model
@@ -95,7 +96,7 @@ class PrecompiledSteps:
         self.fallbacks: dict[tuple[str, str], str] = {}  # why a (mode, batch) runs transformers' JIT compile
 
     def __call__(self, **inputs):
-        slot = (_DECODING[-1] if _DECODING else "default", f"batch {_batch(inputs)}")
+        slot = (_DECODING[-1] if _DECODING else "default", "batch 1" if _batch(inputs) == 1 else "batch 2+")
         function = self.functions.get(slot) or self._obtain(slot, inputs)
         if slot in self.fallbacks:
             return function(**inputs)
@@ -125,11 +126,15 @@ class PrecompiledSteps:
         return self.functions[slot]
 
     def _compile(self, slot, inputs):
-        """Trace forward_step on these inputs, save, return it. One batch size per function: a dynamic
-        batch dimension is specialised anyway (transformers' static cache keeps its batch size as an
-        int), which torch refuses for a dimension marked dynamic."""
+        """Trace forward_step on these inputs, save, return it. For batch 2+ the batch dimension of the
+        inputs and of the cache's tensors is symbolic (maybe_mark_dynamic: torch finds them equal to each
+        other, a relation mark_dynamic refuses), so one function serves every batch size past 1 (1 is
+        specialised, as dynamo does)."""
         import torch
 
+        if slot[1] == "batch 2+":
+            for tensor in _batch_tensors(inputs, _batch(inputs)):
+                torch._dynamo.maybe_mark_dynamic(tensor, 0)
         options = compile_options(self.compile_config)
         held = self.model.__dict__.pop("_compiled_call", None)  # saved state must not reach our loaded functions
         try:
@@ -198,6 +203,17 @@ def _batch(inputs: dict) -> int:
     if ids is None:
         ids = inputs.get("inputs_embeds")
     return int(ids.shape[0])
+
+
+def _batch_tensors(inputs: dict, batch: int) -> list:
+    """The tensors whose first dimension is the batch: the inputs' and the KV cache layers'."""
+    import torch
+
+    found = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch]
+    for cache in (v for v in inputs.values() if hasattr(v, "layers")):
+        for layer in cache.layers:
+            found += [t for t in vars(layer).values() if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == batch]
+    return found
 
 
 def _output(logits, inputs: dict):
