@@ -78,10 +78,34 @@ def test_a_step_its_kept_guards_refuse_is_compiled_again(monkeypatch, tmp_path):
 
     assert steps(input_ids=torch.zeros(2, 1, dtype=torch.long)) == "logits"
     assert calls == [("default", "batch 2+")]
-    other = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
-    other.functions[("default", "batch 2+")] = lambda model, **i: (_ for _ in ()).throw(RuntimeError("CUDA error"))
-    with pytest.raises(RuntimeError, match="CUDA error"):  # any other failure is not a refusal
-        other(input_ids=torch.zeros(2, 1, dtype=torch.long))
+
+
+def test_a_saved_function_failing_its_first_call_hands_the_step_to_jit_and_a_later_failure_is_raised(monkeypatch,
+                                                                                                     tmp_path):
+    import torch
+
+    steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
+    failing = {"now": True}
+
+    def saved(model, **inputs):
+        if failing["now"]:
+            raise RuntimeError("CUDA graph capture failed")
+        return "saved logits"
+
+    monkeypatch.setattr(precompiled, "_jit", lambda model, config: lambda **inputs: "jit output")
+    monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
+    ids = torch.zeros(2, 1, dtype=torch.long)
+    steps.functions[("default", "batch 2+")] = saved
+    assert steps(input_ids=ids) == "jit output"
+    assert steps.summary() == {"default": {"batch 2+": "JIT compile: RuntimeError: CUDA graph capture failed"}}
+    assert steps(input_ids=ids) == "jit output"  # the slot stays on the JIT compile
+    later = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
+    later.functions[("default", "batch 2+")] = saved
+    failing["now"] = False
+    assert later(input_ids=ids) == "saved logits"
+    failing["now"] = True
+    with pytest.raises(RuntimeError, match="CUDA graph capture failed"):  # after a call that worked: raised
+        later(input_ids=ids)
 
 
 def test_a_step_torch_cannot_save_runs_transformers_jit_compile_and_says_why(tmp_path, tiny_model_dir, monkeypatch):

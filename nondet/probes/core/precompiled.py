@@ -94,6 +94,7 @@ class PrecompiledSteps:
         self.functions: dict[tuple[str, str], object] = {}
         self.loaded: dict[tuple[str, str], bool] = {}  # True: read from disk; False: compiled here and saved
         self.fallbacks: dict[tuple[str, str], str] = {}  # why a (mode, batch) runs transformers' JIT compile
+        self.ran: set = set()  # slots whose function has returned once
 
     def __call__(self, **inputs):
         slot = (_DECODING[-1] if _DECODING else "default", "batch 1" if _batch(inputs) == 1 else "batch 2+")
@@ -104,10 +105,20 @@ class PrecompiledSteps:
             logits = function(self.model, **inputs)
         except RuntimeError as exc:
             if "GuardManager check failed" not in str(exc):
-                raise
+                return self._first_call_failed(slot, exc, inputs)
             self.functions[slot] = self._compile(slot, inputs)  # inputs of another form: trace again, replace the file
             logits = self.functions[slot](self.model, **inputs)
+        self.ran.add(slot)
         return _output(logits, inputs)
+
+    def _first_call_failed(self, slot, exc, inputs):
+        """A saved function that fails its first call (torch's precompile is experimental: e.g. a wrapper
+        it restores differently) hands the slot to transformers' JIT compile; a later failure is raised."""
+        if slot in self.ran:
+            raise exc
+        self.fallbacks[slot] = _reason(exc)
+        self.functions[slot] = _jit(self.model, self.compile_config)
+        return self.functions[slot](**inputs)
 
     def _obtain(self, slot, inputs):
         path = self.folder / f"{step_key(self.model, self.compile_config, slot)}.bin"
@@ -121,7 +132,7 @@ class PrecompiledSteps:
             else:
                 self.functions[slot] = self._compile(slot, inputs)
         except Exception as exc:  # noqa: BLE001 - torch's experimental precompile fails in many ways; JIT then
-            self.fallbacks[slot] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
+            self.fallbacks[slot] = _reason(exc)
             self.functions[slot] = _jit(self.model, self.compile_config)
         return self.functions[slot]
 
@@ -158,6 +169,11 @@ class PrecompiledSteps:
         for (mode, cls), why in self.fallbacks.items():
             doc.setdefault(mode, {})[cls] = f"JIT compile: {why}"
         return doc
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"
 
 
 def compile_options(compile_config) -> dict:
