@@ -10,8 +10,9 @@ outputs' bits checked against the JIT-compiled ones and against eager.
 
 Each step runs in its own process (a fresh dynamo), with Inductor's cache in a temporary folder.
 Guards that torch cannot save (object identities: the model, its modules, the kernels mode's
-functions) are left out of the saved function, so what tells two saved functions apart is the file
-they are kept in; the kept guards (shapes, dtypes, strides, ...) are still checked on each call.
+functions) are left out of the saved function (precompiled.GUARD_FILTER, as `probe --compile` saves
+its steps), so what tells two saved functions apart is the file they are kept in; the kept guards
+(shapes, dtypes, strides, ...) are still checked on each call.
 """
 
 import argparse
@@ -23,15 +24,6 @@ import tempfile
 import time
 
 STEPS = ("jit", "jit", "save", "load")  # the first JIT from a cold Inductor cache, the second warm
-
-
-def unsaved_guard_filter():
-    """A guard filter that leaves out the guard kinds torch cannot serialize."""
-    from torch._dynamo.guards import CheckFunctionManager
-
-    unsaved = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
-    return lambda entries: [e.guard_type not in unsaved and not unsaved & set(e.derived_guard_types or ())
-                            for e in entries]
 
 
 def build(args):
@@ -63,7 +55,9 @@ def inputs(model, batch: int, device: str):
 def compiled(args):
     import torch
 
-    options = {"guard_filter_fn": unsaved_guard_filter()}
+    from nondet.probes.core.precompiled import GUARD_FILTER
+
+    options = {"guard_filter_fn": GUARD_FILTER()}
     if args.cudagraphs:
         options["triton.cudagraphs"] = True
     return torch.compile(step, fullgraph=True, options=options)

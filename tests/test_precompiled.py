@@ -54,14 +54,20 @@ def test_the_key_follows_the_kernels_mode_the_batch_and_the_model(tiny_model_dir
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     config = CompileConfig(backend="inductor", mode="default")
+    from nondet.kernels import batch_invariant
+
+    default = precompiled.kernels_state()
+    with batch_invariant(model=model, traceable=True):
+        mode = precompiled.kernels_state()
+    assert default != mode
+    one = ("default", "batch 1", default)
     keys = {precompiled.step_key(model, config, slot) for slot in
-            (("default", "batch 1"), ("batch-invariant", "batch 1"), ("default", "batch 2+"))}
-    assert len(keys) == 3
-    assert precompiled.step_key(model, config, ("default", "batch 1")) in keys  # the same slot, the same file
+            (one, ("batch-invariant", "batch 1", mode), ("default", "batch 2+", default), ("default", "batch 1", mode))}
+    assert len(keys) == 4  # the last: the mode on under the default kernels' name still keys apart
+    assert precompiled.step_key(model, config, one) in keys  # the same slot, the same file
     model.config.rms_norm_eps *= 2  # another model: another file
-    assert precompiled.step_key(model, config, ("default", "batch 1")) not in keys
-    assert precompiled.step_key(model, CompileConfig(backend="inductor", mode="reduce-overhead"),
-                                ("default", "batch 1")) != precompiled.step_key(model, config, ("default", "batch 1"))
+    assert precompiled.step_key(model, config, one) not in keys
+    assert precompiled.step_key(model, CompileConfig(backend="inductor", mode="reduce-overhead"), one) not in keys
 
 
 def test_a_step_its_kept_guards_refuse_is_compiled_again(monkeypatch, tmp_path):
@@ -71,13 +77,23 @@ def test_a_step_its_kept_guards_refuse_is_compiled_again(monkeypatch, tmp_path):
     def refused(model, **inputs):
         raise RuntimeError("GuardManager check failed, reason: size mismatch")
 
-    steps.functions[("default", "batch 2+")] = refused
+    steps.functions[("default", "batch 2+", precompiled.kernels_state())] = refused
     monkeypatch.setattr(steps, "_compile", lambda slot, inputs: calls.append(slot) or (lambda model, **i: "logits"))
     monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
     import torch
 
     assert steps(input_ids=torch.zeros(2, 1, dtype=torch.long)) == "logits"
-    assert calls == [("default", "batch 2+")]
+    assert calls == [("default", "batch 2+", precompiled.kernels_state())]
+
+
+def test_a_file_torch_cannot_load_is_compiled_again(monkeypatch, tmp_path):
+    steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"not a saved function")  # e.g. written by another torch
+    monkeypatch.setattr(steps, "_path", lambda slot: bad)
+    monkeypatch.setattr(steps, "_compile", lambda slot, inputs: "compiled again")
+    slot = ("default", "batch 1", precompiled.kernels_state())
+    assert steps._obtain(slot, {}) == "compiled again" and slot not in steps.fallbacks
 
 
 def test_a_saved_function_failing_its_first_call_hands_the_step_to_jit_and_a_later_failure_is_raised(monkeypatch,
@@ -89,22 +105,22 @@ def test_a_saved_function_failing_its_first_call_hands_the_step_to_jit_and_a_lat
 
     def saved(model, **inputs):
         if failing["now"]:
-            raise RuntimeError("CUDA graph capture failed")
+            raise TypeError("CUDA graph capture failed")
         return "saved logits"
 
     monkeypatch.setattr(precompiled, "_jit", lambda model, config: lambda **inputs: "jit output")
     monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
     ids = torch.zeros(2, 1, dtype=torch.long)
-    steps.functions[("default", "batch 2+")] = saved
+    steps.functions[("default", "batch 2+", precompiled.kernels_state())] = saved
     assert steps(input_ids=ids) == "jit output"
-    assert steps.summary() == {"default": {"batch 2+": "JIT compile: RuntimeError: CUDA graph capture failed"}}
+    assert steps.summary() == {"default": {"batch 2+": "JIT compile: TypeError: CUDA graph capture failed"}}
     assert steps(input_ids=ids) == "jit output"  # the slot stays on the JIT compile
     later = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
-    later.functions[("default", "batch 2+")] = saved
+    later.functions[("default", "batch 2+", precompiled.kernels_state())] = saved
     failing["now"] = False
     assert later(input_ids=ids) == "saved logits"
     failing["now"] = True
-    with pytest.raises(RuntimeError, match="CUDA graph capture failed"):  # after a call that worked: raised
+    with pytest.raises(TypeError, match="CUDA graph capture failed"):  # after a call that worked: raised
         later(input_ids=ids)
 
 

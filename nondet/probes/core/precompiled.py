@@ -16,8 +16,9 @@ JIT compile transformers would have made, and `fallbacks` says why.
 
 torch saves no guard on object identities (the model, its modules, the kernels mode's functions), so
 they are left out (GUARD_FILTER) and the file's key stands for them: the model's config, dtype and
-device, the kernels mode, nondet's source, the tuned table, torch's and transformers' versions and
-the compile options. The guards torch keeps (shapes, dtypes, strides, constants) are checked on each
+device, the kernels mode (the op classes on and the torch function modes), nondet's source, the tuned
+table, torch's and transformers' versions and the compile options (a filter function in them has no
+stable text: such a config compiles anew in each process). The guards torch keeps (shapes, dtypes, strides, constants) are checked on each
 call; a step they refuse is compiled again and its file replaced. Under the mode the graph census
 still sees every graph: the census store (kernels/census_store.py) keeps the findings of the graphs
 compiled when a function was saved, and a loaded function compiles none.
@@ -85,7 +86,8 @@ def forward_step(model, **inputs):
 
 
 class PrecompiledSteps:
-    """transformers' `_compiled_call`: the decode step through a saved function per (kernels mode, batch 1 or 2+)."""
+    """transformers' `_compiled_call`: the decode step through a saved function per (kernels mode, batch 1 or
+    2+). A slot is (the decoder's name for the mode, the batch class, kernels_state())."""
 
     def __init__(self, model, compile_config, folder: Path) -> None:
         self.model = model
@@ -97,14 +99,17 @@ class PrecompiledSteps:
         self.ran: set = set()  # slots whose function has returned once
 
     def __call__(self, **inputs):
-        slot = (_DECODING[-1] if _DECODING else "default", "batch 1" if _batch(inputs) == 1 else "batch 2+")
+        # the decoder's name for the kernels mode (summary) and what is really on (the key): a call outside
+        # decoding() under the mode must not meet the default kernels' function
+        slot = (_DECODING[-1] if _DECODING else "default", "batch 1" if _batch(inputs) == 1 else "batch 2+",
+                kernels_state())
         function = self.functions.get(slot) or self._obtain(slot, inputs)
         if slot in self.fallbacks:
             return function(**inputs)
         try:
             logits = function(self.model, **inputs)
-        except RuntimeError as exc:
-            if "GuardManager check failed" not in str(exc):
+        except Exception as exc:  # noqa: BLE001 - see _first_call_failed
+            if not (isinstance(exc, RuntimeError) and "GuardManager check failed" in str(exc)):
                 return self._first_call_failed(slot, exc, inputs)
             self.functions[slot] = self._compile(slot, inputs)  # inputs of another form: trace again, replace the file
             logits = self.functions[slot](self.model, **inputs)
@@ -121,20 +126,27 @@ class PrecompiledSteps:
         return self.functions[slot](**inputs)
 
     def _obtain(self, slot, inputs):
-        path = self.folder / f"{step_key(self.model, self.compile_config, slot)}.bin"
+        """The slot's function: loaded from its file, else (no file, or one torch cannot load) compiled and
+        saved, else transformers' JIT compile."""
         try:
-            if path.exists():
-                import torch
-
-                with open(path, "rb") as fh:
-                    self.functions[slot] = torch.compiler.load_compiled_function(fh)
-                self.loaded[slot] = True
-            else:
+            self.functions[slot] = self._load(slot)
+            self.loaded[slot] = True
+        except Exception:  # noqa: BLE001 - no file, or one an older torch wrote: compile it again
+            try:
                 self.functions[slot] = self._compile(slot, inputs)
-        except Exception as exc:  # noqa: BLE001 - torch's experimental precompile fails in many ways; JIT then
-            self.fallbacks[slot] = _reason(exc)
-            self.functions[slot] = _jit(self.model, self.compile_config)
+            except Exception as exc:  # noqa: BLE001 - torch's experimental precompile fails in many ways
+                self.fallbacks[slot] = _reason(exc)
+                self.functions[slot] = _jit(self.model, self.compile_config)
         return self.functions[slot]
+
+    def _path(self, slot) -> Path:
+        return self.folder / f"{step_key(self.model, self.compile_config, slot)}.bin"
+
+    def _load(self, slot):
+        import torch
+
+        with open(self._path(slot), "rb") as fh:
+            return torch.compiler.load_compiled_function(fh)
 
     def _compile(self, slot, inputs):
         """Trace forward_step on these inputs, save, return it. For batch 2+ the batch dimension of the
@@ -154,7 +166,7 @@ class PrecompiledSteps:
             if held is not None:
                 self.model._compiled_call = held
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"{step_key(self.model, self.compile_config, slot)}.bin"
+        path = self._path(slot)
         partial = path.with_suffix(f".{os.getpid()}.part")
         function.save_compiled_function(str(partial))
         partial.replace(path)  # a reader never sees half a file
@@ -164,11 +176,22 @@ class PrecompiledSteps:
     def summary(self) -> dict:
         """summary.json's decode_path "precompiled": per mode and batch size, loaded / saved / why JIT."""
         doc = {}
-        for (mode, cls), loaded in self.loaded.items():
+        for (mode, cls, _), loaded in self.loaded.items():
             doc.setdefault(mode, {})[cls] = "loaded" if loaded else "compiled and saved"
-        for (mode, cls), why in self.fallbacks.items():
+        for (mode, cls, _), why in self.fallbacks.items():
             doc.setdefault(mode, {})[cls] = f"JIT compile: {why}"
         return doc
+
+
+def kernels_state() -> str:
+    """What decides the kernels a traced step calls: the mode's op classes and the torch function modes
+    on the stack (the traced mode routes functions to nondet:: ops through one)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    from nondet.kernels.mode import active_ops
+
+    modes = ",".join(type(m).__qualname__ for m in _get_current_function_mode_stack())
+    return f"ops {','.join(sorted(active_ops()))}; function modes {modes}"
 
 
 def _reason(exc: Exception) -> str:
