@@ -176,3 +176,24 @@ def test_a_second_probe_loads_every_step_and_gives_the_same_bits(tmp_path, tiny_
     assert jit["decode_path"]["precompiled"] == {}
     assert jit_streams == first_streams
     assert os.listdir(cache / "precompiled")
+
+
+def test_a_swapped_in_module_keys_apart(tiny_model_dir):
+    """The injected batch-variant norm (or any module swapped in, a forward set on an instance, a hook) is
+    another trace: a function saved without it must never be loaded for it."""
+    from transformers import AutoModelForCausalLM
+
+    from nondet.kernels.variant import make_batch_variant_norm
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    plain = precompiled.module_structure(model)
+    norm = model.model.layers[0].post_attention_layernorm
+    model.model.layers[0].post_attention_layernorm = make_batch_variant_norm(norm)
+    swapped = precompiled.module_structure(model)
+    model.model.layers[0].post_attention_layernorm = norm
+    assert precompiled.module_structure(model) == plain != swapped
+    handle = model.lm_head.register_forward_hook(lambda module, args, out: out)
+    assert precompiled.module_structure(model) != plain
+    handle.remove()
+    model.lm_head.forward = lambda x: x  # a forward set on the instance
+    assert precompiled.module_structure(model) != plain

@@ -15,8 +15,8 @@ break, a guard it cannot save, an experimental API missing), that mode and batch
 JIT compile transformers would have made, and `fallbacks` says why.
 
 torch saves no guard on object identities (the model, its modules, the kernels mode's functions), so
-they are left out (GUARD_FILTER) and the file's key stands for them: the model's config, dtype and
-device, the kernels mode (the op classes on and the torch function modes), nondet's source, the tuned
+they are left out (GUARD_FILTER) and the file's key stands for them: the model's config, dtype,
+device and module tree (module_structure: classes, instance forwards, hooks), the kernels mode (the op classes on and the torch function modes), nondet's source, the tuned
 table, torch's and transformers' versions and the compile options (a filter function in them has no
 stable text: such a config compiles anew in each process). The guards torch keeps (shapes, dtypes, strides, constants) are checked on each
 call; a step they refuse is compiled again and its file replaced. Under the mode the graph census
@@ -271,12 +271,29 @@ def step_key(model, compile_config, slot) -> str:
     import nondet
 
     device = model.device
-    doc = {"config": model.config.to_json_string(), "dtype": str(model.dtype), "class": type(model).__qualname__,
+    doc = {"config": model.config.to_json_string(), "dtype": str(model.dtype), "modules": module_structure(model),
            "device": device.type, "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
            "slot": list(slot), "compile": repr(sorted((k, repr(v)) for k, v in compile_config.to_dict().items())),
            "torch": torch.__version__, "transformers": transformers.__version__, "nondet": nondet.__version__,
            "source": package_source_digest(), "tuning": _tuning_digest()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def module_structure(model) -> str:
+    """sha256 of the model's module tree as a trace sees it: each module's class (a swapped-in one, such as
+    an injected batch-variant norm, included), a forward set on the instance and the forward hooks (the
+    identity guards a saved function leaves out stood for these). Parameter values are not in it: a
+    saved function reads them at each call."""
+    def name(fn) -> str:
+        fn = getattr(fn, "__func__", fn)
+        return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+
+    lines = []
+    for path, module in model.named_modules():
+        hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
+        lines.append(f"{path} {name(type(module))} {name(module.__dict__['forward']) if 'forward' in module.__dict__ else ''} "
+                     + ",".join(map(name, hooks)))
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=1)

@@ -152,15 +152,12 @@ def _cache_fields(settings: DecodeSettings, model, prompt_len: int, drafted: int
 
 def _precompiled_steps(model, compile_config, assisted: bool) -> None:
     """The compiled decode step from functions saved under NONDET_CACHE (core/precompiled.py), not traced
-    again in every process; not for speculative calls, in a tensor-parallel rank (every degree, TP1 too,
-    decodes on one path: transformers' JIT compile) or with NONDET_PRECOMPILE=0."""
-    import torch.distributed as dist
-
+    again in every process; not for speculative calls, or with NONDET_PRECOMPILE=0 (set in every
+    tensor-parallel rank: all degrees, TP1 too, decode on one path, transformers' JIT compile)."""
     from nondet.probes.core import precompiled
     from nondet.probes.core.cache_dir import cache_root
 
-    tp_rank = dist.is_available() and dist.is_initialized()
-    if precompiled.enabled() and not assisted and not tp_rank:
+    if precompiled.enabled() and not assisted:
         precompiled.install(model, compile_config, cache_root() / "precompiled")
     else:
         precompiled.uninstall(model)

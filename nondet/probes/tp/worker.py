@@ -37,12 +37,16 @@ def _run(rank: int, job: Job, pipe) -> None:
 
     from nondet.probes.core.numerics import fingerprint, numerics_scope
     from nondet.kernels import collective
+    from nondet.probes.core import precompiled
     from nondet.probes.core.compiled import census_store
     from nondet.probes.static.decoder import ConditionDecoder
     from nondet.probes.tp.load import load_tp_model
     from nondet.probes.tp.local_params import local_linear_params
 
     device = _device(rank, job)
+    # every degree decodes on one compiled path, transformers' JIT compile: no saved steps (core/precompiled.py)
+    # in this rank's process, TP1's included
+    os.environ[precompiled.ENV] = "0"
     _join(rank, job, device)
     with numerics_scope(job.threads):
         loaded = load_tp_model(job.spec, job.degree, device)
