@@ -93,9 +93,9 @@ class PrecompiledSteps:
         self.model = model
         self.compile_config = compile_config
         self.folder = folder
-        self.functions: dict[tuple[str, str], object] = {}
-        self.loaded: dict[tuple[str, str], bool] = {}  # True: read from disk; False: compiled here and saved
-        self.fallbacks: dict[tuple[str, str], str] = {}  # why a (mode, batch) runs transformers' JIT compile
+        self.functions: dict[tuple[str, str, str], object] = {}  # slot -> saved, loaded or JIT function
+        self.loaded: dict[tuple[str, str, str], bool] = {}  # True: read from disk; False: compiled here and saved
+        self.fallbacks: dict[tuple[str, str, str], str] = {}  # why a (mode, batch) runs transformers' JIT compile
         self.ran: set = set()  # slots whose function has returned once
 
     def __call__(self, **inputs):
