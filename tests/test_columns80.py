@@ -10,7 +10,9 @@ from io import StringIO
 import pytest
 from rich.console import Console
 
+from nondet.cli.bisect import MODULE_COLUMNS, NARROW_MODULE_COLUMNS, _modules_table
 from nondet.cli.compare import fold
+from nondet.cli.fit import UNBOUNDED
 from nondet.cli.render import print_probe_summary
 import cli_runner
 
@@ -39,6 +41,22 @@ def assert_fits(out: str, width: int = 80) -> None:
     wide = [line for line in out.splitlines() if len(line) > width]
     assert not wide, "\n".join(wide)
     assert "…" not in "".join(line for line in out.splitlines() if line.startswith("┃"))
+
+
+def module_rows(run) -> list[dict]:
+    """bisect_modules.csv typed as bisect's own rows (the CLI renders those)."""
+    with open(run / "bisect_modules.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r.update(step=int(r["step"]), order=int(r["order"]), max_abs_diff=float(r["max_abs_diff"]),
+                 max_rel_diff=float(r["max_rel_diff"]), differs=r["differs"] == "True")
+    return rows
+
+
+def natural_width(table) -> int:
+    """A table's width with every cell on one line (how nondet.cli.fit chooses full or short headers)."""
+    console = Console(file=StringIO(), width=UNBOUNDED)
+    return console.measure(table).maximum
 
 
 def rendered(summary: dict, width: int) -> str:
@@ -101,9 +119,16 @@ def test_bisect_at_80_columns(bisect_run):
     assert_fits(out)
     tables = headers(out)
     b = json.loads((run / "bisect.json").read_text())
-    steps = {s for s in (b["first_numeric_step"], (b.get("lasting") or {}).get("step"), b["flip_step"]) if s is not None}
-    assert tables[:len(steps)] == [["module", "op class", "max abs", "max ULP"]] * len(steps)
-    assert "points differ; every column: bisect_modules.csv" in out
+    steps = list(dict.fromkeys(s for s in (b["first_numeric_step"], (b.get("lasting") or {}).get("step"),
+                                           b["flip_step"]) if s is not None))
+    # Which modules differ is the host's (here the injected norm's layers; where the host's own bf16
+    # matmul is batch-variant, lm_head too): the full headers where that table fits, the short ones else.
+    modules = module_rows(run)
+    expected = [list(MODULE_COLUMNS) if natural_width(_modules_table(s, b, modules)) <= 80
+                else list(NARROW_MODULE_COLUMNS) for s in steps]
+    assert tables[:len(steps)] == expected
+    if list(NARROW_MODULE_COLUMNS) in expected:
+        assert "points differ; every column: bisect_modules.csv" in out
     assert b["ablation"] and tables[len(steps):] == [["op classes", "tokens", "bits", "flip", "first differing point"]]
     legend = [line.strip() for line in out.splitlines() if line.strip().startswith(("tokens:", "flip:"))]
     assert legend == ["tokens: tokens match the reference; bits: every activation bit-identical",

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import cli_runner
 
+from nondet.gate.github import md
+
 # A positive control on every host: one norm of the demo model made batch-variant on purpose, so
 # the bits of batch size 8 differ from the first decode step whatever the host's BLAS does
 # (its own kernels may add differences from step 0, and tokens may flip, depending on the host).
@@ -77,9 +79,9 @@ def test_github_annotations_and_step_summary(violated):
     assert text.startswith("## nondet gate: ❌ policy violated (identical)")
     assert "| default/bs8/ends | 2 |" in text
     printed = next(line for line in r.stdout.splitlines() if line.startswith("bisect: "))
-    step = printed.split(" in ")[0]  # "bisect: first differing activation bits at step N"
-    assert step.startswith("bisect: first differing activation bits at step ")
-    assert f"\n{step} in model.layers." in text  # the summary holds what the gate printed
+    assert printed.startswith("bisect: first differing activation bits at step ")
+    line = printed.rsplit(" (bisect.json in ", 1)[0]  # the terminal adds where bisect.json is
+    assert f"\n{md(line)}\n" in text  # the summary holds what the gate printed, Markdown-escaped
     assert "the sampled token's logprob bits differ" in text  # and says which number is which
 
 
