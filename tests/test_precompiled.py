@@ -86,6 +86,27 @@ def test_a_step_its_kept_guards_refuse_is_compiled_again(monkeypatch, tmp_path):
     assert calls == [("default", "batch 2+", precompiled.kernels_state())]
 
 
+def test_a_refused_step_whose_new_trace_fails_runs_transformers_jit_compile_and_says_why(monkeypatch, tmp_path):
+    import torch
+
+    steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
+    slot = ("default", "batch 2+", precompiled.kernels_state())
+
+    def refused(model, **inputs):
+        raise RuntimeError("GuardManager check failed, reason: size mismatch")
+
+    def trace_fails(slot, inputs):
+        raise RuntimeError("Unsupported: a graph break")
+
+    steps.functions[slot] = refused
+    monkeypatch.setattr(steps, "_compile", trace_fails)
+    monkeypatch.setattr(precompiled, "_jit", lambda model, config: lambda **inputs: "jit output")
+    ids = torch.zeros(2, 1, dtype=torch.long)
+    assert steps(input_ids=ids) == "jit output"
+    assert steps.summary() == {"default": {"batch 2+": "JIT compile: RuntimeError: Unsupported: a graph break"}}
+    assert steps(input_ids=ids) == "jit output"  # the slot stays on the JIT compile: no second trace
+
+
 def test_a_file_torch_cannot_load_is_compiled_again(monkeypatch, tmp_path):
     steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
     bad = tmp_path / "bad.bin"
