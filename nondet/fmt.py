@@ -88,7 +88,8 @@ def saved_steps_note(steps: dict) -> str:
     and saved, or compiled by transformers without saving (torch could not save them)."""
     groups = {"loaded from NONDET_CACHE": [], "compiled and saved": [], "compiled, not saved": []}
     for batch, what in steps.items():
-        groups["compiled, not saved" if what.startswith("JIT") else "loaded from NONDET_CACHE" if what == "loaded" else what].append(batch)
+        groups["compiled, not saved" if what.startswith("JIT") else "compiled and saved" if what.startswith("compiled")
+               else "loaded from NONDET_CACHE"].append(batch)
     return "".join(f"; steps {name}: {', '.join(batches)}" for name, batches in groups.items() if batches)
 
 

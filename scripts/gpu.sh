@@ -25,6 +25,8 @@
 #   prefill      the same model's 512-token prefill: eager, compiled, and compiled under CUDA graphs
 #   probe        scripts/bench_probe.py --gpu (the probe's GPU case and its roofline)
 #   probe-compile scripts/bench_probe.py --gpu --compile (the same case on the compiled path)
+#   precompile   scripts/bench_precompile.py on CUDA with Inductor's CUDA graphs: a saved decode step loaded in a
+#                new process vs dynamo's warm JIT, bits compared
 #   probe-cli    the acceptance row: `nondet probe --compile --confirm` on the GPU case (one prompt), timed
 #                whole from a cold NONDET_CACHE, again warm, eager, and the 8 built-in prompts warm
 #                (PROBE_CLI_RUNS picks); each with torch's compile-time breakdown (scripts/device/gpu_probe_cli.py)
@@ -95,6 +97,8 @@ from gpu_prefill_axis import dense_model; print(dense_model())" 2>/dev/null | ta
     score) timeout 420 python3 -m nondet kernels bench --score --out "$OUT/score.md" 2>&1 | tail -60 ;;
     probe) timeout 300 python3 scripts/bench_probe.py --gpu 2>&1 | tail -12 ;;
     probe-compile) timeout 470 python3 scripts/bench_probe.py --gpu --compile 2>&1 | quiet | tail -12 ;;
+    precompile) timeout 400 python3 scripts/bench_precompile.py --device cuda --hidden 1024 --vocab 32000 --cudagraphs \
+                  2>&1 | quiet | tail -20 ;;
     probe-cli) local model; model=$(python3 -c "import sys; sys.path.insert(0, 'scripts')
 from bench_probe import GPU_CASE; from nondet.probes.models.default_model import default_model_dir as d
 print(d(GPU_CASE))" 2>/dev/null | tail -1)

@@ -107,6 +107,15 @@ def test_a_refused_step_whose_new_trace_fails_runs_transformers_jit_compile_and_
     assert steps(input_ids=ids) == "jit output"  # the slot stays on the JIT compile: no second trace
 
 
+def test_the_terminal_note_groups_each_batch_class_by_what_its_step_did():
+    from nondet.fmt import saved_steps_note
+
+    steps = {"batch 1": "compiled and saved (traced again: its guards refused a call: L['x'] == 8)",
+             "batch 2+": "loaded", "batch 3": "JIT compile: RuntimeError: a graph break"}
+    assert saved_steps_note(steps) == ("; steps loaded from NONDET_CACHE: batch 2+; steps compiled and saved: batch 1"
+                                       "; steps compiled, not saved: batch 3")
+
+
 def test_a_file_torch_cannot_load_is_compiled_again(monkeypatch, tmp_path):
     steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
     bad = tmp_path / "bad.bin"
@@ -162,6 +171,27 @@ def test_a_step_torch_cannot_save_runs_transformers_jit_compile_and_says_why(tmp
     assert saved == {"batch 1": why, "batch 2+": why}
     assert result.summary["decode_path"]["modes"]["default"]["path"] == "compiled"
     assert not (tmp_path / "cache" / "precompiled").exists()
+
+
+def test_a_step_saved_under_the_mode_on_an_moe_loads_in_the_next_probe(tmp_path, monkeypatch):
+    """The mode wraps each MoE router's forward (kernels/router.py); torch rebuilds a saved function's
+    guards on it when loading, which failed while the wrapper borrowed the router class's name (every
+    load compiled again). aot_eager: the same save and load path as Inductor, in seconds."""
+    import family_models as fm
+
+    from nondet.probes.models.default_model import build_tokenizer
+    from nondet.probes.models.loading import ModelSpec
+    from nondet.probes.probe import ProbeConfig, run_probe
+
+    moe = fm.save_family("qwen3-moe", tmp_path / "qwen3-moe", build_tokenizer(512))
+    monkeypatch.setenv("NONDET_CACHE", str(tmp_path / "cache"))
+    saved = []
+    for name in ("first", "second"):
+        config = ProbeConfig(prompt=PROMPT, model=ModelSpec(name=moe), batch_sizes=(1,), max_new_tokens=3,
+                             kernels=("batch-invariant",), compile_backend="aot_eager", out=str(tmp_path / name))
+        saved.append(run_probe(config).summary["decode_path"]["precompiled"])
+    assert saved == [{"batch-invariant": {"batch 1": "compiled and saved"}},
+                     {"batch-invariant": {"batch 1": "loaded"}}]
 
 
 def _probe(tmp_path, model_dir, name, cache, precompile=True):

@@ -19,7 +19,6 @@ Nothing here runs unless the mode installs it.
 """
 
 import contextlib
-import functools
 
 import torch
 
@@ -63,17 +62,22 @@ def wrap(model, scope) -> list:
     for module in routers(model):
         if _WRAPPED_ATTR in module.__dict__:
             continue  # an outer context already wrapped it
-        original = module.forward
-
-        @functools.wraps(original)
-        def forward(*args, _original=original, **kwargs):
-            with scope(*args, *kwargs.values()):
-                return _original(*args, **kwargs)
-
         module.__dict__[_WRAPPED_ATTR] = True
-        module.forward = forward
+        module.forward = _scoped_forward(module.forward, scope)
         wrapped.append(module)
     return wrapped
+
+
+def _scoped_forward(original, scope):
+    """`original` run inside `scope`. A plain closure under its own name, not functools.wraps's borrowed
+    one: torch's saved compiled functions (probes/core/precompiled.py) restore a function found at its
+    module and name, or a nested one from its code and closure; a function named as the router class's
+    forward is neither, and its guards could not be rebuilt when the file was loaded."""
+    def forward(*args, **kwargs):
+        with scope(*args, *kwargs.values()):
+            return original(*args, **kwargs)
+
+    return forward
 
 
 def unwrap(modules: list) -> None:

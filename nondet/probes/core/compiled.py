@@ -203,6 +203,7 @@ class DecodePaths:
     backend: str
     device_type: str
     modes: dict[str, ModePath] = field(default_factory=dict)
+    precompiled_since: int = field(default_factory=lambda: _precompiled_log_position())  # this run's saved steps
 
     def compiles(self, mode: str) -> bool:
         """Whether the mode's conditions still run compiled (True until a first warm-up fails)."""
@@ -237,11 +238,17 @@ class DecodePaths:
         which decode steps were loaded from saved functions (core/precompiled.py)."""
         from nondet.probes.core.precompiled import report
 
-        return {"compiled": label(self.backend, self.device_type), "precompiled": report(),
+        return {"compiled": label(self.backend, self.device_type), "precompiled": report(self.precompiled_since),
                 "modes": {m: {"path": e.path, "reason": e.reason, "warmup_s": round(e.warmup_s, 3),
                               "measured_s": round(e.measured_s, 3), "conditions": e.conditions,
                               "warm_ups": e.warm_ups, "graph_breaks": e.graph_breaks}
                           for m, e in self.modes.items()}}
+
+
+def _precompiled_log_position() -> int:
+    from nondet.probes.core.precompiled import log_position
+
+    return log_position()
 
 
 def _graph_breaks() -> int:

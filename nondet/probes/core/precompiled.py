@@ -29,12 +29,14 @@ import functools
 import hashlib
 import json
 import os
-import weakref
+import re
 from pathlib import Path
 
 ENV = "NONDET_PRECOMPILE"  # "0": transformers' own JIT compile, as before this file
 _DECODING: list[str] = []  # the kernels mode whose conditions are decoding now (decoding())
-_INSTALLED: "weakref.WeakSet" = weakref.WeakSet()  # every PrecompiledSteps made in this process (report())
+# (mode name, batch class, what) each time a slot's function was obtained or replaced, in this process: a
+# run's summary reports the entries made since it began (report(since)), not an earlier run's
+_LOG: list[tuple[str, str, str]] = []
 
 
 @contextlib.contextmanager
@@ -57,7 +59,6 @@ def install(model, compile_config, folder: Path) -> "PrecompiledSteps":
     steps = getattr(model, "_compiled_call", None)
     if not isinstance(steps, PrecompiledSteps) or steps.compile_config != compile_config:
         steps = PrecompiledSteps(model, compile_config, folder)
-        _INSTALLED.add(steps)
     model._compiled_call, model._last_compile_config = steps, compile_config
     return steps
 
@@ -69,12 +70,17 @@ def uninstall(model) -> None:
         del model._compiled_call
 
 
-def report() -> dict:
-    """What this process's saved functions did, per kernels mode and batch size (summary()), merged."""
+def log_position() -> int:
+    """Where a run begins in this process's log (report(since))."""
+    return len(_LOG)
+
+
+def report(since: int = 0) -> dict:
+    """What the saved functions did from log position `since` on, per kernels mode and batch class (the
+    last word per slot): summary.json's decode_path "precompiled"."""
     doc: dict = {}
-    for steps in list(_INSTALLED):
-        for mode, classes in steps.summary().items():
-            doc.setdefault(mode, {}).update(classes)
+    for mode, cls, what in _LOG[since:]:
+        doc.setdefault(mode, {})[cls] = what
     return doc
 
 
@@ -98,6 +104,7 @@ class PrecompiledSteps:
         self.fallbacks: dict[tuple[str, str, str], str] = {}  # why a (mode, batch) runs transformers' JIT compile
         self.ran: set = set()  # slots whose function has returned once
         self.paths: dict[tuple[str, str, str], Path] = {}  # slot -> its file (_path)
+        self.refused: dict[tuple[str, str, str], str] = {}  # slot -> why its guards refused a call (traced again)
 
     def __call__(self, **inputs):
         # the decoder's name for the kernels mode (summary) and what is really on (the key): a call outside
@@ -113,20 +120,23 @@ class PrecompiledSteps:
         except Exception as exc:  # noqa: BLE001 - see _first_call_failed
             if not (isinstance(exc, RuntimeError) and "GuardManager check failed" in str(exc)):
                 return self._first_call_failed(slot, exc, inputs)
-            return self._guards_refused(slot, inputs)
+            return self._guards_refused(slot, inputs, exc)
         self.ran.add(slot)
         return _output(logits, inputs)
 
-    def _guards_refused(self, slot, inputs):
+    def _guards_refused(self, slot, inputs, refusal: Exception):
         """Inputs of another form than the saved function's (its kept guards refused them): trace again and
         replace the file; a trace that fails there hands the slot to transformers' JIT compile, as a first
         compile that fails does."""
+        self.refused[slot] = _refusal(refusal)
         try:
             self.functions[slot] = self._compile(slot, inputs)
         except Exception as exc:  # noqa: BLE001 - torch's experimental precompile fails in many ways
             self.fallbacks[slot] = _reason(exc)
             self.functions[slot] = _jit(self.model, self.compile_config)
+            self._log(slot)
             return self.functions[slot](**inputs)
+        self._log(slot)
         logits = self.functions[slot](self.model, **inputs)
         self.ran.add(slot)
         return _output(logits, inputs)
@@ -138,6 +148,7 @@ class PrecompiledSteps:
             raise exc
         self.fallbacks[slot] = _reason(exc)
         self.functions[slot] = _jit(self.model, self.compile_config)
+        self._log(slot)
         return self.functions[slot](**inputs)
 
     def _obtain(self, slot, inputs):
@@ -152,6 +163,7 @@ class PrecompiledSteps:
             except Exception as exc:  # noqa: BLE001 - torch's experimental precompile fails in many ways
                 self.fallbacks[slot] = _reason(exc)
                 self.functions[slot] = _jit(self.model, self.compile_config)
+        self._log(slot)
         return self.functions[slot]
 
     def _path(self, slot) -> Path:
@@ -191,14 +203,22 @@ class PrecompiledSteps:
         self.loaded[slot] = False
         return function
 
+    def describe(self, slot) -> str:
+        """'loaded', 'compiled and saved' (and why traced again), or 'JIT compile: why'."""
+        if slot in self.fallbacks:
+            return f"JIT compile: {self.fallbacks[slot]}"
+        what = "loaded" if self.loaded.get(slot) else "compiled and saved"
+        return what + (f" (traced again: its guards refused a call: {self.refused[slot]})" if slot in self.refused else "")
+
     def summary(self) -> dict:
-        """summary.json's decode_path "precompiled": per mode and batch size, loaded / saved / why JIT."""
-        doc = {}
-        for (mode, cls, _), loaded in self.loaded.items():
-            doc.setdefault(mode, {})[cls] = "loaded" if loaded else "compiled and saved"
-        for (mode, cls, _), why in self.fallbacks.items():
-            doc.setdefault(mode, {})[cls] = f"JIT compile: {why}"
+        """Per mode and batch class, what this object's slots did (describe())."""
+        doc: dict = {}
+        for slot in self.functions:
+            doc.setdefault(slot[0], {})[slot[1]] = self.describe(slot)
         return doc
+
+    def _log(self, slot) -> None:
+        _LOG.append((slot[0], slot[1], self.describe(slot)))
 
 
 def kernels_state() -> str:
@@ -215,6 +235,14 @@ def kernels_state() -> str:
 def _reason(exc: Exception) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"
+
+
+def _refusal(exc: Exception) -> str:
+    """The first guard that refused a call (torch's message lists them as verbose_code_parts), e.g. a sliding
+    window cache's Python int length, which dynamo specialises on its first trace and makes symbolic on
+    the next."""
+    found = re.search(r"verbose_code_parts=\[\s*(['\"])(.*?)\1", str(exc))
+    return found.group(2).split("#")[0].strip() if found else _reason(exc)
 
 
 def compile_options(compile_config) -> dict:
