@@ -70,6 +70,26 @@ def test_the_key_follows_the_kernels_mode_the_batch_and_the_model(tiny_model_dir
     assert precompiled.step_key(model, CompileConfig(backend="inductor", mode="reduce-overhead"), one) not in keys
 
 
+def test_the_key_follows_the_cpus_instruction_set(tiny_model_dir, monkeypatch):
+    """Inductor's C++ for AVX-512 loaded under ATEN_CPU_CAPABILITY=default (or on an AVX2 host) would run code
+    this process does not pick: each instruction set keys its own file."""
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM, CompileConfig
+
+    portable = subprocess.run([sys.executable, "-c", "from nondet.probes.core.precompiled import cpu_instruction_set;"
+                               "print(cpu_instruction_set())"], capture_output=True, text=True, check=True,
+                              env={**os.environ, "ATEN_CPU_CAPABILITY": "default"}).stdout.strip()
+    here = precompiled.cpu_instruction_set()
+    assert portable.startswith("DEFAULT") and (here != portable or here.startswith("DEFAULT"))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    slot, config = ("default", "batch 1", precompiled.kernels_state()), CompileConfig(backend="inductor")
+    key = precompiled.step_key(model, config, slot)
+    monkeypatch.setattr(precompiled, "cpu_instruction_set", lambda: portable + " elsewhere")
+    assert precompiled.step_key(model, config, slot) != key
+
+
 def test_a_step_its_kept_guards_refuse_is_compiled_again(monkeypatch, tmp_path):
     steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
     calls = []

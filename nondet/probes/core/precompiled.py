@@ -16,7 +16,8 @@ JIT compile transformers would have made, and `fallbacks` says why.
 
 torch saves no guard on object identities (the model, its modules, the kernels mode's functions), so
 they are left out (GUARD_FILTER) and the file's key stands for them: the model's config, dtype,
-device and module tree (module_structure: classes, instance forwards, hooks), the kernels mode (the op classes on and the torch function modes), nondet's source, the tuned
+device (a CPU's instruction set included) and module tree (module_structure: classes, instance forwards,
+hooks), the kernels mode (the op classes on and the torch function modes), nondet's source, the tuned
 table, torch's and transformers' versions and the compile options (a filter function in them has no
 stable text: such a config compiles anew in each process). The guards torch keeps (shapes, dtypes, strides, constants) are checked on each
 call; a step they refuse is compiled again and its file replaced. Under the mode the graph census
@@ -319,10 +320,25 @@ def step_key(model, compile_config, slot) -> str:
     device = model.device
     doc = {"config": model.config.to_json_string(), "dtype": str(model.dtype), "modules": module_structure(model),
            "device": device.type, "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
+           "cpu": cpu_instruction_set() if device.type == "cpu" else "",
            "slot": list(slot), "compile": repr(sorted((k, repr(v)) for k, v in compile_config.to_dict().items())),
            "torch": torch.__version__, "transformers": transformers.__version__, "nondet": nondet.__version__,
            "source": package_source_digest(), "tuning": _tuning_digest()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cpu_instruction_set() -> str:
+    """The instruction set ATen's kernels and Inductor's generated C++ use here (ATEN_CPU_CAPABILITY picks
+    both): a function compiled for AVX-512 must not be loaded where only AVX2, or the portable code, runs."""
+    import torch
+
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        inductor = str(pick_vec_isa())
+    except Exception:  # noqa: BLE001 - a private module: its absence leaves ATen's capability alone
+        inductor = ""
+    return f"{torch.backends.cpu.get_cpu_capability()} {inductor}".strip()
 
 
 def module_structure(model) -> str:
