@@ -40,11 +40,13 @@ def main() -> None:
 
 
 def time_gate(tree: Path, prompts: int, tokens: int, batch_sizes: str, kernels: str,
-              model: str | None = None, extra: tuple[str, ...] = ()) -> tuple[float, int, str]:
+              model: str | None = None, extra: tuple[str, ...] = (), env_extra: dict | None = None
+              ) -> tuple[float, int, str]:
     """(wall seconds, exit code, verdict line) of `nondet gate` from `tree` on the first `prompts` demo prompts.
     model: a model directory (--model); None = the tree's embedded default, the random-weight one
     (NONDET_DEMO_MODEL=random: the trained demo is another, slower model), its injected norm included."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "GITHUB_ACTIONS": "", "NONDET_DEMO_MODEL": "random"}
+    env = {**os.environ, "PYTHONPATH": str(tree), "GITHUB_ACTIONS": "", "NONDET_DEMO_MODEL": "random",
+           **(env_extra or {})}  # e.g. a NONDET_CACHE of its own
     _build_model(env)
     work = Path(tempfile.mkdtemp(prefix="nondet-bench-gate-"))
     (work / ".git").mkdir()  # a repository root: no config file above it is read

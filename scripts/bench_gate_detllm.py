@@ -1,6 +1,6 @@
 """`nondet gate` and detLLM 0.1.1 on the same CPU work, side by side: the gate's speed target.
 
-    python scripts/bench_gate_detllm.py [--env DIR] [--prompts 8] [--tokens 300]
+    python scripts/bench_gate_detllm.py [--env DIR] [--prompts 8] [--tokens 300] [--compiled]
 
 The work: the embedded model (a random Qwen3, hidden 512, 4 layers, bf16), the first N built-in
 prompts, N new tokens, batch sizes 1, 2, 4, 8, default kernels. detLLM runs
@@ -70,6 +70,12 @@ def main() -> None:
     print(f"| detLLM 0.1.1 | {detllm:.1f} | {detllm_code} | 1.00x |")
     print(f"| nondet gate | {gate:.1f} | {code} | {detllm / gate:.2f}x |")
     print(f"| nondet gate --positions padded (detLLM's calls) | {padded[0]:.1f} | {padded[1]} | {detllm / padded[0]:.2f}x |")
+    if args.compiled:  # the gate on the compiled path: its steps saved by the first run, loaded by the second
+        cache = {"NONDET_CACHE": tempfile.mkdtemp(prefix="nondet-bench-cache-")}
+        for run in ("cold cache", "warm cache"):
+            wall, code, _ = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model),
+                                      ("--compile",), cache)
+            print(f"| nondet gate --compile, {run} | {wall:.1f} | {code} | {detllm / wall:.2f}x |")
     print(f"gate verdict: {verdict[:160]}")
 
 
@@ -78,6 +84,8 @@ def _parse():
     p.add_argument("--env", default=str(cache_root() / "detllm-0.1.1"))
     p.add_argument("--prompts", type=int, default=len(DEMO_PROMPTS))
     p.add_argument("--tokens", type=int, default=300)
+    p.add_argument("--compiled", action="store_true",
+                   help="also `nondet gate --compile` from a new NONDET_CACHE, then again (saved decode steps)")
     return p.parse_args()
 
 
