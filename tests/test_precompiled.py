@@ -214,6 +214,26 @@ def test_a_step_saved_under_the_mode_on_an_moe_loads_in_the_next_probe(tmp_path,
                      {"batch-invariant": {"batch 1": "loaded"}}]
 
 
+def test_a_trace_dynamo_restarts_to_specialise_a_float_is_traced_again():
+    """In a process that compiled another model before (test_probe_compile's, then this file's MoE), dynamo
+    had made a shared float symbolic and aot_compile raised TensorifyScalarRestartAnalysis: the step ran
+    transformers' JIT compile. dynamo recorded which floats to specialise, so a second attempt succeeds."""
+    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+
+    class Compiled:
+        calls = 0
+
+        def aot_compile(self, example):
+            self.calls += 1
+            if self.calls < 3:
+                raise TensorifyScalarRestartAnalysis
+            return f"traced {example}"
+
+    assert precompiled._aot_compile(Compiled(), "inputs") == "traced inputs"
+    with pytest.raises(TensorifyScalarRestartAnalysis):  # not for ever: dynamo's own retries are bounded too
+        precompiled._aot_compile(Compiled(), "inputs", attempts=2)
+
+
 def _probe(tmp_path, model_dir, name, cache, precompile=True):
     """One `probe --compile --confirm` in a new interpreter (no dynamo state carried over)."""
     env = dict(os.environ, NONDET_CACHE=str(cache), NONDET_PRECOMPILE="1" if precompile else "0")

@@ -196,6 +196,13 @@ class ModePath:
     graph_breaks: int = 0
 
 
+def _precompiled_log_position() -> int:
+    """Where this run's entries begin in the saved steps' log (core/precompiled.py)."""
+    from nondet.probes.core.precompiled import log_position
+
+    return log_position()
+
+
 @dataclass
 class DecodePaths:
     """The compiled path's bookkeeping across a probe: which path each kernels mode took, and time."""
@@ -203,7 +210,7 @@ class DecodePaths:
     backend: str
     device_type: str
     modes: dict[str, ModePath] = field(default_factory=dict)
-    precompiled_since: int = field(default_factory=lambda: _precompiled_log_position())  # this run's saved steps
+    precompiled_since: int = field(default_factory=_precompiled_log_position)  # this run's saved steps
 
     def compiles(self, mode: str) -> bool:
         """Whether the mode's conditions still run compiled (True until a first warm-up fails)."""
@@ -243,12 +250,6 @@ class DecodePaths:
                               "measured_s": round(e.measured_s, 3), "conditions": e.conditions,
                               "warm_ups": e.warm_ups, "graph_breaks": e.graph_breaks}
                           for m, e in self.modes.items()}}
-
-
-def _precompiled_log_position() -> int:
-    from nondet.probes.core.precompiled import log_position
-
-    return log_position()
 
 
 def _graph_breaks() -> int:

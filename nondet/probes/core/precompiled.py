@@ -19,8 +19,8 @@ they are left out (GUARD_FILTER) and the file's key stands for them: the model's
 device (a CPU's instruction set included) and module tree (module_structure: classes, instance forwards,
 hooks), the kernels mode (the op classes on and the torch function modes), nondet's source, the tuned
 table, torch's and transformers' versions and the compile options (a filter function in them has no
-stable text: such a config compiles anew in each process). The guards torch keeps (shapes, dtypes, strides, constants) are checked on each
-call; a step they refuse is compiled again and its file replaced. Under the mode the graph census
+stable text: such a config compiles anew in each process). The guards torch keeps (shapes, dtypes,
+strides, constants) are checked on each call; a step they refuse is compiled again and its file replaced. Under the mode the graph census
 still sees every graph: the census store (kernels/census_store.py) keeps the findings of the graphs
 compiled when a function was saved, and a loaded function compiles none.
 """
@@ -192,7 +192,7 @@ class PrecompiledSteps:
         options = compile_options(self.compile_config)
         held = self.model.__dict__.pop("_compiled_call", None)  # saved state must not reach our loaded functions
         try:
-            function = torch.compile(forward_step, **options).aot_compile(((self.model,), inputs))
+            function = _aot_compile(torch.compile(forward_step, **options), ((self.model,), inputs))
         finally:
             if held is not None:
                 self.model._compiled_call = held
@@ -209,7 +209,9 @@ class PrecompiledSteps:
         if slot in self.fallbacks:
             return f"JIT compile: {self.fallbacks[slot]}"
         what = "loaded" if self.loaded.get(slot) else "compiled and saved"
-        return what + (f" (traced again: its guards refused a call: {self.refused[slot]})" if slot in self.refused else "")
+        if slot in self.refused:
+            what += f" (traced again: its guards refused a call: {self.refused[slot]})"
+        return what
 
     def summary(self) -> dict:
         """Per mode and batch class, what this object's slots did (describe())."""
@@ -220,6 +222,21 @@ class PrecompiledSteps:
 
     def _log(self, slot) -> None:
         _LOG.append((slot[0], slot[1], self.describe(slot)))
+
+
+def _aot_compile(compiled, example, attempts: int = 3):
+    """compiled.aot_compile(example), traced again where dynamo asks to restart its analysis to specialise a
+    Python float it had made symbolic (a float of another value seen earlier in this process, e.g. another
+    model's eps: automatic dynamic). dynamo's JIT restarts by itself; aot_compile raises, having recorded
+    which floats to specialise, so the next attempt succeeds."""
+    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+
+    for _ in range(attempts - 1):
+        try:
+            return compiled.aot_compile(example)
+        except TensorifyScalarRestartAnalysis:
+            continue
+    return compiled.aot_compile(example)
 
 
 def kernels_state() -> str:
@@ -298,7 +315,8 @@ def _batch_tensors(inputs: dict, batch: int) -> list:
     found = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch]
     for cache in (v for v in inputs.values() if hasattr(v, "layers")):
         for layer in cache.layers:
-            found += [t for t in vars(layer).values() if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == batch]
+            found += [t for t in vars(layer).values()
+                      if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == batch]
     return found
 
 
@@ -353,8 +371,8 @@ def module_structure(model) -> str:
     lines = []
     for path, module in model.named_modules():
         hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
-        lines.append(f"{path} {name(type(module))} {name(module.__dict__['forward']) if 'forward' in module.__dict__ else ''} "
-                     + ",".join(map(name, hooks)))
+        own = name(module.__dict__["forward"]) if "forward" in module.__dict__ else ""
+        lines.append(f"{path} {name(type(module))} {own} " + ",".join(map(name, hooks)))
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
