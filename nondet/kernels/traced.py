@@ -43,7 +43,18 @@ def _matmul(a, b):
         return op("mm", a, b)(a, b)
     if a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0]:
         return op("bmm", a, b)(a, b)
+    if a.dim() > 2 and b.dim() == 2:  # (..., K) @ (K, N): eager folds the leading dims into rows of one mm
+        # (Falcon's and GPT-J's `x @ weight.T`)
+        rows = a.reshape(-1, a.shape[-1])
+        return op("mm", rows, b)(rows, b).reshape(*a.shape[:-1], b.shape[-1])
     return None  # another shape: left to the compiler
+
+
+def _addmm(bias, a, b, *, beta=1, alpha=1):
+    """torch.addmm (GPT-2's Conv1D: bias + x @ weight) as the nondet:: addmm; scaled forms are left."""
+    if beta != 1 or alpha != 1 or a.dim() != 2 or b.dim() != 2:
+        return None
+    return op("addmm", a, b)(bias, a, b)
 
 
 def _last_dim(dim, ndim: int) -> bool:
@@ -81,7 +92,7 @@ def _topk(x, k, dim=-1, largest=True, sorted=True):
     return ordered.narrow(dim, 0, k), order.narrow(dim, 0, k)
 
 
-ROUTES = {"linear": opaque_linear, "matmul": _matmul, "mean": _mean, "layer_norm": _layer_norm,
+ROUTES = {"linear": opaque_linear, "matmul": _matmul, "addmm": _addmm, "mean": _mean, "layer_norm": _layer_norm,
           "softmax": _softmax(False), "log_softmax": _softmax(True), "topk": _topk}
 
 
@@ -93,7 +104,8 @@ def _table(ops: frozenset) -> dict:
         # torch._C._nn.linear is F.linear's builtin: tp_tree.tree_linears swaps F.linear for a Python
         # function while it runs, and a table built then would route that one and miss the builtin
         table.update({torch._C._nn.linear: "linear", torch.matmul: "matmul", torch.Tensor.matmul: "matmul",
-                      torch.Tensor.__matmul__: "matmul", torch.bmm: "matmul", torch.Tensor.bmm: "matmul"})
+                      torch.Tensor.__matmul__: "matmul", torch.bmm: "matmul", torch.Tensor.bmm: "matmul",
+                      torch.addmm: "addmm"})
     if "norm" in ops:
         table.update({torch.mean: "mean", torch.Tensor.mean: "mean", F.layer_norm: "layer_norm"})
     if "softmax" in ops:
