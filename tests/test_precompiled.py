@@ -193,17 +193,20 @@ def test_a_step_torch_cannot_save_runs_transformers_jit_compile_and_says_why(tmp
     assert not (tmp_path / "cache" / "precompiled").exists()
 
 
-def test_a_step_saved_under_the_mode_on_an_moe_loads_in_the_next_probe(tmp_path, monkeypatch):
-    """The mode wraps each MoE router's forward (kernels/router.py); torch rebuilds a saved function's
-    guards on it when loading, which failed while the wrapper borrowed the router class's name (every
-    load compiled again). aot_eager: the same save and load path as Inductor, in seconds."""
+@pytest.mark.parametrize("family", ["qwen3-moe", "falcon"])
+def test_a_step_saved_under_the_mode_loads_in_the_next_probe(family, tmp_path, monkeypatch):
+    """qwen3-moe: the mode wraps each router's forward (kernels/router.py); torch rebuilds a saved
+    function's guards on it when loading, which failed while the wrapper borrowed the router class's name
+    (every load compiled again). falcon: its direct F.scaled_dot_product_attention call went through the
+    mode's aten override, whose mask read a full-graph trace refuses (the step ran the JIT compile); the
+    traced mode now routes it. aot_eager: the same save and load path as Inductor, in seconds."""
     import family_models as fm
 
     from nondet.probes.models.default_model import build_tokenizer
     from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig, run_probe
 
-    moe = fm.save_family("qwen3-moe", tmp_path / "qwen3-moe", build_tokenizer(512))
+    moe = fm.save_family(family, tmp_path / family, build_tokenizer(512))
     monkeypatch.setenv("NONDET_CACHE", str(tmp_path / "cache"))
     saved = []
     for name in ("first", "second"):

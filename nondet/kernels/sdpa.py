@@ -35,11 +35,30 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     if not takes(query, key, value, attn_mask, dropout_p, is_causal, scale=scale):
         return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
                                                        scale=scale, enable_gqa=enable_gqa)[0]
-    q_len = query.shape[2]
-    if attn_mask is None and is_causal and q_len < key.shape[2]:
-        # SDPA's is_causal aligns top-left (query i sees keys 0..i); ours bottom-right (hf.py)
-        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    key, value = _top_left(query, key, value, attn_mask, is_causal)
     return _attend(query, key, value, attn_mask, scale, is_causal).transpose(1, 2)
+
+
+def traced(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    """The same call as the opaque nondet::attention, for the traced mode (traced.py): dynamo then never
+    traces the override above, whose CPU path reads the mask's values (a full-graph trace, as a saved
+    decode step needs, refused that data-dependent read on Falcon). None where `takes` refuses: the call
+    is left to the compiler, and the census reports it."""
+    from nondet.kernels.hf import _traced_attention
+
+    if not takes(query, key, value, attn_mask, dropout_p, is_causal, scale=scale):
+        return None
+    key, value = _top_left(query, key, value, attn_mask, is_causal)
+    return _traced_attention(query, key, value, attn_mask, scale, is_causal).transpose(1, 2)
+
+
+def _top_left(query, key, value, mask, is_causal):
+    """SDPA's is_causal aligns top-left (query i sees keys 0..i); ours bottom-right (hf.py): without a
+    mask, a causal call with fewer queries than keys keeps the first keys only."""
+    q_len = query.shape[2]
+    if mask is None and is_causal and q_len < key.shape[2]:
+        return key[:, :, :q_len], value[:, :, :q_len]
+    return key, value
 
 
 def _attend(query, key, value, mask, scale, is_causal):

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from nondet.kernels import custom_ops, squares
+from nondet.kernels import custom_ops, sdpa, squares
 
 op = custom_ops.op  # the nondet:: op for these tensors (its _gpu triton_op on CUDA)
 
@@ -92,7 +92,7 @@ def _topk(x, k, dim=-1, largest=True, sorted=True):
     return ordered.narrow(dim, 0, k), order.narrow(dim, 0, k)
 
 
-ROUTES = {"linear": opaque_linear, "matmul": _matmul, "addmm": _addmm, "mean": _mean, "layer_norm": _layer_norm,
+ROUTES = {"linear": opaque_linear, "matmul": _matmul, "addmm": _addmm, "sdpa": sdpa.traced, "mean": _mean, "layer_norm": _layer_norm,
           "softmax": _softmax(False), "log_softmax": _softmax(True), "topk": _topk}
 
 
@@ -114,6 +114,8 @@ def _table(ops: frozenset) -> dict:
                       torch.Tensor.log_softmax: "log_softmax"})
     if "router" in ops:
         table.update({torch.topk: "topk", torch.Tensor.topk: "topk"})
+    if "attention" in ops:  # a direct call (Falcon's); the attention interface's path is the mode's own
+        table.update({F.scaled_dot_product_attention: "sdpa"})
     return table
 
 
