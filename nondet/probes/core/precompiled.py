@@ -130,14 +130,10 @@ class PrecompiledSteps:
         replace the file; a trace that fails there hands the slot to transformers' JIT compile, as a first
         compile that fails does."""
         self.refused[slot] = _refusal(refusal)
-        try:
-            self.functions[slot] = self._compile(slot, inputs)
-        except Exception as exc:  # noqa: BLE001 - torch's experimental precompile fails in many ways
-            self.fallbacks[slot] = _reason(exc)
-            self.functions[slot] = _jit(self.model, self.compile_config)
-            self._log(slot)
-            return self.functions[slot](**inputs)
+        self._compile_or_jit(slot, inputs)
         self._log(slot)
+        if slot in self.fallbacks:
+            return self.functions[slot](**inputs)
         logits = self.functions[slot](self.model, **inputs)
         self.ran.add(slot)
         return _output(logits, inputs)
@@ -147,8 +143,7 @@ class PrecompiledSteps:
         it restores differently) hands the slot to transformers' JIT compile; a later failure is raised."""
         if slot in self.ran:
             raise exc
-        self.fallbacks[slot] = _reason(exc)
-        self.functions[slot] = _jit(self.model, self.compile_config)
+        self._to_jit(slot, exc)
         self._log(slot)
         return self.functions[slot](**inputs)
 
@@ -159,13 +154,20 @@ class PrecompiledSteps:
             self.functions[slot] = self._load(slot)
             self.loaded[slot] = True
         except Exception:  # noqa: BLE001 - no file, or one an older torch wrote: compile it again
-            try:
-                self.functions[slot] = self._compile(slot, inputs)
-            except Exception as exc:  # noqa: BLE001 - torch's experimental precompile fails in many ways
-                self.fallbacks[slot] = _reason(exc)
-                self.functions[slot] = _jit(self.model, self.compile_config)
+            self._compile_or_jit(slot, inputs)
         self._log(slot)
         return self.functions[slot]
+
+    def _compile_or_jit(self, slot, inputs) -> None:
+        try:
+            self.functions[slot] = self._compile(slot, inputs)
+        except Exception as exc:  # noqa: BLE001 - torch's experimental precompile fails in many ways
+            self._to_jit(slot, exc)
+
+    def _to_jit(self, slot, exc: Exception) -> None:
+        """The slot runs transformers' own JIT compile from now on; `exc` is why (summary)."""
+        self.fallbacks[slot] = _reason(exc)
+        self.functions[slot] = _jit(self.model, self.compile_config)
 
     def _path(self, slot) -> Path:
         """The slot's file (its key hashes the model's module tree and nondet's source: once per slot)."""
