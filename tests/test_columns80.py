@@ -10,9 +10,9 @@ from io import StringIO
 import pytest
 from rich.console import Console
 
-from nondet.cli.bisect import MODULE_COLUMNS, NARROW_MODULE_COLUMNS, _modules_table
+from nondet.cli.bisect import MODULE_COLUMNS, NARROW_MODULE_COLUMNS, _modules_table, _table_steps
 from nondet.cli.compare import fold
-from nondet.cli.fit import UNBOUNDED
+from nondet.cli.fit import natural_width
 from nondet.cli.render import print_probe_summary
 import cli_runner
 
@@ -51,12 +51,6 @@ def module_rows(run) -> list[dict]:
         r.update(step=int(r["step"]), order=int(r["order"]), max_abs_diff=float(r["max_abs_diff"]),
                  max_rel_diff=float(r["max_rel_diff"]), differs=r["differs"] == "True")
     return rows
-
-
-def natural_width(table) -> int:
-    """A table's width with every cell on one line (how nondet.cli.fit chooses full or short headers)."""
-    console = Console(file=StringIO(), width=UNBOUNDED)
-    return console.measure(table).maximum
 
 
 def rendered(summary: dict, width: int) -> str:
@@ -119,12 +113,12 @@ def test_bisect_at_80_columns(bisect_run):
     assert_fits(out)
     tables = headers(out)
     b = json.loads((run / "bisect.json").read_text())
-    steps = list(dict.fromkeys(s for s in (b["first_numeric_step"], (b.get("lasting") or {}).get("step"),
-                                           b["flip_step"]) if s is not None))
+    steps = _table_steps(b)  # the first difference, the lasting divergence, the flip: a table each
     # Which modules differ is the host's (here the injected norm's layers; where the host's own bf16
     # matmul is batch-variant, lm_head too): the full headers where that table fits, the short ones else.
     modules = module_rows(run)
-    expected = [list(MODULE_COLUMNS) if natural_width(_modules_table(s, b, modules)) <= 80
+    console = Console(file=StringIO(), width=80)
+    expected = [list(MODULE_COLUMNS) if natural_width(console, _modules_table(s, b, modules)) <= 80
                 else list(NARROW_MODULE_COLUMNS) for s in steps]
     assert tables[:len(steps)] == expected
     if list(NARROW_MODULE_COLUMNS) in expected:

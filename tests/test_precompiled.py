@@ -122,8 +122,10 @@ def test_a_refused_step_whose_new_trace_fails_runs_transformers_jit_compile_and_
     monkeypatch.setattr(steps, "_compile", trace_fails)
     monkeypatch.setattr(precompiled, "_jit", lambda model, config: lambda **inputs: "jit output")
     ids = torch.zeros(2, 1, dtype=torch.long)
+    since = precompiled.log_position()
     assert steps(input_ids=ids) == "jit output"
-    assert steps.summary() == {"default": {"batch 2+": "JIT compile: RuntimeError: Unsupported: a graph break"}}
+    why = "JIT compile: RuntimeError: Unsupported: a graph break"
+    assert precompiled.report(since) == {"default": {"batch 2+": why}}
     assert steps(input_ids=ids) == "jit output"  # the slot stays on the JIT compile: no second trace
 
 
@@ -162,8 +164,9 @@ def test_a_saved_function_failing_its_first_call_hands_the_step_to_jit_and_a_lat
     monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
     ids = torch.zeros(2, 1, dtype=torch.long)
     steps.functions[("default", "batch 2+", precompiled.kernels_state())] = saved
+    since = precompiled.log_position()
     assert steps(input_ids=ids) == "jit output"
-    assert steps.summary() == {"default": {"batch 2+": "JIT compile: TypeError: CUDA graph capture failed"}}
+    assert precompiled.report(since) == {"default": {"batch 2+": "JIT compile: TypeError: CUDA graph capture failed"}}
     assert steps(input_ids=ids) == "jit output"  # the slot stays on the JIT compile
     later = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
     later.functions[("default", "batch 2+", precompiled.kernels_state())] = saved

@@ -13,10 +13,14 @@ from rich.table import Table
 
 
 def fitted(console: Console, wide: Callable[[], Table], narrow: Callable[[], Table]) -> Table:
-    """wide() where its natural width (every cell on one line) fits the console, else narrow()."""
+    """wide() where its natural width fits the console, else narrow()."""
     table = wide()
-    natural = console.measure(table, options=console.options.update_width(UNBOUNDED)).maximum
-    return table if natural <= console.width else narrow()
+    return table if natural_width(console, table) <= console.width else narrow()
+
+
+def natural_width(console: Console, table: Table) -> int:
+    """The table's width with every cell on one line (columns)."""
+    return console.measure(table, options=console.options.update_width(UNBOUNDED)).maximum
 
 
 UNBOUNDED = 100_000  # a width to measure in: rich clamps a measurement to the width it is given

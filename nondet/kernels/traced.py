@@ -92,8 +92,8 @@ def _topk(x, k, dim=-1, largest=True, sorted=True):
     return ordered.narrow(dim, 0, k), order.narrow(dim, 0, k)
 
 
-ROUTES = {"linear": opaque_linear, "matmul": _matmul, "addmm": _addmm, "sdpa": sdpa.traced, "mean": _mean, "layer_norm": _layer_norm,
-          "softmax": _softmax(False), "log_softmax": _softmax(True), "topk": _topk}
+ROUTES = {"linear": opaque_linear, "matmul": _matmul, "addmm": _addmm, "sdpa": sdpa.traced, "mean": _mean,
+          "layer_norm": _layer_norm, "softmax": _softmax(False), "log_softmax": _softmax(True), "topk": _topk}
 
 
 @functools.cache

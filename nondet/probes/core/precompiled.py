@@ -12,7 +12,7 @@ kernels mode one function for batch 1 and one for every larger batch (a symbolic
 dynamo's automatic dynamic makes it on the second batch size), loaded from NONDET_CACHE/precompiled/
 or, the first time, compiled from the step's own inputs and saved. Where torch cannot do that (a graph
 break, a guard it cannot save, an experimental API missing), that mode and batch class fall back to the
-JIT compile transformers would have made, and `fallbacks` says why.
+JIT compile transformers would have made, and the log says why.
 
 torch saves no guard on object identities (the model, its modules, the kernels mode's functions), so
 they are left out (GUARD_FILTER) and the file's key stands for them: the model's config, dtype,
@@ -20,9 +20,10 @@ device (a CPU's instruction set included) and module tree (module_structure: cla
 hooks), the kernels mode (the op classes on and the torch function modes), nondet's source, the tuned
 table, torch's and transformers' versions and the compile options (a filter function in them has no
 stable text: such a config compiles anew in each process). The guards torch keeps (shapes, dtypes,
-strides, constants) are checked on each call; a step they refuse is compiled again and its file replaced. Under the mode the graph census
-still sees every graph: the census store (kernels/census_store.py) keeps the findings of the graphs
-compiled when a function was saved, and a loaded function compiles none.
+strides, constants) are checked on each call; a step they refuse is compiled again and its file
+replaced. What each slot did goes to a log, which a run's summary reads (report). Under the mode the
+graph census still sees every graph: the census store (kernels/census_store.py) keeps the findings of
+the graphs compiled when a function was saved, and a loaded function compiles none.
 """
 
 import contextlib
@@ -214,13 +215,6 @@ class PrecompiledSteps:
         if slot in self.refused:
             what += f" (traced again: its guards refused a call: {self.refused[slot]})"
         return what
-
-    def summary(self) -> dict:
-        """Per mode and batch class, what this object's slots did (describe())."""
-        doc: dict = {}
-        for slot in self.functions:
-            doc.setdefault(slot[0], {})[slot[1]] = self.describe(slot)
-        return doc
 
     def _log(self, slot) -> None:
         _LOG.append((slot[0], slot[1], self.describe(slot)))
