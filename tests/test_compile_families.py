@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import family_models as fm
-from nondet.kernels import batch_invariant
+from controls import mode
 from nondet.probes.core.compiled import compile_scope, generation_fields
 
 DEFAULT_MATMULS = {"aten.mm", "aten.addmm", "aten.bmm"}
@@ -39,7 +39,7 @@ def test_the_compiled_decode_routes_every_matmul_and_gives_the_eager_modes_bits(
     ids = fm.prompts()[:1]
     graphs = []
     torch._dynamo.reset()
-    with torch.no_grad(), compile_scope(), batch_invariant(model=model, traceable="compiled_calls"):
+    with torch.no_grad(), compile_scope(), mode(model=model, traceable="compiled_calls"):
         compiled = _generate(model, ids, **generation_fields(_recording_aot_eager(graphs), "cpu"))
         eager = _generate(model, ids, cache_implementation="static", disable_compile=True)
     assert graphs, "nothing was compiled"
