@@ -53,14 +53,12 @@ def inputs(model, batch: int, device: str):
 
 
 def compiled(args):
-    import torch
-
-    from nondet.probes.core.precompiled import GUARD_FILTER
+    from nondet.probes.core.precompiled import GUARD_FILTER, aot_compilable
 
     options = {"guard_filter_fn": GUARD_FILTER()}
     if args.cudagraphs:
         options["triton.cudagraphs"] = True
-    return torch.compile(step, fullgraph=True, options=options)
+    return aot_compilable(step, {"fullgraph": True, "options": options})
 
 
 def run_step(args, name: str) -> dict:

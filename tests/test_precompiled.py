@@ -220,6 +220,48 @@ def test_a_step_saved_under_the_mode_loads_in_the_next_probe(family, tmp_path, m
                      {"batch-invariant": {"batch 1": "loaded"}}]
 
 
+def test_the_aot_compile_method_is_asked_for_where_torch_leaves_it_off(monkeypatch):
+    """torch 2.11 (an H200 image's, 2026-11-28) keeps torch._dynamo.config.enable_aot_compile off, and
+    torch.compile's wrapper then has no aot_compile: every saved step ran the JIT compile. The control is
+    the plain torch.compile under the same setting, on this host."""
+    import torch
+
+    monkeypatch.setattr(torch._dynamo.config, "enable_aot_compile", False)
+    assert not hasattr(torch.compile(torch.sin), "aot_compile")  # control: the failure seen on the device
+    function = precompiled.aot_compilable(torch.sin, {"fullgraph": True, "backend": "eager"})
+    assert hasattr(function, "aot_compile")
+    assert torch._dynamo.config.enable_aot_compile is False  # the switch is restored
+
+
+def test_a_guard_on_a_functions_defaults_is_saved_so_it_loads():
+    """torch 2.11 pickled a guard source with its fields __init__ does not take, and loading a step guarded
+    on a function's defaults raised TypeError (the mode's steps on an H200 image, 2026-11-28). Here torch
+    2.11's way of pickling is put back as the control: it fails; inside the context manager it loads."""
+    import dataclasses
+    import pickle
+
+    from torch._dynamo.source import DefaultsSource, LocalSource
+
+    def every_field(source):  # torch 2.11's _guards.dataclass_with_cached_hash __reduce__
+        return type(source), tuple(getattr(source, f.name) for f in dataclasses.fields(source))
+
+    source = DefaultsSource(LocalSource("forward"), 1)
+    held = DefaultsSource.__dict__.get("__reduce__")
+    DefaultsSource.__reduce__ = every_field
+    try:
+        with pytest.raises(TypeError, match="positional arguments"):
+            pickle.loads(pickle.dumps(source))
+        with precompiled.guard_sources_pickled_by_init_fields():
+            data = pickle.dumps(source)
+        assert DefaultsSource.__reduce__ is every_field  # put back as it was
+    finally:
+        if held is None:
+            del DefaultsSource.__reduce__
+        else:
+            DefaultsSource.__reduce__ = held
+    assert pickle.loads(data).name == source.name == "L['forward'].__defaults__[1]"
+
+
 def test_a_trace_dynamo_restarts_to_specialise_a_float_is_traced_again():
     """In a process that compiled another model before (test_probe_compile's, then this file's MoE), dynamo
     had made a shared float symbolic and aot_compile raised TensorifyScalarRestartAnalysis: the step ran

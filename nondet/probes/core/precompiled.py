@@ -27,6 +27,7 @@ the graphs compiled when a function was saved, and a loaded function compiles no
 """
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -195,14 +196,16 @@ class PrecompiledSteps:
         options = compile_options(self.compile_config)
         held = self.model.__dict__.pop("_compiled_call", None)  # saved state must not reach our loaded functions
         try:
-            function = _aot_compile(torch.compile(forward_step, **options), ((self.model,), inputs))
+            with guard_sources_pickled_by_init_fields():
+                function = _aot_compile(aot_compilable(forward_step, options), ((self.model,), inputs))
         finally:
             if held is not None:
                 self.model._compiled_call = held
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self._path(slot)
         partial = path.with_suffix(f".{os.getpid()}.part")
-        function.save_compiled_function(str(partial))
+        with guard_sources_pickled_by_init_fields():
+            function.save_compiled_function(str(partial))
         partial.replace(path)  # a reader never sees half a file
         self.loaded[slot] = False
         return function
@@ -218,6 +221,51 @@ class PrecompiledSteps:
 
     def _log(self, slot) -> None:
         _LOG.append((slot[0], slot[1], self.describe(slot)))
+
+
+def aot_compilable(function, options: dict):
+    """torch.compile(function, **options) with its aot_compile method. torch attaches that method only
+    where torch._dynamo.config.enable_aot_compile is on when the wrapper is made: on by default from
+    torch 2.12, off in 2.11 (an H200 image's torch, 2026-11-28: every saved step fell back to JIT)."""
+    import torch
+
+    with torch._dynamo.config.patch(enable_aot_compile=True):
+        return torch.compile(function, **options)
+
+
+@contextlib.contextmanager
+def guard_sources_pickled_by_init_fields():
+    """While a step's guards are saved, each guard source pickles as its class and its __init__ fields.
+    torch 2.11 pickled every dataclass field, also those __init__ does not take (DefaultsSource's field
+    and _name, set in __post_init__), so loading a step guarded on a function's defaults raised
+    "DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were given" and the mode's
+    steps were traced again in every process. torch 2.13 pickles the __init__ fields only, as here."""
+    from torch._guards import Source
+
+    patched = [cls for cls in _subclasses(Source)
+               if dataclasses.is_dataclass(cls) and not all(f.init for f in dataclasses.fields(cls))]
+    held = {cls: cls.__dict__.get("__reduce__") for cls in patched}
+    for cls in patched:
+        cls.__reduce__ = _reduce_by_init_fields
+    try:
+        yield
+    finally:
+        for cls, reduce in held.items():
+            if reduce is None:
+                del cls.__reduce__
+            else:
+                cls.__reduce__ = reduce
+
+
+def _reduce_by_init_fields(source):
+    return type(source), tuple(getattr(source, f.name) for f in dataclasses.fields(source) if f.init)
+
+
+def _subclasses(cls) -> list:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
 
 
 def _aot_compile(compiled, example, attempts: int = 3):
