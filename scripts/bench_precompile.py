@@ -52,13 +52,19 @@ def inputs(model, batch: int, device: str):
     return ids, torch.tensor([3], device=device), cache
 
 
-def compiled(args):
-    from nondet.probes.core.precompiled import GUARD_FILTER, aot_compilable
+def step_options(args) -> dict:
+    from nondet.probes.core.precompiled import GUARD_FILTER
 
     options = {"guard_filter_fn": GUARD_FILTER()}
     if args.cudagraphs:
         options["triton.cudagraphs"] = True
-    return aot_compilable(step, {"fullgraph": True, "options": options})
+    return options
+
+
+def compiled(args):
+    from nondet.probes.core.precompiled import aot_compilable
+
+    return aot_compilable(step, {"fullgraph": True, "options": step_options(args)})
 
 
 def run_step(args, name: str) -> dict:
@@ -67,6 +73,7 @@ def run_step(args, name: str) -> dict:
     import torch
 
     from nondet.kernels import batch_invariant
+    from nondet.probes.core import precompiled
 
     model = build(args)
     mode = batch_invariant(model=model, traceable=True) if args.kernels != "default" else torch.no_grad()
@@ -76,12 +83,13 @@ def run_step(args, name: str) -> dict:
         if name == "save":
             ids, pos, cache = inputs(model, args.batches[0], args.device)
             torch._dynamo.mark_dynamic(ids, 0)
-            function = compiled(args).aot_compile(((model, ids, pos, cache), {}))
-            function.save_compiled_function(saved)
+            with precompiled.guard_sources_pickled_by_init_fields():
+                function = compiled(args).aot_compile(((model, ids, pos, cache), {}))
+                function.save_compiled_function(saved)
             return {"s": time.perf_counter() - started}
         if name == "load":
             with open(saved, "rb") as fh:
-                function = torch.compiler.load_compiled_function(fh)
+                function = precompiled.load_step(fh, step_options(args))
         else:
             function = compiled(args)
         outs = [function(model, *inputs(model, b, args.device)).float().cpu() for b in args.batches]

@@ -262,6 +262,26 @@ def test_a_guard_on_a_functions_defaults_is_saved_so_it_loads():
     assert pickle.loads(data).name == source.name == "L['forward'].__defaults__[1]"
 
 
+def test_a_step_compiled_for_cuda_graphs_is_loaded_under_that_option(monkeypatch):
+    """torch sets a loaded step's Inductor graph up at load time from the Inductor config in force then
+    (triton.cudagraphs), not from the options it was compiled with: loaded plainly, a step compiled for CUDA
+    graphs ran without them (an H200, 2026-11-28: the mode's decode 3.9 -> 25.2 s). The loader here records
+    what torch would read; the control is torch's loader called as before."""
+    import io
+
+    import torch
+
+    seen = []
+    monkeypatch.setattr(torch.compiler, "load_compiled_function",
+                        lambda fh: seen.append(torch._inductor.config.triton.cudagraphs) or "step")
+    options = precompiled.compile_options(_Config(mode="reduce-overhead"))["options"]
+    torch.compiler.load_compiled_function(io.BytesIO())  # control: the plain load, as before
+    assert precompiled.load_step(io.BytesIO(), options) == "step"
+    assert seen == [False, True]
+    assert torch._inductor.config.triton.cudagraphs is False  # put back
+    assert "guard_filter_fn" in options  # a torch.compile option, not Inductor's: left out of the patch
+
+
 def test_a_trace_dynamo_restarts_to_specialise_a_float_is_traced_again():
     """In a process that compiled another model before (test_probe_compile's, then this file's MoE), dynamo
     had made a shared float symbolic and aot_compile raised TensorifyScalarRestartAnalysis: the step ran

@@ -178,10 +178,8 @@ class PrecompiledSteps:
         return self.paths[slot]
 
     def _load(self, slot):
-        import torch
-
         with open(self._path(slot), "rb") as fh:
-            return torch.compiler.load_compiled_function(fh)
+            return load_step(fh, compile_options(self.compile_config)["options"])
 
     def _compile(self, slot, inputs):
         """Trace forward_step on these inputs, save, return it. For batch 2+ the batch dimension of the
@@ -221,6 +219,19 @@ class PrecompiledSteps:
 
     def _log(self, slot) -> None:
         _LOG.append((slot[0], slot[1], self.describe(slot)))
+
+
+def load_step(file, options: dict):
+    """torch.compiler.load_compiled_function(file) under the Inductor options the step was compiled with.
+    A loaded step's Inductor graph is set up at load time from the Inductor config then in force, not the
+    options saved with it (torch 2.11-2.13 read triton.cudagraphs there): loaded outside them, a step
+    compiled for CUDA graphs ran without them (an H200, 2026-11-28: the mode's decode 3.9 -> 25.2 s)."""
+    import torch
+
+    inductor = torch._inductor.config
+    known = inductor.get_config_copy()
+    with inductor.patch({k: v for k, v in options.items() if k in known}):
+        return torch.compiler.load_compiled_function(file)
 
 
 def aot_compilable(function, options: dict):
