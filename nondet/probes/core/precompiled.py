@@ -8,11 +8,14 @@ start of the demo-shaped step 17.0 / 22.4 s -> 3.7 / 4.0 s (default / the mode),
 
 transformers' compiled generate calls `model._compiled_call(**inputs)` for each decode step
 (`get_compiled_call`, made once per compile config). `install` puts a PrecompiledSteps there: per
-kernels mode one function for batch 1 and one for every larger batch (a symbolic batch dimension, as
-dynamo's automatic dynamic makes it on the second batch size), loaded from NONDET_CACHE/precompiled/
-or, the first time, compiled from the step's own inputs and saved. Where torch cannot do that (a graph
-break, a guard it cannot save, an experimental API missing), that mode and batch class fall back to the
-JIT compile transformers would have made, and the log says why.
+kernels mode one function for every batch size (a symbolic, size-oblivious batch dimension: batch 1
+is not specialised, so a probe of 8 batch sizes compiles once per mode, as a server compiles one graph
+for its batch buckets; dynamo's JIT compiles 3: batch 1, batch 2, then dynamic), loaded from
+NONDET_CACHE/precompiled/ or, the first time, compiled from the step's own inputs and saved. Where torch
+cannot do that (a graph break, a guard it cannot save, an experimental API missing), that mode falls back
+to the JIT compile transformers would have made, and the log says why. Under the mode the one function
+gives the eager mode's bits at every batch size (its kernels are batch-invariant); the default's
+compiled numbers at batch 1 are then those of the dynamic graph, not of a graph specialised to 1.
 
 torch saves no guard on object identities (the model, its modules, the kernels mode's functions), so
 they are left out (GUARD_FILTER) and the file's key stands for them: the model's config, dtype,
@@ -35,7 +38,8 @@ import os
 import re
 from pathlib import Path
 
-ENV = "NONDET_PRECOMPILE"  # "0": transformers' own JIT compile, as before this file
+ENV = "NONDET_PRECOMPILE"
+EVERY_BATCH = "every batch"  # a slot's batch class: one function per kernels mode serves every batch size  # "0": transformers' own JIT compile, as before this file
 _DECODING: list[str] = []  # the kernels mode whose conditions are decoding now (decoding())
 # (mode name, batch class, what) each time a slot's function was obtained or replaced, in this process: a
 # run's summary reports the entries made since it began (report(since)), not an earlier run's
@@ -95,8 +99,8 @@ def forward_step(model, **inputs):
 
 
 class PrecompiledSteps:
-    """transformers' `_compiled_call`: the decode step through a saved function per (kernels mode, batch 1 or
-    2+). A slot is (the decoder's name for the mode, the batch class, kernels_state())."""
+    """transformers' `_compiled_call`: the decode step through a saved function per kernels mode. A slot is
+    (the decoder's name for the mode, the batch class EVERY_BATCH, kernels_state())."""
 
     def __init__(self, model, compile_config, folder: Path) -> None:
         self.model = model
@@ -113,8 +117,7 @@ class PrecompiledSteps:
         # the decoder's name for the kernels mode (summary) and what is really on (the key): a call outside
         # decoding() under the mode must not meet the default kernels' function. kernels_state() is read at
         # each step (2 us on a CPU, 0.1% of a 1.9 ms GPU step): the mode may change between steps.
-        slot = (_DECODING[-1] if _DECODING else "default", "batch 1" if _batch(inputs) == 1 else "batch 2+",
-                kernels_state())
+        slot = (_DECODING[-1] if _DECODING else "default", EVERY_BATCH, kernels_state())
         function = self.functions.get(slot) or self._obtain(slot, inputs)
         if slot in self.fallbacks:
             return function(**inputs)
@@ -182,19 +185,20 @@ class PrecompiledSteps:
             return load_step(fh, compile_options(self.compile_config)["options"])
 
     def _compile(self, slot, inputs):
-        """Trace forward_step on these inputs, save, return it. For batch 2+ the batch dimension of the
-        inputs and of the cache's tensors is symbolic (maybe_mark_dynamic: torch finds them equal to each
-        other, a relation mark_dynamic refuses), so one function serves every batch size past 1 (1 is
-        specialised, as dynamo does)."""
+        """Trace forward_step on these inputs, save, return it. The batch dimension of the inputs, the masks
+        and the cache's tensors is symbolic (maybe_mark_dynamic: torch finds them equal to each other, a
+        relation mark_dynamic refuses) and size-oblivious (backed_size_oblivious: a batch of 1 is not
+        specialised, as dynamo otherwise does), so one function serves every batch size of a probe, 1
+        included: one compile per kernels mode where there were two (batch 1, then 2+)."""
         import torch
 
-        if slot[1] == "batch 2+":
-            for tensor in _batch_tensors(inputs, _batch(inputs)):
-                torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        for tensor in _batch_tensors(inputs, _batch(inputs)):
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
         options = compile_options(self.compile_config)
         held = self.model.__dict__.pop("_compiled_call", None)  # saved state must not reach our loaded functions
         try:
-            with guard_sources_pickled_by_init_fields():
+            with guard_sources_pickled_by_init_fields(), \
+                    torch.fx.experimental._config.patch(backed_size_oblivious=True):
                 function = _aot_compile(aot_compilable(forward_step, options), ((self.model,), inputs))
         finally:
             if held is not None:
@@ -364,15 +368,16 @@ def _batch(inputs: dict) -> int:
 
 
 def _batch_tensors(inputs: dict, batch: int) -> list:
-    """The tensors whose first dimension is the batch: the inputs' and the KV cache layers'."""
+    """The tensors whose first dimension is the batch: the inputs', the masks' (a dict per attention kind)
+    and the KV cache layers'. A batch-led tensor has 2 dimensions or more ((B, T) ids and positions, (B, 1,
+    T, K) masks, (B, H, L, D) caches): cache_position, (T,), is left out, also where T == B == 1."""
     import torch
 
-    found = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch]
+    values = [*inputs.values()]
+    values += [v for d in inputs.values() if isinstance(d, dict) for v in d.values()]
     for cache in (v for v in inputs.values() if hasattr(v, "layers")):
-        for layer in cache.layers:
-            found += [t for t in vars(layer).values()
-                      if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == batch]
-    return found
+        values += [t for layer in cache.layers for t in vars(layer).values()]
+    return [t for t in values if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == batch]
 
 
 def _output(logits, inputs: dict):
