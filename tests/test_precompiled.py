@@ -107,6 +107,31 @@ def test_a_step_its_kept_guards_refuse_is_compiled_again(monkeypatch, tmp_path):
     assert calls == [("default", EVERY, precompiled.kernels_state())]
 
 
+def test_a_step_with_one_row_of_positions_for_a_larger_batch_has_its_own_function(monkeypatch, tmp_path):
+    """position_ids of shape (1, T) beside a batch of 2+ (broadcast): the function traced on batch-led
+    positions ties the two sizes in its guards and refuses them; on an H200 (2026-11-28) both forms shared
+    one slot, each refusal traced it again and replaced the file, and every run traced again. The control
+    is the batch-led form, which stays in the shared slot."""
+    import torch
+
+    steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
+    compiled = []
+
+    def refuses(model, **inputs):
+        raise RuntimeError("GuardManager check failed: position_ids.size()[0] == input_ids.size()[0]")
+
+    steps.functions[("default", EVERY, precompiled.kernels_state())] = refuses
+    monkeypatch.setattr(steps, "_obtain", lambda slot, inputs: compiled.append(slot[1]) or (lambda model, **i: "new"))
+    monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
+    ids = torch.zeros(2, 1, dtype=torch.long)
+    assert steps(input_ids=ids, position_ids=torch.zeros(1, 1, dtype=torch.long)) == "new"
+    assert compiled == [precompiled.SHARED_POSITIONS]
+    assert precompiled._batch_class({"input_ids": ids[:1], "position_ids": ids[:1]}) == EVERY  # batch 1: either form
+    # control: batch-led positions meet the EVERY slot's function, which refuses them (the old routing of both)
+    monkeypatch.setattr(steps, "_guards_refused", lambda slot, inputs, exc: f"refused in {slot[1]}")
+    assert steps(input_ids=ids, position_ids=torch.zeros(2, 1, dtype=torch.long)) == f"refused in {EVERY}"
+
+
 def test_a_refused_step_whose_new_trace_fails_runs_transformers_jit_compile_and_says_why(monkeypatch, tmp_path):
     import torch
 
@@ -221,17 +246,17 @@ def test_a_step_saved_under_the_mode_loads_in_the_next_probe(family, tmp_path, m
                      {"batch-invariant": {EVERY: "loaded"}}]
 
 
-def test_the_aot_compile_method_is_asked_for_where_torch_leaves_it_off(monkeypatch):
+def test_the_aot_compile_method_is_asked_for_where_torch_leaves_it_off():
     """torch 2.11 (an H200 image's, 2026-11-28) keeps torch._dynamo.config.enable_aot_compile off, and
     torch.compile's wrapper then has no aot_compile: every saved step ran the JIT compile. The control is
     the plain torch.compile under the same setting, on this host."""
     import torch
 
-    monkeypatch.setattr(torch._dynamo.config, "enable_aot_compile", False)
-    assert not hasattr(torch.compile(torch.sin), "aot_compile")  # control: the failure seen on the device
-    function = precompiled.aot_compilable(torch.sin, {"fullgraph": True, "backend": "eager"})
-    assert hasattr(function, "aot_compile")
-    assert torch._dynamo.config.enable_aot_compile is False  # the switch is restored
+    with torch._dynamo.config.patch(enable_aot_compile=False):
+        assert not hasattr(torch.compile(torch.sin), "aot_compile")  # control: the failure seen on the device
+        function = precompiled.aot_compilable(torch.sin, {"fullgraph": True, "backend": "eager"})
+        assert hasattr(function, "aot_compile")
+        assert torch._dynamo.config.enable_aot_compile is False  # the switch is restored
 
 
 def test_a_guard_on_a_functions_defaults_is_saved_so_it_loads():

@@ -39,7 +39,11 @@ import re
 from pathlib import Path
 
 ENV = "NONDET_PRECOMPILE"
-EVERY_BATCH = "every batch"  # a slot's batch class: one function per kernels mode serves every batch size  # "0": transformers' own JIT compile, as before this file
+EVERY_BATCH = "every batch"  # a slot's batch class: one function per kernels mode serves every batch size
+# the class of steps whose position_ids have one row for a batch of several (broadcast): a function traced
+# with batch-led positions refuses them (its guards tie the two sizes), and one traced on them refuses the
+# others, so each form has its own function (an H200, 2026-11-28: one slot for both traced again each run)
+SHARED_POSITIONS = "every batch, one row of positions"  # "0": transformers' own JIT compile, as before this file
 _DECODING: list[str] = []  # the kernels mode whose conditions are decoding now (decoding())
 # (mode name, batch class, what) each time a slot's function was obtained or replaced, in this process: a
 # run's summary reports the entries made since it began (report(since)), not an earlier run's
@@ -117,7 +121,7 @@ class PrecompiledSteps:
         # the decoder's name for the kernels mode (summary) and what is really on (the key): a call outside
         # decoding() under the mode must not meet the default kernels' function. kernels_state() is read at
         # each step (2 us on a CPU, 0.1% of a 1.9 ms GPU step): the mode may change between steps.
-        slot = (_DECODING[-1] if _DECODING else "default", EVERY_BATCH, kernels_state())
+        slot = (_DECODING[-1] if _DECODING else "default", _batch_class(inputs), kernels_state())
         function = self.functions.get(slot) or self._obtain(slot, inputs)
         if slot in self.fallbacks:
             return function(**inputs)
@@ -358,6 +362,14 @@ def GUARD_FILTER():  # noqa: N802 - a factory named as the constant it stands fo
     unsaved = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
     return lambda entries: [e.guard_type not in unsaved and not unsaved & set(e.derived_guard_types or ())
                             for e in entries]
+
+
+def _batch_class(inputs: dict) -> str:
+    """SHARED_POSITIONS where position_ids has one row and the batch more, else EVERY_BATCH (a batch of 1
+    cannot tell the two apart: it takes EVERY_BATCH, whose function serves it either way)."""
+    positions = inputs.get("position_ids")
+    rows = getattr(positions, "shape", (None,))[0] if getattr(positions, "ndim", 0) >= 2 else None
+    return SHARED_POSITIONS if rows == 1 and _batch(inputs) > 1 else EVERY_BATCH
 
 
 def _batch(inputs: dict) -> int:
