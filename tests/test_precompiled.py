@@ -91,55 +91,64 @@ def test_the_key_follows_the_cpus_instruction_set(tiny_model_dir, monkeypatch):
     assert precompiled.step_key(model, config, slot) != key
 
 
-def test_a_step_its_kept_guards_refuse_is_compiled_again(monkeypatch, tmp_path):
+def _refuses(model, **inputs):
+    raise RuntimeError("GuardManager check failed, reason: size mismatch")
+
+
+def test_a_batch_class_the_shared_function_refuses_gets_its_own_and_the_other_keeps_it(monkeypatch, tmp_path):
+    """torch 2.11 specialises a mask's batch of 1 (SDPA broadcasting) even in the size-oblivious trace: the
+    one function traced at batch 1 refused batch 2, and each refusal replaced the file the other class
+    needed, so every run traced again (CPU and H200, 2026-11-28). Now the refused class gets its own slot,
+    loaded or compiled (here faked), and the shared file stays for the class it serves."""
+    import torch
+
     steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
+    state = precompiled.kernels_state()
+    obtained = []
+
+    def obtain(slot, inputs):
+        steps.functions[slot] = lambda model, **i: f"{slot[1]} logits"
+        obtained.append(slot[1])
+        steps._log(slot)
+        return steps.functions[slot]
+
+    steps.functions[("default", EVERY, state)] = lambda model, **i: (_refuses(model) if len(i["input_ids"]) > 1
+                                                                     else "shared logits")
+    monkeypatch.setattr(steps, "_obtain", obtain)
+    monkeypatch.setattr(steps, "_compile", lambda slot, inputs: pytest.fail("the shared file was traced again"))
+    monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
+    one, two = torch.zeros(1, 1, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long)
+    since = precompiled.log_position()
+    assert steps(input_ids=one) == "shared logits"
+    assert steps(input_ids=two) == "batch 2+ logits"
+    assert steps(input_ids=two) == "batch 2+ logits" and steps(input_ids=one) == "shared logits"
+    assert obtained == ["batch 2+"]  # once; batch 1 stays on the shared function
+    assert precompiled.report(since)["default"]["batch 2+"].startswith(
+        "compiled and saved (its own function: every batch's guards refused this batch class")
+
+
+def test_a_refusal_after_the_split_traces_that_slot_again(monkeypatch, tmp_path):
+    """Control of the split: a slot of its own that refuses a call is traced again in place (no second split)."""
+    import torch
+
+    steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
+    state = precompiled.kernels_state()
+    steps.split[("default", state)] = "batch 2+"
+    steps.functions[("default", "batch 2+", state)] = _refuses
     calls = []
-
-    def refused(model, **inputs):
-        raise RuntimeError("GuardManager check failed, reason: size mismatch")
-
-    steps.functions[("default", EVERY, precompiled.kernels_state())] = refused
     monkeypatch.setattr(steps, "_compile", lambda slot, inputs: calls.append(slot) or (lambda model, **i: "logits"))
     monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
-    import torch
-
     assert steps(input_ids=torch.zeros(2, 1, dtype=torch.long)) == "logits"
-    assert calls == [("default", EVERY, precompiled.kernels_state())]
-
-
-def test_a_step_with_one_row_of_positions_for_a_larger_batch_has_its_own_function(monkeypatch, tmp_path):
-    """position_ids of shape (1, T) beside a batch of 2+ (broadcast): the function traced on batch-led
-    positions ties the two sizes in its guards and refuses them; on an H200 (2026-11-28) both forms shared
-    one slot, each refusal traced it again and replaced the file, and every run traced again. The control
-    is the batch-led form, which stays in the shared slot."""
-    import torch
-
-    steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
-    compiled = []
-
-    def refuses(model, **inputs):
-        raise RuntimeError("GuardManager check failed: position_ids.size()[0] == input_ids.size()[0]")
-
-    steps.functions[("default", EVERY, precompiled.kernels_state())] = refuses
-    monkeypatch.setattr(steps, "_obtain", lambda slot, inputs: compiled.append(slot[1]) or (lambda model, **i: "new"))
-    monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
-    ids = torch.zeros(2, 1, dtype=torch.long)
-    assert steps(input_ids=ids, position_ids=torch.zeros(1, 1, dtype=torch.long)) == "new"
-    assert compiled == [precompiled.SHARED_POSITIONS]
-    assert precompiled._batch_class({"input_ids": ids[:1], "position_ids": ids[:1]}) == EVERY  # batch 1: either form
-    # control: batch-led positions meet the EVERY slot's function, which refuses them (the old routing of both)
-    monkeypatch.setattr(steps, "_guards_refused", lambda slot, inputs, exc: f"refused in {slot[1]}")
-    assert steps(input_ids=ids, position_ids=torch.zeros(2, 1, dtype=torch.long)) == f"refused in {EVERY}"
+    assert calls == [("default", "batch 2+", state)]
 
 
 def test_a_refused_step_whose_new_trace_fails_runs_transformers_jit_compile_and_says_why(monkeypatch, tmp_path):
     import torch
 
     steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
-    slot = ("default", EVERY, precompiled.kernels_state())
-
-    def refused(model, **inputs):
-        raise RuntimeError("GuardManager check failed, reason: size mismatch")
+    slot = ("default", "batch 2+", precompiled.kernels_state())
+    steps.split[("default", slot[2])] = "batch 2+"  # its own slot already: a refusal there traces it again
+    refused = _refuses
 
     def trace_fails(slot, inputs):
         raise RuntimeError("Unsupported: a graph break")
@@ -151,7 +160,7 @@ def test_a_refused_step_whose_new_trace_fails_runs_transformers_jit_compile_and_
     since = precompiled.log_position()
     assert steps(input_ids=ids) == "jit output"
     why = "JIT compile: RuntimeError: Unsupported: a graph break"
-    assert precompiled.report(since) == {"default": {EVERY: why}}
+    assert precompiled.report(since) == {"default": {"batch 2+": why}}
     assert steps(input_ids=ids) == "jit output"  # the slot stays on the JIT compile: no second trace
 
 

@@ -38,12 +38,11 @@ import os
 import re
 from pathlib import Path
 
-ENV = "NONDET_PRECOMPILE"
+ENV = "NONDET_PRECOMPILE"  # "0": transformers' own JIT compile, as before this file
 EVERY_BATCH = "every batch"  # a slot's batch class: one function per kernels mode serves every batch size
-# the class of steps whose position_ids have one row for a batch of several (broadcast): a function traced
-# with batch-led positions refuses them (its guards tie the two sizes), and one traced on them refuses the
-# others, so each form has its own function (an H200, 2026-11-28: one slot for both traced again each run)
-SHARED_POSITIONS = "every batch, one row of positions"  # "0": transformers' own JIT compile, as before this file
+# where torch's guards keep batch 1 apart after all (torch 2.11 specialises a mask's batch of 1 in SDPA),
+# the class the refused call belongs to gets its own function and the other keeps EVERY_BATCH's
+BATCH_ONE, BATCH_MORE = "batch 1", "batch 2+"
 _DECODING: list[str] = []  # the kernels mode whose conditions are decoding now (decoding())
 # (mode name, batch class, what) each time a slot's function was obtained or replaced, in this process: a
 # run's summary reports the entries made since it began (report(since)), not an earlier run's
@@ -116,12 +115,15 @@ class PrecompiledSteps:
         self.ran: set = set()  # slots whose function has returned once
         self.paths: dict[tuple[str, str, str], Path] = {}  # slot -> its file (_path)
         self.refused: dict[tuple[str, str, str], str] = {}  # slot -> why its guards refused a call (traced again)
+        self.split: dict[tuple[str, str], str] = {}  # (mode, kernels state) -> the batch class EVERY_BATCH refused
+        self.apart: dict[tuple[str, str, str], str] = {}  # split slot -> EVERY_BATCH's refusal of its class
 
     def __call__(self, **inputs):
         # the decoder's name for the kernels mode (summary) and what is really on (the key): a call outside
         # decoding() under the mode must not meet the default kernels' function. kernels_state() is read at
         # each step (2 us on a CPU, 0.1% of a 1.9 ms GPU step): the mode may change between steps.
-        slot = (_DECODING[-1] if _DECODING else "default", _batch_class(inputs), kernels_state())
+        mode, state, batch = _DECODING[-1] if _DECODING else "default", kernels_state(), _batch_class(inputs)
+        slot = (mode, batch if self.split.get((mode, state)) == batch else EVERY_BATCH, state)
         function = self.functions.get(slot) or self._obtain(slot, inputs)
         if slot in self.fallbacks:
             return function(**inputs)
@@ -135,15 +137,25 @@ class PrecompiledSteps:
         return _output(logits, inputs)
 
     def _guards_refused(self, slot, inputs, refusal: Exception):
-        """Inputs of another form than the saved function's (its kept guards refused them): trace again and
-        replace the file; a trace that fails there hands the slot to transformers' JIT compile, as a first
-        compile that fails does."""
-        self.refused[slot] = _refusal(refusal)
-        self._compile_or_jit(slot, inputs)
-        self._log(slot)
+        """Inputs of another form than the saved function's (its kept guards refused them). EVERY_BATCH's
+        function refusing a batch class (it was traced on the other) splits the mode: this class gets its
+        own slot, loaded or compiled, and EVERY_BATCH's file is kept for the other; so the next process
+        loads both and traces nothing. Else trace again and replace the file; a trace that fails there hands
+        the slot to transformers' JIT compile, as a first compile that fails does."""
+        mode, batch, state = slot
+        if batch == EVERY_BATCH and (mode, state) not in self.split:
+            self.split[(mode, state)] = _batch_class(inputs)
+            slot = (mode, _batch_class(inputs), state)
+            self.apart[slot] = _refusal(refusal)
+            function = self.functions.get(slot) or self._obtain(slot, inputs)
+        else:
+            self.refused[slot] = _refusal(refusal)
+            self._compile_or_jit(slot, inputs)
+            self._log(slot)
+            function = self.functions[slot]
         if slot in self.fallbacks:
-            return self.functions[slot](**inputs)
-        logits = self.functions[slot](self.model, **inputs)
+            return function(**inputs)
+        logits = function(self.model, **inputs)
         self.ran.add(slot)
         return _output(logits, inputs)
 
@@ -222,7 +234,10 @@ class PrecompiledSteps:
             return f"JIT compile: {self.fallbacks[slot]}"
         what = "loaded" if self.loaded.get(slot) else "compiled and saved"
         if slot in self.refused:
-            what += f" (traced again: its guards refused a call: {self.refused[slot]})"
+            what += f" (traced again: its guards refused a call; the first guard torch lists: {self.refused[slot]})"
+        if slot in self.apart:
+            what += f" (its own function: {EVERY_BATCH}'s guards refused this batch class; the first guard " \
+                    f"torch lists: {self.apart[slot]})"
         return what
 
     def _log(self, slot) -> None:
@@ -365,11 +380,7 @@ def GUARD_FILTER():  # noqa: N802 - a factory named as the constant it stands fo
 
 
 def _batch_class(inputs: dict) -> str:
-    """SHARED_POSITIONS where position_ids has one row and the batch more, else EVERY_BATCH (a batch of 1
-    cannot tell the two apart: it takes EVERY_BATCH, whose function serves it either way)."""
-    positions = inputs.get("position_ids")
-    rows = getattr(positions, "shape", (None,))[0] if getattr(positions, "ndim", 0) >= 2 else None
-    return SHARED_POSITIONS if rows == 1 and _batch(inputs) > 1 else EVERY_BATCH
+    return BATCH_ONE if _batch(inputs) == 1 else BATCH_MORE
 
 
 def _batch(inputs: dict) -> int:
