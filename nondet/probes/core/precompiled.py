@@ -103,7 +103,8 @@ def forward_step(model, **inputs):
 
 class PrecompiledSteps:
     """transformers' `_compiled_call`: the decode step through a saved function per kernels mode. A slot is
-    (the decoder's name for the mode, the batch class EVERY_BATCH, kernels_state())."""
+    (the decoder's name for the mode, the batch class, kernels_state()); the class is EVERY_BATCH, or
+    BATCH_ONE / BATCH_MORE for the class whose calls EVERY_BATCH's function refused (_guards_refused)."""
 
     def __init__(self, model, compile_config, folder: Path) -> None:
         self.model = model
