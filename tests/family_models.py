@@ -164,6 +164,13 @@ def greedy_logits(model, ids: torch.Tensor, steps: int = STEPS) -> list[torch.Te
     return [step[0].float().cpu() for step in out.logits]
 
 
+def generate_three(model, ids: torch.Tensor, **fields):
+    """Three greedy tokens of HF generate with their logits, on the path `fields` pick (a compile config or
+    a static cache without compile): the compiled-vs-eager tests' call."""
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
+                          return_dict_in_generate=True, output_logits=True, **fields)
+
+
 def first_difference(alone: list[torch.Tensor], batched: list[torch.Tensor]) -> int | None:
     """The first step whose logits differ in any bit, or None."""
     for step, (a, b) in enumerate(zip(alone, batched)):

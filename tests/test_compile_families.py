@@ -28,11 +28,6 @@ def _recording_aot_eager(graphs: list):
     return backend
 
 
-def _generate(model, ids, **fields):
-    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
-                          return_dict_in_generate=True, output_logits=True, **fields)
-
-
 @pytest.mark.parametrize("family", ["gpt2", "falcon"])
 def test_the_compiled_decode_routes_every_matmul_and_gives_the_eager_modes_bits(family, tmp_path):
     model = fm.load(fm.save_family(family, tmp_path / family), torch.float32)
@@ -40,8 +35,8 @@ def test_the_compiled_decode_routes_every_matmul_and_gives_the_eager_modes_bits(
     graphs = []
     torch._dynamo.reset()
     with torch.no_grad(), compile_scope(), mode(model=model, traceable="compiled_calls"):
-        compiled = _generate(model, ids, **generation_fields(_recording_aot_eager(graphs), "cpu"))
-        eager = _generate(model, ids, cache_implementation="static", disable_compile=True)
+        compiled = fm.generate_three(model, ids, **generation_fields(_recording_aot_eager(graphs), "cpu"))
+        eager = fm.generate_three(model, ids, cache_implementation="static", disable_compile=True)
     assert graphs, "nothing was compiled"
     targets = {str(n.target).removesuffix(".default") for g in graphs for n in g.graph.nodes if n.op == "call_function"}
     assert not targets & DEFAULT_MATMULS, targets & DEFAULT_MATMULS

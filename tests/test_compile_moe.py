@@ -37,11 +37,6 @@ def _recording_aot_eager(graphs: list):
     return backend
 
 
-def _generate(model, ids, **fields):
-    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
-                          return_dict_in_generate=True, output_logits=True, **fields)
-
-
 def test_the_compiled_moe_decode_gives_the_eager_modes_bits(moe_dir):
     """What `probe --compile` runs (transformers' compiled generate, the mode in its compiled forwards),
     in bf16, the dtype that failed."""
@@ -53,8 +48,8 @@ def test_the_compiled_moe_decode_gives_the_eager_modes_bits(moe_dir):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     with torch.no_grad(), compile_scope(), batch_invariant(model=model, traceable="compiled_calls"):
-        compiled = _generate(model, ids, **generation_fields(_recording_aot_eager(graphs), "cpu"))
-        eager = _generate(model, ids, cache_implementation="static", disable_compile=True)
+        compiled = fm.generate_three(model, ids, **generation_fields(_recording_aot_eager(graphs), "cpu"))
+        eager = fm.generate_three(model, ids, cache_implementation="static", disable_compile=True)
     traced = {str(n.target).split(".default")[0] for g in graphs for n in g.graph.nodes if n.op == "call_function"}
     assert {"nondet.mm", "nondet.mean_sq", "nondet.attention", "nondet.grouped_mm"} <= traced, traced
     assert len(graphs) == 1 and not torch._dynamo.utils.counters["graph_break"], "the decode step broke into graphs"
