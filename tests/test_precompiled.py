@@ -148,12 +148,11 @@ def test_a_refused_step_whose_new_trace_fails_runs_transformers_jit_compile_and_
     steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
     slot = ("default", "batch 2+", precompiled.kernels_state())
     steps.split[("default", slot[2])] = "batch 2+"  # its own slot already: a refusal there traces it again
-    refused = _refuses
 
     def trace_fails(slot, inputs):
         raise RuntimeError("Unsupported: a graph break")
 
-    steps.functions[slot] = refused
+    steps.functions[slot] = _refuses
     monkeypatch.setattr(steps, "_compile", trace_fails)
     monkeypatch.setattr(precompiled, "_jit", lambda model, config: lambda **inputs: "jit output")
     ids = torch.zeros(2, 1, dtype=torch.long)

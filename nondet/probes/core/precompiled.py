@@ -145,10 +145,10 @@ class PrecompiledSteps:
         the slot to transformers' JIT compile, as a first compile that fails does."""
         mode, batch, state = slot
         if batch == EVERY_BATCH and (mode, state) not in self.split:
-            self.split[(mode, state)] = _batch_class(inputs)
-            slot = (mode, _batch_class(inputs), state)
+            self.split[(mode, state)] = own = _batch_class(inputs)
+            slot = (mode, own, state)  # new: only this split reaches it
             self.apart[slot] = _refusal(refusal)
-            function = self.functions.get(slot) or self._obtain(slot, inputs)
+            function = self._obtain(slot, inputs)
         else:
             self.refused[slot] = _refusal(refusal)
             self._compile_or_jit(slot, inputs)
