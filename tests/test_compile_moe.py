@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import family_models as fm
-from nondet.kernels import batch_invariant
+from controls import mode
 from nondet.kernels.traced import TracedMode
 from nondet.probes.core.compiled import compile_scope, generation_fields
 
@@ -47,7 +47,7 @@ def test_the_compiled_moe_decode_gives_the_eager_modes_bits(moe_dir):
     graphs = []
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    with torch.no_grad(), compile_scope(), batch_invariant(model=model, traceable="compiled_calls"):
+    with torch.no_grad(), compile_scope(), mode(model=model, traceable="compiled_calls"):
         compiled = fm.generate_three(model, ids, **generation_fields(_recording_aot_eager(graphs), "cpu"))
         eager = fm.generate_three(model, ids, cache_implementation="static", disable_compile=True)
     traced = {str(n.target).split(".default")[0] for g in graphs for n in g.graph.nodes if n.op == "call_function"}
