@@ -295,7 +295,11 @@ def merge(out: str) -> None:
     parts = [json.loads(f.read_text()) for f in sorted(Path(out).glob("tp_speed-*.json"))]
     if not parts:
         return
-    merged = {**parts[0], "worlds": {w: r for part in parts for w, r in part["worlds"].items()}}
+    worlds: dict = {}  # one degree may come from several runs (one per kernels, side by side): their rows joined
+    for part in parts:
+        for w, run in part["worlds"].items():
+            worlds.setdefault(w, {"rows": []})["rows"] += run["rows"]
+    merged = {**parts[0], "worlds": worlds}
     text = table(merged) + "\n\n" + "\n".join(bits_across_degrees(merged)) + "\n"
     Path(out, "tp_speed.md").write_text(text)
     Path(out, "tp_speed.json").write_text(json.dumps(merged, indent=1))

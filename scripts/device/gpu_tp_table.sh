@@ -8,7 +8,9 @@
 #                                                          use `bash scripts/gpu.sh tp-table`)
 # Knobs: TP_TABLE_ARGS (passed to every run; default "--layers 8 --paths compiled"), TP_TABLE_BUDGET
 # (seconds for everything, default 560), TP_TABLE_WORLDS (default "1,2 4": the groups of degrees run
-# one after the other; the degrees of a group run side by side).
+# one after the other; the degrees of a group run side by side). A degree may name its kernels, WORLD:KERNELS
+# (one name of gpu_tp_speed.py's --kernels, in place of TP_TABLE_ARGS' list): "2:default,2:batch-invariant
+# 1:default,1:batch-invariant" runs one degree's kernels on separate GPUs at once, each compile beside the other.
 set -uo pipefail
 OUT=${OUT:-/tmp/nondet-tp-table}
 mkdir -p "$OUT"
@@ -23,17 +25,21 @@ rm -f "$OUT"/tp_speed-tp*.json  # the merged table is of this run's degrees only
 python3 scripts/device/gpu_tp_speed.py $ARGS --build-only --out "$OUT" 2>&1 | tail -2
 for group in ${TP_TABLE_WORLDS:-1,2 4}; do
   next_gpu=0
-  for world in ${group//,/ }; do
+  for slot in ${group//,/ }; do
+    world=${slot%%:*}
+    kernels=(); name=tp$world
+    [ "$slot" != "$world" ] && kernels=(--kernels "${slot#*:}") && name=tp$world-${slot#*:}
     gpus=$(seq -s, "$next_gpu" $(( next_gpu + world - 1 )))
     next_gpu=$(( next_gpu + world ))
-    echo "=== TP$world on GPUs $gpus, $(date -u +%H:%M:%S), $(left) s left"
+    echo "=== $name on GPUs $gpus, $(date -u +%H:%M:%S), $(left) s left"
     # shellcheck disable=SC2086
-    CUDA_VISIBLE_DEVICES=$gpus timeout "$(left)" python3 scripts/device/gpu_tp_speed.py $ARGS --worlds "$world" \
-      --tag="-tp$world" --out "$OUT" > "$OUT/tp$world.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=$gpus timeout "$(left)" python3 scripts/device/gpu_tp_speed.py $ARGS "${kernels[@]}" \
+      --worlds "$world" --tag="-$name" --out "$OUT" > "$OUT/$name.log" 2>&1 &
   done
   wait
-  for world in ${group//,/ }; do
-    echo "--- TP$world"; grep -v -i warn "$OUT/tp$world.log" | grep "^{\|^|\|Error" | tail -20
+  for slot in ${group//,/ }; do
+    name=tp${slot/:/-}
+    echo "--- $name"; grep -v -i warn "$OUT/$name.log" | grep "^{\|^|\|Error" | tail -20
   done
 done
 echo "=== all degrees ($OUT/tp_speed.md)"
