@@ -60,9 +60,26 @@ def test_the_compiled_mode_at_tp2_is_one_completion_and_its_graphs_are_covered(c
     assert next(g for g in groups if g["degree"] == 2)["invariant_all_reduce_calls"] > 0
 
 
-def _path(path="compiled", reason=None, warm=1.0, measured=0.5, n=2, breaks=1):
+@pytest.mark.slow
+def test_the_mode_traces_one_graph_per_degree_for_both_batch_sizes(compiled_tp_run, tiny_model_dir, tmp_path):
+    """Every rank compiles with the batch symbolic from the first trace (core/dynamic_jit.py) and the
+    vocab-parallel embedding on local shards (tp/local_params.py: DTensor's embedding guarded on batch < 2):
+    batch 1 and 2 share the mode's graph at each degree. The control, transformers' own JIT compile
+    (NONDET_PRECOMPILE=0) on the same case, traces batch 1 apart: two graphs a degree."""
+    _, summary = compiled_tp_run
+    assert summary["decode_path"]["modes"][FIX_KERNELS]["graphs_traced"] == 2, summary["decode_path"]
+    r = cli_runner.run(("probe", "--tp", "1,2", "--compile", "--model", str(tiny_model_dir), "--prompt",
+                        "Tell me about Richard Feynman", "--batch-sizes", "1,2", "--max-new-tokens", "4",
+                        "--kernels", FIX_KERNELS, "--inject-variance", "--out", str(tmp_path / "run"), "--json"),
+                       env={**os.environ, "NONDET_PRECOMPILE": "0"}, timeout=600)
+    assert r.returncode == 0, r.stderr
+    control = json.loads(r.stdout)["decode_path"]["modes"][FIX_KERNELS]
+    assert control["graphs_traced"] == 4, control
+
+
+def _path(path="compiled", reason=None, warm=1.0, measured=0.5, n=2, breaks=1, graphs=1):
     return {"path": path, "reason": reason, "warmup_s": warm, "measured_s": measured, "conditions": n,
-            "warm_ups": n, "graph_breaks": breaks}
+            "warm_ups": n, "graph_breaks": breaks, "graphs_traced": graphs}
 
 
 def test_merged_decode_adds_the_degrees_and_keeps_a_fallback_with_its_degree():
@@ -76,7 +93,7 @@ def test_merged_decode_adds_the_degrees_and_keeps_a_fallback_with_its_degree():
     doc = merged_decode(by_degree)
     entry = doc["decode_path"]["modes"]["default"]
     assert entry == {"path": "eager", "reason": "TP2: Unsupported: x", "warmup_s": 2.0, "measured_s": 1.0,
-                     "conditions": 4, "warm_ups": 4, "graph_breaks": 2}
+                     "conditions": 4, "warm_ups": 4, "graph_breaks": 2, "graphs_traced": 2}
     assert doc["compiled_graph_census"]["graphs_inspected"] == 2 and doc["compiled_graph_census"]["routed"] == 6
     assert doc["compiled_graph_census"]["uncovered"] == [{"module": "m", "op": "aten::cumsum", "calls": 2}]
     assert doc["compiled_graph_census"]["unreviewed"] == {"aten::x": 2}

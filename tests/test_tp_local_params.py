@@ -1,7 +1,7 @@
 """probes/tp/local_params.py on the CPU: 2 gloo ranks, a tiny Qwen3 loaded with transformers' TP plan.
 
-Inside local_linear_params the TP linears hold plain local shards and run without transformers' TP
-wrappers (the row-parallel ones all-reduce in ours); the logits must be the same bits as with their
+Inside local_linear_params the TP linears and the vocab-parallel embedding hold plain local shards and
+run without transformers' TP wrappers (the row-parallel ones and the embedding all-reduce in ours); the logits must be the same bits as with their
 DTensors and wrappers (the same local kernels and collective run), eagerly and compiled, and the
 DTensors and wrappers come back after.
 The control: the swap really happened (a count > 0 and no DTensor weight on any linear inside), so an
@@ -34,10 +34,12 @@ def _rank(rank: int, port: int, model_dir: str, results):
                       MASTER_PORT=str(port), CUDA_VISIBLE_DEVICES="")
     dist.init_process_group("gloo", rank=rank, world_size=2)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **tp_kwargs(2)).eval()
-    ids = torch.tensor([[3, 17, 42, 9, 100, 7], [5, 6, 7, 8, 9, 10]])
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    # ids on both sides of the vocabulary's split (512 tokens: rank 1's slice begins at 256), its edges too
+    ids = torch.tensor([[3, 17, 42, 9, 100, 7], [0, 255, 256, 300, 511, 10]])
+    linears = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
     dtensors_before = sum(isinstance(m.weight, DTensor) for m in linears)
     wrappers_before = [m.__dict__.get("forward") for m in linears]
+    embedding_before = model.get_input_embeddings().weight.placements
     with torch.inference_mode():
         plain = model(ids).logits
         compiled = torch.compile(model, backend="inductor", fullgraph=False)
@@ -51,7 +53,7 @@ def _rank(rank: int, port: int, model_dir: str, results):
         wrappers_back = all(m.__dict__.get("forward") is w for m, w in zip(linears, wrappers_before))
         reference_compiled = compiled(ids).logits
     if rank == 0:
-        results.put({"swapped": swapped, "dtensors_inside": dtensors_inside, "dtensors_after": dtensors_after,
+        results.put({"embedding_sharded": str(embedding_before), "swapped": swapped, "dtensors_inside": dtensors_inside, "dtensors_after": dtensors_after,
                      "dtensors_before": dtensors_before, "wrappers_back": wrappers_back,
                      "forwards": {f: forwards.count(f) for f in set(forwards)}, "eager_equal": bool(torch.equal(plain, local)),
                      "compiled_equal": bool(torch.equal(reference_compiled, local_compiled))})
@@ -70,7 +72,9 @@ def test_local_shards_give_the_dtensor_models_bits_and_the_dtensors_come_back(ti
     r = results.get(timeout=5)
     assert r["swapped"] > 0 and r["dtensors_inside"] == 0, r  # control: the swap happened
     assert r["dtensors_after"] == r["dtensors_before"] > 0 and r["wrappers_back"], r
-    # 2 layers: q, k, v, gate, up plain (10), o_proj and down_proj ours (4), the lm_head transformers' (1)
-    assert r["forwards"] == {"class": 10, "nondet.probes.tp.local_params": 4,
+    # 2 layers: q, k, v, gate, up plain (10), o_proj and down_proj ours (4), the lm_head transformers' (1);
+    # the vocab-parallel embedding ours (1: a lookup in this rank's slice, then the all-reduce)
+    assert r["embedding_sharded"] == "(Shard(dim=0),)", r
+    assert r["forwards"] == {"class": 10, "nondet.probes.tp.local_params": 5,
                              "transformers.distributed.tensor_parallel": 1}, r
     assert r["eager_equal"] and r["compiled_equal"], r

@@ -194,6 +194,9 @@ class ModePath:
     # dynamo's graph breaks while warming up: each leaves a piece of the step eager (and out of the CUDA
     # graph), e.g. transformers 5.17's tensor-parallel modules; 0 = one graph per shape
     graph_breaks: int = 0
+    # graphs dynamo traced while warming up (each one compile): with the batch symbolic from the first trace
+    # (precompiled.py, dynamic_jit.py) one serves every batch size, 0 where the saved ones were loaded
+    graphs_traced: int = 0
 
 
 def _precompiled_log_position() -> int:
@@ -220,7 +223,7 @@ class DecodePaths:
         """Run `warm()` (a short generate of the condition's shape), timed as warm-up. A failure at the
         mode's first condition switches the mode to eager; a later one is an error."""
         entry = self.modes.setdefault(mode, ModePath())
-        started, breaks = time.perf_counter(), _graph_breaks()
+        started, breaks, graphs = time.perf_counter(), _graph_breaks(), _graphs_traced()
         entry.warm_ups += 1
         try:
             warm()
@@ -234,6 +237,7 @@ class DecodePaths:
         finally:
             entry.warmup_s += time.perf_counter() - started
             entry.graph_breaks += _graph_breaks() - breaks
+            entry.graphs_traced += _graphs_traced() - graphs
 
     def measured(self, mode: str, seconds: float) -> None:
         entry = self.modes.setdefault(mode, ModePath())
@@ -248,7 +252,8 @@ class DecodePaths:
         return {"compiled": label(self.backend, self.device_type), "precompiled": report(self.precompiled_since),
                 "modes": {m: {"path": e.path, "reason": e.reason, "warmup_s": round(e.warmup_s, 3),
                               "measured_s": round(e.measured_s, 3), "conditions": e.conditions,
-                              "warm_ups": e.warm_ups, "graph_breaks": e.graph_breaks}
+                              "warm_ups": e.warm_ups, "graph_breaks": e.graph_breaks,
+                              "graphs_traced": e.graphs_traced}
                           for m, e in self.modes.items()}}
 
 
@@ -257,6 +262,13 @@ def _graph_breaks() -> int:
     from torch._dynamo.utils import counters
 
     return sum(counters["graph_break"].values())
+
+
+def _graphs_traced() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def _first_line(exc: Exception) -> str:

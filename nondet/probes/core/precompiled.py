@@ -38,7 +38,10 @@ import os
 import re
 from pathlib import Path
 
-ENV = "NONDET_PRECOMPILE"  # "0": transformers' own JIT compile, as before this file
+from nondet.probes.core.step_batch import batch_size, symbolic_batch
+
+ENV = "NONDET_PRECOMPILE"  # "0": transformers' own JIT compile, as before this file; JIT: dynamic_jit.py's
+JIT = "jit"  # transformers' JIT compile with the batch symbolic from the first trace, nothing saved (TP ranks)
 EVERY_BATCH = "every batch"  # a slot's batch class: one function per kernels mode serves every batch size
 # where torch's guards keep batch 1 apart after all (torch 2.11 specialises a mask's batch of 1 in SDPA),
 # the class the refused call belongs to gets its own function and the other keeps EVERY_BATCH's
@@ -60,7 +63,12 @@ def decoding(mode: str):
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+    return os.environ.get(ENV, "1") not in ("0", JIT)
+
+
+def symbolic_jit() -> bool:
+    """NONDET_PRECOMPILE=jit: no saved steps, one JIT graph per kernels mode for every batch size."""
+    return os.environ.get(ENV) == JIT
 
 
 def install(model, compile_config, folder: Path) -> "PrecompiledSteps":
@@ -202,20 +210,13 @@ class PrecompiledSteps:
             return load_step(fh, compile_options(self.compile_config)["options"])
 
     def _compile(self, slot, inputs):
-        """Trace forward_step on these inputs, save, return it. The batch dimension of the inputs, the masks
-        and the cache's tensors is symbolic (maybe_mark_dynamic: torch finds them equal to each other, a
-        relation mark_dynamic refuses) and size-oblivious (backed_size_oblivious: a batch of 1 is not
-        specialised, as dynamo otherwise does), so one function serves every batch size of a probe, 1
-        included: one compile per kernels mode where there were two (batch 1, then 2+)."""
-        import torch
-
-        for tensor in _batch_tensors(inputs, _batch(inputs)):
-            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        """Trace forward_step on these inputs, save, return it. The batch dimension is symbolic from this first
+        trace (step_batch.symbolic_batch), so one function serves every batch size of a probe, 1 included: one
+        compile per kernels mode where there were two (batch 1, then 2+)."""
         options = compile_options(self.compile_config)
         held = self.model.__dict__.pop("_compiled_call", None)  # saved state must not reach our loaded functions
         try:
-            with guard_sources_pickled_by_init_fields(), \
-                    torch.fx.experimental._config.patch(backed_size_oblivious=True):
+            with guard_sources_pickled_by_init_fields(), symbolic_batch(inputs):
                 function = _aot_compile(aot_compilable(forward_step, options), ((self.model,), inputs))
         finally:
             if held is not None:
@@ -381,27 +382,7 @@ def GUARD_FILTER():  # noqa: N802 - a factory named as the constant it stands fo
 
 
 def _batch_class(inputs: dict) -> str:
-    return BATCH_ONE if _batch(inputs) == 1 else BATCH_MORE
-
-
-def _batch(inputs: dict) -> int:
-    ids = inputs.get("input_ids")
-    if ids is None:
-        ids = inputs.get("inputs_embeds")
-    return int(ids.shape[0])
-
-
-def _batch_tensors(inputs: dict, batch: int) -> list:
-    """The tensors whose first dimension is the batch: the inputs', the masks' (a dict per attention kind)
-    and the KV cache layers'. A batch-led tensor has 2 dimensions or more ((B, T) ids and positions, (B, 1,
-    T, K) masks, (B, H, L, D) caches): cache_position, (T,), is left out, also where T == B == 1."""
-    import torch
-
-    values = [*inputs.values()]
-    values += [v for d in inputs.values() if isinstance(d, dict) for v in d.values()]
-    for cache in (v for v in inputs.values() if hasattr(v, "layers")):
-        values += [t for layer in cache.layers for t in vars(layer).values()]
-    return [t for t in values if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == batch]
+    return BATCH_ONE if batch_size(inputs) == 1 else BATCH_MORE
 
 
 def _output(logits, inputs: dict):

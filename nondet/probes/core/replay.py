@@ -152,15 +152,21 @@ def _cache_fields(settings: DecodeSettings, model, prompt_len: int, drafted: int
 
 def _precompiled_steps(model, compile_config, assisted: bool) -> None:
     """The compiled decode step from functions saved under NONDET_CACHE (core/precompiled.py), not traced
-    again in every process; not for speculative calls, or with NONDET_PRECOMPILE=0 (set in every
-    tensor-parallel rank: all degrees, TP1 too, decode on one path, transformers' JIT compile)."""
-    from nondet.probes.core import precompiled
+    again in every process; with NONDET_PRECOMPILE=jit (set in every tensor-parallel rank: all degrees,
+    TP1 too, decode on one path) transformers' JIT compile with the batch symbolic (core/dynamic_jit.py);
+    transformers' own JIT compile for speculative calls or with NONDET_PRECOMPILE=0."""
+    from nondet.probes.core import dynamic_jit, precompiled
     from nondet.probes.core.cache_dir import cache_root
 
-    if precompiled.enabled() and not assisted:
+    saved, symbolic = not assisted and precompiled.enabled(), not assisted and precompiled.symbolic_jit()
+    if saved:  # install() keeps the model's own object from call to call: what it loaded stays loaded
         precompiled.install(model, compile_config, cache_root() / "precompiled")
     else:
         precompiled.uninstall(model)
+    if symbolic:
+        dynamic_jit.install(model, compile_config)
+    else:
+        dynamic_jit.uninstall(model)
 
 
 def assisted_cache_len(prompt_len: int, max_new_tokens: int, drafted: int) -> int:

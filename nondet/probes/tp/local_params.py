@@ -23,11 +23,30 @@ step on one GPU (the guard log of a 4-layer TP2 step on the CPU, 2026-11-28). So
 the plain "colwise" style (replicated input, its shard of the output kept) runs nn.Linear's own
 forward, and one of the plain "rowwise" style (its shard of the input, a replicated output) runs
 nn.Linear's forward on its shard, then the all-reduce, then the bias, as transformers' local
-inference path does. Any other style (an lm_head that gathers its output, an embedding) keeps its
-wrapper. The wrappers go back in `finally`.
+inference path does. Any other style (an lm_head that gathers its output) keeps its wrapper. The
+wrappers go back in `finally`.
+
+A vocab-parallel embedding (transformers' "embedding_rowwise": the vocabulary sharded on dim 0, the
+ids replicated) gets its local shard and a forward that looks up the ids in this rank's slice, zeroes
+the rows of ids outside it and all-reduces: the same sum of one lookup and zeros as its DTensor path
+(exact in any order), without DTensor's sharding propagation, whose guard on the ids' batch (size < 2,
+from its strategy enumeration) traced batch 1 apart from batch 2+ in every compiled TP step.
 """
 
 import contextlib
+
+
+def vocab_sharded_embeddings(model) -> list:
+    """nn.Embedding modules whose weight is a DTensor sharded on the vocabulary (Shard(0)) alone; a subclass
+    (Gemma's scaled embedding, say) keeps its own forward and so its wrapper and DTensor."""
+    import torch
+
+    try:
+        from torch.distributed.tensor import DTensor, Shard
+    except ImportError:
+        return []
+    return [m for m in model.modules() if type(m) is torch.nn.Embedding and isinstance(m.weight, DTensor)
+            and len(m.weight.placements) == 1 and m.weight.placements[0] == Shard(0)]
 
 
 def shard_linears(model) -> list[tuple[object, str]]:
@@ -58,13 +77,16 @@ def local_linear_params(model):
 
     swapped, wrappers = [], []
     try:
-        for module, name in shard_linears(model):
+        embeddings = [(m, "weight") for m in vocab_sharded_embeddings(model)]
+        for module, name in shard_linears(model) + embeddings:
             original = module._parameters[name]
             module._parameters[name] = torch.nn.Parameter(original.to_local(), requires_grad=False)
             swapped.append((module, name, original))
-        for module in {id(m): m for m, _, _ in swapped}.values():
+        for module, _, original in swapped:
             wrapper = module.__dict__.get("forward")
-            plain = plain_forward(module, wrapper)
+            if wrapper is None or any(module is m for m, _ in wrappers):
+                continue
+            plain = plain_forward(module, wrapper, original)
             if plain is not None:
                 wrappers.append((module, wrapper))
                 if plain is _CLASS_FORWARD:
@@ -82,9 +104,10 @@ def local_linear_params(model):
 _CLASS_FORWARD = object()  # plain_forward's answer for "the class's own forward"
 
 
-def plain_forward(module, wrapper):
-    """What replaces transformers' TP wrapper `wrapper` of a Linear holding local shards: _CLASS_FORWARD
-    (colwise), a forward that all-reduces (rowwise), or None (another style: the wrapper stays)."""
+def plain_forward(module, wrapper, sharded):
+    """What replaces transformers' TP wrapper `wrapper` of a module holding local shards (`sharded`: its
+    DTensor weight): _CLASS_FORWARD (colwise), a forward that all-reduces (rowwise, a vocab-parallel
+    embedding), or None (another style: the wrapper stays)."""
     style, mesh = _closure(wrapper, "self"), _closure(wrapper, "mesh")
     if style is None or mesh is None or type(style).__module__ != "transformers.distributed.tensor_parallel":
         return None  # not one of transformers' TP wrappers this mirrors: it stays
@@ -92,11 +115,38 @@ def plain_forward(module, wrapper):
 
     name, local_output = type(style).__name__, getattr(style, "use_local_output", False)
     inputs, outputs = getattr(style, "input_layouts", None), getattr(style, "output_layouts", None)
+    group = mesh.get_group() if mesh.ndim == 1 else mesh.get_group("tp")
     if name == "ColwiseParallel" and local_output and inputs == Replicate() and outputs in (Shard(-1),):
         return _CLASS_FORWARD
     if name == "RowwiseParallel" and local_output and inputs == Shard(-1) and outputs == Replicate():
-        return _rowwise_forward(module, mesh.get_group() if mesh.ndim == 1 else mesh.get_group("tp"))
+        return _rowwise_forward(module, group)
+    if name == "EmbeddingParallel" and local_output and getattr(style, "shard_dim", None) == 0:
+        return _vocab_parallel_forward(module, group, _first_row(sharded, mesh))
     return None
+
+
+def _first_row(weight, mesh) -> int:
+    """The global vocabulary row where this rank's Shard(0) slice begins (torch.chunk's split: slices of
+    ceil(V / W) rows, the last ones shorter or empty)."""
+    rows, world = weight.shape[0], mesh.size()
+    return min(mesh.get_local_rank() * -(-rows // world), rows)
+
+
+def _vocab_parallel_forward(module, group, first: int):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    def forward(ids):
+        rows = module.weight.shape[0]  # this rank's slice
+        local = ids - first
+        here = (local >= 0) & (local < rows)
+        out = F.embedding(torch.where(here, local, 0), module.weight)  # padding_idx only shapes gradients
+        out = torch.where(here.unsqueeze(-1), out, 0)  # other ranks' ids: a zero row here, their row there
+        dist.all_reduce(out, group=group)  # one lookup and zeros: exact whatever adds them
+        return out
+
+    return forward
 
 
 def _rowwise_forward(module, group):

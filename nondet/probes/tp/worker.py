@@ -44,9 +44,10 @@ def _run(rank: int, job: Job, pipe) -> None:
     from nondet.probes.tp.local_params import local_linear_params
 
     device = _device(rank, job)
-    # every degree decodes on one compiled path, transformers' JIT compile: no saved steps (core/precompiled.py)
-    # in this rank's process, TP1's included
-    os.environ[precompiled.ENV] = "0"
+    # every degree decodes on one compiled path, transformers' JIT compile with the batch symbolic from the
+    # first trace (core/dynamic_jit.py): no saved steps (core/precompiled.py) in this rank's process, TP1's
+    # included; NONDET_PRECOMPILE=0 keeps transformers' own JIT compile (batch 1 traced apart)
+    os.environ[precompiled.ENV] = "0" if os.environ.get(precompiled.ENV) == "0" else precompiled.JIT
     _join(rank, job, device)
     with numerics_scope(job.threads):
         loaded = load_tp_model(job.spec, job.degree, device)

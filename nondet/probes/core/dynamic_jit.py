@@ -1,0 +1,38 @@
+"""transformers' JIT-compiled decode step with the batch dimension symbolic from the first trace: one graph
+per kernels mode for every batch size of a probe, where transformers' own compiled call traces batch 1
+apart and then again for 2+ (dynamo makes a dimension dynamic only after a size changed). Nothing is
+saved: the path of tensor-parallel ranks, where saved steps are off (NONDET_PRECOMPILE=jit; precompiled.py
+saves them for one process).
+"""
+
+from nondet.probes.core.step_batch import symbolic_batch
+
+
+def install(model, compile_config) -> "DynamicBatchJIT":
+    """Make transformers' compiled generate call a DynamicBatchJIT for this model and compile config (kept on
+    the model: one object, so its traced graphs serve every later call)."""
+    call = getattr(model, "_compiled_call", None)
+    if not isinstance(call, DynamicBatchJIT) or call.compile_config != compile_config:
+        call = DynamicBatchJIT(model, compile_config)
+    model._compiled_call, model._last_compile_config = call, compile_config
+    return call
+
+
+def uninstall(model) -> None:
+    if isinstance(getattr(model, "_compiled_call", None), DynamicBatchJIT):
+        del model._compiled_call
+
+
+class DynamicBatchJIT:
+    """transformers' `_compiled_call`: torch.compile of the model's call, as transformers makes it
+    (get_compiled_call), each call's batch-led tensors marked symbolic before dynamo sees them."""
+
+    def __init__(self, model, compile_config) -> None:
+        import torch
+
+        self.compile_config = compile_config
+        self.jit = torch.compile(model.__call__, **compile_config.to_dict())
+
+    def __call__(self, **inputs):
+        with symbolic_batch(inputs):
+            return self.jit(**inputs)

@@ -1,0 +1,42 @@
+"""The batch dimension of a decode step's inputs, as transformers' compiled generate passes them (keyword
+tensors, a dict of masks per attention kind, a static cache): the batch size, and a trace in which that
+dimension is symbolic from the first call, so one traced graph serves every batch size of a probe.
+
+Used by the saved steps (precompiled.py) and by the JIT path of tensor-parallel ranks (dynamic_jit.py).
+"""
+
+import contextlib
+
+
+def batch_size(inputs: dict) -> int:
+    ids = inputs.get("input_ids")
+    if ids is None:
+        ids = inputs.get("inputs_embeds")
+    return int(ids.shape[0])
+
+
+def batch_tensors(inputs: dict, batch: int) -> list:
+    """The tensors whose first dimension is the batch: the inputs', the masks' (a dict per attention kind)
+    and the KV cache layers'. A batch-led tensor has 2 dimensions or more ((B, T) ids and positions, (B, 1,
+    T, K) masks, (B, H, L, D) caches): cache_position, (T,), is left out, also where T == B == 1."""
+    import torch
+
+    values = [*inputs.values()]
+    values += [v for d in inputs.values() if isinstance(d, dict) for v in d.values()]
+    for cache in (v for v in inputs.values() if hasattr(v, "layers")):
+        values += [t for layer in cache.layers for t in vars(layer).values()]
+    return [t for t in values if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == batch]
+
+
+@contextlib.contextmanager
+def symbolic_batch(inputs: dict):
+    """Inside: a trace of a call on `inputs` keeps their batch dimension symbolic (maybe_mark_dynamic: torch
+    finds the tensors' batch sizes equal to each other, a relation mark_dynamic refuses) and size-oblivious
+    (backed_size_oblivious: a batch of 1 is not specialised, as dynamo otherwise does). Outside a trace it
+    only marks the tensors (dynamo reads the marks when it traces)."""
+    import torch
+
+    for tensor in batch_tensors(inputs, batch_size(inputs)):
+        torch._dynamo.maybe_mark_dynamic(tensor, 0)
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        yield
