@@ -15,28 +15,35 @@ def batch_size(inputs: dict) -> int:
     return int(ids.shape[0])
 
 
-def batch_tensors(inputs: dict, batch: int) -> list:
+def caches(inputs: dict) -> list:
+    """The KV caches among the inputs (objects with layers)."""
+    return [v for v in inputs.values() if hasattr(v, "layers")]
+
+
+def batch_tensors(inputs: dict, batch: int, with_caches: bool = True) -> list:
     """The tensors whose first dimension is the batch: the inputs', the masks' (a dict per attention kind)
-    and the KV cache layers'. A batch-led tensor has 2 dimensions or more ((B, T) ids and positions, (B, 1,
-    T, K) masks, (B, H, L, D) caches): cache_position, (T,), is left out, also where T == B == 1."""
+    and (with_caches) the KV cache layers'. A batch-led tensor has 2 dimensions or more ((B, T) ids and
+    positions, (B, 1, T, K) masks, (B, H, L, D) caches): cache_position, (T,), is left out, also where
+    T == B == 1."""
     import torch
 
     values = [*inputs.values()]
     values += [v for d in inputs.values() if isinstance(d, dict) for v in d.values()]
-    for cache in (v for v in inputs.values() if hasattr(v, "layers")):
+    for cache in caches(inputs) if with_caches else ():
         values += [t for layer in cache.layers for t in vars(layer).values()]
     return [t for t in values if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == batch]
 
 
 @contextlib.contextmanager
-def symbolic_batch(inputs: dict):
+def symbolic_batch(inputs: dict, with_caches: bool = True):
     """Inside: a trace of a call on `inputs` keeps their batch dimension symbolic (maybe_mark_dynamic: torch
     finds the tensors' batch sizes equal to each other, a relation mark_dynamic refuses) and size-oblivious
     (backed_size_oblivious: a batch of 1 is not specialised, as dynamo otherwise does). Outside a trace it
-    only marks the tensors (dynamo reads the marks when it traces)."""
+    only marks the tensors (dynamo reads the marks when it traces). A mark stays on its tensor: a held
+    cache marked once (with_caches) need not be walked again at every step."""
     import torch
 
-    for tensor in batch_tensors(inputs, batch_size(inputs)):
+    for tensor in batch_tensors(inputs, batch_size(inputs), with_caches):
         torch._dynamo.maybe_mark_dynamic(tensor, 0)
     with torch.fx.experimental._config.patch(backed_size_oblivious=True):
         yield

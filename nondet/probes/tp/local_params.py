@@ -77,8 +77,11 @@ def local_linear_params(model):
 
     swapped, wrappers = [], []
     try:
-        embeddings = [(m, "weight") for m in vocab_sharded_embeddings(model)]
-        for module, name in shard_linears(model) + embeddings:
+        # an embedding's wrapper looks its ids up in the DTensor's global vocabulary: its local shard only
+        # goes in with our forward (a transformers whose style this does not mirror keeps both)
+        embeddings = [m for m in vocab_sharded_embeddings(model)
+                      if plain_forward(m, m.__dict__.get("forward"), m.weight) is not None]
+        for module, name in shard_linears(model) + [(m, "weight") for m in embeddings]:
             original = module._parameters[name]
             module._parameters[name] = torch.nn.Parameter(original.to_local(), requires_grad=False)
             swapped.append((module, name, original))
