@@ -121,8 +121,11 @@ def test_graph_breaks_in_a_warm_up_are_counted_and_shown():
     torch._dynamo.reset()
     modes = paths.as_summary()["modes"]
     assert modes["default"]["graph_breaks"] >= 1 and modes["batch-invariant"]["graph_breaks"] == 0
+    # the graphs dynamo traced are counted too: the break leaves two, the control one
+    assert modes["default"]["graphs_traced"] == 2 and modes["batch-invariant"]["graphs_traced"] == 1, modes
     lines = decode_path_lines(paths.as_summary())
     assert "graph break" in lines[0] and "graph break" not in lines[1]
+    assert "2 graphs traced" in lines[0] and "1 graph traced" in lines[1], lines
 
 
 @pytest.mark.slow

@@ -49,7 +49,7 @@ def decode_path_lines(d: dict) -> list[str]:
     lines = []
     for mode, m in d["modes"].items():
         if m["path"] == "compiled":
-            shapes = f" ({m['warm_ups']} batch shapes)" if m.get("warm_ups") else ""  # older run dirs lack it
+            shapes = f" ({m['warm_ups']} batch shapes{graphs_note(m)})" if m.get("warm_ups") else ""  # older run dirs lack it
             lines.append(f"{mode}: {d['compiled']}; compile + warm-up {m['warmup_s']:.1f} s{shapes}, "
                          f"decode {m['measured_s']:.1f} s over {m['conditions']} calls" + breaks_note(m)
                          + saved_steps_note(d.get("precompiled", {}).get(mode, {})))
@@ -57,6 +57,14 @@ def decode_path_lines(d: dict) -> list[str]:
             lines.append(f"{mode}: eager, static KV cache (could not compile: {m['reason']}); "
                          f"decode {m['measured_s']:.1f} s")
     return lines
+
+
+def graphs_note(m: dict) -> str:
+    """', N graphs traced' (dynamo's compiles during the mode's warm-ups; 0 where saved steps were loaded)."""
+    if "graphs_traced" not in m:  # older run dirs lack it
+        return ""
+    n = m["graphs_traced"]
+    return f", {n} graph{'' if n == 1 else 's'} traced"
 
 
 def routing_count_line(r: dict) -> str:
