@@ -43,7 +43,8 @@
 #                transformers of scripts/device/wheels.sh, carried as .device-wheels)
 #   tp-check     on 4 GPUs: --tp-invariant's tree compiled keeps eager's bits (tests/gpu/test_tp_tree_gpu.py, its
 #                control), and one layer's logits at TP1 / TP2 / TP4, eager and compiled, agree (tp_speed.md)
-#   tp-table     scripts/device/gpu_tp_table.sh: on 4 GPUs, TP1 and TP2 side by side, then TP4 (TP_TABLE_ARGS)
+#   tp-table     scripts/device/gpu_tp_table.sh: on 4 GPUs, TP1 and TP2 side by side, then TP4 (TP_TABLE_ARGS;
+#                TP_TABLE_WORLDS groups, e.g. "2:default,2:batch-invariant 4": one process per degree and kernels)
 # Tensor parallelism needs 2 GPUs: scripts/device/gpu_tp.sh. Kernel tuning sweeps and profiles: scripts/device/README.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."

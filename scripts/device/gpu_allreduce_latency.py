@@ -13,8 +13,9 @@ step issues them, 72 in a row captured in one CUDA graph (the compiled step repl
                 NVLink (P2P loads, no multicast) and adds the W values in rank order 0..W-1, the same
                 order on every rank and for every row
 
-and checks the one-shot's bits: equal on every rank, and against the invariant all-reduce's (W = 2: one
-bf16 add is one rounding of the fp32 sum, so they must agree; W > 2: its bf16 adds round after each).
+and checks the one-shot's bits: equal on every rank, row 0 (the same values at every batch size) the same
+at every batch size, and against the invariant all-reduce's (W = 2: one bf16 add is one rounding of the
+fp32 sum, so they must agree; W > 2: its bf16 adds round after each).
 Prints a Markdown table, writes $OUT/allreduce_latency.json.
 """
 
@@ -67,7 +68,9 @@ def _rank(rank: int, world: int, port: int, batches: list[int], queue) -> None:
     rows = []
     for batch in batches:
         gen = torch.Generator("cuda").manual_seed(1000 * batch + rank)
-        x = torch.randn(batch, HIDDEN, device="cuda", generator=gen).bfloat16()
+        # row 0 the same values at every batch size (its own seed per rank): its sum must not change with B
+        first = torch.randn(1, HIDDEN, device="cuda", generator=torch.Generator("cuda").manual_seed(7 + rank))
+        x = torch.cat([first, torch.randn(batch - 1, HIDDEN, device="cuda", generator=gen)]).bfloat16()
         work = x.clone()
         buffer = symm_mem.empty((batch, HIDDEN), dtype=torch.bfloat16, device="cuda")
         symm_mem.rendezvous(buffer, group)
@@ -77,6 +80,7 @@ def _rank(rank: int, world: int, port: int, batches: list[int], queue) -> None:
         hashes = [None] * world
         dist.all_gather_object(hashes, hashlib.sha256(one_shot.cpu().view(torch.int16).numpy().tobytes()).hexdigest())
         row = {"world": world, "batch": batch, "one_shot_same_on_every_rank": len(set(hashes)) == 1,
+               "one_shot_row0": hashlib.sha256(one_shot[0].cpu().view(torch.int16).numpy().tobytes()).hexdigest()[:12],
                "one_shot_equals_invariant": bool(torch.equal(one_shot, reference)),
                "nccl_us": _us(lambda: dist.all_reduce(work)),
                "invariant_us": _us(lambda: collective.invariant_all_reduce(work)),
@@ -112,6 +116,10 @@ def main() -> None:
     for r in rows:
         print(f"| {r['world']} | {r['batch']} | {r['nccl_us']:.1f} | {r['invariant_us']:.1f} | {r['one_shot_us']:.1f} "
               f"| {r['one_shot_same_on_every_rank']} | {r['one_shot_equals_invariant']} |")
+    for world in sorted({r["world"] for r in rows}):  # batch invariance: row 0's sum at every batch size
+        row0 = {r["batch"]: r["one_shot_row0"] for r in rows if r["world"] == world}
+        print(f"W = {world}: one-shot row 0 {'the same' if len(set(row0.values())) == 1 else 'DIFFERS'} "
+              f"across B = {', '.join(map(str, row0))} ({', '.join(row0.values())})")
 
 
 if __name__ == "__main__":
