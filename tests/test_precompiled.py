@@ -230,6 +230,40 @@ def test_a_step_torch_cannot_save_runs_transformers_jit_compile_and_says_why(tmp
     assert not (tmp_path / "cache" / "precompiled").exists()
 
 
+@pytest.mark.parametrize("local_class", [False, True], ids=["module-class", "control-local-class"])
+def test_a_model_with_the_injected_control_has_its_steps_saved(local_class, tmp_path, tiny_model_dir, monkeypatch):
+    """The positive control's norm (kernels/variant.py) is a class torch can import by name, so a model
+    carrying it (the demo model, always) has its compiled steps saved, not run on the JIT compile. The
+    control: the same norm as a class defined in a function, as it was, which torch refuses to save."""
+    from nondet.kernels import variant
+    from nondet.probes.models.loading import ModelSpec
+    from nondet.probes.probe import ProbeConfig, run_probe
+
+    if local_class:
+        make = variant.make_batch_variant_norm
+
+        def make_local(original):
+            class BatchVariantRMSNorm(variant.BatchVariantRMSNorm):
+                pass
+
+            norm = make(original)
+            norm.__class__ = BatchVariantRMSNorm
+            return norm
+
+        monkeypatch.setattr(variant, "make_batch_variant_norm", make_local)
+    monkeypatch.setenv("NONDET_CACHE", str(tmp_path / "cache"))
+    config = ProbeConfig(prompt=PROMPT, model=ModelSpec(name=str(tiny_model_dir), inject_variance=True),
+                         batch_sizes=(1, 2), max_new_tokens=3, kernels=("default",), compile_backend="aot_eager",
+                         out=str(tmp_path / "r"))
+    saved = run_probe(config).summary["decode_path"]["precompiled"]["default"]
+    if local_class:
+        # torch's "Type <class '...<locals>.BatchVariantRMSNorm'> for object ... cannot be saved" (cut short)
+        assert all(what.startswith("JIT compile: TypeError: Type <class") and "<locals>.BatchVariantRMSNorm" in what
+                   for what in saved.values()), saved
+    else:
+        assert saved and all(what.startswith("compiled and saved") for what in saved.values()), saved
+
+
 @pytest.mark.parametrize("family", ["qwen3-moe", "falcon"])
 def test_a_step_saved_under_the_mode_loads_in_the_next_probe(family, tmp_path, monkeypatch):
     """qwen3-moe: the mode wraps each router's forward (kernels/router.py); torch rebuilds a saved

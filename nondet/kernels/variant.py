@@ -14,6 +14,10 @@ as swapping in an invariant norm kernel would: so --confirm, bisect's ablation a
 see a fix that really works. Nothing here runs unless a caller installs it.
 """
 
+import torch
+
+from nondet.kernels.mode import is_active
+
 CHUNKS = 32  # partial sums of the split path, added one by one into a bf16 total
 
 
@@ -23,37 +27,37 @@ def make_batch_variant_norm(original):
     take the split sum of squares, in the plain formula (weight * normalized, cast first) where that
     formula is the original's, as for Llama / Qwen / Mistral; otherwise (Gemma's 1 + weight, other
     casts) as the original's output rescaled by the split sum's error."""
-    import torch
-
-    from nondet.kernels.mode import is_active
-
     eps = getattr(original, "variance_epsilon", None) or getattr(original, "eps", 1e-6)
-    plain = _plain_formula_is_the_originals(original, eps)
+    return BatchVariantRMSNorm(original, eps, _plain_formula_is_the_originals(original, eps))
 
-    class BatchVariantRMSNorm(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = original.weight  # the same Parameter: .to() and state_dict see it here
-            self.variance_epsilon = eps
-            # held outside the module tree, so hooks and bisect see one norm at this name, not two
-            self._original = (original,)
 
-        def forward(self, x):  # x: [batch, seq, hidden] (continuous batching packs rows into seq)
-            # Each row's result depends only on the path, and the path on how many rows share
-            # the call: a lone decode row takes one path, a batch (or a prefill) the other.
-            rows = x.numel() // x.shape[-1]
-            if is_active("norm") or rows == 1:  # the mode first: traced under it, no guard on the batch
-                return self._original[0](x)
-            if plain:
-                return _plain_rms_norm(x, self.weight, _split_mean_of_squares(x), eps)
-            # RMSNorm's output scales with rsqrt(mean of squares): the split sum's rsqrt over the
-            # exact one, per row, is what the split reduction would have changed (fp32, ~1e-3).
-            out = self._original[0](x)
-            exact = x.float().pow(2).mean(-1, keepdim=True)
-            ratio = torch.rsqrt(_split_mean_of_squares(x) + eps) * torch.sqrt(exact + eps)
-            return (out.float() * ratio).to(out.dtype)
+class BatchVariantRMSNorm(torch.nn.Module):
+    """make_batch_variant_norm's module. A class of this module, not of the function: torch saves a compiled
+    step (probes/core/precompiled.py) only of modules whose class it can import by name."""
 
-    return BatchVariantRMSNorm()
+    def __init__(self, original, eps: float, plain: bool):
+        super().__init__()
+        self.weight = original.weight  # the same Parameter: .to() and state_dict see it here
+        self.variance_epsilon = eps
+        self.plain = plain  # the plain formula gives the original's bits (_plain_formula_is_the_originals)
+        # held outside the module tree, so hooks and bisect see one norm at this name, not two
+        self._original = (original,)
+
+    def forward(self, x):  # x: [batch, seq, hidden] (continuous batching packs rows into seq)
+        # Each row's result depends only on the path, and the path on how many rows share
+        # the call: a lone decode row takes one path, a batch (or a prefill) the other.
+        rows = x.numel() // x.shape[-1]
+        if is_active("norm") or rows == 1:  # the mode first: traced under it, no guard on the batch
+            return self._original[0](x)
+        eps = self.variance_epsilon
+        if self.plain:
+            return _plain_rms_norm(x, self.weight, _split_mean_of_squares(x), eps)
+        # RMSNorm's output scales with rsqrt(mean of squares): the split sum's rsqrt over the
+        # exact one, per row, is what the split reduction would have changed (fp32, ~1e-3).
+        out = self._original[0](x)
+        exact = x.float().pow(2).mean(-1, keepdim=True)
+        ratio = torch.rsqrt(_split_mean_of_squares(x) + eps) * torch.sqrt(exact + eps)
+        return (out.float() * ratio).to(out.dtype)
 
 
 def _plain_rms_norm(x, weight, mean_of_squares, eps: float):
