@@ -54,7 +54,10 @@ def test_the_compiled_mode_at_tp2_is_one_completion_and_its_graphs_are_covered(c
     tp2 = next(r for r in summary["tensor_parallel"]["modes"][FIX_KERNELS]["by_degree"] if r["tp"] == 2)
     assert tp2["distinct_completions"] == 1 and tp2["first_numeric_divergence"] is None
     census = summary.get("compiled_graph_census") or {}
-    assert census["graphs_inspected"] >= 2 and census["routed"] > 0 and census["uncovered"] == []
+    # a graph per degree, sorted as Inductor compiled it or, compiled by an earlier test under the session's
+    # NONDET_CACHE (one graph for every batch size and length since core/step_batch.py), read from the store
+    assert census["graphs_inspected"] + census["graphs_from_store"] >= 2, census
+    assert census["routed"] > 0 and census["uncovered"] == []
     assert not any(op.startswith("_c10d") for op in census["unreviewed"]), census
     groups = json.loads((out / "fingerprint.json").read_text())["tensor_parallel"]["groups"]
     assert next(g for g in groups if g["degree"] == 2)["invariant_all_reduce_calls"] > 0

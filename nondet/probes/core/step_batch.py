@@ -25,12 +25,19 @@ def batch_tensors(inputs: dict, batch: int, with_caches: bool = True) -> list:
     and (with_caches) the KV cache layers'. A batch-led tensor has 2 dimensions or more ((B, T) ids and
     positions, (B, 1, T, K) masks, (B, H, L, D) caches): cache_position, (T,), is left out, also where
     T == B == 1."""
-    import torch
-
     values = [*inputs.values()]
     values += [v for d in inputs.values() if isinstance(d, dict) for v in d.values()]
-    for cache in caches(inputs) if with_caches else ():
-        values += [t for layer in cache.layers for t in vars(layer).values()]
+    return _batch_led(values, batch) + (cache_tensors(inputs, batch) if with_caches else [])
+
+
+def cache_tensors(inputs: dict, batch: int) -> list:
+    """The batch-led tensors of the KV caches' layers ((B, H, L, D) keys and values)."""
+    return _batch_led([t for cache in caches(inputs) for layer in cache.layers for t in vars(layer).values()], batch)
+
+
+def _batch_led(values: list, batch: int) -> list:
+    import torch
+
     return [t for t in values if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == batch]
 
 
@@ -43,7 +50,17 @@ def symbolic_batch(inputs: dict, with_caches: bool = True):
     cache marked once (with_caches) need not be walked again at every step."""
     import torch
 
-    for tensor in batch_tensors(inputs, batch_size(inputs), with_caches):
+    batch = batch_size(inputs)
+    for tensor in batch_tensors(inputs, batch, with_caches):
         torch._dynamo.maybe_mark_dynamic(tensor, 0)
+    # The key length too: a static cache is as long as its condition's prompt plus the tokens asked for, so
+    # the conditions of several prompts differ there and dynamo would trace again at the second length.
+    # (B, 1, T, L) masks and (B, H, L, D) cache layers; a window cache's fixed length is specialised as before.
+    for mask in batch_tensors(inputs, batch, with_caches=False):
+        if mask.dim() == 4:
+            torch._dynamo.maybe_mark_dynamic(mask, 3)
+    for layer_tensor in cache_tensors(inputs, batch) if with_caches else ():
+        if layer_tensor.dim() == 4:
+            torch._dynamo.maybe_mark_dynamic(layer_tensor, 2)
     with torch.fx.experimental._config.patch(backed_size_oblivious=True):
         yield
