@@ -7,7 +7,7 @@ saves them for one process).
 
 import weakref
 
-from nondet.probes.core.step_batch import caches, symbolic_batch
+from nondet.probes.core.step_batch import caches, symbolic_shapes
 
 
 def install(model, compile_config) -> "DynamicBatchJIT":
@@ -40,6 +40,6 @@ class DynamicBatchJIT:
 
     def __call__(self, **inputs):
         held = caches(inputs)
-        with symbolic_batch(inputs, with_caches=any(c not in self.marked for c in held)):
+        with symbolic_shapes(inputs, with_caches=any(c not in self.marked for c in held)):
             self.marked.update(held)
             return self.jit(**inputs)

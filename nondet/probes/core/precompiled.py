@@ -38,7 +38,7 @@ import os
 import re
 from pathlib import Path
 
-from nondet.probes.core.step_batch import batch_size, symbolic_batch
+from nondet.probes.core.step_batch import batch_size, symbolic_shapes
 
 ENV = "NONDET_PRECOMPILE"  # "0": transformers' own JIT compile, as before this file; JIT: dynamic_jit.py's
 JIT = "jit"  # transformers' JIT compile with the batch symbolic from the first trace, nothing saved (TP ranks)
@@ -210,13 +210,14 @@ class PrecompiledSteps:
             return load_step(fh, compile_options(self.compile_config)["options"])
 
     def _compile(self, slot, inputs):
-        """Trace forward_step on these inputs, save, return it. The batch dimension is symbolic from this first
-        trace (step_batch.symbolic_batch), so one function serves every batch size of a probe, 1 included: one
-        compile per kernels mode where there were two (batch 1, then 2+)."""
+        """Trace forward_step on these inputs, save, return it. The batch dimension and the KV cache's length
+        are symbolic from this first trace (step_batch.symbolic_shapes), so one function serves every batch
+        size of a probe, 1 included, and every prompt length: one compile per kernels mode where there were
+        two (batch 1, then 2+) and one more per prompt length."""
         options = compile_options(self.compile_config)
         held = self.model.__dict__.pop("_compiled_call", None)  # saved state must not reach our loaded functions
         try:
-            with guard_sources_pickled_by_init_fields(), symbolic_batch(inputs):
+            with guard_sources_pickled_by_init_fields(), symbolic_shapes(inputs):
                 function = _aot_compile(aot_compilable(forward_step, options), ((self.model,), inputs))
         finally:
             if held is not None:

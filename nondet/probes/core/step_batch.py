@@ -1,6 +1,7 @@
-"""The batch dimension of a decode step's inputs, as transformers' compiled generate passes them (keyword
-tensors, a dict of masks per attention kind, a static cache): the batch size, and a trace in which that
-dimension is symbolic from the first call, so one traced graph serves every batch size of a probe.
+"""The shapes a decode step's inputs vary in across a probe, as transformers' compiled generate passes them
+(keyword tensors, a dict of masks per attention kind, a static cache): the batch, and the KV cache's length
+(each prompt's static cache has its own). A trace in which both are symbolic from the first call lets one
+traced graph serve every condition of a probe.
 
 Used by the saved steps (precompiled.py) and by the JIT path of tensor-parallel ranks (dynamic_jit.py).
 """
@@ -20,14 +21,13 @@ def caches(inputs: dict) -> list:
     return [v for v in inputs.values() if hasattr(v, "layers")]
 
 
-def batch_tensors(inputs: dict, batch: int, with_caches: bool = True) -> list:
-    """The tensors whose first dimension is the batch: the inputs', the masks' (a dict per attention kind)
-    and (with_caches) the KV cache layers'. A batch-led tensor has 2 dimensions or more ((B, T) ids and
-    positions, (B, 1, T, K) masks, (B, H, L, D) caches): cache_position, (T,), is left out, also where
-    T == B == 1."""
+def batch_tensors(inputs: dict, batch: int) -> list:
+    """The input tensors whose first dimension is the batch: the inputs' and the masks' (a dict per attention
+    kind). A batch-led tensor has 2 dimensions or more ((B, T) ids and positions, (B, 1, T, K) masks):
+    cache_position, (T,), is left out, also where T == B == 1."""
     values = [*inputs.values()]
     values += [v for d in inputs.values() if isinstance(d, dict) for v in d.values()]
-    return _batch_led(values, batch) + (cache_tensors(inputs, batch) if with_caches else [])
+    return _batch_led(values, batch)
 
 
 def cache_tensors(inputs: dict, batch: int) -> list:
@@ -42,25 +42,22 @@ def _batch_led(values: list, batch: int) -> list:
 
 
 @contextlib.contextmanager
-def symbolic_batch(inputs: dict, with_caches: bool = True):
+def symbolic_shapes(inputs: dict, with_caches: bool = True):
     """Inside: a trace of a call on `inputs` keeps their batch dimension symbolic (maybe_mark_dynamic: torch
     finds the tensors' batch sizes equal to each other, a relation mark_dynamic refuses) and size-oblivious
-    (backed_size_oblivious: a batch of 1 is not specialised, as dynamo otherwise does). Outside a trace it
-    only marks the tensors (dynamo reads the marks when it traces). A mark stays on its tensor: a held
-    cache marked once (with_caches) need not be walked again at every step."""
+    (backed_size_oblivious: a batch of 1 is not specialised, as dynamo otherwise does), and the key length
+    of the masks ((B, 1, T, L): dim 3) and of the caches' layers ((B, H, L, D): dim 2); a window cache's fixed
+    length is specialised as before. Outside a trace it only marks the tensors (dynamo reads the marks when
+    it traces). A mark stays on its tensor: a held cache marked once (with_caches) need not be walked again
+    at every step."""
     import torch
 
     batch = batch_size(inputs)
-    for tensor in batch_tensors(inputs, batch, with_caches):
-        torch._dynamo.maybe_mark_dynamic(tensor, 0)
-    # The key length too: a static cache is as long as its condition's prompt plus the tokens asked for, so
-    # the conditions of several prompts differ there and dynamo would trace again at the second length.
-    # (B, 1, T, L) masks and (B, H, L, D) cache layers; a window cache's fixed length is specialised as before.
-    for mask in batch_tensors(inputs, batch, with_caches=False):
-        if mask.dim() == 4:
-            torch._dynamo.maybe_mark_dynamic(mask, 3)
-    for layer_tensor in cache_tensors(inputs, batch) if with_caches else ():
-        if layer_tensor.dim() == 4:
-            torch._dynamo.maybe_mark_dynamic(layer_tensor, 2)
+    layers = cache_tensors(inputs, batch) if with_caches else []
+    for tensors, length_dim in ((batch_tensors(inputs, batch), 3), (layers, 2)):
+        for tensor in tensors:
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+            if tensor.dim() == 4:
+                torch._dynamo.maybe_mark_dynamic(tensor, length_dim)
     with torch.fx.experimental._config.patch(backed_size_oblivious=True):
         yield
