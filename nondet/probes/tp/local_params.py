@@ -123,7 +123,7 @@ def plain_forward(module, wrapper, sharded):
         return _CLASS_FORWARD
     if name == "RowwiseParallel" and local_output and inputs == Shard(-1) and outputs == Replicate():
         return _rowwise_forward(module, group)
-    if name == "EmbeddingParallel" and local_output and getattr(style, "shard_dim", None) == 0:
+    if name == "EmbeddingParallel" and local_output and getattr(style, "shard_dim", None) == 0 and mesh.ndim == 1:
         return _vocab_parallel_forward(module, group, _first_row(sharded, mesh))
     return None
 
