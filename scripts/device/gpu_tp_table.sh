@@ -14,34 +14,39 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/nondet-tp-table}
 mkdir -p "$OUT"
+# each run's own files (its JSON, its log) in a folder of their own: a device call brings back few files
+# from $OUT, so $OUT gets the merged table (tp_speed.md / .json) and one file of every run's log
+PARTS=$(mktemp -d)
 ARGS=${TP_TABLE_ARGS:---layers 8 --paths compiled}
 BUDGET=${TP_TABLE_BUDGET:-560}
 START=$(date +%s)
 export NCCL_NVLS_ENABLE=0  # NVLink multicast off: plain ring/tree all-reduces
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-rm -f "$OUT"/tp_speed-tp*.json  # the merged table is of this run's degrees only
+slot_name() { local name=tp${1/:/-}; echo "${name//+/_}"; }  # letters, digits, '-', '_' in file names
 
 # shellcheck disable=SC2086  # ARGS is a list of options
-python3 scripts/device/gpu_tp_speed.py $ARGS --build-only --out "$OUT" 2>&1 | tail -2
+python3 scripts/device/gpu_tp_speed.py $ARGS --build-only --out "$PARTS" 2>&1 | tail -2
 for group in ${TP_TABLE_WORLDS:-1,2 4}; do
   next_gpu=0
   for slot in ${group//,/ }; do
     world=${slot%%:*}
-    kernels=(); name=tp$world
-    [ "$slot" != "$world" ] && kernels=(--kernels "${slot#*:}") && name=tp$world-${slot#*:}
+    kernels=(); name=$(slot_name "$slot")
+    [ "$slot" != "$world" ] && kernels=(--kernels "${slot#*:}")
     gpus=$(seq -s, "$next_gpu" $(( next_gpu + world - 1 )))
     next_gpu=$(( next_gpu + world ))
     echo "=== $name on GPUs $gpus, $(date -u +%H:%M:%S), $(left) s left"
     # shellcheck disable=SC2086
     CUDA_VISIBLE_DEVICES=$gpus timeout "$(left)" python3 scripts/device/gpu_tp_speed.py $ARGS "${kernels[@]}" \
-      --worlds "$world" --tag="-$name" --out "$OUT" > "$OUT/$name.log" 2>&1 &
+      --worlds "$world" --tag="-$name" --out "$PARTS" > "$PARTS/$name.log" 2>&1 &
   done
   wait
   for slot in ${group//,/ }; do
-    name=tp${slot/:/-}
-    echo "--- $name"; grep -v -i warn "$OUT/$name.log" | grep "^{\|^|\|Error" | tail -20
+    name=$(slot_name "$slot")
+    echo "--- $name"; grep -v -i warn "$PARTS/$name.log" | grep "^{\|^|\|Error" | tail -20
+    { echo "=== $name"; cat "$PARTS/$name.log"; } >> "$OUT/tp-table-runs.log"
   done
 done
 echo "=== all degrees ($OUT/tp_speed.md)"
-python3 scripts/device/gpu_tp_speed.py --merge --out "$OUT"
+python3 scripts/device/gpu_tp_speed.py --merge --out "$PARTS"
+cp "$PARTS"/tp_speed.md "$PARTS"/tp_speed.json "$OUT"/ 2>/dev/null
 echo "=== done $(date -u +%H:%M:%S)"
