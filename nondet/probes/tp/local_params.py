@@ -118,13 +118,12 @@ def plain_forward(module, wrapper, sharded):
 
     name, local_output = type(style).__name__, getattr(style, "use_local_output", False)
     inputs, outputs = getattr(style, "input_layouts", None), getattr(style, "output_layouts", None)
-    group = mesh.get_group() if mesh.ndim == 1 else mesh.get_group("tp")
     if name == "ColwiseParallel" and local_output and inputs == Replicate() and outputs in (Shard(-1),):
         return _CLASS_FORWARD
     if name == "RowwiseParallel" and local_output and inputs == Shard(-1) and outputs == Replicate():
-        return _rowwise_forward(module, group)
+        return _rowwise_forward(module, mesh.get_group() if mesh.ndim == 1 else mesh.get_group("tp"))
     if name == "EmbeddingParallel" and local_output and getattr(style, "shard_dim", None) == 0 and mesh.ndim == 1:
-        return _vocab_parallel_forward(module, group, _first_row(sharded, mesh))
+        return _vocab_parallel_forward(module, mesh.get_group(), _first_row(sharded, mesh))
     return None
 
 
