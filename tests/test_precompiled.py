@@ -154,7 +154,7 @@ def test_a_refused_step_whose_new_trace_fails_runs_transformers_jit_compile_and_
 
     steps.functions[slot] = _refuses
     monkeypatch.setattr(steps, "_compile", trace_fails)
-    monkeypatch.setattr(precompiled, "_jit", lambda model, config: lambda **inputs: "jit output")
+    monkeypatch.setattr(precompiled, "transformers_jit", lambda model, config: lambda **inputs: "jit output")
     ids = torch.zeros(2, 1, dtype=torch.long)
     since = precompiled.log_position()
     assert steps(input_ids=ids) == "jit output"
@@ -194,7 +194,7 @@ def test_a_saved_function_failing_its_first_call_hands_the_step_to_jit_and_a_lat
             raise TypeError("CUDA graph capture failed")
         return "saved logits"
 
-    monkeypatch.setattr(precompiled, "_jit", lambda model, config: lambda **inputs: "jit output")
+    monkeypatch.setattr(precompiled, "transformers_jit", lambda model, config: lambda **inputs: "jit output")
     monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
     ids = torch.zeros(2, 1, dtype=torch.long)
     steps.functions[("default", EVERY, precompiled.kernels_state())] = saved

@@ -30,10 +30,10 @@ class DynamicBatchJIT:
     (get_compiled_call), each call's batch-led tensors marked symbolic before dynamo sees them."""
 
     def __init__(self, model, compile_config) -> None:
-        import torch
+        from nondet.probes.core.precompiled import transformers_jit
 
         self.compile_config = compile_config
-        self.jit = torch.compile(model.__call__, **compile_config.to_dict())
+        self.jit = transformers_jit(model, compile_config)
         # caches whose layers are marked: walking a 36-layer cache's tensors at every step cost 88 us on a
         # 2-core CPU; the held static caches (static_caches.py) keep their tensors and so their marks
         self.marked = weakref.WeakSet()

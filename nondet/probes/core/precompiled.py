@@ -197,7 +197,7 @@ class PrecompiledSteps:
     def _to_jit(self, slot, exc: Exception) -> None:
         """The slot runs transformers' own JIT compile from now on; `exc` is why (summary)."""
         self.fallbacks[slot] = _reason(exc)
-        self.functions[slot] = _jit(self.model, self.compile_config)
+        self.functions[slot] = transformers_jit(self.model, self.compile_config)
 
     def _path(self, slot) -> Path:
         """The slot's file (its key hashes the model's module tree and nondet's source: once per slot)."""
@@ -359,8 +359,9 @@ def compile_options(compile_config) -> dict:
     return {**options, "fullgraph": True, "options": extra}
 
 
-def _jit(model, compile_config):
-    """transformers' own compiled call (get_compiled_call's), for a mode and batch torch could not save."""
+def transformers_jit(model, compile_config):
+    """transformers' own compiled call (get_compiled_call's): for a mode and batch torch could not save, and
+    the call dynamic_jit.py marks shapes for."""
     import torch
 
     return torch.compile(model.__call__, **compile_config.to_dict())
