@@ -10,7 +10,7 @@ outputs' bits checked against the JIT-compiled ones and against eager.
 
 Each step runs in its own process (a fresh dynamo), with Inductor's cache in a temporary folder.
 Guards that torch cannot save (object identities: the model, its modules, the kernels mode's
-functions) are left out of the saved function (precompiled.GUARD_FILTER, as `probe --compile` saves
+functions) are left out of the saved function (aot_step.GUARD_FILTER, as `probe --compile` saves
 its steps), so what tells two saved functions apart is the file they are kept in; the kept guards
 (shapes, dtypes, strides, ...) are still checked on each call.
 """
@@ -53,7 +53,7 @@ def inputs(model, batch: int, device: str):
 
 
 def step_options(args) -> dict:
-    from nondet.probes.core.precompiled import GUARD_FILTER
+    from nondet.probes.core.aot_step import GUARD_FILTER
 
     options = {"guard_filter_fn": GUARD_FILTER()}
     if args.cudagraphs:
@@ -62,7 +62,7 @@ def step_options(args) -> dict:
 
 
 def compiled(args):
-    from nondet.probes.core.precompiled import aot_compilable
+    from nondet.probes.core.aot_step import aot_compilable
 
     return aot_compilable(step, {"fullgraph": True, "options": step_options(args)})
 
@@ -73,7 +73,7 @@ def run_step(args, name: str) -> dict:
     import torch
 
     from nondet.kernels import batch_invariant
-    from nondet.probes.core import precompiled
+    from nondet.probes.core import aot_step
 
     model = build(args)
     mode = batch_invariant(model=model, traceable=True) if args.kernels != "default" else torch.no_grad()
@@ -83,13 +83,13 @@ def run_step(args, name: str) -> dict:
         if name == "save":
             ids, pos, cache = inputs(model, args.batches[0], args.device)
             torch._dynamo.mark_dynamic(ids, 0)
-            with precompiled.guard_sources_pickled_by_init_fields():
+            with aot_step.guard_sources_pickled_by_init_fields():
                 function = compiled(args).aot_compile(((model, ids, pos, cache), {}))
                 function.save_compiled_function(saved)
             return {"s": time.perf_counter() - started}
         if name == "load":
             with open(saved, "rb") as fh:
-                function = precompiled.load_step(fh, step_options(args))
+                function = aot_step.load_step(fh, step_options(args))
         else:
             function = compiled(args)
         outs = [function(model, *inputs(model, b, args.device)).float().cpu() for b in args.batches]

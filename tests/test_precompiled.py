@@ -14,7 +14,7 @@ import os
 import pytest
 
 import cli_runner
-from nondet.probes.core import precompiled
+from nondet.probes.core import aot_step, precompiled, step_key
 
 PROMPT = "Tell me about Richard Feynman"
 EVERY = precompiled.EVERY_BATCH  # the one batch class: a function per kernels mode serves every batch size
@@ -29,20 +29,20 @@ class _Config:
 
 
 def test_compile_options_ask_one_graph_and_cuda_graphs_as_an_option():
-    options = precompiled.compile_options(_Config(fullgraph=False, dynamic=None, backend="inductor",
+    options = aot_step.compile_options(_Config(fullgraph=False, dynamic=None, backend="inductor",
                                                   mode="reduce-overhead", options=None))
     assert options["fullgraph"] is True and "mode" not in options
     assert options["options"]["triton.cudagraphs"] is True and callable(options["options"]["guard_filter_fn"])
-    plain = precompiled.compile_options(_Config(backend="inductor", mode="default", options=None))
+    plain = aot_step.compile_options(_Config(backend="inductor", mode="default", options=None))
     assert "triton.cudagraphs" not in plain["options"]
     with pytest.raises(ValueError, match="max-autotune"):
-        precompiled.compile_options(_Config(backend="inductor", mode="max-autotune", options=None))
+        aot_step.compile_options(_Config(backend="inductor", mode="max-autotune", options=None))
 
 
 def test_the_guard_filter_leaves_out_only_what_torch_cannot_save():
     from types import SimpleNamespace
 
-    keep = precompiled.GUARD_FILTER()
+    keep = aot_step.GUARD_FILTER()
     entries = [SimpleNamespace(guard_type="TENSOR_MATCH", derived_guard_types=()),
                SimpleNamespace(guard_type="ID_MATCH", derived_guard_types=()),
                SimpleNamespace(guard_type="TYPE_MATCH", derived_guard_types=("ID_MATCH",)),
@@ -57,18 +57,18 @@ def test_the_key_follows_the_kernels_mode_and_the_model(tiny_model_dir):
     config = CompileConfig(backend="inductor", mode="default")
     from nondet.kernels import batch_invariant
 
-    default = precompiled.kernels_state()
+    default = step_key.kernels_state()
     with batch_invariant(model=model, traceable=True):
-        mode = precompiled.kernels_state()
+        mode = step_key.kernels_state()
     assert default != mode
     one = ("default", EVERY, default)
-    keys = {precompiled.step_key(model, config, slot) for slot in
+    keys = {step_key.step_key(model, config, slot) for slot in
             (one, ("batch-invariant", EVERY, mode), ("default", EVERY, mode))}
     assert len(keys) == 3  # the last: the mode on under the default kernels' name still keys apart
-    assert precompiled.step_key(model, config, one) in keys  # the same slot, the same file
+    assert step_key.step_key(model, config, one) in keys  # the same slot, the same file
     model.config.rms_norm_eps *= 2  # another model: another file
-    assert precompiled.step_key(model, config, one) not in keys
-    assert precompiled.step_key(model, CompileConfig(backend="inductor", mode="reduce-overhead"), one) not in keys
+    assert step_key.step_key(model, config, one) not in keys
+    assert step_key.step_key(model, CompileConfig(backend="inductor", mode="reduce-overhead"), one) not in keys
 
 
 def test_the_key_follows_the_cpus_instruction_set(tiny_model_dir, monkeypatch):
@@ -79,16 +79,16 @@ def test_the_key_follows_the_cpus_instruction_set(tiny_model_dir, monkeypatch):
 
     from transformers import AutoModelForCausalLM, CompileConfig
 
-    portable = subprocess.run([sys.executable, "-c", "from nondet.probes.core.precompiled import cpu_instruction_set;"
+    portable = subprocess.run([sys.executable, "-c", "from nondet.probes.core.step_key import cpu_instruction_set;"
                                "print(cpu_instruction_set())"], capture_output=True, text=True, check=True,
                               env={**os.environ, "ATEN_CPU_CAPABILITY": "default"}).stdout.strip()
-    here = precompiled.cpu_instruction_set()
+    here = step_key.cpu_instruction_set()
     assert portable.startswith("DEFAULT") and (here != portable or here.startswith("DEFAULT"))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    slot, config = ("default", EVERY, precompiled.kernels_state()), CompileConfig(backend="inductor")
-    key = precompiled.step_key(model, config, slot)
-    monkeypatch.setattr(precompiled, "cpu_instruction_set", lambda: portable + " elsewhere")
-    assert precompiled.step_key(model, config, slot) != key
+    slot, config = ("default", EVERY, step_key.kernels_state()), CompileConfig(backend="inductor")
+    key = step_key.step_key(model, config, slot)
+    monkeypatch.setattr(step_key, "cpu_instruction_set", lambda: portable + " elsewhere")
+    assert step_key.step_key(model, config, slot) != key
 
 
 def _refuses(model, **inputs):
@@ -103,7 +103,7 @@ def test_a_batch_class_the_shared_function_refuses_gets_its_own_and_the_other_ke
     import torch
 
     steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
-    state = precompiled.kernels_state()
+    state = step_key.kernels_state()
     obtained = []
 
     def obtain(slot, inputs):
@@ -132,7 +132,7 @@ def test_a_refusal_after_the_split_traces_that_slot_again(monkeypatch, tmp_path)
     import torch
 
     steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
-    state = precompiled.kernels_state()
+    state = step_key.kernels_state()
     steps.split[("default", state)] = "batch 2+"
     steps.functions[("default", "batch 2+", state)] = _refuses
     calls = []
@@ -146,7 +146,7 @@ def test_a_refused_step_whose_new_trace_fails_runs_transformers_jit_compile_and_
     import torch
 
     steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
-    slot = ("default", "batch 2+", precompiled.kernels_state())
+    slot = ("default", "batch 2+", step_key.kernels_state())
     steps.split[("default", slot[2])] = "batch 2+"  # its own slot already: a refusal there traces it again
 
     def trace_fails(slot, inputs):
@@ -178,7 +178,7 @@ def test_a_file_torch_cannot_load_is_compiled_again(monkeypatch, tmp_path):
     bad.write_bytes(b"not a saved function")  # e.g. written by another torch
     monkeypatch.setattr(steps, "_path", lambda slot: bad)
     monkeypatch.setattr(steps, "_compile", lambda slot, inputs: "compiled again")
-    slot = ("default", EVERY, precompiled.kernels_state())
+    slot = ("default", EVERY, step_key.kernels_state())
     assert steps._obtain(slot, {}) == "compiled again" and slot not in steps.fallbacks
 
 
@@ -197,13 +197,13 @@ def test_a_saved_function_failing_its_first_call_hands_the_step_to_jit_and_a_lat
     monkeypatch.setattr(precompiled, "transformers_jit", lambda model, config: lambda **inputs: "jit output")
     monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
     ids = torch.zeros(2, 1, dtype=torch.long)
-    steps.functions[("default", EVERY, precompiled.kernels_state())] = saved
+    steps.functions[("default", EVERY, step_key.kernels_state())] = saved
     since = precompiled.log_position()
     assert steps(input_ids=ids) == "jit output"
     assert precompiled.report(since) == {"default": {EVERY: "JIT compile: TypeError: CUDA graph capture failed"}}
     assert steps(input_ids=ids) == "jit output"  # the slot stays on the JIT compile
     later = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
-    later.functions[("default", EVERY, precompiled.kernels_state())] = saved
+    later.functions[("default", EVERY, step_key.kernels_state())] = saved
     failing["now"] = False
     assert later(input_ids=ids) == "saved logits"
     failing["now"] = True
@@ -296,7 +296,7 @@ def test_the_aot_compile_method_is_asked_for_where_torch_leaves_it_off():
 
     with torch._dynamo.config.patch(enable_aot_compile=False):
         assert not hasattr(torch.compile(torch.sin), "aot_compile")  # control: the failure seen on the device
-        function = precompiled.aot_compilable(torch.sin, {"fullgraph": True, "backend": "eager"})
+        function = aot_step.aot_compilable(torch.sin, {"fullgraph": True, "backend": "eager"})
         assert hasattr(function, "aot_compile")
         assert torch._dynamo.config.enable_aot_compile is False  # the switch is restored
 
@@ -319,7 +319,7 @@ def test_a_guard_on_a_functions_defaults_is_saved_so_it_loads():
     try:
         with pytest.raises(TypeError, match="positional arguments"):
             pickle.loads(pickle.dumps(source))
-        with precompiled.guard_sources_pickled_by_init_fields():
+        with aot_step.guard_sources_pickled_by_init_fields():
             data = pickle.dumps(source)
         assert DefaultsSource.__reduce__ is every_field  # put back as it was
     finally:
@@ -342,9 +342,9 @@ def test_a_step_compiled_for_cuda_graphs_is_loaded_under_that_option(monkeypatch
     seen = []
     monkeypatch.setattr(torch.compiler, "load_compiled_function",
                         lambda fh: seen.append(torch._inductor.config.triton.cudagraphs) or "step")
-    options = precompiled.compile_options(_Config(mode="reduce-overhead"))["options"]
+    options = aot_step.compile_options(_Config(mode="reduce-overhead"))["options"]
     torch.compiler.load_compiled_function(io.BytesIO())  # control: the plain load, as before
-    assert precompiled.load_step(io.BytesIO(), options) == "step"
+    assert aot_step.load_step(io.BytesIO(), options) == "step"
     assert seen == [False, True]
     assert torch._inductor.config.triton.cudagraphs is False  # put back
     assert "guard_filter_fn" in options  # a torch.compile option, not Inductor's: left out of the patch
@@ -365,9 +365,9 @@ def test_a_trace_dynamo_restarts_to_specialise_a_float_is_traced_again():
                 raise TensorifyScalarRestartAnalysis
             return f"traced {example}"
 
-    assert precompiled._aot_compile(Compiled(), "inputs") == "traced inputs"
+    assert aot_step.aot_compile(Compiled(), "inputs") == "traced inputs"
     with pytest.raises(TensorifyScalarRestartAnalysis):  # not for ever: dynamo's own retries are bounded too
-        precompiled._aot_compile(Compiled(), "inputs", attempts=2)
+        aot_step.aot_compile(Compiled(), "inputs", attempts=2)
 
 
 def _probe(tmp_path, model_dir, name, cache, precompile=True):
@@ -414,14 +414,14 @@ def test_a_swapped_in_module_keys_apart(tiny_model_dir):
     from nondet.kernels.variant import make_batch_variant_norm
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    plain = precompiled.module_structure(model)
+    plain = step_key.module_structure(model)
     norm = model.model.layers[0].post_attention_layernorm
     model.model.layers[0].post_attention_layernorm = make_batch_variant_norm(norm)
-    swapped = precompiled.module_structure(model)
+    swapped = step_key.module_structure(model)
     model.model.layers[0].post_attention_layernorm = norm
-    assert precompiled.module_structure(model) == plain != swapped
+    assert step_key.module_structure(model) == plain != swapped
     handle = model.lm_head.register_forward_hook(lambda module, args, out: out)
-    assert precompiled.module_structure(model) != plain
+    assert step_key.module_structure(model) != plain
     handle.remove()
     model.lm_head.forward = lambda x: x  # a forward set on the instance
-    assert precompiled.module_structure(model) != plain
+    assert step_key.module_structure(model) != plain

@@ -30,7 +30,7 @@ class DynamicBatchJIT:
     (get_compiled_call), each call's batch-led tensors marked symbolic before dynamo sees them."""
 
     def __init__(self, model, compile_config) -> None:
-        from nondet.probes.core.precompiled import transformers_jit
+        from nondet.probes.core.aot_step import transformers_jit
 
         self.compile_config = compile_config
         self.jit = transformers_jit(model, compile_config)

@@ -17,28 +17,22 @@ to the JIT compile transformers would have made, and the log says why. Under the
 gives the eager mode's bits at every batch size (its kernels are batch-invariant); the default's
 compiled numbers at batch 1 are then those of the dynamic graph, not of a graph specialised to 1.
 
-torch saves no guard on object identities (the model, its modules, the kernels mode's functions), so
-they are left out (GUARD_FILTER) and the file's key stands for them: the model's config, dtype,
-device (a CPU's instruction set included) and module tree (module_structure: classes, instance forwards,
-hooks), the kernels mode (the op classes on and the torch function modes), nondet's source, the tuned
-table, torch's and transformers' versions and the compile options (a filter function in them has no
-stable text: such a config compiles anew in each process). The guards torch keeps (shapes, dtypes,
-strides, constants) are checked on each call; a step they refuse is compiled again and its file
-replaced. What each slot did goes to a log, which a run's summary reads (report). Under the mode the
-graph census still sees every graph: the census store (kernels/census_store.py) keeps the findings of
+torch saves no guard on object identities; the file's key stands for them (step_key.py). The guards
+torch keeps (shapes, dtypes, strides, constants) are checked on each call; a step they refuse is
+compiled again and its file replaced. What each slot did goes to a log, which a run's summary reads
+(report). Under the mode the graph census still sees every graph: the census store (kernels/census_store.py) keeps the findings of
 the graphs compiled when a function was saved, and a loaded function compiles none.
 """
 
 import contextlib
-import dataclasses
-import functools
-import hashlib
-import json
 import os
 import re
 from pathlib import Path
 
+from nondet.probes.core.aot_step import (aot_compilable, aot_compile, compile_options,
+                                         guard_sources_pickled_by_init_fields, load_step, transformers_jit)
 from nondet.probes.core.step_batch import batch_size, symbolic_shapes
+from nondet.probes.core.step_key import kernels_state, step_key
 
 ENV = "NONDET_PRECOMPILE"  # "0": transformers' own JIT compile, as before this file; JIT: dynamic_jit.py's
 JIT = "jit"  # transformers' JIT compile with the batch symbolic from the first trace, nothing saved (TP ranks)
@@ -218,7 +212,7 @@ class PrecompiledSteps:
         held = self.model.__dict__.pop("_compiled_call", None)  # saved state must not reach our loaded functions
         try:
             with guard_sources_pickled_by_init_fields(), symbolic_shapes(inputs):
-                function = _aot_compile(aot_compilable(forward_step, options), ((self.model,), inputs))
+                function = aot_compile(aot_compilable(forward_step, options), ((self.model,), inputs))
         finally:
             if held is not None:
                 self.model._compiled_call = held
@@ -247,90 +241,6 @@ class PrecompiledSteps:
         _LOG.append((slot[0], slot[1], self.describe(slot)))
 
 
-def load_step(file, options: dict):
-    """torch.compiler.load_compiled_function(file) under the Inductor options the step was compiled with.
-    A loaded step's Inductor graph is set up at load time from the Inductor config then in force, not the
-    options saved with it (torch 2.11-2.13 read triton.cudagraphs there): loaded outside them, a step
-    compiled for CUDA graphs ran without them (an H200, 2026-11-28: the mode's decode 3.9 -> 25.2 s)."""
-    import torch
-
-    inductor = torch._inductor.config
-    known = inductor.get_config_copy()
-    with inductor.patch({k: v for k, v in options.items() if k in known}):
-        return torch.compiler.load_compiled_function(file)
-
-
-def aot_compilable(function, options: dict):
-    """torch.compile(function, **options) with its aot_compile method. torch attaches that method only
-    where torch._dynamo.config.enable_aot_compile is on when the wrapper is made: on by default from
-    torch 2.12, off in 2.11 (an H200 image's torch, 2026-11-28: every saved step fell back to JIT)."""
-    import torch
-
-    with torch._dynamo.config.patch(enable_aot_compile=True):
-        return torch.compile(function, **options)
-
-
-@contextlib.contextmanager
-def guard_sources_pickled_by_init_fields():
-    """While a step's guards are saved, each guard source pickles as its class and its __init__ fields.
-    torch 2.11 pickled every dataclass field, also those __init__ does not take (DefaultsSource's field
-    and _name, set in __post_init__), so loading a step guarded on a function's defaults raised
-    "DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were given" and the mode's
-    steps were traced again in every process. torch 2.13 pickles the __init__ fields only, as here."""
-    from torch._guards import Source
-
-    patched = [cls for cls in _subclasses(Source)
-               if dataclasses.is_dataclass(cls) and not all(f.init for f in dataclasses.fields(cls))]
-    held = {cls: cls.__dict__.get("__reduce__") for cls in patched}
-    for cls in patched:
-        cls.__reduce__ = _reduce_by_init_fields
-    try:
-        yield
-    finally:
-        for cls, reduce in held.items():
-            if reduce is None:
-                del cls.__reduce__
-            else:
-                cls.__reduce__ = reduce
-
-
-def _reduce_by_init_fields(source):
-    return type(source), tuple(getattr(source, f.name) for f in dataclasses.fields(source) if f.init)
-
-
-def _subclasses(cls) -> list:
-    found = []
-    for sub in cls.__subclasses__():
-        found += [sub, *_subclasses(sub)]
-    return found
-
-
-def _aot_compile(compiled, example, attempts: int = 3):
-    """compiled.aot_compile(example), traced again where dynamo asks to restart its analysis to specialise a
-    Python float it had made symbolic (a float of another value seen earlier in this process, e.g. another
-    model's eps: automatic dynamic). dynamo's JIT restarts by itself; aot_compile raises, having recorded
-    which floats to specialise, so the next attempt succeeds."""
-    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
-
-    for _ in range(attempts - 1):
-        try:
-            return compiled.aot_compile(example)
-        except TensorifyScalarRestartAnalysis:
-            continue
-    return compiled.aot_compile(example)
-
-
-def kernels_state() -> str:
-    """What decides the kernels a traced step calls: the mode's op classes and the torch function modes
-    on the stack (the traced mode routes functions to nondet:: ops through one)."""
-    from torch.overrides import _get_current_function_mode_stack
-
-    from nondet.kernels.mode import active_ops
-
-    modes = ",".join(type(m).__qualname__ for m in _get_current_function_mode_stack())
-    return f"ops {','.join(sorted(active_ops()))}; function modes {modes}"
-
-
 def _reason(exc: Exception) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"
@@ -344,45 +254,6 @@ def _refusal(exc: Exception) -> str:
     return found.group(2).split("#")[0].strip() if found else _reason(exc)
 
 
-def compile_options(compile_config) -> dict:
-    """torch.compile's arguments for a saved function: the compile config's, one graph (AOT precompile
-    takes one or nothing), and GUARD_FILTER with any filter the config has. torch.compile takes a mode or
-    options, so "reduce-overhead" becomes the option it sets (CUDA graphs)."""
-    options = compile_config.to_dict()
-    mode = options.pop("mode", None)
-    if mode not in (None, "default", "reduce-overhead"):
-        raise ValueError(f"compile mode {mode!r} is not saved")
-    extra = dict(options.get("options") or {})
-    if mode == "reduce-overhead":
-        extra["triton.cudagraphs"] = True
-    extra["guard_filter_fn"] = _and(extra.get("guard_filter_fn"), GUARD_FILTER())
-    return {**options, "fullgraph": True, "options": extra}
-
-
-def transformers_jit(model, compile_config):
-    """transformers' own compiled call (get_compiled_call's): for a mode and batch torch could not save, and
-    the call dynamic_jit.py marks shapes for."""
-    import torch
-
-    return torch.compile(model.__call__, **compile_config.to_dict())
-
-
-def _and(first, second):
-    """A guard filter keeping what both keep (either may be None)."""
-    if first is None:
-        return second
-    return lambda entries: [a and b for a, b in zip(first(entries), second(entries))]
-
-
-def GUARD_FILTER():  # noqa: N802 - a factory named as the constant it stands for
-    """Dynamo keeps every guard but the kinds torch cannot save (object identities)."""
-    from torch._dynamo.guards import CheckFunctionManager
-
-    unsaved = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
-    return lambda entries: [e.guard_type not in unsaved and not unsaved & set(e.derived_guard_types or ())
-                            for e in entries]
-
-
 def _batch_class(inputs: dict) -> str:
     return BATCH_ONE if batch_size(inputs) == 1 else BATCH_MORE
 
@@ -394,68 +265,3 @@ def _output(logits, inputs: dict):
     cache = next((v for v in inputs.values() if hasattr(v, "layers")), None)
     return CausalLMOutputWithPast(logits=logits, past_key_values=cache)
 
-
-def step_key(model, compile_config, slot) -> str:
-    """What a saved function's left-out guards stood for, hashed (sha256, 24 hex digits)."""
-    import torch
-    import transformers
-
-    import nondet
-
-    device = model.device
-    doc = {"config": model.config.to_json_string(), "dtype": str(model.dtype), "modules": module_structure(model),
-           "device": device.type, "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
-           "cpu": cpu_instruction_set() if device.type == "cpu" else "",
-           "slot": list(slot), "compile": repr(sorted((k, repr(v)) for k, v in compile_config.to_dict().items())),
-           "torch": torch.__version__, "transformers": transformers.__version__, "nondet": nondet.__version__,
-           "source": package_source_digest(), "tuning": _tuning_digest()}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def cpu_instruction_set() -> str:
-    """The instruction set ATen's kernels and Inductor's generated C++ use here (ATEN_CPU_CAPABILITY picks
-    both): a function compiled for AVX-512 must not be loaded where only AVX2, or the portable code, runs."""
-    import torch
-
-    try:
-        from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-        inductor = str(pick_vec_isa())
-    except Exception:  # noqa: BLE001 - a private module: its absence leaves ATen's capability alone
-        inductor = ""
-    return f"{torch.backends.cpu.get_cpu_capability()} {inductor}".strip()
-
-
-def module_structure(model) -> str:
-    """sha256 of the model's module tree as a trace sees it: each module's class (a swapped-in one, such as
-    an injected batch-variant norm, included), a forward set on the instance and the forward hooks (the
-    identity guards a saved function leaves out stood for these). Parameter values are not in it: a
-    saved function reads them at each call."""
-    def name(fn) -> str:
-        fn = getattr(fn, "__func__", fn)
-        return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
-
-    lines = []
-    for path, module in model.named_modules():
-        hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
-        own = name(module.__dict__["forward"]) if "forward" in module.__dict__ else ""
-        lines.append(f"{path} {name(type(module))} {own} " + ",".join(map(name, hooks)))
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
-
-
-@functools.lru_cache(maxsize=1)
-def package_source_digest() -> str:
-    """sha256 of nondet's source (a saved graph holds the kernels and routes of the code that traced it)."""
-    root = Path(__file__).resolve().parents[2]  # the nondet package
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def _tuning_digest() -> str:
-    from nondet.kernels.config import tuning_path
-
-    path = tuning_path()
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
