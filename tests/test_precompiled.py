@@ -91,6 +91,10 @@ def test_the_key_follows_the_cpus_instruction_set(tiny_model_dir, monkeypatch):
     assert step_key.step_key(model, config, slot) != key
 
 
+def _no_file(slot):
+    raise FileNotFoundError(slot)
+
+
 def _refuses(model, **inputs):
     raise RuntimeError("GuardManager check failed, reason: size mismatch")
 
@@ -140,6 +144,29 @@ def test_a_refusal_after_the_split_traces_that_slot_again(monkeypatch, tmp_path)
     monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
     assert steps(input_ids=torch.zeros(2, 1, dtype=torch.long)) == "logits"
     assert calls == [("default", "batch 2+", state)]
+
+
+def test_a_refusal_of_the_class_the_shared_function_was_traced_on_traces_it_again(monkeypatch, tmp_path):
+    """A guard that is not the batch's (an int dynamo specialised: a window cache's token count, 2026-11-28)
+    refusing the class the shared function was traced on in this process is no reason to split: split, the
+    other class (here batch 2+) would reach a function traced on one step of batch 1. The shared slot is
+    traced again in place. Control: a function loaded from disk (its class unknown) splits, as above."""
+    import torch
+
+    one = torch.zeros(1, 1, dtype=torch.long)
+    for traced_here, split in ((True, set()), (False, {"batch 1"})):
+        steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
+        slot = ("default", EVERY, step_key.kernels_state())
+        steps.functions[slot] = _refuses
+        if traced_here:
+            steps.traced_on[slot] = "batch 1"
+        traced = []
+        monkeypatch.setattr(steps, "_compile", lambda s, inputs: traced.append(s) or (lambda model, **i: "logits"))
+        monkeypatch.setattr(steps, "_load", _no_file)
+        monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
+        assert steps(input_ids=one) == "logits"
+        assert set(steps.split.values()) == split
+        assert traced == [slot if traced_here else ("default", "batch 1", slot[2])]
 
 
 def test_a_refused_step_whose_new_trace_fails_runs_transformers_jit_compile_and_says_why(monkeypatch, tmp_path):

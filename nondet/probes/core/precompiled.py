@@ -120,6 +120,7 @@ class PrecompiledSteps:
         self.refused: dict[tuple[str, str, str], str] = {}  # slot -> why its guards refused a call (traced again)
         self.split: dict[tuple[str, str], str] = {}  # (mode, kernels state) -> the batch class EVERY_BATCH refused
         self.apart: dict[tuple[str, str, str], str] = {}  # split slot -> EVERY_BATCH's refusal of its class
+        self.traced_on: dict[tuple[str, str, str], str] = {}  # slot -> the batch class it was traced on here
 
     def __call__(self, **inputs):
         # the decoder's name for the kernels mode (summary) and what is really on (the key): a call outside
@@ -143,10 +144,12 @@ class PrecompiledSteps:
         """Inputs of another form than the saved function's (its kept guards refused them). EVERY_BATCH's
         function refusing a batch class (it was traced on the other) splits the mode: this class gets its
         own slot, loaded or compiled, and EVERY_BATCH's file is kept for the other; so the next process
-        loads both and traces nothing. Else trace again and replace the file; a trace that fails there hands
-        the slot to transformers' JIT compile, as a first compile that fails does."""
+        loads both and traces nothing. Else (a refusal of the class it was traced on in this process, e.g.
+        an int it specialised, or of a slot of its own) trace again and replace the file; a trace that fails
+        there hands the slot to transformers' JIT compile, as a first compile that fails does."""
         mode, batch, state = slot
-        if batch == EVERY_BATCH and (mode, state) not in self.split:
+        if (batch == EVERY_BATCH and (mode, state) not in self.split
+                and self.traced_on.get(slot) != _batch_class(inputs)):
             self.split[(mode, state)] = own = _batch_class(inputs)
             slot = (mode, own, state)  # new: only this split reaches it
             self.apart[slot] = _refusal(refusal)
@@ -223,6 +226,7 @@ class PrecompiledSteps:
             function.save_compiled_function(str(partial))
         partial.replace(path)  # a reader never sees half a file
         self.loaded[slot] = False
+        self.traced_on[slot] = _batch_class(inputs)
         return function
 
     def describe(self, slot) -> str:

@@ -8,6 +8,13 @@ Used by the saved steps (precompiled.py) and by the JIT path of tensor-parallel 
 
 import contextlib
 
+# Python ints a cache layer advances at every step: transformers' sliding-window layer counts the tokens it has
+# seen in `cumulative_length_int` (an int keeps its is-full branch free of data-dependent control flow).
+# dynamo specialises an int on its first trace ("== 10"), so a saved step traced at one step was refused at
+# the next and traced again with the int symbolic: on a tiny Gemma2 and gpt-oss (CPU, torch 2.13, 2026-11-28)
+# the default kernels traced 3 functions where 2 serve every batch size and step.
+WINDOW_LENGTH_INTS = ("cumulative_length_int",)
+
 
 def batch_size(inputs: dict) -> int:
     ids = inputs.get("input_ids")
@@ -47,9 +54,9 @@ def symbolic_shapes(inputs: dict, with_caches: bool = True):
     finds the tensors' batch sizes equal to each other, a relation mark_dynamic refuses) and size-oblivious
     (backed_size_oblivious: a batch of 1 is not specialised, as dynamo otherwise does), and the key length
     of the masks ((B, 1, T, L): dim 3) and of the caches' layers ((B, H, L, D): dim 2); a window cache's fixed
-    length is specialised as before. Outside a trace it only marks the tensors (dynamo reads the marks when
-    it traces). A mark stays on its tensor: a held cache marked once (with_caches) need not be walked again
-    at every step."""
+    length is specialised as before, the count of tokens it has seen (a Python int: WINDOW_LENGTH_INTS) is
+    symbolic. Outside a trace it only marks the tensors (dynamo reads the marks when it traces). A mark stays
+    on its tensor: a held cache marked once (with_caches) need not be walked again at every step."""
     import torch
 
     batch = batch_size(inputs)
@@ -59,5 +66,13 @@ def symbolic_shapes(inputs: dict, with_caches: bool = True):
             torch._dynamo.maybe_mark_dynamic(tensor, 0)
             if tensor.dim() == 4:
                 torch._dynamo.maybe_mark_dynamic(tensor, length_dim)
-    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True), \
+            torch.compiler.config.patch(dynamic_sources=_with_window_lengths(torch.compiler.config.dynamic_sources)):
         yield
+
+
+def _with_window_lengths(sources: str) -> str:
+    """torch's list of sources traced as symbolic (names or regexes matched at the start, comma-separated)
+    and every cache layer's WINDOW_LENGTH_INTS, whatever the path to the cache (a saved step's
+    L['inputs'][...], transformers' own compiled call's L['kwargs'][...])."""
+    return ",".join([s for s in sources.split(",") if s] + [rf".*\.{name}$" for name in WINDOW_LENGTH_INTS])

@@ -1,0 +1,69 @@
+"""The shapes one traced decode step serves (core/step_batch.py): the batch, the cache's length, and a window
+cache's count of tokens seen, symbolic from the first trace."""
+
+import pytest
+
+from nondet.probes.core import step_batch
+
+
+class _WindowLayer:
+    """transformers' sliding-window cache layer as a trace sees it: (B, H, L, D) keys and a Python int it
+    advances at every step (DynamicSlidingWindowLayer / StaticSlidingWindowLayer.cumulative_length_int)."""
+
+    def __init__(self, batch: int, seen: int) -> None:
+        import torch
+
+        self.keys = torch.zeros(batch, 2, 8, 4)
+        self.cumulative_length_int = seen
+
+
+class _Cache:
+    def __init__(self, batch: int, seen: int) -> None:
+        self.layers = [_WindowLayer(batch, seen)]
+
+
+def _step(inputs: dict):
+    layer = inputs["cache"].layers[0]
+    full = layer.cumulative_length_int >= 8  # the layer's is-full branch
+    layer.cumulative_length_int += 1
+    return inputs["input_ids"] * 2 + (layer.keys.sum() if full else 1)
+
+
+def _traces(monkeypatch, window_ints: tuple) -> int:
+    """Graphs dynamo traces for three steps of a window cache that has seen 3, 4 and 5 tokens."""
+    import torch
+
+    monkeypatch.setattr(step_batch, "WINDOW_LENGTH_INTS", window_ints)
+    torch._dynamo.reset()
+    counts = {"frames": 0}
+
+    def counting(gm, example_inputs):
+        counts["frames"] += 1
+        return gm.forward
+
+    compiled = torch.compile(_step, backend=counting)
+    for seen in (3, 4, 5):
+        inputs = {"input_ids": torch.ones(2, 1, dtype=torch.long), "cache": _Cache(2, seen)}
+        with step_batch.symbolic_shapes(inputs):
+            assert torch.equal(compiled(inputs), torch.full((2, 1), 3))
+        assert inputs["cache"].layers[0].cumulative_length_int == seen + 1  # the mutation is replayed
+    torch._dynamo.reset()
+    return counts["frames"]
+
+
+@pytest.mark.parametrize("window_ints, graphs", [(step_batch.WINDOW_LENGTH_INTS, 1), ((), 2)])
+def test_a_window_caches_token_count_is_symbolic_from_the_first_trace(monkeypatch, window_ints, graphs):
+    """One graph for every step (the count symbolic, guarded only by the is-full branch). Control: without it
+    dynamo specialises the count on the first trace (== 3) and traces again at the next step, where a saved
+    step was refused and its mode split (a tiny Gemma2 and gpt-oss, 2026-11-28)."""
+    assert _traces(monkeypatch, window_ints) == graphs
+
+
+def test_the_users_own_dynamic_sources_are_kept():
+    import torch
+
+    with torch.compiler.config.patch(dynamic_sources="L['x']"):
+        with step_batch.symbolic_shapes({"input_ids": torch.ones(1, 1)}):
+            assert torch.compiler.config.dynamic_sources.split(",")[0] == "L['x']"
+            assert any("cumulative_length_int" in s for s in torch.compiler.config.dynamic_sources.split(","))
+        assert torch.compiler.config.dynamic_sources == "L['x']"  # restored
