@@ -7,9 +7,15 @@ the wall time and torch's own compile-time breakdown (dynamo tracing, AOT autogr
 summed over every compiled graph: torch._dynamo.utils.compile_times; phases of half a second or more),
 and dynamo's and Inductor's counters of graphs, cache hits and CUDA-graph recordings. Speed only: the
 run directory is the probe's, unchanged.
+
+PROBE_CLI_PROFILE=FILE runs the CLI under cProfile, writes its stats to FILE and prints the time of each of
+nondet's stages (cumulative: a stage includes the imports it makes first, e.g. load_model transformers'
+modeling modules; profiler overhead included: a step's Python calls run slower under it, so read the
+stages outside the decode loop as they are and the loop's as an upper bound).
 """
 
 import atexit
+import os
 import sys
 import time
 
@@ -17,9 +23,11 @@ STARTED = time.perf_counter()
 
 
 def report() -> None:
+    print(f"\n== wall {time.perf_counter() - STARTED:.1f} s (imports included)", file=sys.stderr)
+    if "torch._dynamo.utils" not in sys.modules:  # the CLI stopped before anything compiled (bad input)
+        return
     import torch._dynamo.utils as dynamo_utils
 
-    print(f"\n== wall {time.perf_counter() - STARTED:.1f} s (imports included)", file=sys.stderr)
     names, values = dynamo_utils.compile_times(repr="csv", aggregate=True)  # the printed table's layout varies
     phases = sorted(((float(v), name) for name, v in zip(names, values)), reverse=True)  # longest first
     for seconds, name in phases[:16]:
@@ -33,8 +41,39 @@ def report() -> None:
             print(f"{group}: {wanted}", file=sys.stderr)
 
 
+# (file suffix, function) of the probe's stages, in the order they run (a cProfile entry's cumulative time)
+STAGES = (("cli/options.py", "read_targets"), ("cli/probe_config.py", "check_context"),
+          ("models/loading.py", "load_model"), ("core/kernel_coverage.py", "census_entry"),
+          ("core/compiled.py", "warm_up"), ("core/replay.py", "generate_condition"),
+          ("probes/probe.py", "run_streams"), ("reports/write.py", "write_report"))
+
+
+def stage_times(stats_file: str) -> None:
+    import pstats
+
+    stats = pstats.Stats(stats_file).stats  # (file, line, function) -> (calls, _, tottime, cumtime, callers)
+    print("== stages under cProfile (cumulative s)", file=sys.stderr)
+    for suffix, function in STAGES:
+        seconds = sum(v[3] for (file, _, name), v in stats.items() if name == function and file.endswith(suffix))
+        print(f"  {suffix}:{function}: {seconds:.1f} s", file=sys.stderr)
+
+
+def profiled(main, stats_file: str) -> None:
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        profile.runcall(main)
+    finally:  # main exits through SystemExit
+        profile.dump_stats(stats_file)
+        stage_times(stats_file)
+
+
 if __name__ == "__main__":
     atexit.register(report)
     from nondet.cli.app import main
 
-    main()
+    if os.environ.get("PROBE_CLI_PROFILE"):
+        profiled(main, os.environ["PROBE_CLI_PROFILE"])
+    else:
+        main()
