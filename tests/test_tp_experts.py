@@ -91,11 +91,15 @@ def test_tree_linears_hooks_the_experts_and_refuses_a_layout_it_does_not_cover(m
 
 @pytest.mark.slow
 def test_on_an_moe_the_mode_alone_leaves_tp2_off_tp1_and_the_tree_makes_them_bitwise_equal(tmp_path, moe_dir):
+    """bf16, as models are served: each rank's partial is rounded to bf16 before the all-reduce, so without
+    the tree TP2 leaves TP1 from the first step. In fp32 the control did not fire on a 2-core AMD EPYC
+    (AVX2, 2026-11-28): the halves' sums move only the last bits of this tiny random model's logits (|x| <
+    0.6, an ulp ~6e-8), less than a logprob's ulp at -5.7 (~5e-7), so no logprob bit moved."""
     def versus(*extra):
         out = tmp_path / ("tree" if extra else "plain")
         r = cli_runner.run(("probe", "--tp", "1,2", "--model", str(moe_dir), "--prompt", "Tell me about Richard Feynman",
                             "--batch-sizes", "1,2", "--max-new-tokens", "6", "--kernels", FIX_KERNELS,
-                            "--dtype", "float32", "--out", str(out), *extra), env=dict(os.environ), timeout=300)
+                            "--dtype", "bfloat16", "--out", str(out), *extra), env=dict(os.environ), timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         summary = json.loads((out / "summary.json").read_text())
         (row,) = summary["tensor_parallel"]["modes"][FIX_KERNELS]["vs_reference"]
