@@ -257,6 +257,7 @@ def test_a_step_torch_cannot_save_runs_transformers_jit_compile_and_says_why(tmp
     assert not (tmp_path / "cache" / "precompiled").exists()
 
 
+@pytest.mark.slow  # two Inductor compiles of a probe each (35 s a case on a 2-core AVX2 host)
 @pytest.mark.parametrize("local_class", [False, True], ids=["module-class", "control-local-class"])
 def test_a_model_with_the_injected_control_has_its_steps_saved(local_class, tmp_path, tiny_model_dir, monkeypatch):
     """The positive control's norm (kernels/variant.py) is a class torch can import by name, so a model
@@ -291,7 +292,7 @@ def test_a_model_with_the_injected_control_has_its_steps_saved(local_class, tmp_
         assert saved and all(what.startswith("compiled and saved") for what in saved.values()), saved
 
 
-@pytest.mark.parametrize("family", ["qwen3-moe", "falcon"])
+@pytest.mark.parametrize("family", [pytest.param("qwen3-moe", marks=pytest.mark.slow), "falcon"])
 def test_a_step_saved_under_the_mode_loads_in_the_next_probe(family, tmp_path, monkeypatch):
     """qwen3-moe: the mode wraps each router's forward (kernels/router.py); torch rebuilds a saved
     function's guards on it when loading, which failed while the wrapper borrowed the router class's name

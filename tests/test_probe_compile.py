@@ -54,6 +54,7 @@ def test_the_compiled_mode_gives_the_eager_modes_bits(tmp_path, default_model_di
     assert "compiled_graph_census" not in eager.summary
 
 
+@pytest.mark.slow  # a compiled probe of 3 conditions (29 s on a 2-core AVX2 host)
 def test_a_batch_shape_is_warmed_up_once_however_many_conditions_share_it(tmp_path, tiny_model_dir):
     """--trials 2 runs batch size 2 twice (batch 1 has no fillers to rotate): the second condition of the
     shape reuses its compiled graph, one warm-up per shape. (Without trials, as many shapes as

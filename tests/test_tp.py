@@ -103,6 +103,7 @@ def test_report_shows_tp1_vs_tp2_and_the_run_directory_stays_readable(tp_run):
     assert len(read_tables(out).runs) == sum(m["n_runs"] for m in summary["modes"].values())
 
 
+@pytest.mark.slow  # a bisect at TP2: a process group per replay
 def test_bisect_cli_replays_a_tensor_parallel_run_at_its_degree(tp_run, tmp_path):
     """`nondet bisect` on a --tp run goes to the worker-group bisect (a TP2 condition replayed in one
     process would blame the wrong thing). Where the bits are born depends on this host's kernels too,
@@ -116,6 +117,7 @@ def test_bisect_cli_replays_a_tensor_parallel_run_at_its_degree(tp_run, tmp_path
     assert json.loads((run / "bisect.json").read_text())["tp_degree"] == 2
 
 
+@pytest.mark.slow  # a bisect at TP2: a process group per replay
 def test_tp_bisect_names_the_injected_norm_at_tp2_and_its_ablation(tp_run, tmp_path):
     """The library's TP bisect: the lockstep on 2 ranks against the prompt alone at TP2. The baseline
     keeps this host's own matmul / attention / softmax invariant, so only the injected norm can differ."""
@@ -211,6 +213,7 @@ def test_tp_with_another_load_is_a_usage_error(tmp_path):
     assert r.stderr.startswith("nondet: error: --tp runs static batches in worker processes")
 
 
+@pytest.mark.slow  # a TP2 group started, then its parent killed and the ranks waited for
 def test_a_killed_parent_leaves_no_rank_behind(tiny_model_dir, tmp_path):
     """SIGTERM skips Python's cleanup: the ranks' watchdog must notice their parent is gone."""
     import signal
