@@ -20,8 +20,9 @@ compiled numbers at batch 1 are then those of the dynamic graph, not of a graph 
 torch saves no guard on object identities; the file's key stands for them (step_key.py). The guards
 torch keeps (shapes, dtypes, strides, constants) are checked on each call; a step they refuse is
 compiled again and its file replaced. What each slot did goes to a log, which a run's summary reads
-(report). Under the mode the graph census still sees every graph: the census store (kernels/census_store.py) keeps the findings of
-the graphs compiled when a function was saved, and a loaded function compiles none.
+(report). Under the mode the graph census still sees every graph: the census store
+(kernels/census_store.py) keeps the findings of the graphs compiled when a function was saved, and a
+loaded function compiles none.
 """
 
 import contextlib
