@@ -5,6 +5,7 @@ stream, each against its own prompt alone at batch size 1."""
 import json
 
 import pytest
+from controls import FIX_KERNELS
 
 from nondet.errors import UsageError
 from nondet.probes.core.batch import build_batch
@@ -69,9 +70,10 @@ def test_rows_positive_control_and_the_mode_holds(tmp_path):
     # inject_variance: a batched row's norm differs from a lone row's on every host, so every
     # prompt's bits differ in its batched rows; the mode gives one completion per prompt.
     cfg = ProbeConfig(prompts=DEMO_PROMPTS, model=ModelSpec(inject_variance=True), batch_sizes=(1, 2, 8),
-                      max_new_tokens=16, out=str(tmp_path / "run"), kernels=("default", "batch-invariant"))
+                      max_new_tokens=16, out=str(tmp_path / "run"),
+                      kernels=tuple(dict.fromkeys(("default", FIX_KERNELS))))
     modes = run_probe(cfg).summary["modes"]
-    d, bi = modes["default"], modes["batch-invariant"]
+    d, bi = modes["default"], modes[FIX_KERNELS]
     assert d["n_prompts"] == 8 and d["n_runs"] == 24 and d["prompts_bits_differ"] == 8
     assert bi["n_runs"] == 24 and bi["distinct_completions"] == 1 and bi["first_numeric_divergence"] is None
     streams = [json.loads(x) for x in (tmp_path / "run" / "streams.jsonl").read_text().splitlines()]
@@ -83,5 +85,5 @@ def test_rows_positive_control_and_the_mode_holds(tmp_path):
         assert s["prompt_id"] == (c["row_prompts"][s["position"]] if "row_prompts" in c else c["prompt_id"])
     rows8 = [c for c in d["conditions"] if c["condition_id"] == "default/bs8/rows/0"]
     assert len(rows8) == 1 and rows8[0]["n_runs"] == 4  # one row per batch in the summary: p0, p2, p3, p7
-    refs = {s["prompt_id"]: s["steps"] for s in streams if s["is_reference"] and s["kernels"] == "batch-invariant"}
-    assert all(s["steps"] == refs[s["prompt_id"]] for s in streams if s["kernels"] == "batch-invariant")
+    refs = {s["prompt_id"]: s["steps"] for s in streams if s["is_reference"] and s["kernels"] == FIX_KERNELS}
+    assert all(s["steps"] == refs[s["prompt_id"]] for s in streams if s["kernels"] == FIX_KERNELS)
