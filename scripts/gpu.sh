@@ -29,7 +29,7 @@
 #                new process vs dynamo's warm JIT, bits compared
 #   probe-cli    the acceptance row: `nondet probe --compile --confirm` on the GPU case (one prompt), timed
 #                whole from a cold NONDET_CACHE, again warm, eager, and the 8 built-in prompts warm
-#                (PROBE_CLI_RUNS picks; warm-profile: warm under cProfile, the probe's stages timed); each with
+#                (PROBE_CLI_RUNS picks); each with the probe's stages timed and
 #                torch's compile-time breakdown (scripts/device/gpu_probe_cli.py)
 #   rl           scripts/bench_rl.py (the trainer step under the mode)
 #   rl-compile   scripts/bench_rl.py --compile (the same step with a torch.compile'd forward)
@@ -110,16 +110,14 @@ print(d(GPU_CASE))" 2>/dev/null | tail -1)
                  local args=("${base[@]}" -p "Tell me about Richard Feynman" --compile)
                  [ "$run" = eager ] && args=("${base[@]}" -p "Tell me about Richard Feynman")
                  [ "$run" = prompts8-warm ] && args=("${base[@]}" --compile)  # the 8 built-in prompts
-                 local profile=""  # warm-profile: the warm run under cProfile, its stages printed
-                 [ "$run" = warm-profile ] && profile="$OUT/probe-cli-warm.prof"
                  rm -rf "/tmp/run-cli-$run"; local t0; t0=$(date +%s.%N)
-                 PROBE_CLI_PROFILE=$profile NONDET_CACHE=$cache TORCH_LOGS=recompiles timeout 280 \
+                 NONDET_CACHE=$cache TORCH_LOGS=recompiles timeout 280 \
                    python3 scripts/device/gpu_probe_cli.py "${args[@]}" --out "/tmp/run-cli-$run" \
                    > "$OUT/probe-cli-$run.log" 2>&1
                  echo "$run: exit $? wall $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')") s," \
                    "recompiles logged $(grep -c 'Recompiling function' "$OUT/probe-cli-$run.log")"
                  grep -A12 "^== wall" "$OUT/probe-cli-$run.log"
-                 grep -A9 "^== stages" "$OUT/probe-cli-$run.log"
+                 grep -A8 "^== stages" "$OUT/probe-cli-$run.log"
                  python3 -c "import json; s = json.load(open('/tmp/run-cli-$run/summary.json'))
 print(json.dumps(s.get('decode_path'))); print({m: (v['distinct_completions'], v['first_numeric_divergence'])
 for m, v in s['modes'].items()})" 2>&1 | tail -3

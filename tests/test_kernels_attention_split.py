@@ -78,10 +78,10 @@ else:
             mask[..., 3:9] = float("-inf")
             mask[..., 50:] = -2.0
             return q, k, v, dict(mask=mask)
-        if name == "sliding window":  # each query's chunks start at its own first visible key
-            q, k, v = qkv(b, h, kvh, 6, 90, seed=6)
-            mask = window_mask(6, 90, 45)
-            return q, k, v, dict(mask=mask, kv_start=ops.kv_start_from_mask(mask, b, 90, DEVICE),
+        if name == "sliding window":  # each query's chunks start at its own first visible key (37..40: chunk 1)
+            q, k, v = qkv(b, h, kvh, 4, 80, seed=6)
+            mask = window_mask(4, 80, 40)
+            return q, k, v, dict(mask=mask, kv_start=ops.kv_start_from_mask(mask, b, 80, DEVICE),
                                  query_start=ops.first_visible(mask, b, DEVICE))
         if name == "sinks and softcap":
             q, k, v = qkv(b, h, kvh, 2, 81, seed=7)
@@ -119,7 +119,7 @@ else:
         assert same_bits(attend(q1, k1, v1, True, **kw1)[0], batch[0])
         assert same_bits(attend(q1, k1, v1, False, **kw1)[0], batch[0])
 
-    @pytest.mark.parametrize("keys", [287, 288, 289, 330])  # 9 / 9 / 10 / 11 chunks: blocks of 4 and a rest
+    @pytest.mark.parametrize("keys", [288, 289, 330])  # 9 / 10 / 11 chunks: blocks of 4 and a rest
     def test_the_blocked_merge_gives_the_one_by_one_merges_bits(keys):
         """The merge loads four chunks per round trip (merge_block 4) and must merge exactly the chunks the
         one-by-one merge does, in the same order: the fused bits, never a merge past the last chunk."""
@@ -251,7 +251,7 @@ else:
         order changes from call to call)."""
         q, k, v = qkv(4, 8, 2, 1, 300, dtype=torch.bfloat16, seed=11)
         first = attend(q, k, v, True)
-        for _ in range(50 if DEVICE == "cuda" else 2):
+        for _ in range(50 if DEVICE == "cuda" else 1):  # the interpreter runs programs in one order: once
             assert same_bits(attend(q, k, v, True), first)
 
     def test_shipped_config_on_a_decode_shape():

@@ -99,6 +99,11 @@ def _refuses(model, **inputs):
     raise RuntimeError("GuardManager check failed, reason: size mismatch")
 
 
+def _refuses_with(guard: str):
+    """A refusal as torch words it, `guard` the first of the guards it lists."""
+    raise RuntimeError(f"GuardManager check failed, reason: TENSOR_MATCH verbose_code_parts={[guard + '  # x']!r}")
+
+
 def test_a_batch_class_the_shared_function_refuses_gets_its_own_and_the_other_keeps_it(monkeypatch, tmp_path):
     """torch 2.11 specialises a mask's batch of 1 (SDPA broadcasting) even in the size-oblivious trace: the
     one function traced at batch 1 refused batch 2, and each refusal replaced the file the other class
@@ -155,7 +160,7 @@ def test_a_refusal_of_the_class_the_shared_function_was_traced_on_traces_it_agai
 
     one = torch.zeros(1, 1, dtype=torch.long)
     for traced_here, split in ((True, set()), (False, {"batch 1"})):
-        steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
+        steps = _steps_with_files(tmp_path)
         slot = ("default", EVERY, step_key.kernels_state())
         steps.functions[slot] = _refuses
         if traced_here:
@@ -172,7 +177,7 @@ def test_a_refusal_of_the_class_the_shared_function_was_traced_on_traces_it_agai
 def test_a_refused_step_whose_new_trace_fails_runs_transformers_jit_compile_and_says_why(monkeypatch, tmp_path):
     import torch
 
-    steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
+    steps = _steps_with_files(tmp_path)
     slot = ("default", "batch 2+", step_key.kernels_state())
     steps.split[("default", slot[2])] = "batch 2+"  # its own slot already: a refusal there traces it again
 
@@ -209,29 +214,116 @@ def test_a_file_torch_cannot_load_is_compiled_again(monkeypatch, tmp_path):
     assert steps._obtain(slot, {}) == "compiled again" and slot not in steps.fallbacks
 
 
-def test_a_saved_function_failing_its_first_call_hands_the_step_to_jit_and_a_later_failure_is_raised(monkeypatch,
-                                                                                                     tmp_path):
+def _steps_with_files(tmp_path):
+    """A PrecompiledSteps without a model: its slots' files named by hand (the key hashes a model)."""
+    steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
+    for mode in ("default", "batch-invariant"):
+        for batch in (EVERY, precompiled.BATCH_ONE, precompiled.BATCH_MORE):
+            slot = (mode, batch, step_key.kernels_state())
+            steps.paths[slot] = tmp_path / f"{mode}-{batch}.bin"
+    return steps
+
+
+def test_a_first_call_that_fails_is_traced_again_with_the_key_length_fixed(monkeypatch, tmp_path):
+    """A saved function whose first call fails (on an H200 with torch 2.11, Inductor's code for the mode's step
+    with the key length symbolic: "name 'buf0' is not defined") is traced again with the length fixed and runs;
+    the summary says so, and a marker beside its file makes a later process trace it so at once. Control: a
+    trace with the length fixed that fails its first call too hands the slot to transformers' JIT compile."""
     import torch
 
-    steps = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
-    failing = {"now": True}
+    def fails(model, **inputs):
+        raise NameError("name 'buf0' is not defined")
+
+    traced = []  # whether each trace had the key length fixed
+    for retraced, expected in ((lambda model, **i: "fixed-length logits", "fixed-length logits"), (fails, "jit")):
+        steps = _steps_with_files(tmp_path / expected)
+        slot = ("default", EVERY, step_key.kernels_state())
+        steps.functions[slot] = fails
+        monkeypatch.setattr(steps, "_compile", lambda s, inputs, f=retraced: traced.append(steps._lengths_fixed(s)) or f)
+        monkeypatch.setattr(precompiled, "transformers_jit", lambda model, config: lambda **inputs: "jit")
+        monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
+        since = precompiled.log_position()
+        assert steps(input_ids=torch.zeros(2, 1, dtype=torch.long)) == expected
+        what = precompiled.report(since)["default"][EVERY]
+        if expected == "jit":
+            assert what == "JIT compile: NameError: name 'buf0' is not defined"
+        else:
+            assert what == "compiled and saved (the key length fixed: its symbolic trace failed: NameError: name " \
+                           "'buf0' is not defined)"
+            marker = steps.paths[slot].with_suffix(precompiled.FIXED_LENGTHS)
+            assert marker.read_text() == "NameError: name 'buf0' is not defined\n"
+    assert traced == [True, True]
+
+
+def test_a_symbolic_trace_that_fails_is_traced_with_the_key_length_fixed_and_a_later_process_starts_so(
+        monkeypatch, tmp_path):
+    """The ladder at the compile: the symbolic trace raising (torch 2.11 on an H200: "CantSplit") -> traced with
+    the key length fixed, saved; a later process (a new PrecompiledSteps on the same folder, no saved file)
+    traces with it fixed at once. Control: a fixed-length trace that fails too -> transformers' JIT compile."""
+    import torch
+
+    def compile_fails_when_symbolic(steps, log):
+        def compile_(slot, inputs):
+            log.append(steps._lengths_fixed(slot))
+            if not steps._lengths_fixed(slot):
+                raise RuntimeError("InductorError: CantSplit: s32 not divisible by s1*s32")
+            return lambda model, **i: "logits"
+        return compile_
+
+    monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
+    monkeypatch.setattr(precompiled, "transformers_jit", lambda model, config: lambda **inputs: "jit")
+    ids = torch.zeros(2, 1, dtype=torch.long)
+    first, log = _steps_with_files(tmp_path), []
+    monkeypatch.setattr(first, "_compile", compile_fails_when_symbolic(first, log))
+    assert first(input_ids=ids) == "logits" and log == [False, True]
+    later, log = _steps_with_files(tmp_path), []
+    monkeypatch.setattr(later, "_compile", compile_fails_when_symbolic(later, log))
+    assert later(input_ids=ids) == "logits" and log == [True]  # the marker: no symbolic trace failed again
+    control = _steps_with_files(tmp_path / "control")
+
+    def always_fails(slot, inputs):
+        raise RuntimeError("Unsupported: a graph break")
+
+    monkeypatch.setattr(control, "_compile", always_fails)
+    since = precompiled.log_position()
+    assert control(input_ids=ids) == "jit"
+    assert precompiled.report(since) == {"default": {EVERY: "JIT compile: RuntimeError: Unsupported: a graph break"}}
+
+
+def test_a_function_with_the_length_fixed_refused_at_another_length_is_traced_again_not_split(monkeypatch, tmp_path):
+    """A loaded function traced with the key length fixed meets a prompt of another length: its guards refuse
+    on a length, not on the batch, so it is traced again in place; a refusal naming the batch dim still splits."""
+    import torch
+
+    steps = _steps_with_files(tmp_path)
+    slot = ("default", EVERY, step_key.kernels_state())
+    steps.fixed_lengths[slot] = "CantSplit"
+    steps.functions[slot] = lambda model, **i: _refuses_with("L['inputs']['past_key_values'].layers[0].keys.size()[2] == 206")
+    traced = []
+    monkeypatch.setattr(steps, "_compile", lambda s, inputs: traced.append(s) or (lambda model, **i: "logits"))
+    monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
+    assert steps(input_ids=torch.zeros(2, 1, dtype=torch.long)) == "logits"
+    assert traced == [slot] and not steps.split
+    steps.functions[slot] = lambda model, **i: _refuses_with("L['inputs']['input_ids'].size()[0] == 1")
+    monkeypatch.setattr(steps, "_load", _no_file)
+    assert steps(input_ids=torch.zeros(2, 1, dtype=torch.long)) == "logits"
+    assert steps.split == {("default", slot[2]): precompiled.BATCH_MORE}  # the control: a batch refusal splits
+
+
+def test_a_saved_function_failing_after_a_call_that_worked_raises(monkeypatch, tmp_path):
+    import torch
+
+    failing = {"now": False}
 
     def saved(model, **inputs):
         if failing["now"]:
             raise TypeError("CUDA graph capture failed")
         return "saved logits"
 
-    monkeypatch.setattr(precompiled, "transformers_jit", lambda model, config: lambda **inputs: "jit output")
     monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
     ids = torch.zeros(2, 1, dtype=torch.long)
-    steps.functions[("default", EVERY, step_key.kernels_state())] = saved
-    since = precompiled.log_position()
-    assert steps(input_ids=ids) == "jit output"
-    assert precompiled.report(since) == {"default": {EVERY: "JIT compile: TypeError: CUDA graph capture failed"}}
-    assert steps(input_ids=ids) == "jit output"  # the slot stays on the JIT compile
     later = precompiled.PrecompiledSteps(model=None, compile_config=None, folder=tmp_path)
     later.functions[("default", EVERY, step_key.kernels_state())] = saved
-    failing["now"] = False
     assert later(input_ids=ids) == "saved logits"
     failing["now"] = True
     with pytest.raises(TypeError, match="CUDA graph capture failed"):  # after a call that worked: raised
@@ -254,7 +346,7 @@ def test_a_step_torch_cannot_save_runs_transformers_jit_compile_and_says_why(tmp
     why = "JIT compile: RuntimeError: Graph breaks are not supported with aot compile"
     assert saved == {EVERY: why}
     assert result.summary["decode_path"]["modes"]["default"]["path"] == "compiled"
-    assert not (tmp_path / "cache" / "precompiled").exists()
+    assert not list((tmp_path / "cache").glob("**/*.bin"))  # nothing saved (a marker says the ladder was tried)
 
 
 @pytest.mark.slow  # two Inductor compiles of a probe each (35 s a case on a 2-core AVX2 host)

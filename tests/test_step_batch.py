@@ -67,3 +67,38 @@ def test_the_users_own_dynamic_sources_are_kept():
             assert torch.compiler.config.dynamic_sources.split(",")[0] == "L['x']"
             assert any("cumulative_length_int" in s for s in torch.compiler.config.dynamic_sources.split(","))
         assert torch.compiler.config.dynamic_sources == "L['x']"  # restored
+
+
+def _cache_length_traces(lengths: bool) -> int:
+    """Graphs dynamo traces for steps on caches of key length 8, 9 and 10 (three prompts' static caches), the
+    same cache tensors marked with the length symbolic first (as a failed symbolic trace leaves them)."""
+    import torch
+
+    torch._dynamo.reset()
+    counts = {"frames": 0}
+
+    def counting(gm, example_inputs):
+        counts["frames"] += 1
+        return gm.forward
+
+    compiled = torch.compile(lambda inputs: inputs["cache"].layers[0].keys.sum(2) + inputs["input_ids"],
+                             backend=counting)
+    for length in (8, 9, 10):
+        cache = _Cache(2, 0)
+        cache.layers[0].keys = torch.zeros(2, 2, length, 4)
+        inputs = {"input_ids": torch.ones(2, 1), "cache": cache}
+        with step_batch.symbolic_shapes(inputs):  # marked, as the symbolic trace did
+            pass
+        with step_batch.symbolic_shapes(inputs, lengths=lengths):
+            compiled(inputs)
+    torch._dynamo.reset()
+    return counts["frames"]
+
+
+def test_the_key_length_fixed_traces_per_length_and_symbolic_once():
+    """lengths=False, the fallback where a trace with the key length symbolic fails: the length is
+    specialised (the marks of the earlier symbolic attempt taken off), so the second length traces again (the
+    third is dynamo's own automatic dynamic: two lengths seen); with lengths (the control) one graph serves all
+    three, as it would without the marks taken off."""
+    assert _cache_length_traces(lengths=True) == 1
+    assert _cache_length_traces(lengths=False) == 2

@@ -141,8 +141,11 @@ def query_end(mask: torch.Tensor, bsz: int, device) -> torch.Tensor:
     """(B, Q) int32: one past each query's last visible KV position (0 when it sees nothing). On the
     device: the kernel stops there, since later positions would only add exact zeros."""
     keep = visible(mask)
-    ends = torch.arange(1, keep.shape[-1] + 1, dtype=torch.int32, device=device)
-    return (keep[:, 0].to(torch.int32) * ends).amax(-1).to(torch.int32).expand(bsz, -1)
+    # int64, narrowed after the max: with the key length symbolic, Inductor (torch 2.11) indexes an arange fused
+    # into the reduction in int64 whatever its dtype, so an int32 running max failed Triton's compile
+    # ("Loop-carried variable ... int32 ... re-assigned to int64") and the mode's saved step with it
+    ends = torch.arange(1, keep.shape[-1] + 1, dtype=torch.int64, device=device)
+    return (keep[:, 0].to(torch.int64) * ends).amax(-1).to(torch.int32).expand(bsz, -1)
 
 
 def run_start(mask: torch.Tensor, ends: torch.Tensor, bsz: int) -> torch.Tensor:

@@ -8,10 +8,9 @@ summed over every compiled graph: torch._dynamo.utils.compile_times; phases of h
 and dynamo's and Inductor's counters of graphs, cache hits and CUDA-graph recordings. Speed only: the
 run directory is the probe's, unchanged.
 
-PROBE_CLI_PROFILE=FILE runs the CLI under cProfile, writes its stats to FILE and prints the time of each of
-nondet's stages (cumulative: a stage includes the imports it makes first, e.g. load_model transformers'
-modeling modules; profiler overhead included: a step's Python calls run slower under it, so read the
-stages outside the decode loop as they are and the loop's as an upper bound).
+The probe's stages are timed too (wall seconds and calls of each, nested: run_streams includes the
+conditions' warm-ups and decodes): each stage function is wrapped before the CLI runs. (cProfile was the
+first try: under dynamo on Python 3.12 it lost nondet's frames and printed zeros.)
 """
 
 import atexit
@@ -41,39 +40,56 @@ def report() -> None:
             print(f"{group}: {wanted}", file=sys.stderr)
 
 
-# (file suffix, function) of the probe's stages, in the order they run (a cProfile entry's cumulative time)
-STAGES = (("cli/options.py", "read_targets"), ("cli/probe_config.py", "check_context"),
-          ("models/loading.py", "load_model"), ("core/kernel_coverage.py", "census_entry"),
-          ("core/compiled.py", "warm_up"), ("core/replay.py", "generate_condition"),
-          ("probes/probe.py", "run_streams"), ("reports/write.py", "write_report"))
+# (module, function or Class.method) of the probe's stages, in the order they run
+STAGES = (("nondet.cli.options", "read_targets"), ("nondet.cli.probe_config", "check_context"),
+          ("nondet.probes.models.loading", "load_model"), ("nondet.probes.core.kernel_coverage", "census_entry"),
+          ("nondet.probes.core.compiled", "DecodePaths.warm_up"), ("nondet.probes.core.replay", "generate_condition"),
+          ("nondet.probes.probe", "run_streams"), ("nondet.reports.write", "write_report"))
+STAGE_TIMES: dict = {}  # "module:function" -> [seconds, calls]
 
 
-def stage_times(stats_file: str) -> None:
-    import pstats
+def timed(name: str, function):
+    def call(*args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            entry = STAGE_TIMES.setdefault(name, [0.0, 0])
+            entry[0] += time.perf_counter() - began
+            entry[1] += 1
+    return call
 
-    stats = pstats.Stats(stats_file).stats  # (file, line, function) -> (calls, _, tottime, cumtime, callers)
-    print("== stages under cProfile (cumulative s)", file=sys.stderr)
-    for suffix, function in STAGES:
-        seconds = sum(v[3] for (file, _, name), v in stats.items() if name == function and file.endswith(suffix))
-        print(f"  {suffix}:{function}: {seconds:.1f} s", file=sys.stderr)
+
+def wrap_stages() -> None:
+    """Each stage wrapped where it is defined and wherever a loaded nondet module imported it by name."""
+    import importlib
+
+    for module_name, qualname in STAGES:
+        module = importlib.import_module(module_name)
+        owner_name, _, name = qualname.rpartition(".")
+        owner = getattr(module, owner_name) if owner_name else module
+        original = getattr(owner, name)
+        wrapper = timed(f"{module_name.removeprefix('nondet.')}:{qualname}", original)
+        setattr(owner, name, wrapper)
+        if owner_name:
+            continue
+        for other in [m for n, m in sys.modules.items() if n.startswith("nondet") and m is not None]:
+            for attribute, value in list(vars(other).items()):
+                if value is original:
+                    setattr(other, attribute, wrapper)
 
 
-def profiled(main, stats_file: str) -> None:
-    import cProfile
-
-    profile = cProfile.Profile()
-    try:
-        profile.runcall(main)
-    finally:  # main exits through SystemExit
-        profile.dump_stats(stats_file)
-        stage_times(stats_file)
+def stage_report() -> None:
+    print(f"== stages (wall s, calls; nested), imports until the CLI began {IMPORTED - STARTED:.1f} s", file=sys.stderr)
+    for name, (seconds, calls) in STAGE_TIMES.items():
+        print(f"  {name}: {seconds:.1f} s, {calls}", file=sys.stderr)
 
 
 if __name__ == "__main__":
     atexit.register(report)
     from nondet.cli.app import main
 
-    if os.environ.get("PROBE_CLI_PROFILE"):
-        profiled(main, os.environ["PROBE_CLI_PROFILE"])
-    else:
-        main()
+    wrap_stages()
+    atexit.register(stage_report)  # atexit runs last-registered first: the stages, then report's wall
+    IMPORTED = time.perf_counter()
+    main()

@@ -121,3 +121,31 @@ def test_a_compiled_prefill_linear_launches_the_eager_kernel_with_its_bits(n, mo
     assert _launched(source) == {kernel}
     assert "nondet.mm" not in source  # launched from Inductor's code, not through the opaque op
     assert all(torch.equal(o, eager) for o in outs)
+
+
+def test_the_modes_decode_step_is_saved_on_cuda(tmp_path, monkeypatch):
+    """`probe --compile` under the mode on CUDA keeps a saved step (not transformers' JIT compile): on an H200
+    with torch 2.11 its trace with the key length symbolic failed in Inductor (an int32 running max, then
+    "name 'buf0' is not defined", then "CantSplit"), and the mode fell back to the JIT compile, 3 graphs and
+    30-60 s of warm-up in every process. Traced again with the length fixed where the symbolic trace fails
+    (precompiled.py), it is saved, and a second probe loads it; the default kernels' step too."""
+    from model_fixtures import save_qwen3
+
+    from nondet.probes.core import precompiled
+    from nondet.probes.models.default_model import build_tokenizer
+    from nondet.probes.models.loading import ModelSpec
+    from nondet.probes.probe import ProbeConfig, run_probe
+
+    model = save_qwen3(tmp_path / "m", build_tokenizer(512), hidden=256, layers=2, heads=4, kv_heads=2, seed=1)
+    monkeypatch.setenv("NONDET_CACHE", str(tmp_path / "cache"))
+    steps = []
+    for run in ("cold", "warm"):
+        config = ProbeConfig(prompt="Tell me about Richard Feynman", batch_sizes=(1, 2, 4), max_new_tokens=6,
+                             model=ModelSpec(name=str(model), device="cuda"), compile_backend="inductor",
+                             kernels=("default", "batch-invariant"), out=str(tmp_path / run))
+        steps.append(run_probe(config).summary["decode_path"]["precompiled"])
+    for mode in ("default", "batch-invariant"):
+        cold, warm = steps[0][mode], steps[1][mode]
+        assert not any(what.startswith("JIT compile") for what in cold.values()), cold
+        assert all(what.startswith("loaded") for what in warm.values()), warm
+    assert precompiled.EVERY_BATCH in steps[0]["batch-invariant"]

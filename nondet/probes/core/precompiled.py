@@ -28,6 +28,8 @@ loaded function compiles none.
 import contextlib
 import os
 import re
+import sys
+import traceback
 from pathlib import Path
 
 from nondet.probes.core.aot_step import (aot_compilable, aot_compile, compile_options,
@@ -41,6 +43,7 @@ EVERY_BATCH = "every batch"  # a slot's batch class: one function per kernels mo
 # where torch's guards keep batch 1 apart after all (torch 2.11 specialises a mask's batch of 1 in SDPA),
 # the class the refused call belongs to gets its own function and the other keeps EVERY_BATCH's
 BATCH_ONE, BATCH_MORE = "batch 1", "batch 2+"
+FIXED_LENGTHS = ".fixed-lengths"  # beside a slot's file: its trace with the key length symbolic failed (why)
 _DECODING: list[str] = []  # the kernels mode whose conditions are decoding now (decoding())
 # (mode name, batch class, what) each time a slot's function was obtained or replaced, in this process: a
 # run's summary reports the entries made since it began (report(since)), not an earlier run's
@@ -122,6 +125,8 @@ class PrecompiledSteps:
         self.split: dict[tuple[str, str], str] = {}  # (mode, kernels state) -> the batch class EVERY_BATCH refused
         self.apart: dict[tuple[str, str, str], str] = {}  # split slot -> EVERY_BATCH's refusal of its class
         self.traced_on: dict[tuple[str, str, str], str] = {}  # slot -> the batch class it was traced on here
+        self.fixed_lengths: dict[tuple[str, str, str], str] = {}  # slot -> why its trace with the key length
+        # symbolic failed: it is traced with the length fixed (one function per prompt length), see _fix_lengths
 
     def __call__(self, **inputs):
         # the decoder's name for the kernels mode (summary) and what is really on (the key): a call outside
@@ -129,11 +134,17 @@ class PrecompiledSteps:
         # each step (2 us on a CPU, 0.1% of a 1.9 ms GPU step): the mode may change between steps.
         mode, state, batch = _DECODING[-1] if _DECODING else "default", kernels_state(), _batch_class(inputs)
         slot = (mode, batch if self.split.get((mode, state)) == batch else EVERY_BATCH, state)
-        function = self.functions.get(slot) or self._obtain(slot, inputs)
+        if slot not in self.functions:
+            self._obtain(slot, inputs)
+        return self._run(slot, inputs)
+
+    def _run(self, slot, inputs):
+        """One step through the slot's function: a refusal of its guards or a failure of its first call
+        handled (_guards_refused, _first_call_failed)."""
         if slot in self.fallbacks:
-            return function(**inputs)
+            return self.functions[slot](**inputs)
         try:
-            logits = function(self.model, **inputs)
+            logits = self.functions[slot](self.model, **inputs)
         except Exception as exc:  # noqa: BLE001 - see _first_call_failed
             if not (isinstance(exc, RuntimeError) and "GuardManager check failed" in str(exc)):
                 return self._first_call_failed(slot, exc, inputs)
@@ -150,7 +161,8 @@ class PrecompiledSteps:
         there hands the slot to transformers' JIT compile, as a first compile that fails does."""
         mode, batch, state = slot
         if (batch == EVERY_BATCH and (mode, state) not in self.split
-                and self.traced_on.get(slot) != _batch_class(inputs)):
+                and self.traced_on.get(slot) != _batch_class(inputs)
+                and not (self._lengths_fixed(slot) and ".size()[0]" not in _refusal(refusal))):
             self.split[(mode, state)] = own = _batch_class(inputs)
             slot = (mode, own, state)  # new: only this split reaches it
             self.apart[slot] = _refusal(refusal)
@@ -168,16 +180,23 @@ class PrecompiledSteps:
 
     def _first_call_failed(self, slot, exc, inputs):
         """A saved function that fails its first call (torch's precompile is experimental: e.g. a wrapper
-        it restores differently) hands the slot to transformers' JIT compile; a later failure is raised."""
+        it restores differently) is traced again with the key length fixed (the length symbolic, Inductor's
+        code for the mode failed at its first run on the GPU: docs/benchmarks.md), and one traced so hands the
+        slot to transformers' JIT compile; a later failure is raised."""
         if slot in self.ran:
             raise exc
-        self._to_jit(slot, exc)
+        if self._lengths_fixed(slot):
+            self._to_jit(slot, exc)
+        else:
+            self._fix_lengths(slot, exc)
+            self._compile_or_jit(slot, inputs)
         self._log(slot)
-        return self.functions[slot](**inputs)
+        return self._run(slot, inputs)
 
     def _obtain(self, slot, inputs):
         """The slot's function: loaded from its file, else (no file, or one torch cannot load) compiled and
         saved, else transformers' JIT compile."""
+        self._read_marker(slot)
         try:
             self.functions[slot] = self._load(slot)
             self.loaded[slot] = True
@@ -187,14 +206,43 @@ class PrecompiledSteps:
         return self.functions[slot]
 
     def _compile_or_jit(self, slot, inputs) -> None:
+        """Trace the slot with the key length symbolic; where that fails, with it fixed; where that fails too,
+        transformers' JIT compile."""
         try:
             self.functions[slot] = self._compile(slot, inputs)
         except Exception as exc:  # noqa: BLE001 - torch's experimental precompile fails in many ways
-            self._to_jit(slot, exc)
+            if self._lengths_fixed(slot):
+                self._to_jit(slot, exc)
+            else:
+                self._fix_lengths(slot, exc)
+                self._compile_or_jit(slot, inputs)
+
+    def _lengths_fixed(self, slot) -> bool:
+        """Whether the slot traces with the key length fixed: its symbolic trace failed in this process, or in
+        an earlier one (_read_marker)."""
+        return slot in self.fixed_lengths
+
+    def _read_marker(self, slot) -> None:
+        """An earlier process's symbolic trace of the slot failed: the marker beside its file says why, so a
+        cold start does not fail that trace again."""
+        marker = self._path(slot).with_suffix(FIXED_LENGTHS)
+        if slot not in self.fixed_lengths and marker.is_file():
+            self.fixed_lengths[slot] = marker.read_text().strip()
+
+    def _fix_lengths(self, slot, exc: Exception) -> None:
+        """From now on the slot traces with the key length fixed; `exc` (why the symbolic trace failed) is kept
+        in the summary and in a marker beside the slot's file (the key changes with nondet's source, so a
+        release that mends the trace tries it again)."""
+        self.fixed_lengths[slot] = _reason(exc)
+        _debug_traceback(exc)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._path(slot).with_suffix(FIXED_LENGTHS).write_text(self.fixed_lengths[slot] + "\n")
 
     def _to_jit(self, slot, exc: Exception) -> None:
-        """The slot runs transformers' own JIT compile from now on; `exc` is why (summary)."""
+        """The slot runs transformers' own JIT compile from now on; `exc` is why (summary; its traceback on
+        stderr under NONDET_DEBUG=1, since the summary keeps one line of a message that can be a subprocess's)."""
         self.fallbacks[slot] = _reason(exc)
+        _debug_traceback(exc)
         self.functions[slot] = transformers_jit(self.model, self.compile_config)
 
     def _path(self, slot) -> Path:
@@ -215,7 +263,8 @@ class PrecompiledSteps:
         options = compile_options(self.compile_config)
         held = self.model.__dict__.pop("_compiled_call", None)  # saved state must not reach our loaded functions
         try:
-            with guard_sources_pickled_by_init_fields(), symbolic_shapes(inputs):
+            lengths = not self._lengths_fixed(slot)
+            with guard_sources_pickled_by_init_fields(), symbolic_shapes(inputs, lengths=lengths):
                 function = aot_compile(aot_compilable(forward_step, options), ((self.model,), inputs))
         finally:
             if held is not None:
@@ -235,6 +284,8 @@ class PrecompiledSteps:
         if slot in self.fallbacks:
             return f"JIT compile: {self.fallbacks[slot]}"
         what = "loaded" if self.loaded.get(slot) else "compiled and saved"
+        if slot in self.fixed_lengths:
+            what += f" (the key length fixed: its symbolic trace failed: {self.fixed_lengths[slot]})"
         if slot in self.refused:
             what += f" (traced again: its guards refused a call; the first guard torch lists: {self.refused[slot]})"
         if slot in self.apart:
@@ -244,6 +295,13 @@ class PrecompiledSteps:
 
     def _log(self, slot) -> None:
         _LOG.append((slot[0], slot[1], self.describe(slot)))
+
+
+def _debug_traceback(exc: Exception) -> None:
+    """Under NONDET_DEBUG=1 the whole traceback of a trace that failed: the summary keeps one line, and
+    Inductor's can be a subprocess's."""
+    if os.environ.get("NONDET_DEBUG") == "1":
+        traceback.print_exception(exc, file=sys.stderr)
 
 
 def _reason(exc: Exception) -> str:

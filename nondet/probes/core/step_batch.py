@@ -49,14 +49,16 @@ def _batch_led(values: list, batch: int) -> list:
 
 
 @contextlib.contextmanager
-def symbolic_shapes(inputs: dict, with_caches: bool = True):
+def symbolic_shapes(inputs: dict, with_caches: bool = True, lengths: bool = True):
     """Inside: a trace of a call on `inputs` keeps their batch dimension symbolic (maybe_mark_dynamic: torch
     finds the tensors' batch sizes equal to each other, a relation mark_dynamic refuses) and size-oblivious
-    (backed_size_oblivious: a batch of 1 is not specialised, as dynamo otherwise does), and the key length
-    of the masks ((B, 1, T, L): dim 3) and of the caches' layers ((B, H, L, D): dim 2); a window cache's fixed
-    length is specialised as before, the count of tokens it has seen (a Python int: WINDOW_LENGTH_INTS) is
-    symbolic. Outside a trace it only marks the tensors (dynamo reads the marks when it traces). A mark stays
-    on its tensor: a held cache marked once (with_caches) need not be walked again at every step."""
+    (backed_size_oblivious: a batch of 1 is not specialised, as dynamo otherwise does), and (lengths) the key
+    length of the masks ((B, 1, T, L): dim 3) and of the caches' layers ((B, H, L, D): dim 2); a window
+    cache's fixed length is specialised as before, the count of tokens it has seen (a Python int:
+    WINDOW_LENGTH_INTS) is symbolic. Without `lengths` the key length is specialised (its marks from an
+    earlier trace taken off): the fallback where a trace with it symbolic fails (precompiled.py). Outside a
+    trace it only marks the tensors (dynamo reads the marks when it traces). A mark stays on its tensor: a
+    held cache marked once (with_caches) need not be walked again at every step."""
     import torch
 
     batch = batch_size(inputs)
@@ -64,12 +66,23 @@ def symbolic_shapes(inputs: dict, with_caches: bool = True):
     for tensors, length_dim in ((batch_tensors(inputs, batch), 3), (layers, 2)):
         for tensor in tensors:
             torch._dynamo.maybe_mark_dynamic(tensor, 0)
-            if tensor.dim() == 4:
+            if tensor.dim() == 4 and lengths:
                 torch._dynamo.maybe_mark_dynamic(tensor, length_dim)
+            elif tensor.dim() == 4:
+                _unmark(tensor, length_dim)
     compiler = torch.compiler.config
+    sources = _with_window_lengths(compiler.dynamic_sources) if lengths else compiler.dynamic_sources
     with _setting(torch.fx.experimental._config, "backed_size_oblivious", True), \
-            _setting(compiler, "dynamic_sources", _with_window_lengths(compiler.dynamic_sources)):
+            _setting(compiler, "dynamic_sources", sources):
         yield
+
+
+def _unmark(tensor, dim: int) -> None:
+    """Take off maybe_mark_dynamic's mark of `dim` (torch keeps it in a set on the tensor; where a torch keeps
+    it elsewhere, nothing is done and the dim stays as marked)."""
+    marked = getattr(tensor, "_dynamo_weak_dynamic_indices", None)
+    if isinstance(marked, set):
+        marked.discard(dim)
 
 
 @contextlib.contextmanager
