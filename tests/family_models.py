@@ -18,7 +18,7 @@ import contextlib
 import torch
 
 VOCAB, HIDDEN, LAYERS, WINDOW = 256, 64, 2, 8
-PROMPT_LEN, STEPS, BATCH = 8, 24, 4
+PROMPT_LEN, STEPS, BATCH = 8, 12, 4  # 20 tokens: past the window of 8
 _COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4,
                num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256, pad_token_id=0,
                bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)

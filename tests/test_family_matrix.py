@@ -6,7 +6,7 @@ Per family and dtype, exactly one of:
   REFUSED (family_models.REFUSED): batch_invariant(model=m) raises UnsupportedModel, one line naming
       the module and the aten op its census found no batch-invariant kernel for;
   INVARIANT, everything else:
-  (a) invariant: row 0 alone vs the same row in a batch of 4 different same-length prompts, 24
+  (a) invariant: row 0 alone vs the same row in a batch of 4 different same-length prompts, 12
       greedy steps of HF generate, logits bitwise equal at every step;
   (b) correct: the mode's prefill logits within TOLERANCE (relative L2) of the default kernels'.
       fp32: 1e-5 (measured <= 4e-7: only summation order differs). bf16: 2e-2 (measured <= 9.4e-3:

@@ -290,24 +290,32 @@ def test_a_symbolic_trace_that_fails_is_traced_with_the_key_length_fixed_and_a_l
     assert precompiled.report(since) == {"default": {EVERY: "JIT compile: RuntimeError: Unsupported: a graph break"}}
 
 
-def test_a_function_with_the_length_fixed_refused_at_another_length_is_traced_again_not_split(monkeypatch, tmp_path):
-    """A loaded function traced with the key length fixed meets a prompt of another length: its guards refuse
-    on a length, not on the batch, so it is traced again in place; a refusal naming the batch dim still splits."""
+def test_a_function_with_the_length_fixed_refused_at_another_length_runs_the_jit_compile(monkeypatch, tmp_path):
+    """A function traced with the key length fixed meets a prompt of another length: its guards refuse on a
+    length, not on the batch, so neither a split nor a trace per prompt length: the slot goes to transformers'
+    JIT compile (whose dynamo makes the length dynamic at the second). Control: a refusal naming the batch dim
+    still splits."""
     import torch
 
-    steps = _steps_with_files(tmp_path)
-    slot = ("default", EVERY, step_key.kernels_state())
-    steps.fixed_lengths[slot] = "CantSplit"
-    steps.functions[slot] = lambda model, **i: _refuses_with("L['inputs']['past_key_values'].layers[0].keys.size()[2] == 206")
-    traced = []
-    monkeypatch.setattr(steps, "_compile", lambda s, inputs: traced.append(s) or (lambda model, **i: "logits"))
-    monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
-    assert steps(input_ids=torch.zeros(2, 1, dtype=torch.long)) == "logits"
-    assert traced == [slot] and not steps.split
-    steps.functions[slot] = lambda model, **i: _refuses_with("L['inputs']['input_ids'].size()[0] == 1")
-    monkeypatch.setattr(steps, "_load", _no_file)
-    assert steps(input_ids=torch.zeros(2, 1, dtype=torch.long)) == "logits"
-    assert steps.split == {("default", slot[2]): precompiled.BATCH_MORE}  # the control: a batch refusal splits
+    guard = "L['inputs']['past_key_values'].layers[0].keys.size()[2] == 206"
+    for refused, expected in ((guard, "jit"), ("L['inputs']['input_ids'].size()[0] == 1", "logits")):
+        steps = _steps_with_files(tmp_path)
+        slot = ("default", EVERY, step_key.kernels_state())
+        steps.fixed_lengths[slot] = "CantSplit"
+        steps.functions[slot] = lambda model, refused=refused, **i: _refuses_with(refused)
+        traced = []
+        monkeypatch.setattr(steps, "_compile", lambda s, inputs: traced.append(s) or (lambda model, **i: "logits"))
+        monkeypatch.setattr(steps, "_load", _no_file)
+        monkeypatch.setattr(precompiled, "transformers_jit", lambda model, config: lambda **inputs: "jit")
+        monkeypatch.setattr(precompiled, "_output", lambda logits, inputs: logits)
+        since = precompiled.log_position()
+        assert steps(input_ids=torch.zeros(2, 1, dtype=torch.long)) == expected
+        if expected == "jit":
+            assert traced == [] and not steps.split
+            assert precompiled.report(since) == {"default": {EVERY: "JIT compile: the key length fixed, a call of "
+                                                             f"another length (the first guard torch lists: {guard})"}}
+        else:
+            assert steps.split == {("default", slot[2]): precompiled.BATCH_MORE}
 
 
 def test_a_saved_function_failing_after_a_call_that_worked_raises(monkeypatch, tmp_path):

@@ -158,15 +158,23 @@ class PrecompiledSteps:
         own slot, loaded or compiled, and EVERY_BATCH's file is kept for the other; so the next process
         loads both and traces nothing. Else (a refusal of the class it was traced on in this process, e.g.
         an int it specialised, or of a slot of its own) trace again and replace the file; a trace that fails
-        there hands the slot to transformers' JIT compile, as a first compile that fails does."""
+        there hands the slot to transformers' JIT compile, as a first compile that fails does. A function
+        traced with the key length fixed that meets another length (the next prompt's cache) goes to the JIT
+        compile too: traced again it would be once per prompt length, where dynamo's JIT makes the length
+        dynamic at the second."""
         mode, batch, state = slot
+        another_length = self._lengths_fixed(slot) and ".size()[0]" not in _refusal(refusal)
         if (batch == EVERY_BATCH and (mode, state) not in self.split
-                and self.traced_on.get(slot) != _batch_class(inputs)
-                and not (self._lengths_fixed(slot) and ".size()[0]" not in _refusal(refusal))):
+                and self.traced_on.get(slot) != _batch_class(inputs) and not another_length):
             self.split[(mode, state)] = own = _batch_class(inputs)
             slot = (mode, own, state)  # new: only this split reaches it
             self.apart[slot] = _refusal(refusal)
             function = self._obtain(slot, inputs)
+        elif another_length:
+            self._to_jit(slot, refusal, why=f"the key length fixed, a call of another length (the first guard "
+                                            f"torch lists: {_refusal(refusal)})")
+            self._log(slot)
+            function = self.functions[slot]
         else:
             self.refused[slot] = _refusal(refusal)
             self._compile_or_jit(slot, inputs)
@@ -238,10 +246,11 @@ class PrecompiledSteps:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._path(slot).with_suffix(FIXED_LENGTHS).write_text(self.fixed_lengths[slot] + "\n")
 
-    def _to_jit(self, slot, exc: Exception) -> None:
-        """The slot runs transformers' own JIT compile from now on; `exc` is why (summary; its traceback on
-        stderr under NONDET_DEBUG=1, since the summary keeps one line of a message that can be a subprocess's)."""
-        self.fallbacks[slot] = _reason(exc)
+    def _to_jit(self, slot, exc: Exception, why: str | None = None) -> None:
+        """The slot runs transformers' own JIT compile from now on; `why` or else `exc` says why (summary; its
+        traceback on stderr under NONDET_DEBUG=1, since the summary keeps one line of a message that can be a
+        subprocess's)."""
+        self.fallbacks[slot] = why or _reason(exc)
         _debug_traceback(exc)
         self.functions[slot] = transformers_jit(self.model, self.compile_config)
 
