@@ -70,7 +70,7 @@ def test_rows_positive_control_and_the_mode_holds(tmp_path):
     # inject_variance: a batched row's norm differs from a lone row's on every host, so every
     # prompt's bits differ in its batched rows; the mode gives one completion per prompt.
     cfg = ProbeConfig(prompts=DEMO_PROMPTS, model=ModelSpec(inject_variance=True), batch_sizes=(1, 2, 8),
-                      max_new_tokens=16, out=str(tmp_path / "run"),
+                      max_new_tokens=8, out=str(tmp_path / "run"),
                       kernels=tuple(dict.fromkeys(("default", FIX_KERNELS))))
     modes = run_probe(cfg).summary["modes"]
     d, bi = modes["default"], modes[FIX_KERNELS]
