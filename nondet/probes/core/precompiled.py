@@ -163,20 +163,21 @@ class PrecompiledSteps:
         compile too: traced again it would be once per prompt length, where dynamo's JIT makes the length
         dynamic at the second."""
         mode, batch, state = slot
-        another_length = self._lengths_fixed(slot) and ".size()[0]" not in _refusal(refusal)
+        first_guard = _refusal(refusal)
+        another_length = self._lengths_fixed(slot) and ".size()[0]" not in first_guard
         if (batch == EVERY_BATCH and (mode, state) not in self.split
                 and self.traced_on.get(slot) != _batch_class(inputs) and not another_length):
             self.split[(mode, state)] = own = _batch_class(inputs)
             slot = (mode, own, state)  # new: only this split reaches it
-            self.apart[slot] = _refusal(refusal)
+            self.apart[slot] = first_guard
             function = self._obtain(slot, inputs)
         elif another_length:
             self._to_jit(slot, refusal, why=f"the key length fixed, a call of another length (the first guard "
-                                            f"torch lists: {_refusal(refusal)})")
+                                            f"torch lists: {first_guard})")
             self._log(slot)
             function = self.functions[slot]
         else:
-            self.refused[slot] = _refusal(refusal)
+            self.refused[slot] = first_guard
             self._compile_or_jit(slot, inputs)
             self._log(slot)
             function = self.functions[slot]
@@ -193,11 +194,7 @@ class PrecompiledSteps:
         slot to transformers' JIT compile; a later failure is raised."""
         if slot in self.ran:
             raise exc
-        if self._lengths_fixed(slot):
-            self._to_jit(slot, exc)
-        else:
-            self._fix_lengths(slot, exc)
-            self._compile_or_jit(slot, inputs)
+        self._step_down(slot, exc, inputs)
         self._log(slot)
         return self._run(slot, inputs)
 
@@ -219,11 +216,16 @@ class PrecompiledSteps:
         try:
             self.functions[slot] = self._compile(slot, inputs)
         except Exception as exc:  # noqa: BLE001 - torch's experimental precompile fails in many ways
-            if self._lengths_fixed(slot):
-                self._to_jit(slot, exc)
-            else:
-                self._fix_lengths(slot, exc)
-                self._compile_or_jit(slot, inputs)
+            self._step_down(slot, exc, inputs)
+
+    def _step_down(self, slot, exc: Exception, inputs) -> None:
+        """`exc` failed the slot's trace or its first call: trace it with the key length fixed, or where it
+        already was, hand it to transformers' JIT compile."""
+        if self._lengths_fixed(slot):
+            self._to_jit(slot, exc)
+        else:
+            self._fix_lengths(slot, exc)
+            self._compile_or_jit(slot, inputs)
 
     def _lengths_fixed(self, slot) -> bool:
         """Whether the slot traces with the key length fixed: its symbolic trace failed in this process, or in
