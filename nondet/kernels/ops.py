@@ -213,6 +213,12 @@ def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None
     if mask is None and not is_causal:
         mask = torch.ones((1, 1, nq, s), dtype=torch.bool, device=q.device)
     if mask is not None:
+        # the mask covers at least the keys (a static cache's mask is as long as the cache): said to the tracer,
+        # the cut has the keys' length s; unsaid, its length was Min(s, mask's), a size Inductor computes in the
+        # graph, and on CUDA (torch 2.11) the saved step's CUDA-graph partition lost the buffer holding it
+        # (NameError at the first call: the step ran the JIT compile). In eager a plain assertion. No message:
+        # dynamo cannot trace one built from shapes, and refused the whole trace (the JIT compile, 40 graph breaks)
+        torch._check(s <= mask.shape[-1])
         mask = mask[..., :s]
     # what the mask lets each query see, found once (a float mask's comparison is a pass over the mask);
     # the helpers below take it as a bool mask
