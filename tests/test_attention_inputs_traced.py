@@ -42,3 +42,30 @@ def test_control_a_bare_cut_has_a_computed_length():
     """The same trace of the cut alone, without what attention_inputs tells the tracer: the hazard is there."""
     cut, keys = _cut_length(lambda m, k: m[..., :k.shape[2]])
     assert cut != keys and "Min" in cut, (cut, keys)
+
+
+def _leading_hidden(mask: torch.Tensor) -> list:
+    """Per row of a (B, 1, Q, S) bool mask, the count of leading columns no query sees: counted one by one."""
+    counts = []
+    for row in mask[:, 0]:
+        seen = row.any(dim=0).tolist()
+        counts.append(seen.index(True) if True in seen else len(seen))
+    return counts
+
+
+def test_kv_start_counts_the_leading_columns_no_query_sees():
+    """Left padding, a row that sees nothing, holes after the first seen column, a float mask: the count (one
+    reduction, where it was a running product) is the count taken column by column."""
+    torch.manual_seed(0)
+    masks = [torch.rand(3, 1, q, 9) < 0.5 for q in (1, 4)]
+    padded = torch.ones(3, 1, 2, 9, dtype=torch.bool)
+    padded[0, ..., :4] = False  # left padding
+    padded[1] = False  # sees nothing
+    padded[2, ..., 5] = False  # a hole after the first seen column
+    masks.append(padded)
+    for mask in masks:
+        want = _leading_hidden(mask)
+        assert ops.kv_start_from_mask(mask, 3, 9, "cpu").tolist() == want
+        additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+        assert ops.kv_start_from_mask(additive, 3, 9, "cpu").tolist() == want
+    assert want == [4, 9, 0]
