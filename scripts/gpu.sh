@@ -31,6 +31,9 @@
 #                whole from a cold NONDET_CACHE, again warm, eager, and the 8 built-in prompts warm
 #                (PROBE_CLI_RUNS picks); each with the probe's stages timed and
 #                torch's compile-time breakdown (scripts/device/gpu_probe_cli.py)
+#   step-trace   the mode's saved decode step traced with the KV length symbolic on a one-layer GPU case (-b 2,4:
+#                the batch 2+ function), NONDET_DEBUG=1: how each function was made, and a fallback's traceback
+#                ($OUT/step-trace.log; about 60 s a try, where the acceptance row's cold run is 185 s)
 #   rl           scripts/bench_rl.py (the trainer step under the mode)
 #   rl-compile   scripts/bench_rl.py --compile (the same step with a torch.compile'd forward)
 #   speculative  scripts/bench_speculative.py (speedup kept under the mode)
@@ -122,6 +125,16 @@ print(d(GPU_CASE))" 2>/dev/null | tail -1)
 print(json.dumps(s.get('decode_path'))); print({m: (v['distinct_completions'], v['first_numeric_divergence'])
 for m, v in s['modes'].items()})" 2>&1 | tail -3
                done ;;
+    step-trace) local one; one=$(python3 -c "import dataclasses, sys; sys.path.insert(0, 'scripts')
+from bench_probe import GPU_CASE; from nondet.probes.models.default_model import default_model_dir as d
+print(d(dataclasses.replace(GPU_CASE, num_hidden_layers=1)))" 2>/dev/null | tail -1)
+                rm -rf /tmp/run-step-trace
+                NONDET_CACHE=$(mktemp -d) NONDET_DEBUG=1 timeout 150 python3 -m nondet probe --model "$one" --device cuda \
+                  --kernels batch-invariant --compile -b 2,4 -n 4 -p "Tell me about Richard Feynman" \
+                  --out /tmp/run-step-trace > "$OUT/step-trace.log" 2>&1
+                echo "exit $?"; grep -o "CantSplit[^\"]*\|NameError[^\"]*\|CompilationError[^\"]*" "$OUT/step-trace.log" | sort | uniq -c
+                python3 -c "import json
+print(json.load(open('/tmp/run-step-trace/summary.json'))['decode_path']['precompiled'])" 2>&1 | tail -1 ;;
     rl) timeout 120 python3 scripts/bench_rl.py 2>&1 | tail -12 ;;
     rl-compile) timeout 420 python3 scripts/bench_rl.py --compile 2>&1 | tail -12 ;;
     compile-tests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compile_gpu.py -rA 2>&1 | tail -15 ;;
