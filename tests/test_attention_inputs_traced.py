@@ -1,24 +1,29 @@
-"""The mask's cut to the keys (ops.attention_inputs) as a trace with the KV length symbolic sees it: its length
-is the keys' own symbol. Where it was Min(keys, mask's length), Inductor computed that size in the graph and on
-CUDA (torch 2.11, an H200, 2026-11-29) the saved decode step's CUDA-graph partition lost the buffer holding it
-("name 'buf0' is not defined" at its first call), so the mode's saved step ran transformers' JIT compile.
+"""The mask's cut to the keys (ops.attention_inputs) as a trace with the KV length symbolic sees it.
+
+- Its length is the keys' own symbol. Where it was Min(keys, mask's length), Inductor computed that size in the
+  graph and on CUDA (torch 2.11, an H200, 2026-11-29) the saved decode step's CUDA-graph partition lost the
+  buffer holding it ("name 'buf0' is not defined" at its first call): the mode's step ran the JIT compile.
+- Inductor can split a loop over batch x mask length into the batch and the length. Under the trace's
+  backed_size_oblivious a length's range started at 0, the split was not provable, and the mode's step for batch
+  2+ failed its compile on that H200 ("CantSplit: s32 not divisible by s1*s32", in _split_iteration_ranges).
 The trace is whole (fullgraph): a torch._check with a message built from shapes made dynamo refuse it."""
 
 import torch
+from torch._inductor.sizevars import SizeVarAllocator
+from torch.utils._sympy.functions import FloorDiv
 
 from nondet.kernels import ops
 from nondet.probes.core import step_batch
 
 
-def _cut_length(cut) -> str:
-    """The length, as the tracer knows it, of the mask `cut(mask, keys)` returns, and the keys' length, with both
-    lengths marked symbolic as a saved step marks them (step_batch.symbolic_shapes)."""
+def _traced(cut) -> dict:
+    """What a trace knows of `cut(mask, keys)`'s result, the mask and the keys (fake tensors, sizes symbolic as a
+    saved step marks them: step_batch.symbolic_shapes)."""
     seen = {}
 
     def recording(gm, example_inputs):
         outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        cut, keys = (n.meta["example_value"] for n in outputs[:2])
-        seen["cut"], seen["keys"] = str(cut.shape[-1]), str(keys.shape[2])
+        seen["cut"], seen["keys"], seen["mask"] = (n.meta["example_value"] for n in outputs[:3])
         return gm
 
     mask = torch.ones(2, 1, 1, 12, dtype=torch.bool)
@@ -28,8 +33,24 @@ def _cut_length(cut) -> str:
     with step_batch.symbolic_shapes(inputs, with_caches=False):
         torch._dynamo.maybe_mark_dynamic(keys, 0)
         torch._dynamo.maybe_mark_dynamic(keys, 2)
-        torch.compile(lambda m, k: (cut(m, k), k + 0), backend=recording, fullgraph=True)(mask, keys)
-    return seen["cut"], seen["keys"]
+        torch.compile(lambda m, k: (cut(m, k), k + 0, m | False), backend=recording, fullgraph=True)(mask, keys)
+    return seen
+
+
+def _cut_length(cut) -> tuple[str, str]:
+    """The cut's length and the keys' length, as the trace names them."""
+    seen = _traced(cut)
+    return str(seen["cut"].shape[-1]), str(seen["keys"].shape[2])
+
+
+def _splits(tensor) -> bool:
+    """Whether Inductor can prove that a loop over a (B, ..., L) tensor's batch x length splits into the batch and
+    the length: the test simd._split_iteration_ranges makes (torch 2.11 and 2.13) before it splits a range across
+    two tile groups (else it raises CantSplit)."""
+    batch, length = tensor.shape[0].node.expr, tensor.shape[-1].node.expr
+    sizes = SizeVarAllocator(tensor.shape[-1].node.shape_env)
+    rows = batch * length
+    return sizes.statically_known_gt(rows, batch) or sizes.statically_known_gt(FloorDiv(rows, batch), 1)
 
 
 def test_the_masks_cut_has_the_keys_symbolic_length():
@@ -69,3 +90,49 @@ def test_kv_start_counts_the_leading_columns_no_query_sees():
         additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
         assert ops.kv_start_from_mask(additive, 3, 9, "cpu").tolist() == want
     assert want == [4, 9, 0]
+
+
+class _Layer:
+    def __init__(self, keys):
+        self.keys = keys
+
+
+class _Cache:
+    def __init__(self, keys):
+        self.layers = [_Layer(keys)]
+
+
+def _traced_step(told: bool) -> dict:
+    """A decode step's mask arithmetic traced as a saved step traces it (step_batch.symbolic_shapes: batch and
+    key lengths symbolic), after step_batch.at_least_two_keys where `told`: the mask and its cut."""
+    seen = {}
+
+    def recording(gm, example_inputs):
+        outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        seen["cut"], seen["mask"] = (n.meta["example_value"] for n in outputs[:2])
+        return gm
+
+    def step(inputs):
+        if told:
+            step_batch.at_least_two_keys(inputs)
+        keys = inputs["cache"].layers[0].keys
+        q = torch.zeros(keys.shape[0], 4, 1, 4)
+        return ops.attention_inputs(q, keys, inputs["attention_mask"], True, False).mask, inputs["attention_mask"] | False
+
+    inputs = {"input_ids": torch.zeros(2, 1, dtype=torch.long), "attention_mask": torch.ones(2, 1, 1, 12, dtype=torch.bool),
+              "cache": _Cache(torch.zeros(2, 2, 12, 4))}
+    torch._dynamo.reset()
+    with step_batch.symbolic_shapes(inputs):
+        torch.compile(step, backend=recording, fullgraph=True)(inputs)
+    return seen
+
+
+def test_told_the_key_lengths_inductor_can_split_batch_by_mask_length():
+    """Both the cut and the mask it was cut from (Inductor found them the same length on the H200)."""
+    seen = _traced_step(told=True)
+    assert _splits(seen["cut"]) and _splits(seen["mask"])
+
+
+def test_control_untold_the_split_is_not_provable():
+    seen = _traced_step(told=False)
+    assert not _splits(seen["mask"]) and not _splits(seen["cut"])

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from nondet.probes.core.aot_step import (aot_compilable, aot_compile, compile_options,
                                          guard_sources_pickled_by_init_fields, load_step, transformers_jit)
-from nondet.probes.core.step_batch import batch_size, symbolic_shapes
+from nondet.probes.core.step_batch import at_least_two_keys, batch_size, symbolic_shapes
 from nondet.probes.core.step_key import kernels_state, step_key
 
 ENV = "NONDET_PRECOMPILE"  # "0": transformers' own JIT compile, as before this file; JIT: dynamic_jit.py's
@@ -103,7 +103,9 @@ def report(since: int = 0) -> dict:
 def forward_step(model, **inputs):
     """What a saved function traces: one call of the model (transformers passes keyword inputs only), its
     logits alone: a saved function cannot rebuild transformers' output class (it needs the saving
-    process's module references), so __call__ wraps them."""
+    process's module references), so __call__ wraps them. The trace is told the key lengths are 2 or more
+    (step_batch.at_least_two_keys: what Inductor needs to split a loop over batch x length)."""
+    at_least_two_keys(inputs)
     return model(**inputs).logits
 
 

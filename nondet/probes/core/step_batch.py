@@ -77,6 +77,26 @@ def symbolic_shapes(inputs: dict, with_caches: bool = True, lengths: bool = True
         yield
 
 
+def at_least_two_keys(inputs: dict) -> None:
+    """Inside a traced decode step: tells the trace that every key length among the inputs (the masks' (B, 1, T, L)
+    and the caches' layers' (B, H, L, D)) is 2 or more, as a decode step's is (the past and the new token). Under
+    symbolic_shapes' backed_size_oblivious a symbolic length's range starts at 0, and Inductor could not prove a
+    loop over batch x mask length splits into the two: on an H200 (torch 2.11) the mode's step for batch 2+ failed
+    its compile, "CantSplit: s32 not divisible by s1*s32" (tests/test_attention_inputs_traced.py). A length known
+    to be >= 2 makes the split provable. On a fixed length the check is a Python comparison, true."""
+    import torch
+
+    batch = batch_size(inputs)
+    for mask in batch_tensors(inputs, batch):
+        if mask.dim() == 4:
+            torch._check(mask.shape[3] >= 2)
+    for cache in caches(inputs):
+        for layer in cache.layers:
+            keys = getattr(layer, "keys", None)
+            if isinstance(keys, torch.Tensor) and keys.dim() == 4:
+                torch._check(keys.shape[2] >= 2)
+
+
 def _unmark(tensor, dim: int) -> None:
     """Take off maybe_mark_dynamic's mark of `dim` (torch keeps it in a set on the tensor; where a torch keeps
     it elsewhere, nothing is done and the dim stays as marked)."""
