@@ -127,11 +127,9 @@ def kv_start_from_mask(mask: torch.Tensor | None, bsz: int, s: int, device) -> t
         return torch.zeros(bsz, dtype=torch.int32, device=device)
     keep = visible(mask)
     seen = keep[:, 0].any(dim=1)  # (B or 1, S): columns some query sees
-    # the first seen column (the width where none is): a reduction, where a running product of the hidden columns was a
-    # scan kernel, which Inductor fuses less well (an H200, torch 2.11: the mode's batch 2+ step with the KV length
-    # symbolic failed its compile, "CantSplit: s32 not divisible by s1*s32"; whether the scan caused it is not yet
-    # known). int64 positions, narrowed after: as in query_end, an int32 arange in a looped reduction failed
-    # Triton's compile on CUDA
+    # the first seen column (the width where none is): one reduction, where a running product of the hidden
+    # columns was a scan kernel and a reduction. int64 positions, narrowed after: as in query_end, an int32
+    # arange in a looped reduction failed Triton's compile on CUDA (H200, torch 2.11)
     width = seen.shape[-1]
     positions = torch.arange(width, dtype=torch.int64, device=device)
     lead = torch.where(seen, positions, width).amin(-1).to(torch.int32)
