@@ -17,13 +17,13 @@ from nondet.probes.core import step_batch
 
 
 def _traced(cut) -> dict:
-    """What a trace knows of `cut(mask, keys)`'s result, the mask and the keys (fake tensors, sizes symbolic as a
-    saved step marks them: step_batch.symbolic_shapes)."""
+    """What a trace knows of `cut(mask, keys)`'s result and of the keys (fake tensors, sizes symbolic as a saved
+    step marks them: step_batch.symbolic_shapes)."""
     seen = {}
 
     def recording(gm, example_inputs):
         outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        seen["cut"], seen["keys"], seen["mask"] = (n.meta["example_value"] for n in outputs[:3])
+        seen["cut"], seen["keys"] = (n.meta["example_value"] for n in outputs[:2])
         return gm
 
     mask = torch.ones(2, 1, 1, 12, dtype=torch.bool)
@@ -33,7 +33,7 @@ def _traced(cut) -> dict:
     with step_batch.symbolic_shapes(inputs, with_caches=False):
         torch._dynamo.maybe_mark_dynamic(keys, 0)
         torch._dynamo.maybe_mark_dynamic(keys, 2)
-        torch.compile(lambda m, k: (cut(m, k), k + 0, m | False), backend=recording, fullgraph=True)(mask, keys)
+        torch.compile(lambda m, k: (cut(m, k), k + 0), backend=recording, fullgraph=True)(mask, keys)
     return seen
 
 
