@@ -113,8 +113,7 @@ def _subclasses(cls) -> list:
 
 
 def transformers_jit(model, compile_config):
-    """transformers' own compiled call (get_compiled_call's): for a mode and batch torch could not save, and
-    the call dynamic_jit.py marks shapes for."""
+    """transformers' own compiled call (get_compiled_call's): for a mode and batch torch could not save."""
     import torch
 
     return torch.compile(model.__call__, **compile_config.to_dict())

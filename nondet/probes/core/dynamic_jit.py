@@ -7,7 +7,7 @@ saves them for one process).
 
 import weakref
 
-from nondet.probes.core.step_batch import caches, symbolic_shapes
+from nondet.probes.core.step_batch import at_least_two_keys, caches, symbolic_shapes
 
 
 def install(model, compile_config) -> "DynamicBatchJIT":
@@ -30,10 +30,13 @@ class DynamicBatchJIT:
     (get_compiled_call), each call's batch-led tensors marked symbolic before dynamo sees them."""
 
     def __init__(self, model, compile_config) -> None:
-        from nondet.probes.core.aot_step import transformers_jit
+        import torch
 
         self.compile_config = compile_config
-        self.jit = transformers_jit(model, compile_config)
+        # transformers' compiled call (aot_step.transformers_jit) with the trace told the key lengths are >= 2
+        # first, as a saved step's is (step_batch.at_least_two_keys: under symbolic_shapes a length's range
+        # starts at 0, and Inductor could not split a loop over batch x length on CUDA)
+        self.jit = torch.compile(_told_call(model), **compile_config.to_dict())
         # caches whose layers are marked: walking a 36-layer cache's tensors at every step cost 88 us on a
         # 2-core CPU; the held static caches (static_caches.py) keep their tensors and so their marks
         self.marked = weakref.WeakSet()
@@ -43,3 +46,12 @@ class DynamicBatchJIT:
         with symbolic_shapes(inputs, with_caches=any(c not in self.marked for c in held)):
             self.marked.update(held)
             return self.jit(**inputs)
+
+
+def _told_call(model):
+    """The model's call, after step_batch.at_least_two_keys on its inputs (traced with it)."""
+    def call(**inputs):
+        at_least_two_keys(inputs)
+        return model(**inputs)
+
+    return call
