@@ -112,8 +112,9 @@ def _subclasses(cls) -> list:
     return found
 
 
-def transformers_jit(model, compile_config):
-    """transformers' own compiled call (get_compiled_call's): for a mode and batch torch could not save."""
+def transformers_jit(model, compile_config, call=None):
+    """transformers' own compiled call (get_compiled_call's): for a mode and batch torch could not save; `call`
+    in place of the model's own (dynamic_jit.py: the model's call after a check on its inputs)."""
     import torch
 
-    return torch.compile(model.__call__, **compile_config.to_dict())
+    return torch.compile(call or model.__call__, **compile_config.to_dict())

@@ -30,13 +30,12 @@ class DynamicBatchJIT:
     (get_compiled_call), each call's batch-led tensors marked symbolic before dynamo sees them."""
 
     def __init__(self, model, compile_config) -> None:
-        import torch
+        from nondet.probes.core.aot_step import transformers_jit
 
         self.compile_config = compile_config
-        # transformers' compiled call (aot_step.transformers_jit) with the trace told the key lengths are >= 2
-        # first, as a saved step's is (step_batch.at_least_two_keys: under symbolic_shapes a length's range
-        # starts at 0, and Inductor could not split a loop over batch x length on CUDA)
-        self.jit = torch.compile(_told_call(model), **compile_config.to_dict())
+        # the trace told the key lengths are >= 2 first, as a saved step's is (step_batch.at_least_two_keys: under
+        # symbolic_shapes a length's range starts at 0, and Inductor could not split a loop over batch x length)
+        self.jit = transformers_jit(model, compile_config, call=_told_call(model))
         # caches whose layers are marked: walking a 36-layer cache's tensors at every step cost 88 us on a
         # 2-core CPU; the held static caches (static_caches.py) keep their tensors and so their marks
         self.marked = weakref.WeakSet()
