@@ -102,3 +102,42 @@ def test_the_key_length_fixed_traces_per_length_and_symbolic_once():
     three, as it would without the marks taken off."""
     assert _cache_length_traces(lengths=True) == 1
     assert _cache_length_traces(lengths=False) == 2
+
+
+def _traces_for_both_mask_orders(walk) -> int:
+    """Graphs dynamo traces for a step that walks its inputs with `walk`, called with the dict of masks per
+    attention kind in one key order, then the other (transformers' order varies between processes)."""
+    import torch
+
+    torch._dynamo.reset()
+    counts = {"frames": 0}
+
+    def counting(gm, example_inputs):
+        counts["frames"] += 1
+        return gm.forward
+
+    def step(inputs):
+        walk(inputs)
+        return inputs["attention_mask"]["full_attention"].float().sum() + inputs["input_ids"]
+
+    compiled = torch.compile(step, backend=counting, fullgraph=True)
+    full, sliding = torch.ones(2, 1, 1, 8, dtype=torch.bool), torch.ones(2, 1, 1, 8, dtype=torch.bool)
+    for masks in ({"full_attention": full, "sliding_attention": sliding},
+                  {"sliding_attention": sliding, "full_attention": full}):
+        compiled({"input_ids": torch.ones(2, 1), "attention_mask": masks, "cache": _Cache(2, 0)})
+    torch._dynamo.reset()
+    return counts["frames"]
+
+
+def test_the_key_length_check_does_not_guard_on_the_masks_order():
+    """at_least_two_keys reads every mask: in the dict's own order a saved Gemma2 step was refused by the next
+    process (its guard: the first key == 'full_attention'). Control: a walk in the dict's order traces twice."""
+    import torch
+
+    assert _traces_for_both_mask_orders(step_batch.at_least_two_keys) == 1
+
+    def in_dict_order(inputs):
+        for mask in inputs["attention_mask"].values():
+            torch._check(mask.shape[3] >= 2)
+
+    assert _traces_for_both_mask_orders(in_dict_order) == 2

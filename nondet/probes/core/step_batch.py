@@ -86,15 +86,29 @@ def at_least_two_keys(inputs: dict) -> None:
     to be >= 2 makes the split provable. On a fixed length the check is a Python comparison, true."""
     import torch
 
-    batch = batch_size(inputs)
-    for mask in batch_tensors(inputs, batch):
-        if mask.dim() == 4:
-            torch._check(mask.shape[3] >= 2)
+    for mask in _masks_in_key_order(inputs):
+        torch._check(mask.shape[3] >= 2)
     for cache in caches(inputs):
         for layer in cache.layers:
             keys = getattr(layer, "keys", None)
             if isinstance(keys, torch.Tensor) and keys.dim() == 4:
                 torch._check(keys.shape[2] >= 2)
+
+
+def _masks_in_key_order(inputs: dict) -> list:
+    """The (B, 1, T, L) masks among the inputs and their dicts per attention kind, read in sorted key order:
+    iterating a dict in a trace guards on its order, and transformers builds the dict of masks in an order that
+    varies between processes (a saved Gemma2 step was refused by the next process: "list(dict.keys(...))[0] ==
+    'full_attention'"); reading it sorted guards on the keys alone."""
+    import torch
+
+    found = []
+    for name in sorted(inputs):
+        value = inputs[name]
+        for tensor in ([value[kind] for kind in sorted(value)] if isinstance(value, dict) else [value]):
+            if isinstance(tensor, torch.Tensor) and tensor.dim() == 4:
+                found.append(tensor)
+    return found
 
 
 def _unmark(tensor, dim: int) -> None:
