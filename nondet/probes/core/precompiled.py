@@ -40,8 +40,11 @@ from nondet.probes.core.step_key import kernels_state, step_key
 ENV = "NONDET_PRECOMPILE"  # "0": transformers' own JIT compile, as before this file; JIT: dynamic_jit.py's
 JIT = "jit"  # transformers' JIT compile with the batch symbolic from the first trace, nothing saved (TP ranks)
 EVERY_BATCH = "every batch"  # a slot's batch class: one function per kernels mode serves every batch size
-# where torch's guards keep batch 1 apart after all (torch 2.11 specialises a mask's batch of 1 in SDPA),
-# the class the refused call belongs to gets its own function and the other keeps EVERY_BATCH's
+# where torch's guards keep batch 1 apart after all, the class the refused call belongs to gets its own function
+# and the other keeps EVERY_BATCH's. On an H200 (torch 2.11, a random Qwen3) both trace orders split: traced at
+# batch 1, the default's guards held the batch to 1 (the rotary matmul's decomposition, SDPA's mask) and the
+# mode's too (the stride arithmetic of views); traced at 2, SDPA's "batch != 1" and, under the mode, the range
+# Inductor's 32-bit indexing guards ("2 <= batch") refused batch 1 (docs/benchmarks.md, 2026-11-29 07:40-08:46)
 BATCH_ONE, BATCH_MORE = "batch 1", "batch 2+"
 FIXED_LENGTHS = ".fixed-lengths"  # beside a slot's file: its trace with the key length symbolic failed (why)
 _DECODING: list[str] = []  # the kernels mode whose conditions are decoding now (decoding())
