@@ -27,13 +27,13 @@ loaded function compiles none.
 
 import contextlib
 import os
-import re
 import sys
 import traceback
 from pathlib import Path
 
 from nondet.probes.core.aot_step import (aot_compilable, aot_compile, compile_options,
                                          guard_sources_pickled_by_init_fields, load_step, transformers_jit)
+from nondet.probes.core.guard_refusal import failed_part, listed_parts
 from nondet.probes.core.step_batch import at_least_two_keys, batch_size, symbolic_shapes
 from nondet.probes.core.step_key import kernels_state, step_key
 
@@ -168,21 +168,20 @@ class PrecompiledSteps:
         compile too: traced again it would be once per prompt length, where dynamo's JIT makes the length
         dynamic at the second."""
         mode, batch, state = slot
-        first_guard = _refusal(refusal)
-        another_length = self._lengths_fixed(slot) and ".size()[0]" not in first_guard
+        why = _refusal(refusal, {"inputs": inputs, "model": self.model})
+        another_length = self._lengths_fixed(slot) and ".size()[0]" not in why
         if (batch == EVERY_BATCH and (mode, state) not in self.split
                 and self.traced_on.get(slot) != _batch_class(inputs) and not another_length):
             self.split[(mode, state)] = own = _batch_class(inputs)
             slot = (mode, own, state)  # new: only this split reaches it
-            self.apart[slot] = first_guard
+            self.apart[slot] = why
             function = self._obtain(slot, inputs)
         elif another_length:
-            self._to_jit(slot, refusal, why=f"the key length fixed, a call of another length (the first guard "
-                                            f"torch lists: {first_guard})")
+            self._to_jit(slot, refusal, why=f"the key length fixed, a call of another length ({why})")
             self._log(slot)
             function = self.functions[slot]
         else:
-            self.refused[slot] = first_guard
+            self.refused[slot] = why
             self._compile_or_jit(slot, inputs)
             self._log(slot)
             function = self.functions[slot]
@@ -303,10 +302,9 @@ class PrecompiledSteps:
         if slot in self.fixed_lengths:
             what += f" (the key length fixed: its symbolic trace failed: {self.fixed_lengths[slot]})"
         if slot in self.refused:
-            what += f" (traced again: its guards refused a call; the first guard torch lists: {self.refused[slot]})"
+            what += f" (traced again: its guards refused a call; {self.refused[slot]})"
         if slot in self.apart:
-            what += f" (its own function: {EVERY_BATCH}'s guards refused this batch class; the first guard " \
-                    f"torch lists: {self.apart[slot]})"
+            what += f" (its own function: {EVERY_BATCH}'s guards refused this batch class; {self.apart[slot]})"
         return what
 
     def _log(self, slot) -> None:
@@ -325,12 +323,16 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"
 
 
-def _refusal(exc: Exception) -> str:
-    """The first guard that refused a call (torch's message lists them as verbose_code_parts), e.g. a sliding
-    window cache's Python int length, which dynamo specialises on its first trace and makes symbolic on
-    the next."""
-    found = re.search(r"verbose_code_parts=\[\s*(['\"])(.*?)\1", str(exc))
-    return found.group(2).split("#")[0].strip() if found else _reason(exc)
+def _refusal(exc: Exception, frame: dict) -> str:
+    """Why the kept guards refused a call: the listed guard that is false on the call's frame
+    (guard_refusal.failed_part), e.g. SDPA's `mask.size()[0] != 1` or a sliding window cache's Python int length,
+    which dynamo specialises on its first trace and makes symbolic on the next; where none is found false, the
+    first guard torch lists; where it lists none, the message."""
+    failed = failed_part(str(exc), frame)
+    if failed is not None:
+        return f"the guard that failed: {failed}"
+    listed = listed_parts(str(exc))
+    return f"the first guard torch lists: {listed[0]}" if listed else _reason(exc)
 
 
 def _batch_class(inputs: dict) -> str:
