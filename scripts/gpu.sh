@@ -29,7 +29,9 @@
 #                new process vs dynamo's warm JIT, bits compared
 #   probe-cli    the acceptance row: `nondet probe --compile --confirm` on the GPU case (one prompt), timed
 #                whole from a cold NONDET_CACHE, again warm, eager, and the 8 built-in prompts warm
-#                (PROBE_CLI_RUNS picks); each with the probe's stages timed and
+#                (PROBE_CLI_RUNS picks; the runs share one new cache, so only the first is cold; a name ending
+#                -nographs, e.g. "cold-nographs warm-nographs", runs the compiled path without CUDA graphs:
+#                NONDET_CUDA_GRAPHS=0); each with the probe's stages timed and
 #                torch's compile-time breakdown (scripts/device/gpu_probe_cli.py)
 #   step-trace   the mode's saved decode step traced with the KV length symbolic on a one-layer GPU case (-b 2,4:
 #                the batch 2+ function), NONDET_DEBUG=1: how each function was made, and a fallback's traceback
@@ -112,9 +114,10 @@ print(d(GPU_CASE))" 2>/dev/null | tail -1)
                for run in ${PROBE_CLI_RUNS:-cold warm eager prompts8-warm}; do
                  local args=("${base[@]}" -p "Tell me about Richard Feynman" --compile)
                  [ "$run" = eager ] && args=("${base[@]}" -p "Tell me about Richard Feynman")
-                 [ "$run" = prompts8-warm ] && args=("${base[@]}" --compile)  # the 8 built-in prompts
+                 [ "${run%-nographs}" = prompts8-warm ] && args=("${base[@]}" --compile)  # the 8 built-in prompts
+                 local graphs=1; [ "${run%-nographs}" != "$run" ] && graphs=0  # e.g. cold-nographs: no CUDA graphs
                  rm -rf "/tmp/run-cli-$run"; local t0; t0=$(date +%s.%N)
-                 NONDET_CACHE=$cache TORCH_LOGS=recompiles timeout 280 \
+                 NONDET_CUDA_GRAPHS=$graphs NONDET_CACHE=$cache TORCH_LOGS=recompiles timeout 280 \
                    python3 scripts/device/gpu_probe_cli.py "${args[@]}" --out "/tmp/run-cli-$run" \
                    > "$OUT/probe-cli-$run.log" 2>&1
                  echo "$run: exit $? wall $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')") s," \

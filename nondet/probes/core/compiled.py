@@ -32,6 +32,10 @@ SPECULATIVE_WARM_CALLS = {"cuda": 2}
 RECOMPILE_LIMIT = 256  # one graph per batch shape and cache length per kernels mode; dynamo's default stops at 8
 COMPILED, EAGER = "compiled", "eager"
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # read by Inductor each time it opens its caches
+# "0": the compiled path on CUDA without CUDA graphs (Inductor's default mode). A benchmark switch: whether a
+# capture per batch shape pays at a probe's length (scripts/gpu.sh probe-cli's *-nographs runs); the label and
+# the saved steps' key follow it, so the two paths' files and numbers never mix
+CUDA_GRAPHS_ENV = "NONDET_CUDA_GRAPHS"
 
 
 def speculative_warm_calls(device_type: str) -> int:
@@ -46,12 +50,12 @@ def generation_fields(backend: str, device_type: str, guard_filter=None) -> dict
     are then asked for as the option that mode sets, since torch.compile takes a mode or options."""
     from transformers import CompileConfig
 
-    cuda = device_type == "cuda"
+    cuda, graphs = device_type == "cuda", cuda_graphs(device_type)
     if guard_filter is not None:
-        options = {"guard_filter_fn": guard_filter, **({"triton.cudagraphs": True} if cuda else {})}
+        options = {"guard_filter_fn": guard_filter, **({"triton.cudagraphs": True} if graphs else {})}
         config = CompileConfig(backend=backend, mode=None, options=options)
     else:
-        config = CompileConfig(backend=backend, mode="reduce-overhead" if cuda else "default")
+        config = CompileConfig(backend=backend, mode="reduce-overhead" if graphs else "default")
     if not cuda:
         config._compile_all_devices = True  # transformers compiles generate on CUDA-like devices only
     return {"cache_implementation": "static", "compile_config": config}
@@ -175,9 +179,14 @@ def census_store(model, extra: str = ""):
     return CensusStore(cache_root() / "census" / f"{key}.jsonl", key)
 
 
+def cuda_graphs(device_type: str) -> bool:
+    """Whether the compiled path captures CUDA graphs: on CUDA, unless NONDET_CUDA_GRAPHS=0."""
+    return device_type == "cuda" and os.environ.get(CUDA_GRAPHS_ENV, "1") != "0"
+
+
 def label(backend: str, device_type: str) -> str:
     """The compiled path in words, for the fingerprint and the report."""
-    graphs = ", CUDA graphs" if device_type == "cuda" else ""
+    graphs = ", CUDA graphs" if cuda_graphs(device_type) else ""
     return f"torch.compile ({backend}{graphs}), static KV cache"
 
 
