@@ -136,3 +136,45 @@ def test_told_the_key_lengths_inductor_can_split_batch_by_mask_length():
 def test_control_untold_the_split_is_not_provable():
     seen = _traced_step(told=False)
     assert not _splits(seen["mask"]) and not _splits(seen["cut"])
+
+
+def _saved_at_batch_two_takes_batch_one() -> bool | str:
+    """attention_inputs' mask and leading hidden columns, traced and saved as a decode step is (torch's AOT compile,
+    Inductor, batch and key lengths symbolic) on a batch of 2, then called on a batch of 1: True where the saved
+    function's guards take it, else the guard that refused it."""
+    from nondet.probes.core.aot_step import aot_compilable, aot_compile
+    from nondet.probes.core.guard_refusal import failed_part
+
+    def step(q, keys, mask):
+        step_batch.at_least_two_keys({"mask": mask})
+        found = ops.attention_inputs(q, keys, mask, True, False)
+        return found.mask, found.kv_start
+
+    def inputs(batch: int) -> dict:
+        return {"q": torch.zeros(batch, 4, 1, 8), "keys": torch.zeros(batch, 2, 10, 8),
+                "mask": torch.ones(batch, 1, 1, 12, dtype=torch.bool)}
+
+    two = inputs(2)
+    torch._dynamo.reset()
+    with step_batch.symbolic_shapes({"input_ids": torch.zeros(2, 1), "mask": two["mask"]}, with_caches=False):
+        for tensor in (two["q"], two["keys"]):
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        torch._dynamo.maybe_mark_dynamic(two["keys"], 2)
+        saved = aot_compile(aot_compilable(step, {"backend": "inductor", "fullgraph": True}), ((), two))
+    one = inputs(1)
+    try:
+        saved(**one)
+    except RuntimeError as exc:
+        return failed_part(str(exc), one) or str(exc)[:200]
+    return True
+
+
+def test_a_step_saved_at_batch_two_takes_batch_one():
+    """The cut is copied in a trace (ops._cut), so Inductor's reductions over it keep the batch symbolic: one
+    saved function for every batch size, where each kernels mode compiled two on an H200 (torch 2.11)."""
+    assert _saved_at_batch_two_takes_batch_one() is True
+
+
+def test_control_the_cut_read_in_place_keeps_batch_one_apart(monkeypatch):
+    monkeypatch.setattr(ops, "_cut", lambda mask, s: mask[..., :s])
+    assert _saved_at_batch_two_takes_batch_one() == "2 <= L['mask'].size()[0]"

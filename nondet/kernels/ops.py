@@ -208,6 +208,17 @@ class KeyRanges(NamedTuple):
     run_start: torch.Tensor | None  # (B, Q) a run's first position, -1 for a row that is not a run (same)
 
 
+def _cut(mask: torch.Tensor, s: int) -> torch.Tensor:
+    """The mask's first s keys. In a trace, copied to a buffer of its own in the standard layout: the cut in place
+    has a batch stride of the whole mask's length, and Inductor's lowering of the reductions over it (torch 2.11)
+    guarded on the batch being 1 or not, so a saved step traced at batch 1 refused batch 2 and one traced at 2
+    refused 1 ("2 <= mask.size()[0]"): each kernels mode compiled two functions (on an H200, and on a CPU with
+    Inductor). A clone's strides follow from its sizes alone (`.contiguous()` asks whether a copy is needed, a
+    question on the batch again). Eager reads the cut in place: no copy per layer."""
+    cut = mask[..., :s]
+    return cut.clone(memory_format=torch.contiguous_format) if torch.compiler.is_compiling() else cut
+
+
 def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
                      sliding: bool) -> KeyRanges:
     """The mask and its index arithmetic for the kernels: no reduction over values. A compiled graph
@@ -224,7 +235,7 @@ def attention_inputs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None
         # (NameError at the first call: the step ran the JIT compile). In eager a plain assertion. No message:
         # dynamo cannot trace one built from shapes, and refused the whole trace (the JIT compile, 40 graph breaks)
         torch._check(s <= mask.shape[-1])
-        mask = mask[..., :s]
+        mask = _cut(mask, s)
     # what the mask lets each query see, found once (a float mask's comparison is a pass over the mask);
     # the helpers below take it as a bool mask
     keep = None if mask is None else visible(mask)

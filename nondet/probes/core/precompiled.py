@@ -41,10 +41,10 @@ ENV = "NONDET_PRECOMPILE"  # "0": transformers' own JIT compile, as before this 
 JIT = "jit"  # transformers' JIT compile with the batch symbolic from the first trace, nothing saved (TP ranks)
 EVERY_BATCH = "every batch"  # a slot's batch class: one function per kernels mode serves every batch size
 # where torch's guards keep batch 1 apart after all, the class the refused call belongs to gets its own function
-# and the other keeps EVERY_BATCH's. On an H200 (torch 2.11, a random Qwen3) both trace orders split: traced at
-# batch 1, the default's guards held the batch to 1 (the rotary matmul's decomposition, SDPA's mask) and the
-# mode's too (the stride arithmetic of views); traced at 2, SDPA's "batch != 1" and, under the mode, the range
-# Inductor's 32-bit indexing guards ("2 <= batch") refused batch 1 (docs/benchmarks.md, 2026-11-29 07:40-08:46)
+# and the other keeps EVERY_BATCH's. On an H200 (torch 2.11, a random Qwen3) the default's guards keep batch 1
+# apart in either trace order (the rotary matmul's decomposition, SDPA's mask: transformers' and torch's code).
+# The mode's did too, from Inductor's reductions over the mask cut in place; ops._cut copies it in a trace now
+# (docs/benchmarks.md, 2026-11-29 07:40-09:30)
 BATCH_ONE, BATCH_MORE = "batch 1", "batch 2+"
 FIXED_LENGTHS = ".fixed-lengths"  # beside a slot's file: its trace with the key length symbolic failed (why)
 _DECODING: list[str] = []  # the kernels mode whose conditions are decoding now (decoding())
