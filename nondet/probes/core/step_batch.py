@@ -32,9 +32,7 @@ def batch_tensors(inputs: dict, batch: int) -> list:
     """The input tensors whose first dimension is the batch: the inputs' and the masks' (a dict per attention
     kind). A batch-led tensor has 2 dimensions or more ((B, T) ids and positions, (B, 1, T, K) masks):
     cache_position, (T,), is left out, also where T == B == 1."""
-    values = [*inputs.values()]
-    values += [v for d in inputs.values() if isinstance(d, dict) for v in d.values()]
-    return _batch_led(values, batch)
+    return _batch_led(_tensors_in_key_order(inputs), batch)
 
 
 def cache_tensors(inputs: dict, batch: int) -> list:
@@ -86,7 +84,7 @@ def at_least_two_keys(inputs: dict) -> None:
     to be >= 2 makes the split provable. On a fixed length the check is a Python comparison, true."""
     import torch
 
-    for mask in _masks_in_key_order(inputs):
+    for mask in [t for t in _tensors_in_key_order(inputs) if t.dim() == 4]:  # (B, 1, T, L) masks
         torch._check(mask.shape[3] >= 2)
     for cache in caches(inputs):
         for layer in cache.layers:
@@ -95,8 +93,8 @@ def at_least_two_keys(inputs: dict) -> None:
                 torch._check(keys.shape[2] >= 2)
 
 
-def _masks_in_key_order(inputs: dict) -> list:
-    """The (B, 1, T, L) masks among the inputs and their dicts per attention kind, read in sorted key order:
+def _tensors_in_key_order(inputs: dict) -> list:
+    """The tensors among the inputs and in their dicts (the masks per attention kind), read in sorted key order:
     iterating a dict in a trace guards on its order, and transformers builds the dict of masks in an order that
     varies between processes (a saved Gemma2 step was refused by the next process: "list(dict.keys(...))[0] ==
     'full_attention'"); reading it sorted guards on the keys alone."""
@@ -105,9 +103,9 @@ def _masks_in_key_order(inputs: dict) -> list:
     found = []
     for name in sorted(inputs):
         value = inputs[name]
-        for tensor in ([value[kind] for kind in sorted(value)] if isinstance(value, dict) else [value]):
-            if isinstance(tensor, torch.Tensor) and tensor.dim() == 4:
-                found.append(tensor)
+        for item in ([value[kind] for kind in sorted(value)] if isinstance(value, dict) else [value]):
+            if isinstance(item, torch.Tensor):
+                found.append(item)
     return found
 
 
