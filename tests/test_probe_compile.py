@@ -169,6 +169,25 @@ def test_compile_scope_points_inductor_at_nondet_cache_and_restores(monkeypatch,
         assert os.environ[INDUCTOR_CACHE_ENV] == "/somewhere/else"
 
 
+def test_compile_scope_names_one_triton_cache_and_restores(monkeypatch, tmp_path):
+    """Triton's folder under NONDET_CACHE for the scope; Inductor's own setting inside it (it sets the
+    variable for good when it first compiles a kernel in the process) does not outlive it; the user's kept."""
+    import os
+
+    from nondet.probes.core.compiled import TRITON_CACHE_ENV, compile_scope
+
+    monkeypatch.setenv("NONDET_CACHE", str(tmp_path))
+    monkeypatch.delenv(TRITON_CACHE_ENV, raising=False)
+    with compile_scope():
+        assert os.environ[TRITON_CACHE_ENV] == str(tmp_path / "triton")
+        os.environ[TRITON_CACHE_ENV] = str(tmp_path / "inductor" / "triton" / "0")  # as Inductor would
+    assert TRITON_CACHE_ENV not in os.environ
+    monkeypatch.setenv(TRITON_CACHE_ENV, "/users/own")
+    with compile_scope():
+        assert os.environ[TRITON_CACHE_ENV] == "/users/own"
+    assert os.environ[TRITON_CACHE_ENV] == "/users/own"
+
+
 @pytest.mark.parametrize("args", [["--endpoint", "http://127.0.0.1:9"], ["--load", "continuous"],
                                   ["--budget", "30"]])
 def test_compile_outside_static_batches_is_one_line_exit_2(tmp_path, args):

@@ -32,6 +32,11 @@ SPECULATIVE_WARM_CALLS = {"cuda": 2}
 RECOMPILE_LIMIT = 256  # one graph per batch shape and cache length per kernels mode; dynamo's default stops at 8
 COMPILED, EAGER = "compiled", "eager"
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # read by Inductor each time it opens its caches
+# read by Triton at each compile. Unset, Inductor sets it for good (to its own folder) the first time it compiles a
+# kernel in this process, and every Triton kernel launched after, ours too, then looks there: on an H200 a warm
+# probe's first run after a cold one compiled the mode's kernels again for 8 s, since the cold run had compiled
+# them before Inductor set it (docs/benchmarks.md, 2026-11-29 11:10). So the scope names one folder for all
+TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
 # "0": the compiled path on CUDA without CUDA graphs (Inductor's default mode). A benchmark switch: whether a
 # capture per batch shape pays at a probe's length (scripts/gpu.sh probe-cli's *-nographs runs); the label and
 # the saved steps' key follow it, so the two paths' files and numbers never mix
@@ -137,24 +142,29 @@ def warm_up_stop(prompt_tokens: int):
 @contextlib.contextmanager
 def compile_scope():
     """Dynamo allowed one graph per shape (every batch size and prompt length is a new one), and
-    Inductor's on-disk caches under NONDET_CACHE (inductor/), so a second probe of the same model
-    and shapes starts warm after a reboot too (Inductor's default is a folder in /tmp); a
-    TORCHINDUCTOR_CACHE_DIR the user set is kept. Restored on exit."""
+    Inductor's and Triton's on-disk caches under NONDET_CACHE (inductor/, triton/), so a second probe
+    of the same model and shapes starts warm after a reboot too (Inductor's default is a folder in
+    /tmp), and every run finds each kernel where an earlier run compiled it (TRITON_CACHE_ENV); a
+    TORCHINDUCTOR_CACHE_DIR or TRITON_CACHE_DIR the user set is kept. Restored on exit, Inductor's
+    own setting of Triton's folder included."""
     import torch._dynamo
 
     from nondet.probes.core.cache_dir import cache_root
 
-    before = os.environ.get(INDUCTOR_CACHE_ENV)
-    if _inductors_own(before):
+    before = {name: os.environ.get(name) for name in (INDUCTOR_CACHE_ENV, TRITON_CACHE_ENV)}
+    if _inductors_own(before[INDUCTOR_CACHE_ENV]):
         os.environ[INDUCTOR_CACHE_ENV] = str(cache_root() / "inductor")
+    if before[TRITON_CACHE_ENV] is None:
+        os.environ[TRITON_CACHE_ENV] = str(cache_root() / "triton")
     try:
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             yield
     finally:
-        if before is None:
-            os.environ.pop(INDUCTOR_CACHE_ENV, None)
-        else:
-            os.environ[INDUCTOR_CACHE_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _inductors_own(value: str | None) -> bool:
