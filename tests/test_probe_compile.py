@@ -102,6 +102,20 @@ def test_a_later_compile_failure_is_an_error_not_a_mixed_comparison():
     assert paths.as_summary()["modes"]["default"]["path"] == "compiled"
 
 
+def test_a_first_compile_failure_shows_its_traceback_under_nondet_debug(monkeypatch, capsys):
+    """The summary keeps one line of why a mode fell back to eager; NONDET_DEBUG=1 prints the whole traceback
+    (the control: without it, nothing on stderr)."""
+    def fails():
+        raise RuntimeError("deep inside Inductor")
+
+    DecodePaths("inductor", "cpu").warm_up("default", fails)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("NONDET_DEBUG", "1")
+    DecodePaths("inductor", "cpu").warm_up("default", fails)
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "in fails" in err and "deep inside Inductor" in err
+
+
 def test_graph_breaks_in_a_warm_up_are_counted_and_shown():
     """A warm-up whose compiled function breaks the graph (as transformers 5.17's TP modules do) is
     counted per mode and named in the terminal line; the control, the same function without the

@@ -16,7 +16,9 @@ because one comparison must never mix the two paths.
 import contextlib
 import os
 import re
+import sys
 import time
+import traceback
 import weakref
 from dataclasses import dataclass, field
 
@@ -253,6 +255,8 @@ class DecodePaths:
                 raise NondetError(f"--compile: {mode} kernels compiled their first condition but failed on a "
                                   f"later one ({_first_line(exc)}); rerun without --compile") from exc
             entry.path, entry.reason = EAGER, _first_line(exc)
+            if os.environ.get("NONDET_DEBUG") == "1":  # the summary keeps one line; the whole traceback here
+                traceback.print_exception(exc, file=sys.stderr)
         finally:
             entry.warmup_s += time.perf_counter() - started
             entry.graph_breaks += _graph_breaks() - breaks
