@@ -43,8 +43,8 @@ EVERY_BATCH = "every batch"  # a slot's batch class: one function per kernels mo
 # where torch's guards keep batch 1 apart after all, the class the refused call belongs to gets its own function
 # and the other keeps EVERY_BATCH's. On an H200 (torch 2.11, a random Qwen3) the default's guards keep batch 1
 # apart in either trace order (the rotary matmul's decomposition, SDPA's mask: transformers' and torch's code).
-# The mode's did too, from Inductor's reductions over the mask cut in place; ops._cut copies it in a trace now
-# (docs/benchmarks.md, 2026-11-29 07:40-09:30)
+# The mode's did too, from Inductor's reductions over the mask cut in place; ops._cut copies it in a trace now,
+# and the mode compiles one function there (docs/benchmarks.md, 2026-11-29 07:40-09:30 and 10:52)
 BATCH_ONE, BATCH_MORE = "batch 1", "batch 2+"
 FIXED_LENGTHS = ".fixed-lengths"  # beside a slot's file: its trace with the key length symbolic failed (why)
 _DECODING: list[str] = []  # the kernels mode whose conditions are decoding now (decoding())
