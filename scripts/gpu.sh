@@ -35,7 +35,7 @@
 #                torch's compile-time breakdown (scripts/device/gpu_probe_cli.py)
 #   step-trace   the mode's saved decode step traced with the KV length symbolic on a one-layer GPU case (-b 2,4:
 #                the batch 2+ function), NONDET_DEBUG=1: how each function was made, and a fallback's traceback
-#                ($OUT/step-trace.log; about 60 s a try, where the acceptance row's cold run is 185 s)
+#                ($OUT/step-trace.log; about 60 s a try, where the acceptance row's cold run is 109-133 s)
 #   rl           scripts/bench_rl.py (the trainer step under the mode)
 #   rl-compile   scripts/bench_rl.py --compile (the same step with a torch.compile'd forward)
 #   speculative  scripts/bench_speculative.py (speedup kept under the mode)
