@@ -11,6 +11,10 @@ Exit codes (also in the README):
   130 interrupted (Ctrl-C): what was already written stays on disk, in an unfinished run directory
 """
 
+import os
+import sys
+import traceback
+
 
 class NondetError(Exception):
     """Base class. `exit_code` is what the CLI exits with; the message is one line."""
@@ -86,3 +90,10 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
+
+
+def debug_traceback(exc: BaseException) -> None:
+    """Under NONDET_DEBUG=1, the whole traceback of a failure the run goes on from (a compile that fell back,
+    a trace done again): what the run keeps of it is one line, and the cause can be deep inside torch."""
+    if os.environ.get("NONDET_DEBUG") == "1":
+        traceback.print_exception(exc, file=sys.stderr)

@@ -16,13 +16,11 @@ because one comparison must never mix the two paths.
 import contextlib
 import os
 import re
-import sys
 import time
-import traceback
 import weakref
 from dataclasses import dataclass, field
 
-from nondet.errors import NondetError
+from nondet.errors import NondetError, debug_traceback
 
 WARM_STEPS = 4  # decode steps: dynamo compiles on the 1st, cudagraph trees warm up on the 2nd, record on the 3rd
 # A speculative call on CUDA is warmed up twice: on an H100 (2026-11-26, the 8B-wide damped case) the
@@ -255,8 +253,7 @@ class DecodePaths:
                 raise NondetError(f"--compile: {mode} kernels compiled their first condition but failed on a "
                                   f"later one ({_first_line(exc)}); rerun without --compile") from exc
             entry.path, entry.reason = EAGER, _first_line(exc)
-            if os.environ.get("NONDET_DEBUG") == "1":  # the summary keeps one line; the whole traceback here
-                traceback.print_exception(exc, file=sys.stderr)
+            debug_traceback(exc)
         finally:
             entry.warmup_s += time.perf_counter() - started
             entry.graph_breaks += _graph_breaks() - breaks

@@ -27,10 +27,9 @@ loaded function compiles none.
 
 import contextlib
 import os
-import sys
-import traceback
 from pathlib import Path
 
+from nondet.errors import debug_traceback
 from nondet.probes.core.aot_step import (aot_compilable, aot_compile, compile_options,
                                          guard_sources_pickled_by_init_fields, load_step, transformers_jit)
 from nondet.probes.core.guard_refusal import failed_part, listed_parts
@@ -248,7 +247,7 @@ class PrecompiledSteps:
         in the summary and in a marker beside the slot's file (the key changes with nondet's source, so a
         release that mends the trace tries it again)."""
         self.fixed_lengths[slot] = _reason(exc)
-        _debug_traceback(exc)
+        debug_traceback(exc)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._path(slot).with_suffix(FIXED_LENGTHS).write_text(self.fixed_lengths[slot] + "\n")
 
@@ -257,7 +256,7 @@ class PrecompiledSteps:
         traceback on stderr under NONDET_DEBUG=1, since the summary keeps one line of a message that can be a
         subprocess's)."""
         self.fallbacks[slot] = why or _reason(exc)
-        _debug_traceback(exc)
+        debug_traceback(exc)
         self.functions[slot] = transformers_jit(self.model, self.compile_config)
 
     def _path(self, slot) -> Path:
@@ -309,13 +308,6 @@ class PrecompiledSteps:
 
     def _log(self, slot) -> None:
         _LOG.append((slot[0], slot[1], self.describe(slot)))
-
-
-def _debug_traceback(exc: Exception) -> None:
-    """Under NONDET_DEBUG=1 the whole traceback of a trace that failed: the summary keeps one line, and
-    Inductor's can be a subprocess's."""
-    if os.environ.get("NONDET_DEBUG") == "1":
-        traceback.print_exception(exc, file=sys.stderr)
 
 
 def _reason(exc: Exception) -> str:
