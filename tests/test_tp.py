@@ -72,6 +72,8 @@ def test_negative_control_the_mode_at_tp2_is_one_completion_with_the_same_bits(t
     groups = json.loads((out / "fingerprint.json").read_text())["tensor_parallel"]["groups"]
     tp2_group = next(g for g in groups if g["degree"] == 2)
     assert tp2_group["backend"] == "gloo" and tp2_group["invariant_all_reduce_calls"] > 0  # the mode's collective ran
+    # on CPU ranks no symmetric memory: the all-gather route, and no one-shot tried (kernels/symmetric_sum.py)
+    assert tp2_group["invariant_all_reduce_route"].startswith("all_gather") and "symmetric_sum_refused" not in tp2_group
     # each degree's ranks took the op census on their shards; rank 0's first entry is the run's
     assert [g["census_coverage"] for g in groups] == ["invariant", "invariant"]
     fingerprint = json.loads((out / "fingerprint.json").read_text())

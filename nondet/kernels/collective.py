@@ -6,7 +6,8 @@ ranks. NCCL picks its algorithm (ring, tree, NVLS) and protocol (LL, LL128, Simp
 message size, so the summation order of one row can depend on how many rows share the call.
 Here the order is fixed: every rank gathers all partials (a copy, no arithmetic) and adds them
 as ((p0 + p1) + p2) + ..., in fp32, then casts once to the input dtype. Every rank computes the
-same bits, whatever the batch, the backend, or NCCL_ALGO / NCCL_PROTO.
+same bits, whatever the batch, the backend, or NCCL_ALGO / NCCL_PROTO. On CUDA ranks with symmetric
+memory the same sum runs as one one-shot kernel (symmetric_sum.py: the same bits, checked at set-up).
 
 Why fp32: with more than two ranks, bf16 partial sums would round after every add; fp32 keeps
 the sum as close to one rounding as a single GPU's fp32-accumulated matmul would be. For two
@@ -21,6 +22,7 @@ import contextlib
 
 import torch
 
+from nondet.kernels import symmetric_sum
 from nondet.kernels.rounded_tree import pairwise_tree
 
 NAME = "all_gather + sum in rank order (fp32, cast to the input dtype)"
@@ -77,13 +79,29 @@ def invariant_all_reduce(tensor: torch.Tensor, op=None, group=None, async_op: bo
     # where it is called.
     summed = op is None or op == dist.ReduceOp.SUM
     if not summed or async_op or dist.get_world_size(group) == 1:
-        original = dist.all_reduce if _STATE["original"] is None else _STATE["original"]
-        return original(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group, async_op=async_op)
-    parts = gather(tensor, group)
-    tensor.copy_(pairwise_tree(parts) if _STATE["tree"] else rank_order_sum(parts).to(tensor.dtype))
+        return _original()(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group, async_op=async_op)
+    if not torch.compiler.is_compiling():  # once per process, at an eager call every rank is in
+        symmetric_sum.prepare(tensor, group, _original())
+    if _STATE["tree"]:
+        tensor.copy_(pairwise_tree(gather(tensor, group)))
+    elif symmetric_sum.takes(tensor, group):
+        symmetric_sum.sum_into(tensor)  # the gathered sum's bits in one kernel (checked at set-up)
+    else:
+        tensor.copy_(rank_order_sum(gather(tensor, group)).to(tensor.dtype))
     if not torch.compiler.is_compiling():  # traced, the count would be a guard: a recompile per call
         _STATE["calls"] += 1  # (transformers' compiled generate prefills eagerly: its calls are counted)
     return None
+
+
+def route() -> str:
+    """How this process's invariant all-reduces summed (the run's fingerprint says which path ran)."""
+    return symmetric_sum.route() or NAME
+
+
+def _original():
+    import torch.distributed as dist
+
+    return dist.all_reduce if _STATE["original"] is None else _STATE["original"]
 
 
 def gather(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:

@@ -8,7 +8,10 @@ the weights' read would allow, i.e. the all-reduces. This times one all-reduce o
 step issues them, 72 in a row captured in one CUDA graph (the compiled step replays graphs), for:
 
     nccl        torch.distributed.all_reduce (NCCL picks ring / tree and the protocol; NVLS off)
-    invariant   kernels.collective.invariant_all_reduce (all_gather, then an fp32 sum in rank order)
+    invariant   kernels.collective.invariant_all_reduce, the mode's: since 2026-11-29 the one-shot below on
+                fp32 partials where symmetric memory passed its set-up check (kernels/symmetric_sum.py;
+                the route column says which ran), else the gather route
+    gather      the gather route: all_gather, then an fp32 sum in rank order (the mode's before)
     one-shot    torch.ops.symm_mem.one_shot_all_reduce_copy: every rank reads every peer's buffer over
                 NVLink (P2P loads, no multicast) and adds the W values in rank order 0..W-1, the same
                 order on every rank and for every row
@@ -84,6 +87,8 @@ def _rank(rank: int, world: int, port: int, batches: list[int], queue) -> None:
                "one_shot_equals_invariant": bool(torch.equal(one_shot, reference)),
                "nccl_us": _us(lambda: dist.all_reduce(work)),
                "invariant_us": _us(lambda: collective.invariant_all_reduce(work)),
+               "route": collective.route(),
+               "gather_us": _us(lambda: work.copy_(collective.rank_order_sum(collective.gather(work)).to(work.dtype))),
                "one_shot_us": _us(lambda: torch.ops.symm_mem.one_shot_all_reduce_copy(buffer, x, "sum", group))}
         rows.append(row)
     if rank == 0:
@@ -111,11 +116,12 @@ def main() -> None:
         rows += queue.get()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "allreduce_latency.json").write_text(json.dumps(rows, indent=1))
-    print(f"| W | B | NCCL us | invariant us | one-shot us | one-shot same on every rank | one-shot == invariant |")
-    print("| ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    print(f"| W | B | NCCL us | invariant us | gather us | one-shot bf16 us | one-shot same on every rank | one-shot == invariant |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
     for r in rows:
-        print(f"| {r['world']} | {r['batch']} | {r['nccl_us']:.1f} | {r['invariant_us']:.1f} | {r['one_shot_us']:.1f} "
-              f"| {r['one_shot_same_on_every_rank']} | {r['one_shot_equals_invariant']} |")
+        print(f"| {r['world']} | {r['batch']} | {r['nccl_us']:.1f} | {r['invariant_us']:.1f} | {r['gather_us']:.1f} "
+              f"| {r['one_shot_us']:.1f} | {r['one_shot_same_on_every_rank']} | {r['one_shot_equals_invariant']} |")
+    print("the invariant all-reduce's route: " + ", ".join(sorted({r["route"] for r in rows})))
     for world in sorted({r["world"] for r in rows}):  # batch invariance: row 0's sum at every batch size
         row0 = {r["batch"]: r["one_shot_row0"] for r in rows if r["world"] == world}
         print(f"W = {world}: one-shot row 0 {'the same' if len(set(row0.values())) == 1 else 'DIFFERS'} "

@@ -14,8 +14,8 @@ every step, so the gaps are decode steps' wall time; the median of TOKENS - 2 ga
               as the TP worker decodes: the TP linears on plain local shards without transformers'
               wrappers (probes/tp/local_params.py); a name ending in "+dtensor" keeps transformers'
               DTensors and wrappers (the path before 2026-11-28; "+local", as rows of that day were
-              named, is the plain name); "+oneshot" (an experiment, scripts/device/oneshot_allreduce.py)
-              routes the all-reduces of TP2+ through torch's one-shot all-reduce over symmetric memory
+              named, is the plain name); "+gather" keeps the mode's all-reduce on its all-gather route
+              (the mode's before 2026-11-29: kernels/symmetric_sum.py's one-shot not taken, same bits)
     path      eager: transformers' dynamic cache, no compile (the probe's default path)
               compiled: a static cache and transformers' compile config (torch.compile,
               CUDA graphs), the path of `nondet probe --compile`; the mode with traceable=True
@@ -89,17 +89,19 @@ def kernels_scope(kernels: str, model, compiled: bool, max_world: int, world: in
     if base_kernels(kernels) == "tp-invariant":
         stack.enter_context(tp_tree.tree_linears(model, max_world // world))
         stack.enter_context(collective.tree_order())
-    if kernels.endswith("+oneshot") and world > 1:  # an experiment: oneshot_allreduce.py
-        from oneshot_allreduce import one_shot_all_reduce
+    if kernels.endswith("+gather"):  # the all-gather route: the one-shot never taken in this row
+        from unittest import mock
 
-        stack.enter_context(one_shot_all_reduce())
+        from nondet.kernels import symmetric_sum
+
+        stack.enter_context(mock.patch.object(symmetric_sum, "takes", lambda tensor, group: False))
     return stack
 
 
 def base_kernels(name: str) -> str:
     """The kernels of a row name, without its parameters suffix ("+dtensor", or "+local": the plain name)
-    or its collective's ("+oneshot": the mode's all-reduce as torch's one-shot, oneshot_allreduce.py)."""
-    return name.removesuffix("+oneshot").removesuffix("+local").removesuffix("+dtensor")
+    or its collective's ("+gather": the mode's all-reduce on its all-gather route)."""
+    return name.removesuffix("+gather").removesuffix("+local").removesuffix("+dtensor")
 
 
 def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = False) -> tuple[float, float, str]:

@@ -121,12 +121,12 @@ class TensorParallelSource:
         took the invariant path (0 = the mode's collective never ran)."""
         done = self.group.finish()
         self.group = None
-        calls = done[2].get("invariant_all_reduce_calls") if len(done) > 2 else None
+        summary = done[2] if len(done) > 2 else {}
         degree = self.group_degree
-        if len(done) > 2 and done[2].get("decode"):
-            self.decode_by_degree[degree] = done[2]["decode"]
+        if summary.get("decode"):
+            self.decode_by_degree[degree] = summary["decode"]
         if self.writer is not None:
-            self.writer.update_fingerprint(lambda fp: _set_calls(fp, degree, calls))
+            self.writer.update_fingerprint(lambda fp: _set_calls(fp, degree, summary))
 
     def _fingerprint_section(self, info: dict) -> dict:
         from nondet.kernels import collective
@@ -198,10 +198,15 @@ def _group_info(info: dict) -> dict:
     return {k: v for k, v in info.items() if k != "fingerprint"}
 
 
-def _set_calls(fp: dict, degree: int, calls) -> None:
+def _set_calls(fp: dict, degree: int, summary: dict) -> None:
+    """A group's collective as it ran: how many all-reduces took the invariant path, by which route
+    (kernels/symmetric_sum.py's one-shot or the all-gather), and why not the one-shot where it was tried."""
     for group in fp["tensor_parallel"]["groups"]:
         if group["degree"] == degree:
-            group["invariant_all_reduce_calls"] = calls
+            group["invariant_all_reduce_calls"] = summary.get("invariant_all_reduce_calls")
+            for key in ("invariant_all_reduce_route", "symmetric_sum_refused"):
+                if summary.get(key) is not None:
+                    group[key] = summary[key]
 
 
 def _tokenizer_and_config(spec):

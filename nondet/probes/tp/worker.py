@@ -36,7 +36,7 @@ def _run(rank: int, job: Job, pipe) -> None:
     import torch
 
     from nondet.probes.core.numerics import fingerprint, numerics_scope
-    from nondet.kernels import collective
+    from nondet.kernels import collective, symmetric_sum
     from nondet.probes.core import precompiled
     from nondet.probes.core.compiled import census_store
     from nondet.probes.static.decoder import ConditionDecoder
@@ -71,7 +71,9 @@ def _run(rank: int, job: Job, pipe) -> None:
         with local_linear_params(loaded.model):  # the same local kernels, without DTensors on the host path
             _decode_conditions(rank, job, loaded, decoder, pipe)
     # rank 0's compiled-path bookkeeping (its graph census: every rank compiles the same graphs)
-    pipe.send(("done", rank, {"invariant_all_reduce_calls": collective.calls(), "decode": decoder.summary()}))
+    pipe.send(("done", rank, {"invariant_all_reduce_calls": collective.calls(), "decode": decoder.summary(),
+                              "invariant_all_reduce_route": collective.route() if collective.calls() else None,
+                              "symmetric_sum_refused": symmetric_sum.refused()}))
     if job.degree > 1:
         torch.distributed.destroy_process_group()
 
