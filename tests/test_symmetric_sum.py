@@ -2,40 +2,57 @@
 check must accept the gathered sum's bits and nothing else, so a kernel that adds in another order, or
 rounds between adds, keeps the all-gather path. tests/gpu/test_symmetric_sum_gpu.py runs the kernel."""
 
+import pytest
 import torch
 
 from nondet.kernels import collective, symmetric_sum
 
-
-def _partials(world):
-    return [symmetric_sum.check_partials(rank, world, "cpu") for rank in range(world)]
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def test_the_check_accepts_the_sum_in_rank_order_in_fp32():
+def _partials(world, dtype):
+    return [symmetric_sum.check_partials(rank, world, "cpu", dtype) for rank in range(world)]
+
+
+def _fold(parts, dtype):
+    """fp32 adds in the order given, cast once: the one-shot's arithmetic in that order."""
+    return collective.rank_order_sum(parts).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_check_accepts_the_sum_in_rank_order(dtype):
     for world in (2, 3, 4, 8):
-        assert symmetric_sum.agrees_with_rank_order(collective.rank_order_sum(_partials(world)), world, "cpu")
+        parts = _partials(world, dtype)
+        assert all(torch.isfinite(p).all() for p in parts)
+        assert symmetric_sum.agrees_with_rank_order(_fold(parts, dtype), world, "cpu", dtype)
+        swapped = _fold([parts[1], parts[0], *parts[2:]], dtype)  # the first add's order never changes a sum
+        assert symmetric_sum.agrees_with_rank_order(swapped, world, "cpu", dtype)
 
 
-def test_positive_control_the_check_rejects_any_other_order_of_three_or_more():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_positive_control_the_check_rejects_any_other_order_of_three_or_more(dtype):
     for world in (3, 4, 8):
-        parts = _partials(world)
-        reversed_order = collective.rank_order_sum(parts[::-1])
-        last_first = parts[0] + collective.rank_order_sum(parts[1:])  # p0 + ((p1 + p2) + ...)
-        rotated = collective.rank_order_sum(parts[1:] + parts[:1])  # each rank starting from its own partial
-        for wrong in (reversed_order, last_first, rotated):
-            assert not torch.equal(wrong, collective.rank_order_sum(parts))  # the orders differ on these values
-            assert not symmetric_sum.agrees_with_rank_order(wrong, world, "cpu")
+        parts = _partials(world, dtype)
+        orders = {"reversed": parts[::-1], "own rank first": parts[1:] + parts[:1],
+                  "last two swapped": parts[:-2] + [parts[-1], parts[-2]]}
+        for name, order in orders.items():
+            assert not symmetric_sum.agrees_with_rank_order(_fold(order, dtype), world, "cpu", dtype), name
+        if world == 4:  # ((p0 + p1) + (p2 + p3)): a tree, not a fold
+            halves = [parts[0].float() + parts[1].float(), parts[2].float() + parts[3].float()]
+            assert not symmetric_sum.agrees_with_rank_order(_fold(halves, dtype), world, "cpu", dtype)
 
 
-def test_positive_control_the_check_rejects_a_rounding_between_adds():
-    for world in (2, 3):
-        parts = _partials(world)
-        in_bf16 = collective.rank_order_sum([p.bfloat16() for p in parts])  # bf16 inputs: a rounding before the sum
-        assert not symmetric_sum.agrees_with_rank_order(in_bf16, world, "cpu")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_positive_control_the_check_rejects_a_rounding_between_adds(dtype):
+    for world in (3, 4):
+        parts = _partials(world, dtype)
+        coarse = torch.bfloat16 if dtype == torch.float32 else dtype  # a rounding fp32 adds do not make
         stepwise = parts[0]
         for part in parts[1:]:
-            stepwise = (stepwise + part).bfloat16().float()  # a rounding after each add
-        assert not symmetric_sum.agrees_with_rank_order(stepwise, world, "cpu")
+            stepwise = (stepwise.float() + part.float()).to(coarse).to(dtype)  # rounded after each add
+        assert not symmetric_sum.agrees_with_rank_order(stepwise, world, "cpu", dtype)
+    rounded_first = _fold([p.bfloat16() for p in _partials(2, torch.float32)], torch.float32)
+    assert not symmetric_sum.agrees_with_rank_order(rounded_first, 2, "cpu")  # fp32 partials rounded to bf16
 
 
 def test_cpu_tensors_never_set_up_the_one_shot():

@@ -12,16 +12,24 @@ kernel adds fp32 values, and the sum is cast once to the input dtype, as rank_or
 only if the kernel adds in rank order 0..W-1, which its source reads as but no document promises. So a
 group takes this path only after a check that would fail otherwise (`agrees_with_rank_order`): every
 rank sums known partials of a wide exponent range both ways and the group takes the one-shot only if
-every rank got the gathered sum's bits (any other order of three or more values, or a bf16 add, gives
-other bits there: tests/test_symmetric_sum.py). Where the check fails or symmetric memory is missing
-(CPU, gloo, no P2P), the all-gather path runs, with the same bits, so which path ran never changes a
-token; `route()` names it for the run's fingerprint.
+every rank got the gathered sum's bits (any other order of three or more values, or a rounding between
+adds, gives other bits there: tests/test_symmetric_sum.py). Where the check fails or symmetric memory is
+missing (CPU, gloo, no P2P), the all-gather path runs, with the same bits, so which path ran never
+changes a token; `route()` names it for the run's fingerprint.
+
+fp32 partials double the bytes a rank reads: at W = 2, B = 64 the fp32 one-shot took 20.6 us against
+12.1 us in bf16 (2 x H200, 2026-11-29). So a 16-bit dtype whose own one-shot passes the same check (its
+partials in that dtype, the expected sum rank_order_sum's cast once) goes in as it is. At W = 2 it must
+pass: one add of two bf16 / fp16 values rounded once equals their fp32 sum rounded once (fp32 has more
+than 2p + 2 bits, so the double rounding is innocuous); above 2 it passes only if the kernel accumulates
+in fp32 in rank order.
 
 The buffer is set up at the first eager all-reduce of a world (every rank of the group is in that call,
 so its collectives line up); a traced call before that takes the gather path. It lives as long as the
 process: a compiled step's CUDA graphs keep its address. NONDET_SYMMETRIC_SUM=0 keeps the gather path.
 """
 
+import logging
 import os
 
 import torch
@@ -30,10 +38,12 @@ ENV = "NONDET_SYMMETRIC_SUM"  # "0": never take the one-shot (the gather path's 
 BUFFER_ELEMENTS = 16 * 1024 * 1024  # fp32, 64 MiB: a 64 x 32-token prefill of hidden 4096 fits twice
 CHECK_ELEMENTS = 4096
 MULTICAST_ENV = "TORCH_SYMM_MEM_DISABLE_MULTICAST"  # read when the buffer is made: "1", NVLink P2P loads only
-NAME = "one-shot sum over symmetric memory (fp32, ranks in order, cast to the input dtype)"
-# world: the world size the buffer was set up for (0: not yet); buffer: the symmetric fp32 buffer;
-# group: the world group's name; refused: why this process keeps the gather path (None: not refused)
-_STATE = {"world": 0, "buffer": None, "group": "", "refused": None}
+NAME = "one-shot sum over symmetric memory (fp32 in rank order, cast once to the input dtype)"
+NATIVE_CANDIDATES = (torch.bfloat16, torch.float16)  # dtypes whose own one-shot is checked at set-up
+# world: the world size the buffer was set up for (0: not yet); buffer: the symmetric fp32 buffer (a
+# 16-bit dtype views it); group: the world group's name; native: the dtypes summed as they are (their
+# check passed); refused: why this process keeps the gather path (None: not refused)
+_STATE = {"world": 0, "buffer": None, "group": "", "native": (), "refused": None}
 
 
 def route() -> str | None:
@@ -74,16 +84,23 @@ def prepare(tensor: torch.Tensor, group, original_all_reduce) -> None:
 
 
 def sum_into(tensor: torch.Tensor) -> None:
-    """tensor <- the sum of every rank's tensor: fp32 partials, one-shot, one cast (in place)."""
-    slot = _STATE["buffer"].narrow(0, 0, tensor.numel()).view(tensor.shape)
-    total = torch.ops.symm_mem.one_shot_all_reduce_copy(slot, tensor.float().contiguous(), "sum", _STATE["group"])
-    tensor.copy_(total)
+    """tensor <- the sum of every rank's tensor (in place): its own dtype's one-shot where that passed the
+    check, else fp32 partials, the one-shot, one cast."""
+    partial = tensor.contiguous() if tensor.dtype in _STATE["native"] else tensor.float().contiguous()
+    tensor.copy_(_one_shot(partial))
+
+
+def _one_shot(partial: torch.Tensor) -> torch.Tensor:
+    """The one-shot sum of every rank's `partial`, through the symmetric buffer viewed in its dtype."""
+    slot = _STATE["buffer"].view(partial.dtype).narrow(0, 0, partial.numel()).view(partial.shape)
+    return torch.ops.symm_mem.one_shot_all_reduce_copy(slot, partial, "sum", _STATE["group"])
 
 
 def _set_up(device: torch.device, original_all_reduce) -> str | None:
     """Allocate and rendezvous the buffer, then check the sum's bits on every rank. None when it holds."""
     import torch.distributed as dist
 
+    world = dist.get_world_size()
     saved = os.environ.get(MULTICAST_ENV)
     try:
         import torch.distributed._symmetric_memory as symm_mem
@@ -95,36 +112,74 @@ def _set_up(device: torch.device, original_all_reduce) -> str | None:
         # a compiled step's CUDA graphs must read this buffer itself, not a copy of it (a copy is not
         # symmetric): its address is static, as a parameter's
         torch._dynamo.mark_static_address(buffer)
-        here = check_partials(dist.get_rank(), dist.get_world_size(), device)
-        slot = buffer.narrow(0, 0, here.numel())
-        total = torch.ops.symm_mem.one_shot_all_reduce_copy(slot, here, "sum", group)
-        agreed = agrees_with_rank_order(total, dist.get_world_size(), device)
-    except Exception as exc:  # noqa: BLE001 (no symmetric memory here: the gather path, same bits)
-        agreed, why = False, f"symmetric memory unavailable ({type(exc).__name__}: {str(exc)[:120]})"
-    else:
+        _STATE.update(buffer=buffer, group=group)
+        rank = dist.get_rank()
+        passed = [agrees_with_rank_order(_one_shot(check_partials(rank, world, device, d)), world, device, d)
+                  for d in (torch.float32, *NATIVE_CANDIDATES)]
         why = "the one-shot's sum differed from the gathered sum in rank order on some rank"
+    except Exception as exc:  # noqa: BLE001 (no symmetric memory here: the gather path, same bits)
+        passed = [False] * (1 + len(NATIVE_CANDIDATES))
+        why = f"symmetric memory unavailable ({type(exc).__name__}: {str(exc)[:120]})"
     finally:
         if saved is None:
             os.environ.pop(MULTICAST_ENV, None)
-    votes = torch.tensor([int(agreed)], device=device)
+    votes = torch.tensor([int(p) for p in passed], device=device)
     original_all_reduce(votes, op=dist.ReduceOp.MIN)  # every rank takes the same path, or none does
-    if votes.item() != 1:
-        return why if not agreed else "another rank's check failed"
-    _STATE.update(buffer=buffer, group=group)
+    if votes[0].item() != 1:
+        _STATE.update(buffer=None, group="")
+        return why if not passed[0] else "another rank's check failed"
+    _STATE["native"] = tuple(d for d, vote in zip(NATIVE_CANDIDATES, votes[1:].tolist()) if vote == 1)
+    _quiet_inductor_about_the_buffer()
     return None
 
 
-def check_partials(rank: int, world: int, device) -> torch.Tensor:
-    """Rank `rank`'s partial of the check: fp32 values spread over 2^-20..2^20, so that sums of the same
-    values in another order, or with a bf16 rounding between adds, come out with other bits."""
+def native_dtypes() -> tuple:
+    """The 16-bit dtypes summed as they are (their own one-shot passed the check)."""
+    return _STATE["native"]
+
+
+class _OurBufferIsSymmetric(logging.Filter):
+    """torch 2.11's Inductor warns at every one-shot it lowers that it could not make the buffer argument
+    symmetric memory ("Failed to realize the input as a symmetric memory buffer"): it is a graph input it
+    did not allocate, our buffer, which is symmetric (rendezvoused above). 292 lines a 36-layer TP2
+    compile; this drops that one message while the buffer exists."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to realize the input as a symmetric memory buffer")
+
+
+def _quiet_inductor_about_the_buffer() -> None:
+    logger = logging.getLogger("torch._inductor.comm_lowering")
+    if not any(isinstance(f, _OurBufferIsSymmetric) for f in logger.filters):
+        logger.addFilter(_OurBufferIsSymmetric())
+
+
+def check_partials(rank: int, world: int, device, dtype=torch.float32) -> torch.Tensor:
+    """Rank `rank`'s partial of the set-up check, in `dtype`: sums of these in another order than
+    ((p0 + p1) + p2) + ..., or with a rounding between adds, come out with other bits.
+
+    Two parts. Values spread over 2^-20..2^20 (2^-14..2^12 in fp16, its range): a rounding between adds
+    shows on some of 4096. And, for every ordered triple of ranks (a, b, c), one element where a holds
+    +2^12, b -2^12, c 2^-14 and the others 0: the sum is 2^-14 if c's value is added after both big ones
+    and 0 otherwise (2^-14 is below half of fp32's step at 2^12, so it is lost when added to one), so
+    an order that puts another rank last among three gives a 0 where rank order gives 2^-14 (the order
+    of the first two adds alone never changes a sum, and is not asked)."""
+    import itertools
+
     gen = torch.Generator().manual_seed(7919 * (rank + 1) + world)
-    values = torch.randn(CHECK_ELEMENTS, generator=gen) * torch.exp2(torch.randint(-20, 21, (CHECK_ELEMENTS,), generator=gen))
-    return values.to(device)
+    low, high = (-14, 12) if dtype == torch.float16 else (-20, 20)
+    scale = torch.exp2(torch.randint(low, high + 1, (CHECK_ELEMENTS,), generator=gen).float())
+    spread = torch.randn(CHECK_ELEMENTS, generator=gen) * scale
+    by_role = {0: 2.0 ** 12, 1: -(2.0 ** 12), 2: 2.0 ** -14}
+    triples = [by_role[t.index(rank)] if rank in t else 0.0 for t in itertools.permutations(range(world), 3)]
+    return torch.cat([spread, torch.tensor(triples)]).to(dtype).to(device)
 
 
-def agrees_with_rank_order(total: torch.Tensor, world: int, device) -> bool:
-    """Whether `total` is bitwise ((p0 + p1) + p2) + ... in fp32 of every rank's check partial."""
-    expected = check_partials(0, world, device)
+def agrees_with_rank_order(total: torch.Tensor, world: int, device, dtype=torch.float32) -> bool:
+    """Whether `total` is bitwise rank_order_sum of every rank's check partial in `dtype` (fp32 adds in
+    rank order), cast once to `dtype`."""
+    expected = check_partials(0, world, device, dtype).float()
     for rank in range(1, world):
-        expected = expected + check_partials(rank, world, device)
-    return torch.equal(total.view(torch.int32), expected.view(torch.int32))
+        expected = expected + check_partials(rank, world, device, dtype).float()
+    expected = expected.to(dtype)
+    return total.dtype == dtype and torch.equal(total.view(torch.uint8), expected.view(torch.uint8))
