@@ -18,11 +18,12 @@ missing (CPU, gloo, no P2P), the all-gather path runs, with the same bits, so wh
 changes a token; `route()` names it for the run's fingerprint.
 
 fp32 partials double the bytes a rank reads: at W = 2, B = 64 the fp32 one-shot took 20.6 us against
-12.1 us in bf16 (2 x H200, 2026-11-29). So a 16-bit dtype whose own one-shot passes the same check (its
-partials in that dtype, the expected sum rank_order_sum's cast once) goes in as it is. At W = 2 it must
-pass: one add of two bf16 / fp16 values rounded once equals their fp32 sum rounded once (fp32 has more
-than 2p + 2 bits, so the double rounding is innocuous); above 2 it passes only if the kernel accumulates
-in fp32 in rank order.
+12.1 us in bf16 (2 x H200, 2026-11-29). So bf16 partials go in as they are where bf16's own one-shot
+passes the same check (bf16 partials, the expected sum rank_order_sum's cast once; a buffer of its own).
+At W = 2 it must pass: one add of two bf16 values rounded once equals their fp32 sum rounded once (fp32
+has more than 2p + 2 bits, so the double rounding is innocuous); above 2 it passes only if the kernel
+accumulates in fp32 in rank order. (torch's one-shot dispatches fp32 and bf16 only, by its source: fp16
+goes in as fp32.)
 
 The buffer is set up at the first eager all-reduce of a world (every rank of the group is in that call,
 so its collectives line up); a traced call before that takes the gather path. It lives as long as the
@@ -35,15 +36,14 @@ import os
 import torch
 
 ENV = "NONDET_SYMMETRIC_SUM"  # "0": never take the one-shot (the gather path's timings, a control)
-BUFFER_ELEMENTS = 16 * 1024 * 1024  # fp32, 64 MiB: a 64 x 32-token prefill of hidden 4096 fits twice
+BUFFER_ELEMENTS = 16 * 1024 * 1024  # 64 MiB in fp32 (bf16's 32 MiB): a 64 x 32-token prefill of hidden 4096 fits twice
 CHECK_ELEMENTS = 4096
 MULTICAST_ENV = "TORCH_SYMM_MEM_DISABLE_MULTICAST"  # read when the buffer is made: "1", NVLink P2P loads only
 NAME = "one-shot sum over symmetric memory (fp32 in rank order, cast once to the input dtype)"
-NATIVE_CANDIDATES = (torch.bfloat16, torch.float16)  # dtypes whose own one-shot is checked at set-up
-# world: the world size the buffer was set up for (0: not yet); buffer: the symmetric fp32 buffer (a
-# 16-bit dtype views it); group: the world group's name; native: the dtypes summed as they are (their
-# check passed); refused: why this process keeps the gather path (None: not refused)
-_STATE = {"world": 0, "buffer": None, "group": "", "native": (), "refused": None}
+# world: the world size the set-up was tried for (0: not yet); buffer: the symmetric fp32 buffer (None:
+# the gather path); bf16_buffer: bf16's own (None: bf16 goes in as fp32); group: the world group's name;
+# refused: why this process keeps the gather path (None: not refused, or not tried)
+_STATE = {"world": 0, "buffer": None, "bf16_buffer": None, "group": "", "refused": None}
 
 
 def route() -> str | None:
@@ -84,65 +84,83 @@ def prepare(tensor: torch.Tensor, group, original_all_reduce) -> None:
 
 
 def sum_into(tensor: torch.Tensor) -> None:
-    """tensor <- the sum of every rank's tensor (in place): its own dtype's one-shot where that passed the
+    """tensor <- the sum of every rank's tensor (in place): bf16 as it is where its one-shot passed the
     check, else fp32 partials, the one-shot, one cast."""
-    partial = tensor.contiguous() if tensor.dtype in _STATE["native"] else tensor.float().contiguous()
-    tensor.copy_(_one_shot(partial))
+    if tensor.dtype == torch.bfloat16 and _STATE["bf16_buffer"] is not None:
+        total = _one_shot(_STATE["bf16_buffer"], tensor.contiguous(), _STATE["group"])
+    else:
+        total = _one_shot(_STATE["buffer"], tensor.float().contiguous(), _STATE["group"])
+    tensor.copy_(total)
 
 
-def _one_shot(partial: torch.Tensor) -> torch.Tensor:
-    """The one-shot sum of every rank's `partial`, through the symmetric buffer viewed in its dtype."""
-    slot = _STATE["buffer"].view(partial.dtype).narrow(0, 0, partial.numel()).view(partial.shape)
-    return torch.ops.symm_mem.one_shot_all_reduce_copy(slot, partial, "sum", _STATE["group"])
+def _one_shot(buffer: torch.Tensor, partial: torch.Tensor, group: str) -> torch.Tensor:
+    """The one-shot sum of every rank's `partial` through the symmetric `buffer` (of its dtype)."""
+    slot = buffer.narrow(0, 0, partial.numel()).view(partial.shape)
+    return torch.ops.symm_mem.one_shot_all_reduce_copy(slot, partial, "sum", group)
+
+
+def native_dtypes() -> tuple:
+    """The dtypes summed as they are, beside fp32 (their own one-shot passed the check)."""
+    return (torch.bfloat16,) if _STATE["bf16_buffer"] is not None else ()
 
 
 def _set_up(device: torch.device, original_all_reduce) -> str | None:
-    """Allocate and rendezvous the buffer, then check the sum's bits on every rank. None when it holds."""
+    """The fp32 buffer, then bf16's, each made, rendezvoused and checked on every rank; the group takes
+    one only if every rank's check passed (a vote). None when the fp32 one holds, else why not."""
     import torch.distributed as dist
 
-    world = dist.get_world_size()
     saved = os.environ.get(MULTICAST_ENV)
+    os.environ[MULTICAST_ENV] = "1" if saved is None else saved  # P2P loads only, unless the user chose
     try:
-        import torch.distributed._symmetric_memory as symm_mem
-
-        os.environ[MULTICAST_ENV] = "1" if saved is None else saved  # P2P loads only, unless the user chose
         group = dist.group.WORLD.group_name
-        buffer = symm_mem.empty((BUFFER_ELEMENTS,), dtype=torch.float32, device=device)
-        symm_mem.rendezvous(buffer, group)
-        # a compiled step's CUDA graphs must read this buffer itself, not a copy of it (a copy is not
-        # symmetric): its address is static, as a parameter's
-        torch._dynamo.mark_static_address(buffer)
-        _STATE.update(buffer=buffer, group=group)
-        rank = dist.get_rank()
-        passed = [agrees_with_rank_order(_one_shot(check_partials(rank, world, device, d)), world, device, d)
-                  for d in (torch.float32, *NATIVE_CANDIDATES)]
-        why = "the one-shot's sum differed from the gathered sum in rank order on some rank"
-    except Exception as exc:  # noqa: BLE001 (no symmetric memory here: the gather path, same bits)
-        passed = [False] * (1 + len(NATIVE_CANDIDATES))
-        why = f"symmetric memory unavailable ({type(exc).__name__}: {str(exc)[:120]})"
+        fp32, why = _checked_buffer(torch.float32, group, device)
+        if not _every_rank(fp32 is not None, device, original_all_reduce):
+            return why or "another rank's check failed"
+        bf16, _ = _checked_buffer(torch.bfloat16, group, device)
+        native = _every_rank(bf16 is not None, device, original_all_reduce)
     finally:
         if saved is None:
             os.environ.pop(MULTICAST_ENV, None)
-    votes = torch.tensor([int(p) for p in passed], device=device)
-    original_all_reduce(votes, op=dist.ReduceOp.MIN)  # every rank takes the same path, or none does
-    if votes[0].item() != 1:
-        _STATE.update(buffer=None, group="")
-        return why if not passed[0] else "another rank's check failed"
-    _STATE["native"] = tuple(d for d, vote in zip(NATIVE_CANDIDATES, votes[1:].tolist()) if vote == 1)
+    _STATE.update(buffer=fp32, bf16_buffer=bf16 if native else None, group=group)
     _quiet_inductor_about_the_buffer()
     return None
 
 
-def native_dtypes() -> tuple:
-    """The 16-bit dtypes summed as they are (their own one-shot passed the check)."""
-    return _STATE["native"]
+def _checked_buffer(dtype: torch.dtype, group: str, device) -> tuple:
+    """(a symmetric buffer of `dtype` whose one-shot gave the gathered sum's bits, None) or (None, why)."""
+    import torch.distributed as dist
+
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        buffer = symm_mem.empty((BUFFER_ELEMENTS,), dtype=dtype, device=device)
+        symm_mem.rendezvous(buffer, group)
+        # a compiled step's CUDA graphs must read this buffer itself, not a copy of it (a copy is not
+        # symmetric): its address is static, as a parameter's
+        torch._dynamo.mark_static_address(buffer)
+        world = dist.get_world_size()
+        total = _one_shot(buffer, check_partials(dist.get_rank(), world, device, dtype), group)
+        if agrees_with_rank_order(total, world, device, dtype):
+            return buffer, None
+        return None, f"the {dtype} one-shot's sum differed from the gathered sum in rank order"
+    except Exception as exc:  # noqa: BLE001 (no symmetric memory here: the gather path, same bits)
+        return None, f"symmetric memory unavailable ({type(exc).__name__}: {str(exc)[:120]})"
+
+
+def _every_rank(passed: bool, device, original_all_reduce) -> bool:
+    """Whether every rank passed (a MIN over the group by the backend's own all-reduce)."""
+    import torch.distributed as dist
+
+    vote = torch.tensor([int(passed)], device=device)
+    original_all_reduce(vote, op=dist.ReduceOp.MIN)
+    return vote.item() == 1
 
 
 class _OurBufferIsSymmetric(logging.Filter):
     """torch 2.11's Inductor warns at every one-shot it lowers that it could not make the buffer argument
     symmetric memory ("Failed to realize the input as a symmetric memory buffer"): it is a graph input it
     did not allocate, our buffer, which is symmetric (rendezvoused above). 292 lines a 36-layer TP2
-    compile; this drops that one message while the buffer exists."""
+    compile; this drops that one message once the buffer exists."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("Failed to realize the input as a symmetric memory buffer")

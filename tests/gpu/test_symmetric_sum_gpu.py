@@ -7,6 +7,7 @@ refused by the set-up check on this host."""
 import hashlib
 import os
 import socket
+from datetime import timedelta
 
 import pytest
 
@@ -49,7 +50,9 @@ def _rank(rank: int, world: int, port: int, queue) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    # a rank that fails leaves the other in a collective: NCCL's watchdog ends it after a minute
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank),
+                            timeout=timedelta(seconds=60))
     found = {"rank": rank, "equal": [], "row0": [], "compiled_equal": []}
     collective.set_enabled(True)
     try:
@@ -76,8 +79,10 @@ def _rank(rank: int, world: int, port: int, queue) -> None:
             found["compiled_equal"].append(bool(torch.equal(out, _gathered(x))))
         # the control: the one-shot kernel on the check's partials rounded to bf16 first
         here = symmetric_sum.check_partials(rank, world, "cuda").bfloat16().float()
-        rounded = symmetric_sum._one_shot(here)
+        rounded = symmetric_sum._one_shot(symmetric_sum._STATE["buffer"], here, symmetric_sum._STATE["group"])
         found["control_agrees"] = symmetric_sum.agrees_with_rank_order(rounded, world, "cuda")
+    except Exception as exc:  # the parent reads it (a traceback in a child is not the test's failure line)
+        found["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         collective.set_enabled(False)
     queue.put(found)
@@ -97,6 +102,7 @@ def test_the_one_shot_is_set_up_and_gives_the_gathered_sums_bits_and_its_control
     mp.spawn(_rank, args=(2, _free_port(), queue), nprocs=2, join=True)
     ranks = sorted((queue.get() for _ in range(2)), key=lambda f: f["rank"])
     for found in ranks:
+        assert "error" not in found, found["error"]
         assert found["route"] == symmetric_sum.NAME and found["refused"] is None, found["refused"]
         assert "torch.bfloat16" in found["native"]  # W = 2: one add rounded once, as the fp32 sum cast
         assert found["equal"] == [True] * 2 * len(BATCHES)  # eager: the all-gather route's bits
