@@ -60,3 +60,44 @@ def test_cpu_tensors_never_set_up_the_one_shot():
     symmetric_sum.prepare(torch.zeros(4), None, original_all_reduce=None)
     assert symmetric_sum.route() is None and symmetric_sum.refused() is None
     assert collective.route() == collective.NAME
+
+
+@pytest.fixture
+def one_rank_group(tmp_path, monkeypatch):
+    """A gloo group of one rank, symmetric memory stood in for by plain tensors, the module's state new."""
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    monkeypatch.setattr(symm_mem, "empty", lambda shape, dtype, device: torch.zeros(shape, dtype=dtype, device=device))
+    monkeypatch.setattr(symm_mem, "rendezvous", lambda buffer, group: None)
+    monkeypatch.setattr(symmetric_sum, "_STATE", dict(symmetric_sum._STATE, world=0, buffer=None, bf16_buffer=None))
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def _stand_in_one_shot(add):
+    """A one-shot of one rank: the buffer gets the partial, the sum is it (plus `add`, a faulty kernel)."""
+    def one_shot(buffer, partial, reduce_op, group):
+        buffer.copy_(partial)
+        return buffer.clone() + add
+    return one_shot
+
+
+def test_the_set_up_takes_each_dtype_whose_check_passes(one_rank_group, monkeypatch):
+    monkeypatch.setattr(torch.ops.symm_mem, "one_shot_all_reduce_copy", _stand_in_one_shot(0))
+    assert symmetric_sum._set_up(torch.device("cpu"), one_rank_group.all_reduce) is None
+    assert symmetric_sum.route() == symmetric_sum.NAME and symmetric_sum.native_dtypes() == (torch.bfloat16,)
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    summed = x.clone()
+    symmetric_sum.sum_into(summed)  # one rank: the sum is the partial
+    assert torch.equal(summed, x)
+
+
+def test_positive_control_a_kernel_that_gets_the_sum_wrong_keeps_the_gather_path(one_rank_group, monkeypatch):
+    monkeypatch.setattr(torch.ops.symm_mem, "one_shot_all_reduce_copy", _stand_in_one_shot(2.0 ** -30))
+    why = symmetric_sum._set_up(torch.device("cpu"), one_rank_group.all_reduce)
+    assert "differed from the gathered sum" in why
+    assert symmetric_sum.route() is None and symmetric_sum.native_dtypes() == ()
