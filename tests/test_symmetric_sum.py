@@ -72,6 +72,7 @@ def one_rank_group(tmp_path, monkeypatch):
     monkeypatch.setattr(symm_mem, "empty", lambda shape, dtype, device: torch.zeros(shape, dtype=dtype, device=device))
     monkeypatch.setattr(symm_mem, "rendezvous", lambda buffer, group: None)
     monkeypatch.setattr(symmetric_sum, "_STATE", dict(symmetric_sum._STATE, world=0, buffer=None, bf16_buffer=None))
+    monkeypatch.setattr(symmetric_sum, "_can_take_part", lambda device: True)  # no GPUs here to ask
     try:
         yield dist
     finally:
@@ -101,3 +102,10 @@ def test_positive_control_a_kernel_that_gets_the_sum_wrong_keeps_the_gather_path
     why = symmetric_sum._set_up(torch.device("cpu"), one_rank_group.all_reduce)
     assert "differed from the gathered sum" in why
     assert symmetric_sum.route() is None and symmetric_sum.native_dtypes() == ()
+
+
+def test_a_rank_that_cannot_take_part_keeps_every_rank_off_the_rendezvous(one_rank_group, monkeypatch):
+    monkeypatch.setattr(symmetric_sum, "_can_take_part", lambda device: False)
+    monkeypatch.setattr(symmetric_sum, "_checked_buffer", lambda *a: pytest.fail("a rendezvous was entered"))
+    why = symmetric_sum._set_up(torch.device("cpu"), one_rank_group.all_reduce)
+    assert why.startswith("symmetric memory unavailable on some rank") and symmetric_sum.route() is None

@@ -113,6 +113,9 @@ def _set_up(device: torch.device, original_all_reduce) -> str | None:
     os.environ[MULTICAST_ENV] = "1" if saved is None else saved  # P2P loads only, unless the user chose
     try:
         group = dist.group.WORLD.group_name
+        # a rendezvous waits for every rank: agree first that every rank can take part in one
+        if not _every_rank(_can_take_part(device), device, original_all_reduce):
+            return "symmetric memory unavailable on some rank (torch's module, or peer access to every GPU)"
         fp32, why = _checked_buffer(torch.float32, group, device)
         if not _every_rank(fp32 is not None, device, original_all_reduce):
             return why or "another rank's check failed"
@@ -124,6 +127,21 @@ def _set_up(device: torch.device, original_all_reduce) -> str | None:
     _STATE.update(buffer=fp32, bf16_buffer=bf16 if native else None, group=group)
     _quiet_inductor_about_the_buffer()
     return None
+
+
+def _can_take_part(device) -> bool:
+    """Whether this rank can join a rendezvous: torch's symmetric memory imports, and this GPU reads
+    every other visible GPU over P2P (the one-shot's loads; a group over several hosts has fewer
+    visible GPUs than ranks)."""
+    import torch.distributed as dist
+
+    try:
+        import torch.distributed._symmetric_memory  # noqa: F401
+    except ImportError:
+        return False
+    here, count = torch.device(device).index or 0, torch.cuda.device_count()
+    return dist.get_world_size() <= count and all(
+        torch.cuda.can_device_access_peer(here, other) for other in range(count) if other != here)
 
 
 def _checked_buffer(dtype: torch.dtype, group: str, device) -> tuple:
