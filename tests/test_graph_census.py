@@ -137,6 +137,23 @@ def test_collectives_in_a_compiled_graph_are_sorted_as_the_eager_census_sorts_th
     assert not census.unreviewed
 
 
+def test_the_one_shot_all_reduce_is_ours_only_where_this_process_set_it_up(monkeypatch):
+    """kernels/symmetric_sum.py's one-shot in a compiled graph: routed once its set-up check passed here;
+    the same op from anyone else's symmetric memory is a sum in an order nobody checked."""
+    from nondet.kernels import symmetric_sum
+    from nondet.kernels.graph_census import _sort
+
+    one_shot = torch.ops.symm_mem.one_shot_all_reduce_copy.default
+    assert one_shot.name().split("::")[1].startswith(symmetric_sum.ONE_SHOT_OP)
+    census = GraphCensus()
+    _sort(census, _Node(one_shot, torch.nn.Linear))
+    assert census.routed == 0 and list(census.uncovered.values()) == [1]  # not set up in this process
+    monkeypatch.setattr(symmetric_sum, "route", lambda: symmetric_sum.NAME)
+    census = GraphCensus()
+    _sort(census, _Node(one_shot, torch.nn.Linear))
+    assert census.routed == 1 and not census.uncovered and not census.unreviewed
+
+
 def _census_of(fn, *args, store=None) -> GraphCensus:
     torch._dynamo.reset()
     census = GraphCensus(store=store)

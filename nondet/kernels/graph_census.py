@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from nondet.kernels import op_kinds
+from nondet.kernels import op_kinds, symmetric_sum
 from nondet.kernels.census import COLLECTIVE_NAMESPACES, ROW_INDEPENDENT, collective_kind
 
 # float reductions and contractions: their order of accumulation is the compiler's choice
@@ -164,6 +164,11 @@ def _sort(census: GraphCensus, node) -> None:
     namespace, op = target.namespace, op_kinds.base_name(target)
     if namespace == "nondet":
         census.routed += 1
+    elif namespace == "symm_mem":  # the mode's all-reduce as one kernel, where this process set it up
+        if op == symmetric_sum.ONE_SHOT_OP and symmetric_sum.route() is not None:
+            census.routed += 1  # its bits checked against the gathered sum at set-up (symmetric_sum.py)
+        else:
+            census.uncovered[(_module_of(node), f"{namespace}::{op}")] += 1
     elif namespace in COLLECTIVE_NAMESPACES:  # as the eager census sorts them (a copy; an embedding's exact sum)
         if collective_kind(op, _module_type(node))[0] == ROW_INDEPENDENT:
             census.row_independent += 1

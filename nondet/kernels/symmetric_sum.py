@@ -39,6 +39,7 @@ ENV = "NONDET_SYMMETRIC_SUM"  # "0": never take the one-shot (the gather path's 
 BUFFER_ELEMENTS = 16 * 1024 * 1024  # 64 MiB in fp32 (bf16's 32 MiB): a 64 x 32-token prefill of hidden 4096 fits twice
 CHECK_ELEMENTS = 4096
 MULTICAST_ENV = "TORCH_SYMM_MEM_DISABLE_MULTICAST"  # read when the buffer is made: "1", NVLink P2P loads only
+ONE_SHOT_OP = "one_shot_all_reduce_copy"  # torch.ops.symm_mem's op; the graph census sorts it by this name
 NAME = "one-shot sum over symmetric memory (fp32 in rank order, cast once to the input dtype)"
 # world: the world size the set-up was tried for (0: not yet); buffer: the symmetric fp32 buffer (None:
 # the gather path); bf16_buffer: bf16's own (None: bf16 goes in as fp32); group: the world group's name;
@@ -96,7 +97,7 @@ def sum_into(tensor: torch.Tensor) -> None:
 def _one_shot(buffer: torch.Tensor, partial: torch.Tensor, group: str) -> torch.Tensor:
     """The one-shot sum of every rank's `partial` through the symmetric `buffer` (of its dtype)."""
     slot = buffer.narrow(0, 0, partial.numel()).view(partial.shape)
-    return torch.ops.symm_mem.one_shot_all_reduce_copy(slot, partial, "sum", group)
+    return torch.ops.symm_mem.one_shot_all_reduce_copy(slot, partial, "sum", group)  # ONE_SHOT_OP
 
 
 def native_dtypes() -> tuple:
