@@ -80,17 +80,22 @@ def invariant_all_reduce(tensor: torch.Tensor, op=None, group=None, async_op: bo
     summed = op is None or op == dist.ReduceOp.SUM
     if not summed or async_op or dist.get_world_size(group) == 1:
         return _original()(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group, async_op=async_op)
+    if _STATE["tree"]:  # --tp-invariant: the K tree's nodes, not one fp32 sum
+        tensor.copy_(pairwise_tree(gather(tensor, group)))
+        return _counted()
     if not torch.compiler.is_compiling():  # once per process, at an eager call every rank is in
         symmetric_sum.prepare(tensor, group, _original())
-    if _STATE["tree"]:
-        tensor.copy_(pairwise_tree(gather(tensor, group)))
-    elif symmetric_sum.takes(tensor, group):
+    if symmetric_sum.takes(tensor, group):
         symmetric_sum.sum_into(tensor)  # the gathered sum's bits in one kernel (checked at set-up)
     else:
         tensor.copy_(rank_order_sum(gather(tensor, group)).to(tensor.dtype))
+    return _counted()
+
+
+def _counted() -> None:
+    """Count an invariant all-reduce made eagerly; returns None, as torch.distributed.all_reduce does."""
     if not torch.compiler.is_compiling():  # traced, the count would be a guard: a recompile per call
         _STATE["calls"] += 1  # (transformers' compiled generate prefills eagerly: its calls are counted)
-    return None
 
 
 def route() -> str:
