@@ -49,6 +49,9 @@
 #                transformers of scripts/device/wheels.sh, carried as .device-wheels)
 #   tp-check     on 4 GPUs: --tp-invariant's tree compiled keeps eager's bits (tests/gpu/test_tp_tree_gpu.py, its
 #                control), and one layer's logits at TP1 / TP2 / TP4, eager and compiled, agree (tp_speed.md)
+#   allreduce    on 2+ GPUs: the mode's all-reduce as the one-shot over symmetric memory (tests/gpu/test_symmetric_sum_gpu.py,
+#                its control), then one all-reduce's latency by route (scripts/device/gpu_allreduce_latency.py; the route
+#                line must read "one-shot" where symmetric memory is there)
 #   tp-table     scripts/device/gpu_tp_table.sh: on 4 GPUs, TP1 and TP2 side by side, then TP4 (TP_TABLE_ARGS;
 #                TP_TABLE_WORLDS groups, e.g. "2:default,2:batch-invariant 4": one process per degree and kernels)
 # Tensor parallelism needs 2 GPUs: scripts/device/gpu_tp.sh. Kernel tuning sweeps and profiles: scripts/device/README.md.
@@ -171,6 +174,11 @@ print(json.load(open('/tmp/run-step-trace/summary.json'))['decode_path']['precom
     tp-check) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tp_tree_gpu.py 2>&1 | tail -5
               TP_TABLE_BUDGET=240 TP_TABLE_ARGS="--layers 1 --paths eager,compiled --tokens 6 --batches 1,8 \
                 --kernels default,tp-invariant --tree-degree 4" timeout 260 bash scripts/device/gpu_tp_table.sh | tail -12 ;;
+    allreduce) NCCL_NVLS_ENABLE=0 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_symmetric_sum_gpu.py \
+                 -rA 2>&1 | grep -v -i warn | tail -15
+               worlds=$(nvidia-smi -L | wc -l); [ "$worlds" -ge 4 ] && worlds=2,4 || worlds=2
+               NCCL_NVLS_ENABLE=0 timeout 120 python3 scripts/device/gpu_allreduce_latency.py --worlds "$worlds" --out "$OUT" \
+                 2>&1 | grep -v -i warn | tail -14 ;;
     tp-table) timeout $(( ${TP_TABLE_BUDGET:-560} + 20 )) bash scripts/device/gpu_tp_table.sh ;;
     tp-speed) NCCL_NVLS_ENABLE=0 timeout ${TP_SPEED_TIMEOUT:-560} python3 scripts/device/gpu_tp_speed.py --out "$OUT" ${TP_SPEED_ARGS:-} \
                 2>&1 | grep -v -i "warn" | tail -30 ;;
