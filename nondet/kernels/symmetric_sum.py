@@ -209,6 +209,7 @@ def check_partials(rank: int, world: int, device, dtype=torch.float32) -> torch.
     spread = torch.randn(CHECK_ELEMENTS, generator=gen) * scale
     by_role = {0: 2.0 ** 12, 1: -(2.0 ** 12), 2: 2.0 ** -14}
     triples = [by_role[t.index(rank)] if rank in t else 0.0 for t in itertools.permutations(range(world), 3)]
+    triples += [0.0] * (-len(triples) % 16)  # a whole number of 16-element (64-byte) pieces, as activations are
     return torch.cat([spread, torch.tensor(triples)]).to(dtype).to(device)
 
 
