@@ -100,7 +100,7 @@ def test_the_one_shot_is_set_up_and_gives_the_gathered_sums_bits_and_its_control
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     mp.spawn(_rank, args=(2, _free_port(), queue), nprocs=2, join=True)
-    ranks = sorted((queue.get() for _ in range(2)), key=lambda f: f["rank"])
+    ranks = sorted((queue.get(timeout=60) for _ in range(2)), key=lambda f: f["rank"])
     for found in ranks:
         assert "error" not in found, found["error"]
         assert found["route"] == symmetric_sum.NAME and found["refused"] is None, found["refused"]
