@@ -88,7 +88,7 @@ def invariant_all_reduce(tensor: torch.Tensor, op=None, group=None, async_op: bo
     if symmetric_sum.takes(tensor, group):
         symmetric_sum.sum_into(tensor)  # the gathered sum's bits in one kernel (checked at set-up)
     else:
-        tensor.copy_(rank_order_sum(gather(tensor, group)).to(tensor.dtype))
+        tensor.copy_(gathered_sum(tensor, group))
     return _counted()
 
 
@@ -116,6 +116,11 @@ def gather(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
     parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, tensor.contiguous(), group=group)
     return parts
+
+
+def gathered_sum(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """The gather route's sum of every rank's `tensor`, in its dtype: the bits the one-shot must give."""
+    return rank_order_sum(gather(tensor, group)).to(tensor.dtype)
 
 
 def rank_order_sum(parts: list[torch.Tensor]) -> torch.Tensor:

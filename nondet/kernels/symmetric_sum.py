@@ -72,7 +72,7 @@ def prepare(tensor: torch.Tensor, group, original_all_reduce) -> None:
     check's collectives line up. A failure of either leaves the gather path, with the reason kept."""
     import torch.distributed as dist
 
-    if _STATE["world"] or torch.compiler.is_compiling() or not tensor.is_cuda:
+    if _STATE["world"] or not tensor.is_cuda:  # (collective.py calls it only outside a trace)
         return
     world = dist.get_world_size()
     _STATE["world"] = world  # tried once, whatever comes of it

@@ -8,9 +8,9 @@ the weights' read would allow, i.e. the all-reduces. This times one all-reduce o
 step issues them, 72 in a row captured in one CUDA graph (the compiled step replays graphs), for:
 
     nccl        torch.distributed.all_reduce (NCCL picks ring / tree and the protocol; NVLS off)
-    invariant   kernels.collective.invariant_all_reduce, the mode's: since 2026-11-29 the one-shot below on
-                fp32 partials where symmetric memory passed its set-up check (kernels/symmetric_sum.py;
-                the route column says which ran), else the gather route
+    invariant   kernels.collective.invariant_all_reduce, the mode's: since 2026-11-29 the one-shot below
+                (bf16 as it is, or fp32 partials) where symmetric memory passed its set-up check
+                (kernels/symmetric_sum.py; the route line says which ran), else the gather route
     gather      the gather route: all_gather, then an fp32 sum in rank order (the mode's before)
     one-shot    torch.ops.symm_mem.one_shot_all_reduce_copy: every rank reads every peer's buffer over
                 NVLink (P2P loads, no multicast) and adds the W values in rank order 0..W-1, the same
@@ -88,7 +88,7 @@ def _rank(rank: int, world: int, port: int, batches: list[int], queue) -> None:
                "nccl_us": _us(lambda: dist.all_reduce(work)),
                "invariant_us": _us(lambda: collective.invariant_all_reduce(work)),
                "route": collective.route(),
-               "gather_us": _us(lambda: work.copy_(collective.rank_order_sum(collective.gather(work)).to(work.dtype))),
+               "gather_us": _us(lambda: work.copy_(collective.gathered_sum(work))),
                "one_shot_us": _us(lambda: torch.ops.symm_mem.one_shot_all_reduce_copy(buffer, x, "sum", group))}
         rows.append(row)
     if rank == 0:

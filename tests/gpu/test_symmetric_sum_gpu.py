@@ -25,13 +25,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _gathered(tensor):
-    """The all-gather route's sum (collective.py without the one-shot)."""
-    from nondet.kernels import collective
-
-    return collective.rank_order_sum(collective.gather(tensor)).to(tensor.dtype)
-
-
 def _rows(rank: int, batch: int, dtype=torch.bfloat16):
     first = torch.randn(1, HIDDEN, device="cuda", generator=torch.Generator("cuda").manual_seed(7 + rank))
     rest = torch.randn(batch - 1, HIDDEN, device="cuda", generator=torch.Generator("cuda").manual_seed(100 * batch + rank))
@@ -61,7 +54,7 @@ def _rank(rank: int, world: int, port: int, queue) -> None:
                 x = _rows(rank, batch, dtype)
                 summed = x.clone()
                 dist.all_reduce(summed)  # the mode's: the first eager call sets the one-shot up
-                found["equal"].append(bool(torch.equal(summed, _gathered(x))))
+                found["equal"].append(bool(torch.equal(summed, collective.gathered_sum(x))))
                 found["row0"].append(_digest(summed[0]))
         found["route"], found["refused"] = symmetric_sum.route(), symmetric_sum.refused()
         found["native"] = [str(d) for d in symmetric_sum.native_dtypes()]
@@ -76,7 +69,7 @@ def _rank(rank: int, world: int, port: int, queue) -> None:
             x = _rows(rank, batch)
             for _ in range(3):  # warm-up, record, replay
                 out = compiled(x).clone()
-            found["compiled_equal"].append(bool(torch.equal(out, _gathered(x))))
+            found["compiled_equal"].append(bool(torch.equal(out, collective.gathered_sum(x))))
         # the control: the one-shot kernel on the check's partials rounded to bf16 first
         here = symmetric_sum.check_partials(rank, world, "cuda").bfloat16().float()
         rounded = symmetric_sum._one_shot(symmetric_sum._STATE["buffer"], here, symmetric_sum._STATE["group"])
