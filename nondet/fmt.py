@@ -93,6 +93,12 @@ def saved_steps_note(steps: dict) -> str:
     return "".join(f"; steps {name}: {', '.join(batches)}" for name, batches in groups.items() if batches)
 
 
+def ahead_note(outcome: str | None) -> str:
+    """'; compiled by a second process in 52.3 s (...)', or its failure (probes/static/compile_ahead.py); nothing
+    where none was started (summary.json says why)."""
+    return "" if not outcome or outcome.startswith("not started") else f"; {outcome}"
+
+
 def breaks_note(m: dict) -> str:
     """'; N graph breaks (those pieces ran eager, ...)' for a compiled mode whose warm-up broke the graph."""
     n = m.get("graph_breaks") or 0

@@ -29,11 +29,11 @@
 #                new process vs dynamo's warm JIT, bits compared
 #   probe-cli    the acceptance row: `nondet probe --compile --confirm` on the GPU case (one prompt), timed
 #                whole from a cold NONDET_CACHE, again warm, eager, and the 8 built-in prompts warm
-#                (PROBE_CLI_RUNS picks; the runs share one new cache, so only the first is cold; a name ending
-#                -nographs, e.g. "cold-nographs warm-nographs", runs the compiled path without CUDA graphs:
-#                NONDET_CUDA_GRAPHS=0; "cold-beside": a cold run on a cache of its own, the mode's step compiled
-#                and saved by a second `nondet probe --kernels batch-invariant -b 1 -n 2` started beside it, on
-#                the same cache); each with the probe's stages timed and
+#                (PROBE_CLI_RUNS picks; the runs share one new cache, so only the first is cold, and a later
+#                name beginning "cold" and longer, e.g. cold-alone, starts another new cache for itself and the
+#                runs after it; -nographs in a name, e.g. "cold-nographs warm-nographs", runs the compiled path
+#                without CUDA graphs: NONDET_CUDA_GRAPHS=0; -alone compiles the mode's step in the probe's own
+#                process, NONDET_COMPILE_AHEAD=0); each with the probe's stages timed and
 #                torch's compile-time breakdown (scripts/device/gpu_probe_cli.py)
 #   step-trace   the mode's saved decode step traced with the KV length symbolic on a one-layer GPU case (-b 2,4:
 #                the batch 2+ function), NONDET_DEBUG=1: how each function was made, and a fallback's traceback
@@ -118,27 +118,18 @@ print(d(GPU_CASE))" 2>/dev/null | tail -1)
                local base=(probe --model "$model" --device cuda --confirm -b 1,2,4,8,16,32,64,128 -n 200)
                for run in ${PROBE_CLI_RUNS:-cold warm eager prompts8-warm}; do
                  local args=("${base[@]}" -p "Tell me about Richard Feynman" --compile)
-                 [ "$run" = eager ] && args=("${base[@]}" -p "Tell me about Richard Feynman")
-                 [ "${run%-nographs}" = prompts8-warm ] && args=("${base[@]}" --compile)  # the 8 built-in prompts
-                 local graphs=1; [ "${run%-nographs}" != "$run" ] && graphs=0  # e.g. cold-nographs: no CUDA graphs
-                 local runcache=$cache child=""
-                 if [ "$run" = cold-beside ]; then  # a cache of its own; the mode's step compiled by a second process
-                   runcache=$(mktemp -d); rm -rf /tmp/run-cli-beside-child /tmp/run-cli-beside-child.done
-                   ( NONDET_CACHE=$runcache timeout 280 python3 -m nondet probe --model "$model" --device cuda \
-                       --kernels batch-invariant --compile -b 1 -n 2 -p "Tell me about Richard Feynman" \
-                       --out /tmp/run-cli-beside-child > "$OUT/probe-cli-beside-child.log" 2>&1
-                     echo "$? $(date +%s.%N)" > /tmp/run-cli-beside-child.done ) &
-                   child=$!
-                 fi
+                 case "$run" in eager*) args=("${base[@]}" -p "Tell me about Richard Feynman") ;;
+                                prompts8-warm*) args=("${base[@]}" --compile) ;;  # the 8 built-in prompts
+                                cold?*) cache=$(mktemp -d) ;;  # a second cold run: a new cache, shared by later runs
+                 esac
+                 local graphs=1 ahead=""; case "$run" in *-nographs*) graphs=0 ;; esac  # no CUDA graphs
+                 case "$run" in *-alone*) ahead=0 ;; esac  # the later mode compiled in the probe's own process
                  rm -rf "/tmp/run-cli-$run"; local t0; t0=$(date +%s.%N)
-                 NONDET_CUDA_GRAPHS=$graphs NONDET_CACHE=$runcache TORCH_LOGS=recompiles timeout 280 \
+                 NONDET_CUDA_GRAPHS=$graphs NONDET_COMPILE_AHEAD=$ahead NONDET_CACHE=$cache TORCH_LOGS=recompiles timeout 280 \
                    python3 scripts/device/gpu_probe_cli.py "${args[@]}" --out "/tmp/run-cli-$run" \
                    > "$OUT/probe-cli-$run.log" 2>&1
                  echo "$run: exit $? wall $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')") s," \
                    "recompiles logged $(grep -c 'Recompiling function' "$OUT/probe-cli-$run.log")"
-                 if [ -n "$child" ]; then wait "$child"; read -r rc t1 < /tmp/run-cli-beside-child.done
-                   echo "the second process: exit $rc, done $(python3 -c "print(f'{$t1 - $t0:.1f}')") s after the probe began"
-                 fi
                  grep -A12 "^== wall" "$OUT/probe-cli-$run.log"
                  grep -A8 "^== stages" "$OUT/probe-cli-$run.log"
                  python3 -c "import json; s = json.load(open('/tmp/run-cli-$run/summary.json'))

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from nondet.cli.fit import fitted
-from nondet.fmt import breaks_note, fmt_hex_value, fmt_step, saved_steps_note
+from nondet.fmt import ahead_note, breaks_note, fmt_hex_value, fmt_step, saved_steps_note
 from nondet.text import quoted, shorten
 from nondet.verdict import confidence_line, graph_census_line, sampler_lines
 
@@ -52,7 +52,8 @@ def decode_path_lines(d: dict) -> list[str]:
             shapes = f" ({m['warm_ups']} batch shapes{graphs_note(m)})" if m.get("warm_ups") else ""  # older run dirs lack it
             lines.append(f"{mode}: {d['compiled']}; compile + warm-up {m['warmup_s']:.1f} s{shapes}, "
                          f"decode {m['measured_s']:.1f} s over {m['conditions']} calls" + breaks_note(m)
-                         + saved_steps_note(d.get("precompiled", {}).get(mode, {})))
+                         + saved_steps_note(d.get("precompiled", {}).get(mode, {}))
+                         + ahead_note(d.get("compiled_ahead", {}).get(mode)))
         else:
             lines.append(f"{mode}: eager, static KV cache (could not compile: {m['reason']}); "
                          f"decode {m['measured_s']:.1f} s")

@@ -9,7 +9,7 @@ import shlex
 
 import pandas as pd
 
-from nondet.fmt import DASH, breaks_note, fmt_hex, fmt_margin, fmt_step, run_dir_arg, saved_steps_note
+from nondet.fmt import DASH, ahead_note, breaks_note, fmt_hex, fmt_margin, fmt_step, run_dir_arg, saved_steps_note
 from nondet.reports import figures
 from nondet.reports.blocks import (Branch, BranchPoint, Code, CodeBlock, Model, Para, Report, Section, Strong,
                                    Table, TokenDiff, figure_or_hint)
@@ -137,7 +137,8 @@ def _decode_path_note(t: RunTables) -> list[Para]:
     if not path or not compiled:
         return [Para([f"Decode path: {path}."], kind="note")] if path else []
     modes = [f"{mode} kernels " + (f"compiled (compile + warm-up {m['warmup_s']:.1f} s, decoding {m['measured_s']:.1f} s"
-                                    f"{breaks_note(m)}{saved_steps_note(compiled.get('precompiled', {}).get(mode, {}))})"
+                                    f"{breaks_note(m)}{saved_steps_note(compiled.get('precompiled', {}).get(mode, {}))}"
+                                    f"{ahead_note(compiled.get('compiled_ahead', {}).get(mode))})"
                                    if m["path"] == "compiled" else
                                    f"eager (could not compile: {m['reason']}; decoding {m['measured_s']:.1f} s)")
              for mode, m in compiled["modes"].items()]

@@ -291,17 +291,16 @@ def _filler_schedule(config) -> list:
 
 def _resumed(given):
     """The stored probe's settings; the given --endpoint, --timeout and --api-key-env apply."""
-    from nondet.probes.models.loading import ModelSpec
+    from nondet.probes.probe import config_from_dict
 
     run_dir = RunDir(given.load.resume)
     stored = read_header_dict(run_dir).get("config") or {}
     if (stored.get("load") or {}).get("mode") != "server":
         raise RunDirError(f"{run_dir.path} is not a server probe; --resume finishes interrupted --endpoint probes")
-    tuples = {k: tuple(stored[k]) for k in ("prompts", "batch_sizes", "fillers", "kernels", "argv") if k in stored}
-    load = LoadConfig(**stored["load"])
-    load = replace(load, resume=given.load.resume, endpoint=given.load.endpoint or load.endpoint,
+    config = config_from_dict(stored)
+    load = replace(config.load, resume=given.load.resume, endpoint=given.load.endpoint or config.load.endpoint,
                    timeout=given.load.timeout, retries=given.load.retries, api_key_env=given.load.api_key_env)
-    return type(given)(**{**stored, **tuples, "model": ModelSpec(**stored["model"]), "load": load})  # a ProbeConfig
+    return replace(config, load=load)
 
 
 def _check(config) -> None:

@@ -27,6 +27,7 @@ class ConditionDecoder:
         self.paths = None  # compiled.DecodePaths with --compile
         self.warmed: set = set()  # (kernels mode, batch shape) already compiled and captured
         self.graphs = None  # under the mode on the compiled path: what Inductor compiled (GraphCensus)
+        self.ahead = None  # compile_ahead.CompileAhead: later modes' steps compiled by second processes
         if compile_backend:
             from nondet.probes.core.compiled import DecodePaths
 
@@ -52,7 +53,7 @@ class ConditionDecoder:
         compiled = replace(self.settings, compile_backend=self.compile_backend)
         with compile_scope(), self._sorting_graphs(mode), decoding(mode):
             if self.paths.compiles(mode) and (shape is None or (mode, shape) not in self.warmed):
-                self.paths.warm_up(mode, lambda: run(compiled, warm=True))
+                self.paths.warm_up(mode, lambda: self._warm(mode, run, compiled))
                 self.warmed.add((mode, shape))
             chosen = compiled if self.paths.compiles(mode) else replace(self.settings, kv_cache="static")
             started = time.perf_counter()
@@ -61,6 +62,12 @@ class ConditionDecoder:
         if self.graphs is not None:
             refuse_uncovered_graphs(self.graphs, self.settings.allow_uncovered)
         return rows
+
+    def _warm(self, mode: str, run, compiled: DecodeSettings):
+        """A warm-up call; the mode's first waits for its second process (compile_ahead.py), timed with it."""
+        if self.ahead is not None:
+            self.ahead.wait(mode)
+        return run(compiled, warm=True)
 
     def _sorting_graphs(self, mode: str):
         """Under the mode, every graph Inductor compiles goes into self.graphs (graph_census.py)."""
@@ -76,6 +83,8 @@ class ConditionDecoder:
         doc = {}
         if self.paths is not None:
             doc["decode_path"] = self.paths.as_summary()
+            if self.ahead is not None and self.ahead.outcomes:
+                doc["decode_path"]["compiled_ahead"] = self.ahead.as_summary()
         if self.graphs is not None:
             doc["compiled_graph_census"] = self.graphs.to_json()
             if self.graphs.uncovered:  # allowed (refused otherwise): the run is partly invariant

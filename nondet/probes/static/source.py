@@ -22,6 +22,7 @@ from nondet.probes.core.replay import DecodeSettings, generate, generate_conditi
 from nondet.probes.core.source import Emit, Opened, Planned, step_record
 from nondet.probes.core.summarize import as_summary, sampling_section, summarize_modes
 from nondet.probes.models.loading import load_model
+from nondet.probes.static.compile_ahead import CompileAhead
 from nondet.probes.static.decoder import ConditionDecoder
 from nondet.rundir.records import ConditionRecord, StreamRecord
 
@@ -49,6 +50,9 @@ class StaticSource:
                                   allow_uncovered=c.allow_uncovered, sampler=c.sampler)
         store = census_store(self.loaded.model) if c.compile_backend else None
         self.decoder = ConditionDecoder(settings, c.compile_backend, self.loaded.model.device.type, store)
+        if c.compile_backend:  # later kernels modes' steps compiled by second processes meanwhile
+            self.decoder.ahead = CompileAhead()
+            self.decoder.ahead.start(c, self.loaded.model)
         env["decode_path"] = self.decoder.label(c.kv_cache)
         return Opened(env)
 
@@ -134,7 +138,8 @@ class StaticSource:
         return as_summary(doc)
 
     def close(self) -> None:
-        pass
+        if self.decoder is not None and self.decoder.ahead is not None:
+            self.decoder.ahead.close()
 
     def _stream(self, condition: cond.Condition, row: int, steps: list[dict], prompt_id: int,
                 prompt_tokens: int) -> StreamRecord:

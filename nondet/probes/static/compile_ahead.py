@@ -1,0 +1,190 @@
+"""A later kernels mode's decode step compiled by a second process while the probe runs the first mode.
+
+A cold `probe --compile --confirm` is mostly tracing and compiling, one function after another: dynamo
+and AOT autograd are Python on one thread. On an H200 (the GPU probe case, 2026-11-29) the default
+kernels' two functions took 60-85 s, then the mode's one 32-45 s. Where the host has cores to spare, a
+second process started after the model's load runs the probe's own code for each later mode's first
+condition (the prompt alone at batch 1: the same model, compile config and saved step's key,
+core/step_key.py) and so compiles and saves that mode's step under NONDET_CACHE (core/precompiled.py)
+while this process compiles and decodes the first mode. Before the later mode's first warm-up the probe
+waits for that process, then loads the step and traces nothing (where it is a function for every batch
+size: a class torch's guards keep apart is still compiled here, core/precompiled.py). The function loaded
+is the graph the second process compiled from the same inputs; the tests compare the streams with a run
+that compiled it in process.
+
+On where it pays: a CUDA device, MIN_CORES cores or more, and free GPU memory for MEMORY_FACTOR times the
+weights (the second process holds its own copy while it compiles). NONDET_COMPILE_AHEAD=0 turns it off;
+=1 turns it on wherever the saved steps are used, a CPU included (the tests; on a 2-core CPU the two
+compiles share the cores and the gain was 4%: docs/benchmarks.md). A second process that fails, or has
+not finished after WAIT_S, leaves the mode to compile here, as without it; summary.json's decode_path
+"compiled_ahead" says per mode what happened.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+ENV = "NONDET_COMPILE_AHEAD"
+MIN_CORES = 8  # an H200 host has 16; the 2-core CPU hosts of CI gained 4% (both compiles on two cores)
+MEMORY_FACTOR = 4  # free GPU memory / the weights' bytes: the second copy, its cache and graphs, and the
+# room this process's larger batches still need while the second process runs
+WAIT_S = 900.0  # the longest the probe waits for a second process before it compiles the mode itself
+LOG = "compile-ahead.log"  # the second process's output, in its folder (the last line says why it failed)
+
+
+@dataclass
+class Helper:
+    """One second process: the kernels mode it compiles, its folder (run directory and log)."""
+
+    mode: str
+    process: subprocess.Popen
+    folder: Path
+    started: float  # time.perf_counter() when it was started
+
+
+class CompileAhead:
+    """The second processes of one probe: started after the model's load (start), waited for before
+    their mode's first warm-up (wait), stopped and removed at the end (close)."""
+
+    def __init__(self) -> None:
+        self.helpers: dict[str, Helper] = {}
+        self.outcomes: dict[str, str] = {}  # kernels mode -> what its second process did, in words
+
+    def start(self, config, model) -> None:
+        """A second process per later kernels mode of `config` (a ProbeConfig), where it pays (why_not)."""
+        later = config.kernels[1:]
+        reason = why_not(config, model) if later else "one kernels mode"
+        if reason is not None:
+            self.outcomes.update({mode: f"not started: {reason}" for mode in later})
+            return
+        for mode in later:
+            folder = Path(tempfile.mkdtemp(prefix="nondet-ahead-"))
+            argument = folder / "config.json"
+            argument.write_text(json.dumps(asdict(helper_config(config, mode, folder / "run"))))
+            with open(folder / LOG, "wb") as log:
+                process = subprocess.Popen(_command(argument), stdout=log, stderr=subprocess.STDOUT,
+                                           env=_helper_env())
+            self.helpers[mode] = Helper(mode, process, folder, time.perf_counter())
+
+    def wait(self, mode: str) -> None:
+        """Before the mode's first warm-up: wait for its second process, if any, and note what it did."""
+        helper = self.helpers.pop(mode, None)
+        if helper is None:
+            return
+        waited = time.perf_counter()
+        try:
+            code = helper.process.wait(timeout=max(0.0, WAIT_S - (waited - helper.started)))
+        except subprocess.TimeoutExpired:
+            self.outcomes[mode] = f"stopped after {WAIT_S:.0f} s unfinished: compiled here"
+            _stop(helper)
+            return
+        took, held = time.perf_counter() - helper.started, time.perf_counter() - waited
+        if code == 0:
+            self.outcomes[mode] = f"compiled by a second process in {took:.1f} s (waited for {held:.1f} s)"
+        else:
+            self.outcomes[mode] = f"second process failed (exit {code}: {_last_line(helper)}): compiled here"
+        shutil.rmtree(helper.folder, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop every second process not waited for (the probe ended early: an error, Ctrl-C)."""
+        for helper in self.helpers.values():
+            _stop(helper)
+            self.outcomes[helper.mode] = "stopped: the probe ended before its mode ran"
+        self.helpers.clear()
+
+    def as_summary(self) -> dict:
+        return dict(self.outcomes)
+
+
+def why_not(config, model) -> str | None:
+    """Why no second process is started for this probe and model, or None where one is."""
+    from nondet.probes.core import precompiled
+
+    setting = os.environ.get(ENV)
+    if setting == "0":
+        return f"{ENV}=0"
+    if not precompiled.enabled():
+        return f"saved steps off ({precompiled.ENV}={os.environ.get(precompiled.ENV)})"
+    if config.prefill or config.speculative or config.tp:
+        return "the compiled step of another axis"
+    if setting == "1":
+        return None
+    if model.device.type != "cuda":
+        return f"a {model.device.type} device (the two compiles share its cores)"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if cores < MIN_CORES:
+        return f"{cores} cores (fewer than {MIN_CORES})"
+    return _memory_short(model)
+
+
+def _memory_short(model) -> str | None:
+    """Why the GPU cannot hold a second copy of the weights while this process runs, or None."""
+    import torch
+
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    free, _ = torch.cuda.mem_get_info(model.device)
+    if free < MEMORY_FACTOR * weights:
+        return f"{free / 2**30:.1f} GiB free on the GPU, under {MEMORY_FACTOR} x the weights' {weights / 2**30:.1f} GiB"
+    return None
+
+
+def helper_config(config, mode: str, out: Path):
+    """The second process's probe: the first prompt alone at batch 1 under `mode`, the rest as configured
+    (model, compile backend, token count, chat formatting: what the saved step's key and shapes read)."""
+    return replace(config, prompt=config.targets[0], prompts=(), batch_sizes=(1,), placement="auto", runs=None,
+                   trials=1, ragged=False, kernels=(mode,), out=str(out), argv=())
+
+
+def _command(argument: Path) -> list[str]:
+    """The second process: this module's main() on the config file."""
+    return [sys.executable, "-m", __name__, str(argument)]
+
+
+def _helper_env() -> dict:
+    """This process's environment (NONDET_CACHE, the device's settings), nondet importable from where this
+    process imported it, and no second processes of its own."""
+    import nondet
+
+    here = str(Path(nondet.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, ENV: "0"}
+
+
+def _stop(helper: Helper) -> None:
+    if helper.process.poll() is None:
+        helper.process.terminate()
+        try:
+            helper.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            helper.process.kill()
+            helper.process.wait()
+    shutil.rmtree(helper.folder, ignore_errors=True)
+
+
+def _last_line(helper: Helper) -> str:
+    lines = (helper.folder / LOG).read_text(errors="replace").strip().splitlines()
+    return lines[-1][:160] if lines else "no output"
+
+
+def main(argv: list[str]) -> int:
+    """The second process: run the probe its config file describes (its run directory is thrown away;
+    what it leaves is the saved step). A NondetError's exit code and one line, as the CLI's."""
+    from nondet.errors import NondetError
+    from nondet.probes.probe import config_from_dict, run_probe
+
+    try:
+        run_probe(config_from_dict(json.loads(Path(argv[0]).read_text())))
+    except NondetError as exc:
+        print(f"{type(exc).__name__}: {exc}")
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
