@@ -61,6 +61,15 @@ def test_the_mode_loads_the_step_a_second_process_compiled(tmp_path, tiny_model_
     assert streams and streams == _mode_streams(runs["0"].run_dir)
     assert not list(tmp_path.glob("nondet-ahead-*"))  # its folder (run directory, log) removed once waited for
 
+    # warm: the second process stops as soon as it finds the step saved, and says so
+    monkeypatch.setenv(compile_ahead.ENV, "1")
+    monkeypatch.setenv("NONDET_CACHE", str(tmp_path / "cache-1"))
+    warm = run_probe(_config(tiny_model_dir, tmp_path / "run-warm"))
+    outcome = warm.summary["decode_path"]["compiled_ahead"][MODE]
+    assert outcome.startswith(f"not needed: {compile_ahead.ALREADY_SAVED} (a second process found it in "), outcome
+    assert warm.summary["decode_path"]["precompiled"][MODE] == {precompiled.EVERY_BATCH: "loaded"}
+    assert _mode_streams(warm.run_dir) == streams
+
 
 def test_a_second_process_that_fails_leaves_the_mode_to_compile_here(tmp_path, tiny_model_dir, monkeypatch):
     from nondet.probes.probe import run_probe

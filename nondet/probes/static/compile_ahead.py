@@ -8,7 +8,10 @@ condition (the prompt alone at batch 1: the same model, compile config and saved
 core/step_key.py) and so compiles and saves that mode's step under NONDET_CACHE (core/precompiled.py)
 while this process compiles and decodes the first mode. Before the later mode's first warm-up the probe
 waits for that process, then loads the step and traces nothing (where it is a function for every batch
-size: a class torch's guards keep apart is still compiled here, core/precompiled.py). The function loaded
+size: a class torch's guards keep apart is still compiled here, core/precompiled.py). Where the step is
+saved already (a warm cache), the second process stops as soon as it has found it, before the probe
+needs it (on an H200, 2026-11-29, a second process that decoded its condition all the same held a warm
+probe up for 15 s). The function loaded
 is the graph the second process compiled from the same inputs; the tests compare the streams with a run
 that compiled it in process.
 
@@ -36,6 +39,7 @@ MEMORY_FACTOR = 4  # free GPU memory / the weights' bytes: the second copy, its 
 # room this process's larger batches still need while the second process runs
 WAIT_S = 900.0  # the longest the probe waits for a second process before it compiles the mode itself
 LOG = "compile-ahead.log"  # the second process's output, in its folder (the last line says why it failed)
+ALREADY_SAVED = "the step was saved already"  # the second process's last line where it had nothing to compile
 
 
 @dataclass
@@ -85,7 +89,9 @@ class CompileAhead:
             _stop(helper)
             return
         took, held = time.perf_counter() - helper.started, time.perf_counter() - waited
-        if code == 0:
+        if code == 0 and _last_line(helper) == ALREADY_SAVED:  # a warm cache: it stopped at the step's load
+            self.outcomes[mode] = f"not needed: {ALREADY_SAVED} (a second process found it in {took:.1f} s)"
+        elif code == 0:
             self.outcomes[mode] = f"compiled by a second process in {took:.1f} s (waited for {held:.1f} s)"
         else:
             self.outcomes[mode] = f"second process failed (exit {code}: {_last_line(helper)}): compiled here"
@@ -172,14 +178,29 @@ def _last_line(helper: Helper) -> str:
     return lines[-1][:160] if lines else "no output"
 
 
+class _SavedAlready(BaseException):
+    """The second process found its step saved (a warm cache): it stops there rather than decode. A
+    BaseException, so the compiled path's fallbacks (which catch Exception) let it through."""
+
+
+def _stop_if_loaded(slot, loaded: bool) -> None:
+    if loaded:
+        raise _SavedAlready()
+
+
 def main(argv: list[str]) -> int:
     """The second process: run the probe its config file describes (its run directory is thrown away;
-    what it leaves is the saved step). A NondetError's exit code and one line, as the CLI's."""
+    what it leaves is the saved step), or stop as soon as the step is found saved already. A NondetError's
+    exit code and one line, as the CLI's."""
     from nondet.errors import NondetError
+    from nondet.probes.core.precompiled import OBTAINED_HOOKS
     from nondet.probes.probe import config_from_dict, run_probe
 
+    OBTAINED_HOOKS.append(_stop_if_loaded)
     try:
         run_probe(config_from_dict(json.loads(Path(argv[0]).read_text())))
+    except _SavedAlready:
+        print(ALREADY_SAVED)
     except NondetError as exc:
         print(f"{type(exc).__name__}: {exc}")
         return exc.exit_code
