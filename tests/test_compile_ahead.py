@@ -61,12 +61,13 @@ def test_the_mode_loads_the_step_a_second_process_compiled(tmp_path, tiny_model_
     assert streams and streams == _mode_streams(runs["0"].run_dir)
     assert not list(tmp_path.glob("nondet-ahead-*"))  # its folder (run directory, log) removed once waited for
 
-    # warm: the second process stops as soon as it finds the step saved, and says so
+    # warm: the default's steps loaded, so the second process is stopped, not waited for; the mode's step loads
     monkeypatch.setenv(compile_ahead.ENV, "1")
     monkeypatch.setenv("NONDET_CACHE", str(tmp_path / "cache-1"))
     warm = run_probe(_config(tiny_model_dir, tmp_path / "run-warm"))
     outcome = warm.summary["decode_path"]["compiled_ahead"][MODE]
-    assert outcome.startswith(f"not needed: {compile_ahead.ALREADY_SAVED} (a second process found it in "), outcome
+    assert outcome == "stopped: the earlier kernels modes' steps were loaded (a warm cache)"
+    assert warm.summary["decode_path"]["precompiled"]["default"] == {precompiled.EVERY_BATCH: "loaded"}
     assert warm.summary["decode_path"]["precompiled"][MODE] == {precompiled.EVERY_BATCH: "loaded"}
     assert _mode_streams(warm.run_dir) == streams
 
@@ -94,7 +95,7 @@ def test_closing_stops_a_second_process_still_running(tmp_path):
     ahead.close()
     assert process.poll() is not None and not folder.exists()
     assert ahead.as_summary() == {MODE: "stopped: the probe ended before its mode ran"}
-    ahead.wait(MODE)  # nothing left to wait for
+    ahead.wait(MODE, cache_warm=False)  # nothing left to wait for
     assert not ahead.helpers
 
 
@@ -103,7 +104,7 @@ def test_a_second_process_past_its_time_is_stopped_and_the_mode_compiles_here(tm
     ahead = compile_ahead.CompileAhead()
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     ahead.helpers[MODE] = compile_ahead.Helper(MODE, process, tmp_path, compile_ahead.time.perf_counter())
-    ahead.wait(MODE)
+    ahead.wait(MODE, cache_warm=False)
     assert process.poll() is not None
     assert ahead.as_summary() == {MODE: "stopped after 0 s unfinished: compiled here"}
 
@@ -121,6 +122,7 @@ def test_where_no_second_process_is_started(tmp_path, tiny_model_dir, monkeypatc
     assert compile_ahead.why_not(config, _model("cuda")) == "2 cores (fewer than 8)"
     monkeypatch.setenv(compile_ahead.ENV, "1")
     assert compile_ahead.why_not(config, _model()) is None  # forced: any device, any cores
+    assert compile_ahead.why_not(config, _model(), in_memory=True).startswith("a model handed over in memory")
     assert compile_ahead.why_not(replace(config, prefill=("chunk:8",)), _model()) == "the compiled step of another axis"
     monkeypatch.setenv(precompiled.ENV, "0")
     assert compile_ahead.why_not(config, _model()) == f"saved steps off ({precompiled.ENV}=0)"

@@ -50,9 +50,6 @@ _DECODING: list[str] = []  # the kernels mode whose conditions are decoding now 
 # (mode name, batch class, what) each time a slot's function was obtained or replaced, in this process: a
 # run's summary reports the entries made since it began (report(since)), not an earlier run's
 _LOG: list[tuple[str, str, str]] = []
-# called with (slot, loaded) each time a slot's function is obtained: loaded True where it was read from its
-# file (a second process compiling ahead stops there: probes/static/compile_ahead.py)
-OBTAINED_HOOKS: list = []
 
 
 @contextlib.contextmanager
@@ -214,8 +211,6 @@ class PrecompiledSteps:
         except Exception:  # noqa: BLE001 - no file, or one an older torch wrote: compile it again
             self._compile_or_jit(slot, inputs)
         self._log(slot)
-        for hook in OBTAINED_HOOKS:
-            hook(slot, self.loaded.get(slot, False))
         return self.functions[slot]
 
     def _compile_or_jit(self, slot, inputs) -> None:

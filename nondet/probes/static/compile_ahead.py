@@ -8,10 +8,8 @@ condition (the prompt alone at batch 1: the same model, compile config and saved
 core/step_key.py) and so compiles and saves that mode's step under NONDET_CACHE (core/precompiled.py)
 while this process compiles and decodes the first mode. Before the later mode's first warm-up the probe
 waits for that process, then loads the step and traces nothing (where it is a function for every batch
-size: a class torch's guards keep apart is still compiled here, core/precompiled.py). Where the step is
-saved already (a warm cache), the second process stops as soon as it has found it, before the probe
-needs it (on an H200, 2026-11-29, a second process that decoded its condition all the same held a warm
-probe up for 15 s). The function loaded
+size: a class torch's guards keep apart is still compiled here, core/precompiled.py). Where the earlier
+modes' steps were loaded (a warm cache), the second process is stopped rather than waited for (CompileAhead.wait). The function loaded
 is the graph the second process compiled from the same inputs; the tests compare the streams with a run
 that compiled it in process.
 
@@ -39,7 +37,6 @@ MEMORY_FACTOR = 4  # free GPU memory / the weights' bytes: the second copy, its 
 # room this process's larger batches still need while the second process runs
 WAIT_S = 900.0  # the longest the probe waits for a second process before it compiles the mode itself
 LOG = "compile-ahead.log"  # the second process's output, in its folder (the last line says why it failed)
-ALREADY_SAVED = "the step was saved already"  # the second process's last line where it had nothing to compile
 
 
 @dataclass
@@ -60,10 +57,11 @@ class CompileAhead:
         self.helpers: dict[str, Helper] = {}
         self.outcomes: dict[str, str] = {}  # kernels mode -> what its second process did, in words
 
-    def start(self, config, model) -> None:
-        """A second process per later kernels mode of `config` (a ProbeConfig), where it pays (why_not)."""
+    def start(self, config, model, in_memory: bool = False) -> None:
+        """A second process per later kernels mode of `config` (a ProbeConfig), where it pays (why_not).
+        in_memory: the probe was handed `model` (probe_model), which a second process cannot load."""
         later = config.kernels[1:]
-        reason = why_not(config, model) if later else "one kernels mode"
+        reason = why_not(config, model, in_memory) if later else "one kernels mode"
         if reason is not None:
             self.outcomes.update({mode: f"not started: {reason}" for mode in later})
             return
@@ -76,10 +74,18 @@ class CompileAhead:
                                            env=_helper_env())
             self.helpers[mode] = Helper(mode, process, folder, time.perf_counter())
 
-    def wait(self, mode: str) -> None:
-        """Before the mode's first warm-up: wait for its second process, if any, and note what it did."""
+    def wait(self, mode: str, cache_warm: bool) -> None:
+        """Before the mode's first warm-up: wait for its second process, if any, and note what it did. Where
+        the cache was warm for the earlier modes (their steps loaded, none compiled), it is stopped instead:
+        this mode's step is most likely saved too, and the second process would only load it as well,
+        later than this one (on an H200 a warm probe waited 10-15 s for it); where it is not saved after
+        all, it is compiled here, as without a second process."""
         helper = self.helpers.pop(mode, None)
         if helper is None:
+            return
+        if cache_warm:
+            _stop(helper)
+            self.outcomes[mode] = "stopped: the earlier kernels modes' steps were loaded (a warm cache)"
             return
         waited = time.perf_counter()
         try:
@@ -89,9 +95,7 @@ class CompileAhead:
             _stop(helper)
             return
         took, held = time.perf_counter() - helper.started, time.perf_counter() - waited
-        if code == 0 and _last_line(helper) == ALREADY_SAVED:  # a warm cache: it stopped at the step's load
-            self.outcomes[mode] = f"not needed: {ALREADY_SAVED} (a second process found it in {took:.1f} s)"
-        elif code == 0:
+        if code == 0:
             self.outcomes[mode] = f"compiled by a second process in {took:.1f} s (waited for {held:.1f} s)"
         else:
             self.outcomes[mode] = f"second process failed (exit {code}: {_last_line(helper)}): compiled here"
@@ -108,13 +112,15 @@ class CompileAhead:
         return dict(self.outcomes)
 
 
-def why_not(config, model) -> str | None:
+def why_not(config, model, in_memory: bool = False) -> str | None:
     """Why no second process is started for this probe and model, or None where one is."""
     from nondet.probes.core import precompiled
 
     setting = os.environ.get(ENV)
     if setting == "0":
         return f"{ENV}=0"
+    if in_memory:
+        return "a model handed over in memory (a second process loads the model from disk)"
     if not precompiled.enabled():
         return f"saved steps off ({precompiled.ENV}={os.environ.get(precompiled.ENV)})"
     if config.prefill or config.speculative or config.tp:
@@ -178,29 +184,14 @@ def _last_line(helper: Helper) -> str:
     return lines[-1][:160] if lines else "no output"
 
 
-class _SavedAlready(BaseException):
-    """The second process found its step saved (a warm cache): it stops there rather than decode. A
-    BaseException, so the compiled path's fallbacks (which catch Exception) let it through."""
-
-
-def _stop_if_loaded(slot, loaded: bool) -> None:
-    if loaded:
-        raise _SavedAlready()
-
-
 def main(argv: list[str]) -> int:
     """The second process: run the probe its config file describes (its run directory is thrown away;
-    what it leaves is the saved step), or stop as soon as the step is found saved already. A NondetError's
-    exit code and one line, as the CLI's."""
+    what it leaves is the saved step). A NondetError's exit code and one line, as the CLI's."""
     from nondet.errors import NondetError
-    from nondet.probes.core.precompiled import OBTAINED_HOOKS
     from nondet.probes.probe import config_from_dict, run_probe
 
-    OBTAINED_HOOKS.append(_stop_if_loaded)
     try:
         run_probe(config_from_dict(json.loads(Path(argv[0]).read_text())))
-    except _SavedAlready:
-        print(ALREADY_SAVED)
     except NondetError as exc:
         print(f"{type(exc).__name__}: {exc}")
         return exc.exit_code

@@ -66,8 +66,16 @@ class ConditionDecoder:
     def _warm(self, mode: str, run, compiled: DecodeSettings):
         """A warm-up call; the mode's first waits for its second process (compile_ahead.py), timed with it."""
         if self.ahead is not None:
-            self.ahead.wait(mode)
+            self.ahead.wait(mode, self._cache_warm(mode))
         return run(compiled, warm=True)
+
+    def _cache_warm(self, mode: str) -> bool:
+        """Whether the modes decoded before `mode` loaded every saved step they used and compiled none."""
+        from nondet.probes.core.precompiled import report
+
+        earlier = [what for m, classes in report(self.paths.precompiled_since).items() if m != mode
+                   for what in classes.values()]
+        return bool(earlier) and all(what.startswith("loaded") for what in earlier)
 
     def _sorting_graphs(self, mode: str):
         """Under the mode, every graph Inductor compiles goes into self.graphs (graph_census.py)."""

@@ -42,6 +42,7 @@ class StaticSource:
 
     def open(self) -> Opened:
         self.started = time.perf_counter()
+        in_memory = self.loaded is not None  # a model handed over (probe_model), not loaded from config.model
         self.loaded = self.loaded or load_model(self.config.model)
         self.inputs = [tokenize_inputs(self.loaded.tokenizer, p, self.config.fillers) for p in self.prompt_texts()]
         env = fingerprint(self.loaded.description, ",".join(self.config.kernels))
@@ -52,7 +53,7 @@ class StaticSource:
         self.decoder = ConditionDecoder(settings, c.compile_backend, self.loaded.model.device.type, store)
         if c.compile_backend:  # later kernels modes' steps compiled by second processes meanwhile
             self.decoder.ahead = CompileAhead()
-            self.decoder.ahead.start(c, self.loaded.model)
+            self.decoder.ahead.start(c, self.loaded.model, in_memory)
         env["decode_path"] = self.decoder.label(c.kv_cache)
         return Opened(env)
 
