@@ -20,6 +20,7 @@ from nondet.prompt import chat_of
 
 PROMPT = "Tell me about Richard Feynman"
 MODE = "batch-invariant"
+CHAT = chat_of([{"role": "user", "content": "Hi"}], "test")
 
 
 def _config(model_dir, out, **fields):
@@ -36,7 +37,8 @@ def _mode_streams(run_dir) -> dict:
     for line in (run_dir / "streams.jsonl").read_text().splitlines():
         record = json.loads(line)
         if record["kernels"] == MODE:
-            streams[(record["condition_id"], record["position"])] = [(s["token"], s["logprob"]) for s in record["steps"]]
+            steps = [(s["token"], s["logprob"]) for s in record["steps"]]
+            streams[(record["condition_id"], record["position"])] = steps
     return streams
 
 
@@ -134,17 +136,20 @@ def test_where_no_second_process_is_started(tmp_path, tiny_model_dir, monkeypatc
 
 
 def test_the_second_process_runs_the_first_prompt_alone_under_its_mode(tmp_path, tiny_model_dir):
-    config = _config(tiny_model_dir, tmp_path / "run", prompts=(chat_of([{"role": "user", "content": "Hi"}], "test"), "Second"), chat=True,
+    config = _config(tiny_model_dir, tmp_path / "run", prompts=(CHAT, "Second"), chat=True,
                      placement="rows", trials=2, argv=("probe",))
-    helper = compile_ahead.helper_config(config, MODE, tmp_path / "ahead")
+    helper = compile_ahead.helper_config(config, MODE)
     assert helper.targets == (config.targets[0],) and helper.batch_sizes == (1,) and helper.kernels == (MODE,)
     assert helper.chat and helper.compile_backend == "aot_eager" and helper.max_new_tokens == config.max_new_tokens
-    assert helper.model == config.model and helper.out == str(tmp_path / "ahead") and helper.trials == 1
+    assert helper.model == config.model and helper.out is None and helper.trials == 1
 
 
 def test_a_probe_config_survives_its_stored_form(tmp_path, tiny_model_dir):
-    from nondet.probes.probe import config_from_dict
+    from nondet.probes.core.load_config import LoadConfig
+    from nondet.probes.core.stored_config import from_stored
+    from nondet.probes.probe import ProbeConfig
 
-    config = _config(tiny_model_dir, tmp_path / "run", prompts=(chat_of([{"role": "user", "content": "Hi"}], "test"), "Second"), speculative=("ngram:4",),
-                     tp=(1, 2), prefill=("chunk:8",))
-    assert config_from_dict(json.loads(json.dumps(asdict(config)))) == config
+    config = _config(tiny_model_dir, tmp_path / "run", prompts=(CHAT, "Second"), speculative=("ngram:4",),
+                     tp=(1, 2), prefill=("chunk:8",), load=LoadConfig(rate=2.0))
+    assert from_stored(ProbeConfig, json.loads(json.dumps(asdict(config)))) == config
+    assert from_stored(ProbeConfig, {"max_new_tokens": 7}) == ProbeConfig(max_new_tokens=7)  # the rest: defaults

@@ -105,15 +105,6 @@ class ProbeConfig:
         return self.prompts or (self.prompt,)
 
 
-def config_from_dict(stored: dict) -> ProbeConfig:
-    """A ProbeConfig from its stored form (`asdict`, as config.json keeps it): lists back to tuples, the
-    model and load settings back to their classes."""
-    tuples = {k: tuple(stored[k]) for k in ("prompts", "batch_sizes", "fillers", "kernels", "argv", "speculative",
-                                            "tp", "prefill") if stored.get(k) is not None}
-    return ProbeConfig(**{**stored, **tuples, "model": ModelSpec(**stored["model"]),
-                          "load": LoadConfig(**stored["load"])})
-
-
 @dataclass
 class ProbeResult:
     run_dir: Path

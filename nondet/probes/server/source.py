@@ -291,13 +291,13 @@ def _filler_schedule(config) -> list:
 
 def _resumed(given):
     """The stored probe's settings; the given --endpoint, --timeout and --api-key-env apply."""
-    from nondet.probes.probe import config_from_dict
+    from nondet.probes.core.stored_config import from_stored
 
     run_dir = RunDir(given.load.resume)
     stored = read_header_dict(run_dir).get("config") or {}
     if (stored.get("load") or {}).get("mode") != "server":
         raise RunDirError(f"{run_dir.path} is not a server probe; --resume finishes interrupted --endpoint probes")
-    config = config_from_dict(stored)
+    config = from_stored(type(given), stored)  # a ProbeConfig
     load = replace(config.load, resume=given.load.resume, endpoint=given.load.endpoint or config.load.endpoint,
                    timeout=given.load.timeout, retries=given.load.retries, api_key_env=given.load.api_key_env)
     return replace(config, load=load)

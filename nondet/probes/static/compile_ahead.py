@@ -9,9 +9,9 @@ core/step_key.py) and so compiles and saves that mode's step under NONDET_CACHE 
 while this process compiles and decodes the first mode. Before the later mode's first warm-up the probe
 waits for that process, then loads the step and traces nothing (where it is a function for every batch
 size: a class torch's guards keep apart is still compiled here, core/precompiled.py). Where the earlier
-modes' steps were loaded (a warm cache), the second process is stopped rather than waited for (CompileAhead.wait). The function loaded
-is the graph the second process compiled from the same inputs; the tests compare the streams with a run
-that compiled it in process.
+modes' steps were loaded (a warm cache), the second process is stopped rather than waited for
+(CompileAhead.wait). The function loaded is the graph the second process compiled from the same inputs;
+the tests compare the streams with a run that compiled it in process.
 
 On where it pays: a CUDA device, MIN_CORES cores or more, and free GPU memory for MEMORY_FACTOR times the
 weights (the second process holds its own copy while it compiles). NONDET_COMPILE_AHEAD=0 turns it off;
@@ -37,11 +37,14 @@ MEMORY_FACTOR = 4  # free GPU memory / the weights' bytes: the second copy, its 
 # room this process's larger batches still need while the second process runs
 WAIT_S = 900.0  # the longest the probe waits for a second process before it compiles the mode itself
 LOG = "compile-ahead.log"  # the second process's output, in its folder (the last line says why it failed)
+SETTINGS = "probe-settings.json"  # the second process's ProbeConfig (asdict), in its folder
+# the second process's module (a probes root module: it runs the static source with the probe's own loop)
+PROCESS = "nondet.probes.ahead_process"
 
 
 @dataclass
 class Helper:
-    """One second process: the kernels mode it compiles, its folder (run directory and log)."""
+    """One second process: the kernels mode it compiles, its folder (its settings and log)."""
 
     mode: str
     process: subprocess.Popen
@@ -67,8 +70,8 @@ class CompileAhead:
             return
         for mode in later:
             folder = Path(tempfile.mkdtemp(prefix="nondet-ahead-"))
-            argument = folder / "config.json"
-            argument.write_text(json.dumps(asdict(helper_config(config, mode, folder / "run"))))
+            argument = folder / SETTINGS
+            argument.write_text(json.dumps(asdict(helper_config(config, mode))))
             with open(folder / LOG, "wb") as log:
                 process = subprocess.Popen(_command(argument), stdout=log, stderr=subprocess.STDOUT,
                                            env=_helper_env())
@@ -146,16 +149,16 @@ def _memory_short(model) -> str | None:
     return None
 
 
-def helper_config(config, mode: str, out: Path):
+def helper_config(config, mode: str):
     """The second process's probe: the first prompt alone at batch 1 under `mode`, the rest as configured
-    (model, compile backend, token count, chat formatting: what the saved step's key and shapes read)."""
+    (model, compile backend, token count, chat formatting, threads: what the saved step's key and shapes
+    read); no run directory."""
     return replace(config, prompt=config.targets[0], prompts=(), batch_sizes=(1,), placement="auto", runs=None,
-                   trials=1, ragged=False, kernels=(mode,), out=str(out), argv=())
+                   trials=1, ragged=False, kernels=(mode,), out=None, argv=())
 
 
 def _command(argument: Path) -> list[str]:
-    """The second process: this module's main() on the config file."""
-    return [sys.executable, "-m", __name__, str(argument)]
+    return [sys.executable, "-m", PROCESS, str(argument)]
 
 
 def _helper_env() -> dict:
@@ -182,21 +185,3 @@ def _stop(helper: Helper) -> None:
 def _last_line(helper: Helper) -> str:
     lines = (helper.folder / LOG).read_text(errors="replace").strip().splitlines()
     return lines[-1][:160] if lines else "no output"
-
-
-def main(argv: list[str]) -> int:
-    """The second process: run the probe its config file describes (its run directory is thrown away;
-    what it leaves is the saved step). A NondetError's exit code and one line, as the CLI's."""
-    from nondet.errors import NondetError
-    from nondet.probes.probe import config_from_dict, run_probe
-
-    try:
-        run_probe(config_from_dict(json.loads(Path(argv[0]).read_text())))
-    except NondetError as exc:
-        print(f"{type(exc).__name__}: {exc}")
-        return exc.exit_code
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,39 @@
+"""The second process of probes/static/compile_ahead.py: a later kernels mode's first condition decoded, so
+that its compiled decode step is saved under NONDET_CACHE while the probe that started it runs the first mode.
+
+    python -m nondet.probes.ahead_process CONFIG_FILE      (the probe's config, as compile_ahead wrote it)
+
+The probe's own static source and loop, under the probe's numerics scope (what the step's graph reads); no
+run directory: what it leaves is the saved step. A NondetError ends it with its exit code and one line, as
+the CLI's; the probe reads that line.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from nondet.errors import NondetError
+
+
+def main(argv: list[str]) -> int:
+    from nondet.probes.core.numerics import numerics_scope
+    from nondet.probes.core.stored_config import from_stored
+    from nondet.probes.probe import ProbeConfig, run_streams
+    from nondet.probes.static.source import StaticSource
+
+    config = from_stored(ProbeConfig, json.loads(Path(argv[0]).read_text()))
+    source = StaticSource(config)
+    try:
+        with numerics_scope(config.threads):
+            source.open()
+            run_streams(source, None)
+    except NondetError as exc:
+        print(f"{type(exc).__name__}: {exc}")
+        return exc.exit_code
+    finally:
+        source.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
