@@ -94,10 +94,12 @@ def test_closing_stops_a_second_process_still_running(tmp_path):
     folder.mkdir()
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     ahead.helpers[MODE] = compile_ahead.Helper(MODE, process, folder, 0.0)
+    assert ahead.waits_for(MODE) and not ahead.waits_for("default")
     ahead.close()
     assert process.poll() is not None and not folder.exists()
     assert ahead.as_summary() == {MODE: "stopped: the probe ended before its mode ran"}
-    ahead.wait(MODE, cache_warm=False)  # nothing left to wait for
+    assert not ahead.waits_for(MODE)  # nothing left to wait for
+    ahead.wait(MODE, cache_warm=False)
     assert not ahead.helpers
 
 

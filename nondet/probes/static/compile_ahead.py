@@ -77,6 +77,10 @@ class CompileAhead:
                                            env=_helper_env())
             self.helpers[mode] = Helper(mode, process, folder, time.perf_counter())
 
+    def waits_for(self, mode: str) -> bool:
+        """Whether a second process of this mode's is still to be waited for (or stopped)."""
+        return mode in self.helpers
+
     def wait(self, mode: str, cache_warm: bool) -> None:
         """Before the mode's first warm-up: wait for its second process, if any, and note what it did. Where
         the cache was warm for the earlier modes (their steps loaded, none compiled), it is stopped instead:

@@ -65,7 +65,7 @@ class ConditionDecoder:
 
     def _warm(self, mode: str, run, compiled: DecodeSettings):
         """A warm-up call; the mode's first waits for its second process (compile_ahead.py), timed with it."""
-        if self.ahead is not None:
+        if self.ahead is not None and self.ahead.waits_for(mode):
             self.ahead.wait(mode, self._cache_warm(mode))
         return run(compiled, warm=True)
 
