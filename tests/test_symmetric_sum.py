@@ -109,3 +109,31 @@ def test_a_rank_that_cannot_take_part_keeps_every_rank_off_the_rendezvous(one_ra
     monkeypatch.setattr(symmetric_sum, "_checked_buffer", lambda *a: pytest.fail("a rendezvous was entered"))
     why = symmetric_sum._set_up(torch.device("cpu"), one_rank_group.all_reduce)
     assert why.startswith("symmetric memory unavailable on some rank") and symmetric_sum.route() is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_tree_of_two_ranks_is_the_rank_order_sum_and_of_four_is_not(dtype):
+    # --tp-invariant's all-reduce takes the one-shot at two ranks only: there its one node is the gathered sum
+    from nondet.kernels.rounded_tree import pairwise_tree
+
+    two = _partials(2, dtype)
+    assert collective.tree_is_rank_order(2)
+    assert torch.equal(pairwise_tree(two), _fold(two, dtype))
+    four = _partials(4, dtype)  # the positive control: at four ranks the tree rounds between adds
+    assert not collective.tree_is_rank_order(4)
+    assert not torch.equal(pairwise_tree(four), _fold(four, dtype))
+
+
+def test_under_the_tree_two_ranks_take_the_one_shot_and_four_the_tree(monkeypatch):
+    import torch.distributed as dist
+
+    taken = []
+    monkeypatch.setattr(symmetric_sum, "prepare", lambda *a: None)
+    monkeypatch.setattr(symmetric_sum, "takes", lambda tensor, group: True)
+    monkeypatch.setattr(symmetric_sum, "sum_into", lambda tensor: taken.append("one-shot"))
+    monkeypatch.setattr(collective, "gather", lambda tensor, group: taken.append("tree") or [tensor] * 4)
+    for world, route in ((2, "one-shot"), (4, "tree")):
+        monkeypatch.setattr(dist, "get_world_size", lambda group=None, w=world: w)
+        with collective.tree_order():
+            collective.invariant_all_reduce(torch.ones(2, 4))
+        assert taken.pop() == route, world

@@ -80,7 +80,7 @@ def invariant_all_reduce(tensor: torch.Tensor, op=None, group=None, async_op: bo
     summed = op is None or op == dist.ReduceOp.SUM
     if not summed or async_op or dist.get_world_size(group) == 1:
         return _original()(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group, async_op=async_op)
-    if _STATE["tree"]:  # --tp-invariant: the K tree's nodes, not one fp32 sum
+    if _STATE["tree"] and not tree_is_rank_order(dist.get_world_size(group)):  # --tp-invariant: the K tree's nodes
         tensor.copy_(pairwise_tree(gather(tensor, group)))
         return _counted()
     if not torch.compiler.is_compiling():  # once per process, at an eager call every rank is in
@@ -90,6 +90,14 @@ def invariant_all_reduce(tensor: torch.Tensor, op=None, group=None, async_op: bo
     else:
         tensor.copy_(gathered_sum(tensor, group))
     return _counted()
+
+
+def tree_is_rank_order(world: int) -> bool:
+    """Whether the tree's nodes across `world` ranks are the rank-order sum's bits: at two ranks the tree
+    has one node, (p0 + p1) in fp32 rounded once (custom_ops.rounded_add), the gathered sum's arithmetic, so
+    the tree may take the one-shot (on 2 x H200 the gather cost --tp-invariant's TP2 step 2.7-4.3 ms).
+    At four or more the nodes round between adds, which the one-shot's check rejects."""
+    return world == 2
 
 
 def _counted() -> None:
