@@ -297,16 +297,31 @@ def bits_across_degrees(results: dict) -> list[str]:
     return lines
 
 
+def rows_of_cut_runs(out: str, parts: dict) -> list[tuple[str, list]]:
+    """(world, rows) of the runs a budget ended before they wrote tp_speed{tag}.json: rank 0 writes
+    tp{world}{tag}.json after every row, so the rows it finished are kept."""
+    cut = []
+    for f in sorted(Path(out).glob("tp[0-9]*-*.json")):
+        world, tag = f.stem[2:].split("-", 1)
+        if world not in parts.get(f"-{tag}.json", {}).get("worlds", {}):
+            cut.append((world, json.loads(f.read_text())["rows"]))
+    return cut
+
+
 def merge(out: str) -> None:
     """One table (and the bits across degrees) from the runs side by side in `out` (tp_speed-*.json)."""
-    parts = [json.loads(f.read_text()) for f in sorted(Path(out).glob("tp_speed-*.json"))]
-    if not parts:
-        return
+    parts = {f.name.removeprefix("tp_speed"): json.loads(f.read_text()) for f in sorted(Path(out).glob("tp_speed-*.json"))}
     worlds: dict = {}  # one degree may come from several runs (one per kernels, side by side): their rows joined
-    for part in parts:
+    for part in parts.values():
         for w, run in part["worlds"].items():
             worlds.setdefault(w, {"rows": []})["rows"] += run["rows"]
-    merged = {**parts[0], "worlds": worlds}
+    for w, rows in rows_of_cut_runs(out, parts):
+        worlds.setdefault(w, {"rows": []})["rows"] += rows
+    rows = [r for run in worlds.values() for r in run["rows"]]
+    if not rows:
+        return
+    first = next(iter(parts.values()), {"batches": list(dict.fromkeys(r["batch"] for r in rows))})
+    merged = {**first, "worlds": worlds}
     text = table(merged) + "\n\n" + "\n".join(bits_across_degrees(merged)) + "\n"
     Path(out, "tp_speed.md").write_text(text)
     Path(out, "tp_speed.json").write_text(json.dumps(merged, indent=1))
