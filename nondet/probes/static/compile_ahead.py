@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ENV = "NONDET_COMPILE_AHEAD"
-MIN_CORES = 8  # an H200 host has 16; the 2-core CPU hosts of CI gained 4% (both compiles on two cores)
+MIN_CORES = 8  # an H200 host has 16; on a 2-core CPU a cold probe gained 0-3% (docs/benchmarks.md, 2026-11-29)
 MEMORY_FACTOR = 4  # free GPU memory / the weights' bytes: the second copy, its cache and graphs, and the
 # room this process's larger batches still need while the second process runs
 WAIT_S = 900.0  # the longest the probe waits for a second process before it compiles the mode itself
