@@ -91,6 +91,57 @@ def test_tree_linears_hooks_only_the_row_parallel_modules_and_restores_f_linear(
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
 
 
+def test_the_k_chunks_are_made_once_per_module_with_the_bits_of_chunks_made_per_call(default_model_dir, monkeypatch):
+    """TP1 under a tree of 2: each row-parallel weight's K halves are copied once when the scope opens, not
+    at every call; the control makes them at every call (the path before) and gives the same logits."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.bfloat16)
+    ids = torch.tensor([[5, 9, 2, 7, 11]])
+    made, real = [], tp_tree.k_chunks
+    monkeypatch.setattr(tp_tree, "k_chunks", lambda weight, leaves: made.append(weight.shape) or real(weight, leaves))
+
+    def logits_of_three_forwards():
+        made.clear()
+        with torch.no_grad(), tp_tree.tree_linears(model, 2):
+            return [model(ids).logits for _ in range(3)]
+
+    once = logits_of_three_forwards()
+    assert len(made) == 8  # 4 layers x (o_proj, down_proj), at the scope's start
+    monkeypatch.setattr(tp_tree, "_local", lambda weight: weight.detach())  # another object each time: no match
+    per_call = logits_of_three_forwards()
+    assert len(made) == 8 + 3 * 8  # the control: the chunks made again at every call
+    assert all(torch.equal(a, b) for a, b in zip(once, per_call))
+    assert not torch.equal(once[0], model(ids).logits)  # the tree was on: not the plain product's logits
+
+
+def test_traced_the_chunks_are_graph_inputs_not_copies_made_at_every_step(default_model_dir, monkeypatch):
+    """Under torch.compile the once-made chunks enter the graph as inputs: the graph copies no weight (16
+    fewer copies: 8 weights x 2 halves). The control, chunks that do not match the weight, traces the copies."""
+    from transformers import AutoModelForCausalLM
+
+    from nondet.kernels import batch_invariant
+
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.bfloat16).eval()
+    ids = torch.tensor([[5, 9, 2, 7, 11]])
+
+    def copies_traced() -> int:
+        graphs = []
+
+        def backend(gm, _inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        with torch.no_grad(), batch_invariant(model=model, traceable=True), tp_tree.tree_linears(model, 2):
+            torch.compile(model, backend=backend)(ids)
+        return sum("contiguous" in str(n.target) for gm in graphs for n in gm.graph.nodes)
+
+    once = copies_traced()
+    monkeypatch.setattr(tp_tree, "_local", lambda weight: weight.detach())
+    assert copies_traced() == once + 16
+
+
 def _compiled_tree(fn, parts):
     """fn(*parts) through torch.compile (Inductor, no FX graph cache), with the ops of the graph dynamo
     handed it."""

@@ -10,7 +10,10 @@ leaf is one product in the mode's invariant kernels (ops.linear), rounded to the
 as a rank's partial is; leaves are combined pairwise, ((l0 + l1) + (l2 + l3)), each node an fp32
 add rounded once to the dtype. At degree d a rank holds leaves/d adjacent leaves and computes
 their subtree; the all-reduce then combines the ranks' roots with the same pairwise rule
-(collective.py, tree mode), so TP1, TP2 and TP4 compute the same tree, bit for bit.
+(collective.py, tree mode), so TP1, TP2 and TP4 compute the same tree, bit for bit. Where a rank
+holds more than one leaf (TP1 under a tree of 2), each weight's K chunks are contiguous copies made
+once when the scope opens, laid out as a rank's shard is, rather than at every call: a traced step
+then reads them as inputs instead of copying every row-parallel weight (memory: their size again).
 
 The switch: a forward pre-hook on each row-parallel module (named by the model's tp plan)
 turns the tree on for the F.linear call inside it, and a forward hook turns it off; F.linear
@@ -28,22 +31,36 @@ import torch
 from nondet.kernels import custom_ops, experts, tp_experts
 from nondet.kernels.rounded_tree import pairwise_tree
 
-_STATE = {"leaves": 0}  # leaves of the call in progress (0: a plain F.linear)
+_STATE = {"leaves": 0, "chunks": None}  # the call in progress: its leaves (0: a plain F.linear) and
+# its weight's K chunks (made once per module by tree_linears; None: made at the call)
 
 
-def tree_linear(x: torch.Tensor, weight: torch.Tensor, leaves: int) -> torch.Tensor:
-    """x (..., K) @ weight (N, K)^T as a pairwise tree of `leaves` K chunks (see the module doc)."""
+def tree_linear(x: torch.Tensor, weight: torch.Tensor, leaves: int,
+                chunks: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """x (..., K) @ weight (N, K)^T as a pairwise tree of `leaves` K chunks (see the module doc).
+    chunks: weight's k_chunks, made once (tree_linears), else made here at every call."""
     from nondet.kernels import ops, traced
 
+    chunks = chunks if chunks is not None else k_chunks(weight, leaves)
+    c = weight.shape[1] // leaves
+    # traced (torch.compile), a leaf must enter the graph as the mode's opaque op: ops.linear's host code
+    # (Triton launches on CUDA, aten's mm.out on the CPU) is not something the graph may hold
+    product = traced.opaque_linear if torch.compiler.is_compiling() else ops.linear
+    return pairwise_tree([product(x[..., i * c:(i + 1) * c].contiguous(), chunk) for i, chunk in enumerate(chunks)])
+
+
+def k_chunks(weight: torch.Tensor, leaves: int) -> list[torch.Tensor]:
+    """weight (N, K) cut into `leaves` contiguous (N, K / leaves) copies: each leaf's product then
+    reads a weight laid out as a rank's shard is (the same kernel, so the same bits as that rank)."""
     k = weight.shape[1]
     if k % leaves:
         raise ValueError(f"a row-parallel linear's K ({k}) does not split into {leaves} equal chunks")
     c = k // leaves
-    # traced (torch.compile), a leaf must enter the graph as the mode's opaque op: ops.linear's host code
-    # (Triton launches on CUDA, aten's mm.out on the CPU) is not something the graph may hold
-    product = traced.opaque_linear if torch.compiler.is_compiling() else ops.linear
-    return pairwise_tree([product(x[..., i * c:(i + 1) * c].contiguous(), weight[:, i * c:(i + 1) * c].contiguous())
-                          for i in range(leaves)])
+    return [weight[:, i * c:(i + 1) * c].contiguous() for i in range(leaves)]
+
+
+def _local(weight: torch.Tensor) -> torch.Tensor:
+    return weight.to_local() if hasattr(weight, "to_local") else weight  # a TP shard (DTensor)
 
 
 def _rowwise_patterns(model) -> list[str]:
@@ -123,15 +140,24 @@ def tree_linears(model, leaves: int):
 
                 return traced.opaque_linear(x, weight, bias)
             return original(x, weight, bias)
-        local = weight.to_local() if hasattr(weight, "to_local") else weight  # a TP shard (DTensor)
-        out = tree_linear(x, local, _STATE["leaves"])
+        local = _local(weight)
+        made = _STATE["chunks"]  # the module's chunks, where they are this weight's (its shard then and now)
+        chunks = made[1] if made is not None and made[0] is local else None
+        out = tree_linear(x, local, _STATE["leaves"], chunks)
         return out if bias is None else out + bias  # TP hides the bias until after the all-reduce
 
-    def on(_module, _args):
-        _STATE["leaves"] = leaves
+    def on_for(module):
+        # More than one leaf here (TP1 under a tree of 2, TP2 under 4): the chunks are copies made once,
+        # not at every call (a copy of every row-parallel weight per step; it costs their size in memory)
+        weight = getattr(module, "weight", None)
+        made = (_local(weight), k_chunks(_local(weight), leaves)) if leaves > 1 and weight is not None else None
+
+        def on(_module, _args):
+            _STATE["leaves"], _STATE["chunks"] = leaves, made
+        return on
 
     def off(_module, _args, _out):
-        _STATE["leaves"] = 0
+        _STATE["leaves"], _STATE["chunks"] = 0, None
 
     def experts_on(_module, _args):
         tp_experts.set_leaves(leaves)
@@ -143,14 +169,14 @@ def tree_linears(model, leaves: int):
         F.linear = linear
         for name in names:
             module = model.get_submodule(name)
-            hooks += [module.register_forward_pre_hook(on), module.register_forward_hook(off)]
+            hooks += [module.register_forward_pre_hook(on_for(module)), module.register_forward_hook(off)]
         for name in experts_names:
             module = model.get_submodule(name)
             hooks += [module.register_forward_pre_hook(experts_on), module.register_forward_hook(experts_off)]
         yield names + experts_names
     finally:
         F.linear = original
-        _STATE["leaves"] = 0
+        _STATE["leaves"], _STATE["chunks"] = 0, None
         tp_experts.set_leaves(0)
         for hook in hooks:
             hook.remove()
