@@ -92,8 +92,9 @@ def test_tree_linears_hooks_only_the_row_parallel_modules_and_restores_f_linear(
 
 
 def test_the_k_chunks_are_made_once_per_module_with_the_bits_of_chunks_made_per_call(default_model_dir, monkeypatch):
-    """TP1 under a tree of 2: each row-parallel weight's K halves are copied once when the scope opens, not
-    at every call; the control makes them at every call (the path before) and gives the same logits."""
+    """TP1 under a tree of 2: each row-parallel weight's K halves are copied once and held (a later scope
+    reuses them; a weight written in place gets new ones), not made at every call; the control makes them
+    at every call (the path before) and gives the same logits."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.bfloat16)
@@ -108,6 +109,11 @@ def test_the_k_chunks_are_made_once_per_module_with_the_bits_of_chunks_made_per_
 
     once = logits_of_three_forwards()
     assert len(made) == 8  # 4 layers x (o_proj, down_proj), at the scope's start
+    assert all(torch.equal(a, b) for a, b in zip(once, logits_of_three_forwards())) and made == []  # held
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(1.0)  # an in-place write: its chunks are made again
+    logits_of_three_forwards()
+    assert len(made) == 1
     monkeypatch.setattr(tp_tree, "_local", lambda weight: weight.detach())  # another object each time: no match
     per_call = logits_of_three_forwards()
     assert len(made) == 8 + 3 * 8  # the control: the chunks made again at every call
@@ -116,8 +122,9 @@ def test_the_k_chunks_are_made_once_per_module_with_the_bits_of_chunks_made_per_
 
 
 def test_traced_the_chunks_are_graph_inputs_not_copies_made_at_every_step(default_model_dir, monkeypatch):
-    """Under torch.compile the once-made chunks enter the graph as inputs: the graph copies no weight (16
-    fewer copies: 8 weights x 2 halves). The control, chunks that do not match the weight, traces the copies."""
+    """Under torch.compile the held chunks enter the graph as static inputs, as parameters do (CUDA graphs
+    neither copy them at each replay nor capture again): the graph copies no weight (16 fewer copies: 8
+    weights x 2 halves). The control, chunks that do not match the weight, traces the copies."""
     from transformers import AutoModelForCausalLM
 
     from nondet.kernels import batch_invariant
@@ -138,6 +145,8 @@ def test_traced_the_chunks_are_graph_inputs_not_copies_made_at_every_step(defaul
         return sum("contiguous" in str(n.target) for gm in graphs for n in gm.graph.nodes)
 
     once = copies_traced()
+    held = [chunk for _, (_, chunks) in tp_tree._HELD.items() for chunk in chunks]
+    assert len(held) >= 16 and all(getattr(c, "_dynamo_static_input_type", None) for c in held)  # static, as params
     monkeypatch.setattr(tp_tree, "_local", lambda weight: weight.detach())
     assert copies_traced() == once + 16
 

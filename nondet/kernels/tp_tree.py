@@ -11,9 +11,10 @@ as a rank's partial is; leaves are combined pairwise, ((l0 + l1) + (l2 + l3)), e
 add rounded once to the dtype. At degree d a rank holds leaves/d adjacent leaves and computes
 their subtree; the all-reduce then combines the ranks' roots with the same pairwise rule
 (collective.py, tree mode), so TP1, TP2 and TP4 compute the same tree, bit for bit. Where a rank
-holds more than one leaf (TP1 under a tree of 2), each weight's K chunks are contiguous copies made
-once when the scope opens, laid out as a rank's shard is, rather than at every call: a traced step
-then reads them as inputs instead of copying every row-parallel weight (memory: their size again).
+holds more than one leaf (TP1 under a tree of 2), each weight's K chunks are contiguous copies laid
+out as a rank's shard is, made once and held while the weight lives (held_chunks), rather than at every
+call: a traced step reads them as static inputs instead of copying every row-parallel weight (memory:
+their size again, for as long as the model is loaded).
 
 The switch: a forward pre-hook on each row-parallel module (named by the model's tp plan)
 turns the tree on for the F.linear call inside it, and a forward hook turns it off; F.linear
@@ -27,10 +28,13 @@ import contextlib
 import fnmatch
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from nondet.kernels import custom_ops, experts, tp_experts
 from nondet.kernels.rounded_tree import pairwise_tree
 
+# weight -> ((leaves, weight's version), its K chunks): held while the weight lives (held_chunks)
+_HELD = WeakIdKeyDictionary()
 _STATE = {"leaves": 0, "chunks": None}  # the call in progress: its leaves (0: a plain F.linear) and
 # its weight's K chunks (made once per module by tree_linears; None: made at the call)
 
@@ -57,6 +61,25 @@ def k_chunks(weight: torch.Tensor, leaves: int) -> list[torch.Tensor]:
         raise ValueError(f"a row-parallel linear's K ({k}) does not split into {leaves} equal chunks")
     c = k // leaves
     return [weight[:, i * c:(i + 1) * c].contiguous() for i in range(leaves)]
+
+
+def held_chunks(weight: torch.Tensor, leaves: int) -> list[torch.Tensor]:
+    """k_chunks of `weight`, made once while the weight lives and keeps its values (the tree's scopes of
+    later conditions reuse them), as Parameters: dynamo then marks them static inputs, so CUDA graphs
+    neither copy them at each replay, as they copy other inputs, nor capture again for new addresses."""
+    version = _version(weight)
+    held = _HELD.get(weight)
+    if held is None or held[0] != (leaves, version):
+        chunks = [torch.nn.Parameter(chunk, requires_grad=False) for chunk in k_chunks(weight, leaves)]
+        held = _HELD[weight] = ((leaves, version), chunks)
+    return held[1]
+
+
+def _version(weight: torch.Tensor) -> int | None:
+    try:
+        return weight._version  # bumped by every in-place write (an RL update of the weights)
+    except RuntimeError:  # an inference tensor has no version counter (and cannot be written outside inference)
+        return None
 
 
 def _local(weight: torch.Tensor) -> torch.Tensor:
@@ -148,9 +171,9 @@ def tree_linears(model, leaves: int):
 
     def on_for(module):
         # More than one leaf here (TP1 under a tree of 2, TP2 under 4): the chunks are copies made once,
-        # not at every call (a copy of every row-parallel weight per step; it costs their size in memory)
+        # not at every call (a copy of every row-parallel weight per step; they cost their size in memory)
         weight = getattr(module, "weight", None)
-        made = (_local(weight), k_chunks(_local(weight), leaves)) if leaves > 1 and weight is not None else None
+        made = (_local(weight), held_chunks(_local(weight), leaves)) if leaves > 1 and weight is not None else None
 
         def on(_module, _args):
             _STATE["leaves"], _STATE["chunks"] = leaves, made
