@@ -64,13 +64,14 @@ def k_chunks(weight: torch.Tensor, leaves: int) -> list[torch.Tensor]:
 
 
 def held_chunks(weight: torch.Tensor, leaves: int) -> list[torch.Tensor]:
-    """k_chunks of `weight`, made once while the weight lives and keeps its values (the tree's scopes of
-    later conditions reuse them), as Parameters: dynamo then marks them static inputs, so CUDA graphs
-    neither copy them at each replay, as they copy other inputs, nor capture again for new addresses."""
+    """k_chunks of a module's weight (of its local shard, for a DTensor), made once while the weight lives
+    and keeps its values (the tree's scopes of later conditions reuse them), as Parameters: dynamo then
+    marks them static inputs, so CUDA graphs neither copy them at each replay, as they copy other inputs,
+    nor capture again for new addresses."""
     version = _version(weight)
     held = _HELD.get(weight)
     if held is None or held[0] != (leaves, version):
-        chunks = [torch.nn.Parameter(chunk, requires_grad=False) for chunk in k_chunks(weight, leaves)]
+        chunks = [torch.nn.Parameter(chunk, requires_grad=False) for chunk in k_chunks(_local(weight), leaves)]
         held = _HELD[weight] = ((leaves, version), chunks)
     return held[1]
 
@@ -163,17 +164,16 @@ def tree_linears(model, leaves: int):
 
                 return traced.opaque_linear(x, weight, bias)
             return original(x, weight, bias)
-        local = _local(weight)
-        made = _STATE["chunks"]  # the module's chunks, where they are this weight's (its shard then and now)
-        chunks = made[1] if made is not None and made[0] is local else None
-        out = tree_linear(x, local, _STATE["leaves"], chunks)
+        made = _STATE["chunks"]  # the module's chunks, where they are this weight's (the module's weight then and now)
+        chunks = made[1] if made is not None and made[0] is weight else None
+        out = tree_linear(x, _local(weight), _STATE["leaves"], chunks)
         return out if bias is None else out + bias  # TP hides the bias until after the all-reduce
 
     def on_for(module):
         # More than one leaf here (TP1 under a tree of 2, TP2 under 4): the chunks are copies made once,
         # not at every call (a copy of every row-parallel weight per step; they cost their size in memory)
         weight = getattr(module, "weight", None)
-        made = (_local(weight), held_chunks(_local(weight), leaves)) if leaves > 1 and weight is not None else None
+        made = (weight, held_chunks(weight, leaves)) if leaves > 1 and weight is not None else None
 
         def on(_module, _args):
             _STATE["leaves"], _STATE["chunks"] = leaves, made
