@@ -6,9 +6,9 @@ sums the ranks' partials. One GPU computes the whole K in one product. Different
 so TP1 and TP2 differ in the last bits from the first layer (docs/benchmarks.md).
 
 Here K is cut into `leaves` equal chunks (a power of 2, the largest TP degree compared). Each
-leaf is one product in the mode's invariant kernels (ops.linear), rounded to the output dtype,
-as a rank's partial is; leaves are combined pairwise, ((l0 + l1) + (l2 + l3)), each node an fp32
-add rounded once to the dtype. At degree d a rank holds leaves/d adjacent leaves and computes
+leaf is one product in the mode's invariant kernels (all of them one batched launch, ops.bmm: a
+batch entry has its own mm's bits), rounded to the output dtype, as a rank's partial is; leaves
+are combined pairwise, ((l0 + l1) + (l2 + l3)), each node an fp32 add rounded once to the dtype. At degree d a rank holds leaves/d adjacent leaves and computes
 their subtree; the all-reduce then combines the ranks' roots with the same pairwise rule
 (collective.py, tree mode), so TP1, TP2 and TP4 compute the same tree, bit for bit. Where a rank
 holds more than one leaf (TP1 under a tree of 2), each weight's K chunks are contiguous copies laid
@@ -40,38 +40,45 @@ _STATE = {"leaves": 0, "chunks": None}  # the call in progress: its leaves (0: a
 
 
 def tree_linear(x: torch.Tensor, weight: torch.Tensor, leaves: int,
-                chunks: list[torch.Tensor] | None = None) -> torch.Tensor:
+                chunks: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., K) @ weight (N, K)^T as a pairwise tree of `leaves` K chunks (see the module doc).
     chunks: weight's k_chunks, made once (tree_linears), else made here at every call."""
     from nondet.kernels import ops, traced
 
+    traced_now = torch.compiler.is_compiling()
+    if leaves == 1:  # a rank's one leaf: its plain product (traced, the mode's opaque op, as ops.linear's
+        # host code, Triton launches on CUDA or aten's mm.out on the CPU, is nothing a graph may hold)
+        return (traced.opaque_linear if traced_now else ops.linear)(x, weight)
     chunks = chunks if chunks is not None else k_chunks(weight, leaves)
-    c = weight.shape[1] // leaves
-    # traced (torch.compile), a leaf must enter the graph as the mode's opaque op: ops.linear's host code
-    # (Triton launches on CUDA, aten's mm.out on the CPU) is not something the graph may hold
-    product = traced.opaque_linear if torch.compiler.is_compiling() else ops.linear
-    return pairwise_tree([product(x[..., i * c:(i + 1) * c].contiguous(), chunk) for i, chunk in enumerate(chunks)])
+    rows = x.reshape(-1, x.shape[-1])
+    # (leaves, M, K / leaves): each leaf's rows contiguous, as a rank's input is
+    a = rows.reshape(rows.shape[0], leaves, -1).transpose(0, 1).contiguous()
+    b = chunks.transpose(1, 2)  # (leaves, K / leaves, N): each leaf's weight.t(), as a rank's linear reads it
+    # One batched launch for every leaf (a batch entry has its own mm's bits: the K order is the dtype's,
+    # whatever the launch): one launch per leaf left TP1 under a tree of 2 1.5x the default's step at the
+    # 8B shape (H200, 2026-11-29, docs/benchmarks.md)
+    parts = traced.op("bmm", a, b)(a, b) if traced_now else ops.bmm(a, b)
+    return pairwise_tree(list(parts.unbind(0))).reshape(*x.shape[:-1], weight.shape[0])
 
 
-def k_chunks(weight: torch.Tensor, leaves: int) -> list[torch.Tensor]:
-    """weight (N, K) cut into `leaves` contiguous (N, K / leaves) copies: each leaf's product then
-    reads a weight laid out as a rank's shard is (the same kernel, so the same bits as that rank)."""
-    k = weight.shape[1]
+def k_chunks(weight: torch.Tensor, leaves: int) -> torch.Tensor:
+    """weight (N, K) cut into `leaves` contiguous (N, K / leaves) copies, stacked (leaves, N, K / leaves):
+    each leaf's product then reads a weight laid out as a rank's shard is (so it has that rank's bits)."""
+    n, k = weight.shape
     if k % leaves:
         raise ValueError(f"a row-parallel linear's K ({k}) does not split into {leaves} equal chunks")
-    c = k // leaves
-    return [weight[:, i * c:(i + 1) * c].contiguous() for i in range(leaves)]
+    return weight.reshape(n, leaves, k // leaves).transpose(0, 1).contiguous()
 
 
-def held_chunks(weight: torch.Tensor, leaves: int) -> list[torch.Tensor]:
+def held_chunks(weight: torch.Tensor, leaves: int) -> torch.Tensor:
     """k_chunks of a module's weight (of its local shard, for a DTensor), made once while the weight lives
-    and keeps its values (the tree's scopes of later conditions reuse them), as Parameters: dynamo then
-    marks them static inputs, so CUDA graphs neither copy them at each replay, as they copy other inputs,
-    nor capture again for new addresses."""
+    and keeps its values (the tree's scopes of later conditions reuse them), as a Parameter: dynamo then
+    marks it a static input, so CUDA graphs neither copy it at each replay, as they copy other inputs,
+    nor capture again for a new address."""
     version = _version(weight)
     held = _HELD.get(weight)
     if held is None or held[0] != (leaves, version):
-        chunks = [torch.nn.Parameter(chunk, requires_grad=False) for chunk in k_chunks(_local(weight), leaves)]
+        chunks = torch.nn.Parameter(k_chunks(_local(weight), leaves), requires_grad=False)
         held = _HELD[weight] = ((leaves, version), chunks)
     return held[1]
 

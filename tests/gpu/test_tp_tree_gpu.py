@@ -41,3 +41,26 @@ def test_the_compiled_tree_keeps_every_rounding_and_its_control_fires():
         tree = torch.compile(lambda *p: tp_tree.pairwise_tree(list(p)), fullgraph=True)(*parts)
     assert not torch.equal(plain, eager), "control: Inductor kept the rounding between the levels here"
     assert torch.equal(tree, eager)
+
+
+@pytest.mark.parametrize("m", [1, 8, 64, 512])
+@pytest.mark.parametrize("k", [4096, 14336])
+def test_the_batched_leaves_have_each_ranks_bits_eager_and_compiled(m, k):
+    """TP1 under a tree of 2 runs both leaves as one bmm launch (never the TMA kernel); a TP2 rank runs its
+    leaf as one mm (TMA where eligible, split-K at small M). Each leaf must have its rank's bits, or TP1 and
+    TP2 part; the whole-K product is the control (it differs)."""
+    from nondet.kernels import ops
+
+    gen = torch.Generator("cuda").manual_seed(m + k)
+    x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+    w = torch.randn(4096, k, device="cuda", generator=gen).bfloat16()
+    h = k // 2
+    per_rank = tp_tree.pairwise_tree([ops.linear(x[:, :h].contiguous(), w[:, :h].contiguous()),
+                                      ops.linear(x[:, h:].contiguous(), w[:, h:].contiguous())])
+    chunks = tp_tree.k_chunks(w, 2)
+    assert torch.equal(tp_tree.tree_linear(x, w, 2, chunks), per_rank)
+    custom_ops.ensure_registered()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: tp_tree.tree_linear(x, w, 2, chunks), fullgraph=True)
+    assert torch.equal(compiled(x), per_rank)
+    assert not torch.equal(ops.linear(x, w), per_rank)  # control
