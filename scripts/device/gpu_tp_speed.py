@@ -130,27 +130,28 @@ def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = 
     return first, statistics.median(gaps), digest
 
 
-def profile(model, world: int, out: str, write: bool, compiled: bool = False, kernels: str = "default") -> None:
-    """Where a default B = 1 step's time goes on rank 0 (write): top ops by self CPU and GPU time, of a
-    short generate call (eager; or compiled, after the timed rows compiled and captured its graphs, so
-    the profile sees replays: the collectives' GPU time inside the step). Every rank runs the same
-    calls (the collectives must match)."""
+def profile(model, world: int, out: str, write: bool, compiled: bool = False, kernels: str = "default",
+            batch: int = 1) -> None:
+    """Where a step's time goes on rank 0 (write): top ops by self CPU and GPU time, of a short generate
+    call at `batch` (eager, default kernels; or compiled, after the timed rows compiled and captured its
+    graphs, so the profile sees replays: the collectives' GPU time inside the step). Every rank runs the
+    same calls (the collectives must match)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
     with torch.inference_mode():
-        decode(model, 1, 6, compiled)  # warm
+        decode(model, batch, 6, compiled)  # warm
         with torch_profile(activities=activities) as prof:
-            decode(model, 1, 6, compiled)
+            decode(model, batch, 6, compiled)
     if not write:
         return
     averages = prof.key_averages()
     text = averages.table(sort_by="self_cpu_time_total", row_limit=20)
     if CUDA:
         text += "\n" + averages.table(sort_by="self_cuda_time_total", row_limit=25)
-    dtensor = "_dtensor" if kernels.endswith("+dtensor") else ""
-    Path(out, f"tp{world}_profile{'_compiled' if compiled else ''}{dtensor}.txt").write_text(text)
+    name = f"_compiled_{kernels.replace('+', '_')}_b{batch}" if compiled else ""
+    Path(out, f"tp{world}_profile{name}.txt").write_text(text)
 
 
 CUDAGRAPH_SKIPS: list[str] = []  # Inductor's reasons for running a compiled graph without CUDA graphs
@@ -251,9 +252,9 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                 if rank == 0:
                     print(json.dumps(row), flush=True)
                     Path(out_file).write_text(json.dumps({"load_s": round(load_s, 1), "rows": rows}))
-                if args.profile and compiled and base_kernels(kernel) == "default" and batch == 1 and "error" not in row:
-                    with kernels_scope(kernel, model, compiled, tree, world):
-                        profile(model, world, args.out, rank == 0, compiled=True, kernels=kernel)
+                if args.profile and compiled and batch == args.batches[0] and "error" not in row:
+                    with kernels_scope(kernel, model, compiled, tree, world), compile_scope():
+                        profile(model, world, args.out, rank == 0, compiled=True, kernels=kernel, batch=batch)
             torch._dynamo.reset()
     dist.barrier()
     dist.destroy_process_group()
@@ -338,7 +339,7 @@ def main() -> None:
     p.add_argument("--model", default="")
     p.add_argument("--paths", type=lambda s: s.split(","), default=["eager", "compiled"])
     p.add_argument("--kernels", type=lambda s: s.split(","), default=["default", "batch-invariant", "tp-invariant"])
-    p.add_argument("--profile", action="store_true", help="also profile a default (and default+dtensor) B = 1 step per world and path")
+    p.add_argument("--profile", action="store_true", help="also profile a step per world: eager, default kernels at B = 1; compiled, every kernels at the first of --batches")
     p.add_argument("--count-guards", action="store_true", help="compiled rows: the guards dynamo built and kept")
     p.add_argument("--tag", default="", help="a suffix of the output files (two runs in one $OUT)")
     p.add_argument("--tree-degree", type=int, default=0, help="tp-invariant's tree for this degree (default: the largest of --worlds; runs of one degree each, side by side, pass the largest of them all)")
