@@ -376,6 +376,25 @@ else:
             assert rel(out, reference.mm(a, w.t(), b)) < 1e-2
         assert len(launched) == 2  # the TMA path ran, not the pointer fallback
 
+    @pytest.mark.parametrize("split", [False, True])
+    def test_a_batched_launch_of_strided_leaves_gives_each_leafs_own_mm_bits(split):
+        # --tp-invariant's TP1 (tp_tree.tree_linear): the K halves of x as a strided view, the weight's halves
+        # stacked, one bmm; each entry must have the bits of the mm a TP2 rank runs on its own contiguous
+        # shard (TMA included).
+        tma_cfg = MatmulConfig(16, 16, 16, 32, 2, 4, 1, tma=True)
+        torch.manual_seed(8)
+        k = 520  # a leaf's K: 16 chunks of 32 and a ragged 8
+        x, w = torch.randn(21, 2 * k, dtype=torch.bfloat16), torch.randn(40, 2 * k, dtype=torch.bfloat16)
+        leaves = x.reshape(21, 2, k).transpose(0, 1)  # (2, 21, k), rows 2k apart
+        chunks = w.reshape(40, 2, k).transpose(0, 1).contiguous()
+        batched = triton_matmul.bmm(leaves, chunks.transpose(1, 2), cfg=MM_CFG, split=split)
+        for i in (0, 1):
+            rank = x[:, i * k:(i + 1) * k].contiguous(), w[:, i * k:(i + 1) * k].contiguous().t()
+            for cfg in (MM_CFG, tma_cfg):
+                assert torch.equal(batched[i].view(torch.int16), triton_matmul.mm(*rank, cfg=cfg).view(torch.int16))
+        # control: the leaves rounded and added are not the whole-K product (the comparison sees the rounding)
+        assert not torch.equal((batched[0].float() + batched[1].float()).bfloat16(), triton_matmul.mm(x, w.t(), cfg=MM_CFG))
+
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
     def test_matmul_tma_kernel_building_its_own_descriptors_gives_the_same_bits(dtype, monkeypatch):
         # a traced graph's launch (DEVICE_DESC: descriptors made in the kernel from the raw tensors)

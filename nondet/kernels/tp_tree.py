@@ -51,8 +51,9 @@ def tree_linear(x: torch.Tensor, weight: torch.Tensor, leaves: int,
         return (traced.opaque_linear if traced_now else ops.linear)(x, weight)
     chunks = chunks if chunks is not None else k_chunks(weight, leaves)
     rows = x.reshape(-1, x.shape[-1])
-    # (leaves, M, K / leaves): each leaf's rows contiguous, as a rank's input is
-    a = rows.reshape(rows.shape[0], leaves, -1).transpose(0, 1).contiguous()
+    # (leaves, M, K / leaves), a view: the kernels read by strides (the CPU's copy each row block, the GPU's
+    # split and plain launches load the same values either way; a batched launch never takes TMA)
+    a = rows.reshape(rows.shape[0], leaves, -1).transpose(0, 1)
     b = chunks.transpose(1, 2)  # (leaves, K / leaves, N): each leaf's weight.t(), as a rank's linear reads it
     # One batched launch for every leaf (a batch entry has its own mm's bits: the K order is the dtype's,
     # whatever the launch): one launch per leaf left TP1 under a tree of 2 1.5x the default's step at the
