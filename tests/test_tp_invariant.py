@@ -77,7 +77,7 @@ def test_a_ranks_subtree_then_the_pairwise_reduce_is_the_whole_tree():
         tp_tree.tree_linear(x, w, 3)
 
 
-@pytest.mark.parametrize("rows", [(1, 1), (2, 3), (5,)])
+@pytest.mark.parametrize("rows", [(1, 1), (2, 3), (5,), (0, 4)])
 def test_the_batched_leaves_have_the_bits_of_one_product_per_rank(rows):
     """TP1's leaves run as one batched launch; each must have the bits of the product a rank computes on
     its own shard (one mm on a contiguous input and weight), so the tree of those per-rank products is TP1's
@@ -93,7 +93,7 @@ def test_the_batched_leaves_have_the_bits_of_one_product_per_rank(rows):
     assert tree.shape == (*rows, 96)
     assert torch.equal(tree, tp_tree.pairwise_tree(per_rank))
     assert torch.equal(tree, tp_tree.tree_linear(x, w, 2, tp_tree.k_chunks(w, 2)))  # chunks made ahead
-    assert not torch.equal(tree, ops.linear(x, w))  # control
+    assert not torch.equal(tree, ops.linear(x, w)) or not tree.numel()  # control (no rows: nothing to differ)
 
 
 def test_tree_linears_hooks_only_the_row_parallel_modules_and_restores_f_linear(default_model_dir):

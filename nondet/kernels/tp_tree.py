@@ -52,8 +52,9 @@ def tree_linear(x: torch.Tensor, weight: torch.Tensor, leaves: int,
     chunks = chunks if chunks is not None else k_chunks(weight, leaves)
     rows = x.reshape(-1, x.shape[-1])
     # (leaves, M, K / leaves), a view: the kernels read by strides (the CPU's copy each row block, the GPU's
-    # split and plain launches load the same values either way; a batched launch never takes TMA)
-    a = rows.reshape(rows.shape[0], leaves, -1).transpose(0, 1)
+    # split and plain launches load the same values either way; a batched launch never takes TMA). K / leaves
+    # spelled out, not -1, so that zero rows reshape too
+    a = rows.reshape(rows.shape[0], leaves, chunks.shape[2]).transpose(0, 1)
     b = chunks.transpose(1, 2)  # (leaves, K / leaves, N): each leaf's weight.t(), as a rank's linear reads it
     # One batched launch for every leaf (a batch entry has its own mm's bits: the K order is the dtype's,
     # whatever the launch): one launch per leaf left TP1 under a tree of 2 1.5x the default's step at the
