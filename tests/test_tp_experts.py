@@ -89,6 +89,40 @@ def test_tree_linears_hooks_the_experts_and_refuses_a_layout_it_does_not_cover(m
                        "plan shards row-wise: its experts layout has is_transposed=True")
 
 
+def test_the_experts_leaves_are_made_once_per_module_with_the_bits_of_leaves_made_per_call(moe_dir, monkeypatch):
+    """TP1 under a tree of 2: each experts module's leaf weights are copied once and held (a later scope reuses
+    them; a write to a projection gets new ones), not at every call; the control makes them at every call (the
+    path before) and gives the same logits. A rank of one leaf copies nothing."""
+    model = fm.load(moe_dir, torch.bfloat16)
+    layers = len(model.model.layers)
+    ids = torch.tensor([[5, 9, 2, 7, 11]])
+    made, real, held_leaves = [], tp_experts.leaf_weights, tp_experts.held_leaves
+    monkeypatch.setattr(tp_experts, "leaf_weights", lambda m, i, c: made.append((i, c)) or real(m, i, c))
+
+    def logits_of_three_forwards(leaves: int = 2):
+        made.clear()
+        with torch.no_grad(), mode(model=model), tp_tree.tree_linears(model, leaves):
+            return [model(ids).logits for _ in range(3)]
+
+    once = logits_of_three_forwards()
+    assert len(made) == 2 * layers  # two leaves per experts module, at the scope's start
+    assert all(torch.equal(a, b) for a, b in zip(once, logits_of_three_forwards())) and made == []  # held
+    with torch.no_grad():
+        model.model.layers[0].mlp.experts.gate_up_proj.mul_(1.0)  # an in-place write: that module's leaves again
+    logits_of_three_forwards()
+    assert made == [(0, 2), (1, 2)]
+    monkeypatch.setattr(tp_experts, "held_leaves", lambda module, count: [None] * count)  # none held
+    per_call = logits_of_three_forwards()
+    assert len(made) == 3 * 2 * layers  # the control: made again at every call
+    assert all(torch.equal(a, b) for a, b in zip(once, per_call))
+    shares = [w for leaves in tp_experts._HELD.values() for leaf in leaves[1] for w in leaf.values()]
+    assert shares and all(isinstance(w, torch.nn.Parameter) for w in shares)  # dynamo's static inputs
+    experts = model.model.layers[0].mlp.experts
+    one = held_leaves(experts, 1)[0]  # a rank of one leaf: the module's own storage
+    assert one["down_proj"].data_ptr() == experts.down_proj.data_ptr()
+    assert one["gate_up_proj"].data_ptr() == experts.gate_up_proj.data_ptr()
+
+
 @pytest.mark.slow
 def test_on_an_moe_the_mode_alone_leaves_tp2_off_tp1_and_the_tree_makes_them_bitwise_equal(tmp_path, moe_dir):
     """bf16, as models are served: each rank's partial is rounded to bf16 before the all-reduce, so without

@@ -30,10 +30,10 @@ import fnmatch
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from nondet.kernels import custom_ops, experts, tp_experts
+from nondet.kernels import custom_ops, experts, held_weights, tp_experts
 from nondet.kernels.rounded_tree import pairwise_tree
 
-# weight -> ((leaves, weight's version), its K chunks): held while the weight lives (held_chunks)
+# weight -> (((leaves,), its version), its K chunks): held while the weight lives (held_chunks, held_weights.py)
 _HELD = WeakIdKeyDictionary()
 _STATE = {"leaves": 0, "chunks": None}  # the call in progress: its leaves (0: a plain F.linear) and
 # its weight's K chunks (made once per module by tree_linears; None: made at the call)
@@ -74,22 +74,8 @@ def k_chunks(weight: torch.Tensor, leaves: int) -> torch.Tensor:
 
 def held_chunks(weight: torch.Tensor, leaves: int) -> torch.Tensor:
     """k_chunks of a module's weight (of its local shard, for a DTensor), made once while the weight lives
-    and keeps its values (the tree's scopes of later conditions reuse them), as a Parameter: dynamo then
-    marks it a static input, so CUDA graphs neither copy it at each replay, as they copy other inputs,
-    nor capture again for a new address."""
-    version = _version(weight)
-    held = _HELD.get(weight)
-    if held is None or held[0] != (leaves, version):
-        chunks = torch.nn.Parameter(k_chunks(_local(weight), leaves), requires_grad=False)
-        held = _HELD[weight] = ((leaves, version), chunks)
-    return held[1]
-
-
-def _version(weight: torch.Tensor) -> int | None:
-    try:
-        return weight._version  # bumped by every in-place write (an RL update of the weights)
-    except RuntimeError:  # an inference tensor has no version counter (and cannot be written outside inference)
-        return None
+    and keeps its values (the tree's scopes of later conditions reuse them), as a static Parameter."""
+    return held_weights.held(_HELD, weight, (leaves,), lambda: held_weights.static(k_chunks(_local(weight), leaves)))
 
 
 def _local(weight: torch.Tensor) -> torch.Tensor:
@@ -152,6 +138,19 @@ def _default_gate(module) -> bool:
     return default is not None and getattr(type(module), "_apply_gate", None) is default
 
 
+def overridable_functions_listed() -> None:
+    """Have torch (and dynamo) list the functions a TorchFunctionMode may override, once per process, now.
+    They read F.linear when they first list them: listed while tree_linears' stand-in is F.linear, the
+    builtin linear would be missing for the rest of the process, and every later trace would leave F.linear
+    outside the mode (the builtin linear in the graph, not the mode's kernels)."""
+    torch.overrides.get_overridable_functions()
+    from torch._dynamo.variables import torch as dynamo_torch
+
+    listed = getattr(dynamo_torch, "get_overridable_functions", None)  # dynamo's own copy of that list
+    if listed is not None:
+        listed()
+
+
 @contextlib.contextmanager
 def tree_linears(model, leaves: int):
     """Row-parallel linears of `model` reduce K as a tree of `leaves` chunks (this rank's share)."""
@@ -191,20 +190,25 @@ def tree_linears(model, leaves: int):
     def off(_module, _args, _out):
         _STATE["leaves"], _STATE["chunks"] = 0, None
 
-    def experts_on(_module, _args):
-        tp_experts.set_leaves(leaves)
+    def experts_on_for(module):
+        made = (module, tp_experts.held_leaves(module, leaves))  # made once, as the linears' chunks are
+
+        def on(_module, _args):
+            tp_experts.set_leaves(leaves, made)
+        return on
 
     def experts_off(_module, _args, _out):
         tp_experts.set_leaves(0)
 
     try:
+        overridable_functions_listed()  # before the swap: torch lists them once per process
         F.linear = linear
         for name in names:
             module = model.get_submodule(name)
             hooks += [module.register_forward_pre_hook(on_for(module)), module.register_forward_hook(off)]
         for name in experts_names:
             module = model.get_submodule(name)
-            hooks += [module.register_forward_pre_hook(experts_on), module.register_forward_hook(experts_off)]
+            hooks += [module.register_forward_pre_hook(experts_on_for(module)), module.register_forward_hook(experts_off)]
         yield names + experts_names
     finally:
         F.linear = original
