@@ -9,8 +9,9 @@ Here K is cut into `leaves` equal chunks (a power of 2, the largest TP degree co
 leaf is one product in the mode's invariant kernels (all of them one batched launch, ops.bmm: a
 batch entry has its own mm's bits), rounded to the output dtype, as a rank's partial is; leaves
 are combined pairwise, ((l0 + l1) + (l2 + l3)), each node an fp32 add rounded once to the dtype.
-At degree d a rank holds leaves/d adjacent leaves and computes their subtree; the all-reduce then combines the ranks' roots with the same pairwise rule
-(collective.py, tree mode), so TP1, TP2 and TP4 compute the same tree, bit for bit. Where a rank
+At degree d a rank holds leaves/d adjacent leaves and computes their subtree; the all-reduce then
+combines the ranks' roots with the same pairwise rule (collective.py, tree mode), so TP1, TP2 and
+TP4 compute the same tree, bit for bit. Where a rank
 holds more than one leaf (TP1 under a tree of 2), each weight's K chunks are contiguous copies laid
 out as a rank's shard is, made once and held while the weight lives (held_chunks), rather than at every
 call: a traced step reads them as static inputs instead of copying every row-parallel weight (memory:
