@@ -112,35 +112,46 @@ def test_tree_linears_hooks_only_the_row_parallel_modules_and_restores_f_linear(
 
 _LISTED_AFTER_A_TREE_SCOPE = """
 import sys, itertools, torch
-from transformers import AutoModelForCausalLM
 from torch._dynamo.variables import torch as dynamo_torch
 from nondet.kernels import tp_tree
-if sys.argv[2] == "control":
+if sys.argv[1] == "control":
     tp_tree.overridable_functions_listed = lambda: None
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16)
-with tp_tree.tree_linears(model, 2):
+
+
+class Model(torch.nn.Module):  # one row-parallel linear by its tp plan: what tree_linears needs of a model
+    tp_plan = {"proj": "rowwise"}
+
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.proj = torch.nn.Linear(8, 8)
+
+
+with tp_tree.tree_linears(Model(), 2):
     listed = set(itertools.chain.from_iterable(torch.overrides.get_overridable_functions().values()))
     dynamo_listed = dynamo_torch.get_overridable_functions()
 print(torch._C._nn.linear in listed, torch._C._nn.linear in dynamo_listed)
 """
 
 
-def test_a_tree_scope_first_in_a_process_leaves_the_builtin_linear_overridable(default_model_dir):
+def test_a_tree_scope_first_in_a_process_leaves_the_builtin_linear_overridable():
     """torch and dynamo list the overridable functions once per process, reading F.linear: listed inside the
     first tree scope, the stand-in replaced the builtin for good, and a later compiled mode left F.linear
     unrouted (the builtin linear in its graph; found as tests/test_compile_moe.py failing after the traced
-    chunks test in one process). The control lists them inside the scope, as before."""
+    chunks test in one process). The control lists them inside the scope, as before. Fresh processes, side
+    by side."""
     import subprocess
     import sys
 
-    def listed(case: str) -> str:
-        run = subprocess.run([sys.executable, "-c", _LISTED_AFTER_A_TREE_SCOPE, str(default_model_dir), case],
-                             capture_output=True, text=True, timeout=300, env=dict(os.environ))
-        assert run.returncode == 0, run.stderr[-2000:]
-        return run.stdout.split()[-2:]
-
-    assert listed("fixed") == ["True", "True"]
-    assert listed("control") == ["False", "False"]
+    runs = {case: subprocess.Popen([sys.executable, "-c", _LISTED_AFTER_A_TREE_SCOPE, case], text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ))
+            for case in ("fixed", "control")}
+    listed = {}
+    for case, run in runs.items():
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-2000:]
+        listed[case] = out.split()[-2:]
+    assert listed == {"fixed": ["True", "True"], "control": ["False", "False"]}
 
 
 def test_the_k_chunks_are_made_once_per_module_with_the_bits_of_chunks_made_per_call(default_model_dir, monkeypatch):
