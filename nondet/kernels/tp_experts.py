@@ -98,10 +98,7 @@ def _local(weight: torch.Tensor) -> torch.Tensor:
 def tree_combine(module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                  combine) -> torch.Tensor:
     """combine(view, hidden, index, weights) -> (T, H) for each leaf of this rank, then the pairwise tree."""
-    count, held = _STATE["leaves"], _STATE["held"]
-    width = _local(module.down_proj).shape[-1]
-    if width % count:
-        raise ValueError(f"an experts down_proj's K ({width}) does not split into {count} equal chunks")
+    count, held = _STATE["leaves"], _STATE["held"]  # an unequal split is refused by leaf_weights
     made = held[1] if held is not None and held[0] is module and len(held[1]) == count else [None] * count
     return pairwise_tree([combine(LeafView(module, i, count, made[i]), hidden_states, top_k_index, top_k_weights)
                           for i in range(count)])
