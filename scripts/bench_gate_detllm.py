@@ -1,13 +1,14 @@
 """`nondet gate` and detLLM 0.1.1 on the same CPU work, side by side: the gate's speed target.
 
-    python scripts/bench_gate_detllm.py [--env DIR] [--prompts 8] [--tokens 300] [--compiled]
+    python scripts/bench_gate_detllm.py [--env DIR] [--prompts 8] [--tokens 300] [--workers N] [--compiled]
 
 The work: the embedded model (a random Qwen3, hidden 512, 4 layers, bf16), the first N built-in
 prompts, N new tokens, batch sizes 1, 2, 4, 8, default kernels. detLLM runs
 `detllm check --backend hf --runs 1 --batch-size 1 --vary-batch 2,4,8` (each prompt at batch
 size 1, then the prompts in batches of 2, 4 and 8: the same generate calls a padded sweep makes);
 nondet runs `nondet gate --no-bisect` (scripts/bench_gate.py), with its row plan (no compared row
-padded) and with `--positions padded` (detLLM's calls, left-padded). detLLM lives in its own virtual
+padded) and with `--positions padded` (detLLM's calls, left-padded), each also with `--workers N`
+(N processes decoding the calls at once, the cores shared out; default N: this machine's cores). detLLM lives in its own virtual
 environment (--env, default $NONDET_CACHE/detllm-0.1.1), created on first use with detLLM 0.1.1
 and this environment's torch version, so both time the same torch kernels. Prints one table.
 """
@@ -63,6 +64,10 @@ def main() -> None:
     tree = Path(__file__).resolve().parents[1]
     gate, code, verdict = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model))
     padded = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model), ("--positions", "padded"))
+    workers = ("--workers", str(args.workers))
+    parallel = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model), workers)
+    parallel_padded = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model),
+                                ("--positions", "padded", *workers))
     detllm, detllm_code = time_detllm(exe, model, args.prompts, args.tokens)
     print(f"{args.prompts} prompts x {args.tokens} tokens x batch sizes 1,2,4,8, default kernels, the embedded model")
     print("| tool | wall (s) | exit | speed vs detLLM |")
@@ -70,6 +75,9 @@ def main() -> None:
     print(f"| detLLM 0.1.1 | {detllm:.1f} | {detllm_code} | 1.00x |")
     print(f"| nondet gate | {gate:.1f} | {code} | {detllm / gate:.2f}x |")
     print(f"| nondet gate --positions padded (detLLM's calls) | {padded[0]:.1f} | {padded[1]} | {detllm / padded[0]:.2f}x |")
+    print(f"| nondet gate --workers {args.workers} | {parallel[0]:.1f} | {parallel[1]} | {detllm / parallel[0]:.2f}x |")
+    print(f"| nondet gate --positions padded --workers {args.workers} | {parallel_padded[0]:.1f} | {parallel_padded[1]} "
+          f"| {detllm / parallel_padded[0]:.2f}x |")
     if args.compiled:  # the gate on the compiled path: its steps saved by the first run, loaded by the second
         cache = {"NONDET_CACHE": tempfile.mkdtemp(prefix="nondet-bench-cache-")}
         for run in ("cold cache", "warm cache"):
@@ -84,6 +92,7 @@ def _parse():
     p.add_argument("--env", default=str(cache_root() / "detllm-0.1.1"))
     p.add_argument("--prompts", type=int, default=len(DEMO_PROMPTS))
     p.add_argument("--tokens", type=int, default=300)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="the gate's --workers rows (default: the cores)")
     p.add_argument("--compiled", action="store_true",
                    help="also `nondet gate --compile` from a new NONDET_CACHE, then again (saved decode steps)")
     return p.parse_args()

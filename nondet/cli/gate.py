@@ -48,6 +48,7 @@ def gate(
     dtype: Annotated[Optional[str], typer.Option(help="bfloat16 | float16 | float32.")] = None,
     device: Annotated[Optional[str], typer.Option(help="torch device, e.g. cpu or cuda:0.")] = None,
     threads: o.ThreadsOpt = None,
+    workers: o.WorkersOpt = None,
     load: Annotated[Optional[str], typer.Option(
         "--load", help="static (batched generate) | continuous (continuous batching in process).")] = None,
     endpoint: Annotated[Optional[str], typer.Option(
@@ -132,7 +133,7 @@ def gate(
              "positions": positions, "runs": runs, "max-new-tokens": max_new_tokens, "kernels": kernels,
              "require": require, "max-distinct": max_distinct, "min-divergence-step": min_divergence_step,
              "max-logprob-diff": max_logprob_diff, "dtype": dtype, "device": device, "threads": threads,
-             "load": load, "endpoint": endpoint, "rate": rate, "concurrency": concurrency,
+             "workers": workers, "load": load, "endpoint": endpoint, "rate": rate, "concurrency": concurrency,
              "inject-variance": inject_variance, "speculative-forms": speculative, "rl": rl, "max-kl": max_kl,
              "micro-batch": micro_batch, "sampler-batch": sampler_batch, "compile": compile,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill}
@@ -203,6 +204,7 @@ def probe_configs(settings: "GateSettings", out: str | None, speculative: str | 
                                   speculative=speculative, placement=settings.positions, runs=settings.runs,
                                   max_new_tokens=settings.max_new_tokens, kernels=(settings.kernels,),
                                   threads=settings.threads, prefill=() if speculative else settings.prefill,
+                                  workers=1 if speculative else settings.workers,
                                   compile_backend="inductor" if settings.compile else None)
                for prompts, run_dir in groups]
     for config in configs:  # now, before any axis runs: e.g. a chat prompt on an axis that takes plain text

@@ -41,6 +41,9 @@ def at_least_one(param: typer.CallbackParam, value: Optional[int]) -> Optional[i
 
 ThreadsOpt = Annotated[Optional[int], typer.Option(
     help="torch CPU threads (results depend on it; recorded).", callback=at_least_one)]
+WorkersOpt = Annotated[Optional[int], typer.Option(
+    help="Static batches on the CPU: decode the conditions in N processes at once, each with --threads threads "
+         "(default: the cores shared out); the run directory is one process's.", callback=at_least_one)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the machine-readable summary on stdout instead of tables.")]
 
 

@@ -61,6 +61,7 @@ def probe(
     trust_remote_code: o.TrustOpt = False,
     inject_variance: o.InjectOpt = None,
     threads: o.ThreadsOpt = None,
+    workers: o.WorkersOpt = None,
     out: o.OutOpt = None,
     json_output: o.JsonOpt = False,
     load: Annotated[str, typer.Option(
@@ -176,7 +177,7 @@ def probe(
         fillers=read_lines_file(fillers, "fillers") if fillers else FILLERS,
         ragged=ragged, trials=trials, max_new_tokens=max_new_tokens or 200, temperature=temperature, seed=seed, sampler=sampler,
         kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads, speculative=speculative,
-        budget=budget, kv_cache=kv_cache, tp_invariant=tp_invariant, **_tp_fields(tp),
+        workers=workers or 1, budget=budget, kv_cache=kv_cache, tp_invariant=tp_invariant, **_tp_fields(tp),
         compile_backend="inductor" if compile else None, chat=chat, system=system,
         allow_uncovered=allow_uncovered, prefill=parse_prefill(prefix_cache, chunked_prefill),
     )

@@ -17,6 +17,7 @@ directory. Keys (TOML, kebab-case):
     dtype = "bfloat16"
     device = "cpu"
     threads = 2
+    workers = 2                       # static batches on the CPU: conditions decoded by N processes at once
     load = "static"                   # static | continuous (in-process continuous batching)
     endpoint = "http://127.0.0.1:8000"   # probe a live OpenAI-compatible server instead
     rate = 0.5                        # filler arrivals (per engine step / per second on a server)
@@ -58,7 +59,7 @@ AXIS_KEYS = {  # axis -> the keys (file) or flags that name it
 DEFAULT_FORMS = "ngram:4,self:4"  # prompt lookup and the model as its own draft
 PROMPT_KEYS = ("prompt", "prompts", "prompts-file")  # one of them per layer (flags: --prompt or --prompts)
 KEYS = ("model", *PROMPT_KEYS, "batch-sizes", "positions", "runs", "max-new-tokens", "kernels",
-        "dtype", "device", "threads", "load", "endpoint", "rate", "concurrency", "inject-variance", "compile",
+        "dtype", "device", "threads", "workers", "load", "endpoint", "rate", "concurrency", "inject-variance", "compile",
         "prefix-cache", "chunked-prefill", "require",
         *THRESHOLDS, "speculative", "speculative-forms", "rl", "max-kl", "micro-batch", "sampler-batch")
 
@@ -77,6 +78,7 @@ class GateSettings:
     dtype: str = "bfloat16"
     device: str = "cpu"
     threads: int | None = None  # torch CPU threads; results depend on it, so CI should pin it
+    workers: int = 1  # static batches on the CPU: processes decoding conditions at once (probes/static/workers.py)
     load: str = "static"  # static batches | continuous (the engine in process); see nondet probe
     endpoint: str | None = None  # a live OpenAI-compatible server to probe (the "server" load)
     rate: float | None = None  # filler arrival rate under load (None = the probe's default)
@@ -139,6 +141,7 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
         dtype=_typed(values, "dtype", str, label) or "bfloat16",
         device=_typed(values, "device", str, label) or "cpu",
         threads=_positive(values, "threads", None, label),  # 0 would leave torch's count while config says 0
+        workers=_positive(values, "workers", 1, label),
         load=_typed(values, "load", str, label) or "static",
         endpoint=_typed(values, "endpoint", str, label),
         rate=_typed(values, "rate", float, label),

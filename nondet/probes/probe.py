@@ -93,6 +93,10 @@ class ProbeConfig:
     # static load: every batch run this many times, each repeat with the fillers rotated (other requests in
     # the other rows), so the flip rate's interval rests on more runs; a server's --runs are its trials
     trials: int = 1
+    # static load on the CPU, eager: the conditions decoded by this many processes at once, each with `threads`
+    # torch threads (without --threads, the cores shared out); the run directory is one process's
+    # (probes/static/workers.py)
+    workers: int = 1
 
     def __post_init__(self) -> None:
         # prompts read back from config.json (a server probe's --resume) hold a Chat as {"messages": [...]}
@@ -117,7 +121,7 @@ OnCondition = Callable[[Planned, int, int], None]  # (condition, index, total), 
 
 def run_probe(config: ProbeConfig, on_condition: OnCondition | None = None, on_progress=None) -> ProbeResult:
     """Run the probe the config describes and write its run directory; on_progress: server request counts."""
-    config = with_chat_endpoint(config)
+    config = with_worker_threads(with_chat_endpoint(config))
     validate_config(config)
     started = time.perf_counter()
     source = make_source(config, on_progress)
@@ -155,6 +159,13 @@ def with_chat_endpoint(config: ProbeConfig) -> ProbeConfig:
     if config.load.mode != "server" or config.load.chat or not any(isinstance(p, Chat) for p in config.targets):
         return config
     return replace(config, load=replace(config.load, chat=True))
+
+
+def with_worker_threads(config: ProbeConfig) -> ProbeConfig:
+    """--workers without --threads: each process gets its share of the cores (recorded in config.json)."""
+    from nondet.probes.static.workers import threads_per_worker
+
+    return replace(config, threads=threads_per_worker(config.threads, config.workers))
 
 
 def make_source(config: ProbeConfig, on_progress=None) -> Source:
@@ -261,6 +272,9 @@ def validate_config(config: ProbeConfig) -> None:
     if config.trials < 1 or (config.trials > 1 and (config.load.mode != "static" or config.tp or config.speculative)):
         raise UsageError("--trials must be >= 1 and repeats static batches; against a server or the continuous "
                          "engine --runs sets the number of replays under load")
+    from nondet.probes.static import workers
+
+    workers.validate(config)
     if config.tp and (config.load.mode != "static" or config.speculative or config.budget is not None):
         raise UsageError("--tp runs static batches in worker processes; drop --load / --endpoint / --speculative / "
                          "--budget")

@@ -39,6 +39,8 @@ class StaticSource:
         self.started = time.perf_counter()  # --budget counts from open() (model load included)
         self.budget_note: dict | None = None  # summary.json "budget" (--budget only)
         self.decoder = None  # eager or compiled decoding of a condition (decoder.py), set in open()
+        self.workers = None  # --workers: helper processes decoding conditions beside this one (workers.py)
+        self.plan_index: dict[str, int] = {}  # condition id -> its place in the plan (what helpers are sent)
 
     def open(self) -> Opened:
         self.started = time.perf_counter()
@@ -55,6 +57,8 @@ class StaticSource:
             self.decoder.ahead = CompileAhead()
             self.decoder.ahead.start(c, self.loaded.model, in_memory)
         env["decode_path"] = self.decoder.label(c.kv_cache)
+        if c.workers > 1:
+            env["workers"] = c.workers
         return Opened(env)
 
     def prompt_texts(self) -> list[str]:
@@ -69,7 +73,19 @@ class StaticSource:
             conditions = self._fit_budget()
         else:
             conditions = plan_static(self.config, self.placement, self.lengths())
+        if self.config.workers > 1:
+            self._start_workers(conditions)
         return [Planned(x.condition_id, x.label, x.kernels, x) for x in conditions]
+
+    def _start_workers(self, conditions: list[cond.Condition]) -> None:
+        import torch
+
+        from nondet.probes.static.workers import ConditionWorkers
+
+        self.plan_index = {c.condition_id: i for i, c in enumerate(conditions)}
+        job = dict(spec=self.config.model, inputs=tuple(self.inputs), settings=self.decoder.settings,
+                   threads=torch.get_num_threads())  # the parent's, set by numerics_scope
+        self.workers = ConditionWorkers(job, conditions, self.config.workers)
 
     def _fit_budget(self) -> list[cond.Condition]:
         """--budget: time short calls per kernels mode, then keep what fits (probes/static/budget.py);
@@ -121,7 +137,12 @@ class StaticSource:
                                     settings, prompts, warm)
 
         shape = batch_shape(condition, target, fillers, prompts)
-        for row, steps in self.decoder.decode(condition.kernels, run, shape).items():
+
+        def decode_here() -> dict[int, list[dict]]:
+            return self.decoder.decode(condition.kernels, run, shape)
+
+        rows = self.workers.rows(self.plan_index[condition.condition_id], decode_here) if self.workers else decode_here()
+        for row, steps in rows.items():
             prompt_id = condition.row_prompts[row] if condition.row_prompts else condition.prompt_id
             emit(self._stream(condition, row, steps, prompt_id, len(prompts[prompt_id])))
         return condition_record(condition)
@@ -136,9 +157,13 @@ class StaticSource:
 
             doc["prefill"] = prefill_section(streams, self.config.prefill)
         doc.update(self.decoder.summary())
+        if self.workers is not None:
+            doc["workers"] = self.workers.summary()
         return as_summary(doc)
 
     def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
         if self.decoder is not None and self.decoder.ahead is not None:
             self.decoder.ahead.close()
 

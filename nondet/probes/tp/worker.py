@@ -10,23 +10,22 @@ outlives a parent that was killed.
 """
 
 import os
-import threading
-import time
 import traceback
 
+from nondet.probes.child_process import one_line, quiet, watch_parent
 from nondet.probes.tp.job import FAIL_ENV, Job
 
 
 def main(rank: int, job: Job, pipe) -> None:
     """The process target (spawned): every failure becomes one ("error", ...) message and exit 1."""
-    _quiet()
-    _watch_parent(os.getppid())
+    quiet()
+    watch_parent(os.getppid())
     try:
         _run(rank, job, pipe)
     except BaseException as exc:  # noqa: BLE001 - the parent turns it into one line and stops the group
         if os.environ.get("NONDET_DEBUG") == "1":
             traceback.print_exc()
-        pipe.send(("error", rank, type(exc).__name__, _one_line(exc)))
+        pipe.send(("error", rank, type(exc).__name__, one_line(exc)))
         pipe.close()
         os._exit(1)
     pipe.close()
@@ -172,30 +171,3 @@ def _maybe_fail(rank: int) -> None:
     wanted = os.environ.get(FAIL_ENV, "")
     if wanted and int(wanted.split(":")[0]) == rank:
         os._exit(int(wanted.split(":")[1]) if ":" in wanted else 17)
-
-
-def _watch_parent(parent: int) -> None:
-    """Exit when the parent is gone (killed before it could stop us): no orphaned rank waits forever."""
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(3)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def _quiet() -> None:
-    # transformers' load-time notices would interleave from N ranks; errors still reach the parent.
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    warnings.filterwarnings("ignore")
-    hf_logging.disable_progress_bar()
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:400] if text else type(exc).__name__

@@ -1,0 +1,33 @@
+"""What every spawned process of a probe (a tensor-parallel rank, a --workers helper) does first:
+quiet the libraries, exit with its parent, and report a failure as one line."""
+
+import os
+import threading
+import time
+
+
+def watch_parent(parent: int) -> None:
+    """Exit when the parent is gone (killed before it could stop us): no orphaned worker waits forever."""
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def quiet() -> None:
+    # transformers' load-time notices would interleave from N processes; errors still reach the parent.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    warnings.filterwarnings("ignore")
+    hf_logging.disable_progress_bar()
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:400] if text else type(exc).__name__
