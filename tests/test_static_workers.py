@@ -6,6 +6,7 @@ one completion, and a helper that dies must stop the run with one line."""
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,33 @@ def test_gate_and_probe_take_workers_from_flags_and_config(tiny_model_dir, tmp_p
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["workers"]["processes"] == 2
     r = cli_runner.run(["probe", "--workers", "0", "--out", "never"], cwd=tmp_path, timeout=60)
     assert r.returncode == 2 and "--workers must be >= 1" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ctrl_c_stops_the_helpers_with_the_one_line(tiny_model_dir, tmp_path):
+    """A shell's Ctrl-C reaches the whole process group: parent and helpers. One line, exit 130, no helper left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "r"
+    env = {k: v for k, v in os.environ.items() if k != "NONDET_DEBUG"}
+    proc = subprocess.Popen([sys.executable, "-m", "nondet", "probe", "--model", str(tiny_model_dir), "--workers", "2",
+                             "-p", PROMPTS[0], "-n", "400", "-b", "1-8", "--out", str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a shell
+    deadline = time.monotonic() + 120
+    while not (out / "streams.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    helpers = [pid for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert proc.poll() is None and helpers, "finished, or no helper started, before the interrupt"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert stderr == (f"nondet: error: interrupted; streams already written stay in {out}, an unfinished run "
+                      "directory\n")
+    time.sleep(1.0)  # reparented helpers are reaped by init
+    assert not [pid for pid in helpers if Path(f"/proc/{pid}").exists()
+                and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
