@@ -1,5 +1,5 @@
-"""What every spawned process of a probe (a tensor-parallel rank, a --workers helper) does first:
-quiet the libraries, exit with its parent, and report a failure as one line."""
+"""The spawned processes of a probe (a tensor-parallel rank, a --workers helper): what each does first
+(quiet the libraries, exit with its parent, report a failure as one line) and how the parent stops them."""
 
 import os
 import threading
@@ -31,3 +31,15 @@ def quiet() -> None:
 def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:400] if text else type(exc).__name__
+
+
+def stop_processes(processes, grace: float) -> None:
+    """Stop every process still running (SIGTERM, then SIGKILL after `grace` seconds) and reap them all."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(grace)
+        if process.is_alive():
+            process.kill()
+            process.join()

@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass
 
 from nondet.errors import ModelLoadError, NondetError, OutOfMemoryError, UsageError, WorkerError
+from nondet.probes.child_process import stop_processes
 
 FAIL_ENV = "NONDET_WORKER_FAIL"  # test hook: helper N (1-based) exits with code 17 before its first condition
 _ERRORS = {"ModelLoadError": ModelLoadError, "OutOfMemoryError": OutOfMemoryError, "UsageError": UsageError}
@@ -121,14 +122,7 @@ class ConditionWorkers:
         with self.lock:
             self.error = self.error or WorkerError("the probe's worker processes were stopped")
             self.lock.notify_all()
-        for process in self.processes:
-            if process.is_alive():
-                process.terminate()
-        for process in self.processes:
-            process.join(STOP_SECONDS)
-            if process.is_alive():
-                process.kill()
-                process.join()
+        stop_processes(self.processes, STOP_SECONDS)
         self.dispatcher.join(STOP_SECONDS)  # it sees the error within one poll; then no one reads the pipes
         for conn in self.conns:
             conn.close()

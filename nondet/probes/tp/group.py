@@ -11,6 +11,7 @@ import socket
 import time
 
 from nondet.errors import ModelLoadError, NondetError, OutOfMemoryError, UsageError, WorkerError
+from nondet.probes.child_process import stop_processes
 from nondet.probes.tp.job import Job
 
 POLL_SECONDS = 0.5  # how often the parent checks that every rank is alive while it waits
@@ -69,14 +70,7 @@ class WorkerGroup:
 
     def close(self) -> None:
         """Stop every rank still running (SIGTERM, then SIGKILL) and reap them all."""
-        for process in self.processes:
-            if process.is_alive():
-                process.terminate()
-        for process in self.processes:
-            process.join(STOP_SECONDS)
-            if process.is_alive():
-                process.kill()
-                process.join()
+        stop_processes(self.processes, STOP_SECONDS)
         for conn in self.conns:
             conn.close()
         self.conns = []
