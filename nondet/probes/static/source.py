@@ -73,7 +73,7 @@ class StaticSource:
             conditions = self._fit_budget()
         else:
             conditions = plan_static(self.config, self.placement, self.lengths())
-        if self.config.workers > 1:
+        if min(self.config.workers, len(conditions)) > 1:  # a helper with nothing to claim is not started
             self._start_workers(conditions)
         return [Planned(x.condition_id, x.label, x.kernels, x) for x in conditions]
 
@@ -85,7 +85,7 @@ class StaticSource:
         self.plan_index = {c.condition_id: i for i, c in enumerate(conditions)}
         job = dict(spec=self.config.model, inputs=tuple(self.inputs), settings=self.decoder.settings,
                    threads=torch.get_num_threads())  # the parent's, set by numerics_scope
-        self.workers = ConditionWorkers(job, conditions, self.config.workers)
+        self.workers = ConditionWorkers(job, conditions, min(self.config.workers, len(conditions)))
 
     def _fit_budget(self) -> list[cond.Condition]:
         """--budget: time short calls per kernels mode, then keep what fits (probes/static/budget.py);
