@@ -104,8 +104,11 @@ def base_kernels(name: str) -> str:
     return name.removesuffix("+gather").removesuffix("+local").removesuffix("+dtensor")
 
 
-def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = False) -> tuple[float, float, str]:
-    """(first call s, ms per decode step, hash of row 0's last logits) of a generate call of `tokens`."""
+def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = False,
+           repeats: int = 1) -> tuple[float, float, list[float], str]:
+    """(first call s, ms per decode step, each timed call's ms, hash of row 0's last logits): after a first
+    call of `tokens`, `repeats` timed calls, each the median gap between its tokens; the step is their median
+    (one call alone varied by up to 0.5 ms at B = 1 on the 8B shape, 2026-11-30)."""
     from nondet.probes.core.compiled import generation_fields, tp_layout_guard_filter
 
     device = model.device
@@ -123,11 +126,14 @@ def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = 
     started = time.perf_counter()
     call()  # compile and capture (compiled); kernels' first launches (eager)
     first = time.perf_counter() - started
-    clock = StepClock()  # gpu_compile.py's: the time each new token reaches the host
-    out = call(clock)
-    gaps = [1000 * (b - a) for a, b in zip(clock.times[2:], clock.times[3:])]  # [0] prompt, [1] after prefill
+    per_call = []
+    for _ in range(repeats):
+        clock = StepClock()  # gpu_compile.py's: the time each new token reaches the host
+        out = call(clock)
+        gaps = [1000 * (b - a) for a, b in zip(clock.times[2:], clock.times[3:])]  # [0] prompt, [1] after prefill
+        per_call.append(statistics.median(gaps))
     digest = hashlib.sha256(out.logits[-1][0].float().cpu().numpy().tobytes()).hexdigest()[:12]
-    return first, statistics.median(gaps), digest
+    return first, statistics.median(per_call), per_call, digest
 
 
 def profile(model, world: int, out: str, write: bool, compiled: bool = False, kernels: str = "default",
@@ -236,8 +242,10 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                 try:
                     with kernels_scope(kernel, model, compiled, tree, world), torch.inference_mode(), \
                             compile_scope():  # the probe's recompile limit and Inductor cache folder
-                        first, ms, digest = decode(model, batch, args.tokens, compiled, args.count_guards)
-                    row.update(first_call_s=round(first, 2), ms=round(ms, 3), logits=digest)
+                        first, ms, calls, digest = decode(model, batch, args.tokens, compiled, args.count_guards,
+                                                          args.repeats)
+                    row.update(first_call_s=round(first, 2), ms=round(ms, 3), ms_calls=[round(c, 3) for c in calls],
+                               logits=digest)
                     if compiled:  # a break leaves pieces eager and outside CUDA graphs: the step's time says why
                         row.update({k: v - before[k] for k, v in dynamo_counts().items()})
                         if args.count_guards:
@@ -279,10 +287,18 @@ def table(results: dict) -> str:
     keys = sorted({(r["world"], r["path"], r["kernels"]) for r in rows}, key=lambda k: (k[1], k[2], k[0]))
     for world, path, kernels in keys:
         cells = {r["batch"]: r for r in rows if (r["world"], r["path"], r["kernels"]) == (world, path, kernels)}
-        shown = [str(cells[b].get("ms", cells[b].get("error", "?")[:40])) if b in cells else "—" for b in results["batches"]]
+        shown = [_cell(cells[b]) if b in cells else "—" for b in results["batches"]]
         last = cells.get(max(results["batches"]), {})
         lines.append(f"| {world} | {path} | {kernels} | " + " | ".join(shown) + f" | {last.get('first_call_s', '—')} |")
     return "\n".join(lines)
+
+
+def _cell(row: dict) -> str:
+    """A row's ms, with the range of its timed calls when there were several ("9.01 (8.95-9.20)")."""
+    if "ms" not in row:
+        return row.get("error", "?")[:40]
+    calls = row.get("ms_calls", [])
+    return f"{row['ms']} ({min(calls)}-{max(calls)})" if len(calls) > 1 else str(row["ms"])
 
 
 def bits_across_degrees(results: dict) -> list[str]:
@@ -336,6 +352,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=36)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--tokens", type=int, default=24)
+    p.add_argument("--repeats", type=int, default=3, help="timed generate calls per row after the first (the row: their median)")
     p.add_argument("--model", default="")
     p.add_argument("--paths", type=lambda s: s.split(","), default=["eager", "compiled"])
     p.add_argument("--kernels", type=lambda s: s.split(","), default=["default", "batch-invariant", "tp-invariant"])

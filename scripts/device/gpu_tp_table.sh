@@ -11,6 +11,8 @@
 # one after the other; the degrees of a group run side by side). A degree may name its kernels, WORLD:KERNELS
 # (one name of gpu_tp_speed.py's --kernels, in place of TP_TABLE_ARGS' list): "2:default,2:batch-invariant
 # 1:default,1:batch-invariant" runs one degree's kernels on separate GPUs at once, each compile beside the other.
+# A run side by side times its steps while its neighbour may still compile (the same row differed by up to
+# 14% between the two layouts, 2026-11-30): figures to compare come from groups of one, "2:tp-invariant 1:default".
 set -uo pipefail
 OUT=${OUT:-/tmp/nondet-tp-table}
 mkdir -p "$OUT"
