@@ -39,8 +39,7 @@ def test_helpers_write_the_run_directory_one_process_writes(tiny_model_dir, tmp_
     three = run_probe(_config(tiny_model_dir, tmp_path / "three", 3, inject=True))
     decoded = three.summary["workers"]["conditions_decoded"]
     conditions = len((tmp_path / "one" / "conditions.jsonl").read_text().splitlines())
-    assert decoded[0] == 0 and sum(decoded) == conditions  # every condition came from a helper
-    assert all(n > 0 for n in decoded[1:])  # both helpers decoded some
+    assert decoded[0] == 0 and sum(decoded) == conditions  # every condition came from a helper (one may take all)
     assert _files(tmp_path / "three") == _files(tmp_path / "one")
     assert "workers" not in one.summary
     # positive control through the helpers: the injected norm makes batched rows differ from the reference

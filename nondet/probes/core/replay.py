@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from nondet.errors import OutOfMemoryError, is_out_of_memory
-from nondet.probes.core.batch import Batch
+from nondet.probes.core.batch import Batch, build_batch
+from nondet.probes.core.conditions import Condition
+from nondet.probes.core.kernels_mode import COMPILED_CALLS, kernels_mode
 from nondet.probes.core.recorder import StepRecorder
 from nondet.probes.core.routing_trace import RoutingTrace
 
@@ -202,3 +204,22 @@ def truncate_at_eos(steps: list[dict], eos: list[int]) -> list[dict]:
         if step["token"] in eos:
             return steps[: i + 1]
     return steps
+
+
+def replay_condition(model, tokenizer, condition: Condition, target: list[int], fillers: list[list[int]],
+                     settings: DecodeSettings, prompts: list[list[int]] | None = None,
+                     warm: bool = False) -> dict[int, list[dict]]:
+    """One condition: build its batch, generate under its kernels; {target row: step dicts}.
+    prompts: every prompt's token ids, for a condition with a prompt in each row.
+    warm: a warm-up call of the compiled path: the same batch and cache length, stopped after
+    compiled.WARM_STEPS decode steps, nothing recorded ({})."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batch = build_batch(condition, target, fillers, pad_id or 0, prompts)
+    with kernels_mode(condition.kernels, model, traceable=COMPILED_CALLS if settings.compile_backend else False,
+                      allow_uncovered=settings.allow_uncovered):
+        if not warm:
+            return generate_condition(model, tokenizer, batch, settings)
+        from nondet.probes.core.compiled import warm_up_stop
+
+        generate(model, tokenizer, batch, settings, None, stopping=[warm_up_stop(len(batch.input_ids[0]))])
+        return {}

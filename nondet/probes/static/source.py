@@ -12,13 +12,12 @@ StreamRecord whose prompt_id is that row's prompt: it is compared with that prom
 import time
 
 from nondet.probes.core import conditions as cond
-from nondet.probes.core.batch import batch_shape, build_batch, tokenize_inputs
+from nondet.probes.core.batch import batch_shape, tokenize_inputs
 from nondet.probes.core.chat import model_texts
 from nondet.probes.core.compiled import census_store
-from nondet.probes.core.kernels_mode import COMPILED_CALLS, kernels_mode
 from nondet.probes.core.numerics import fingerprint
 from nondet.probes.core.pieces import token_piece
-from nondet.probes.core.replay import DecodeSettings, generate, generate_condition
+from nondet.probes.core.replay import DecodeSettings, replay_condition
 from nondet.probes.core.source import Emit, Opened, Planned, step_record
 from nondet.probes.core.summarize import as_summary, sampling_section, summarize_modes
 from nondet.probes.models.loading import load_model
@@ -196,25 +195,6 @@ def _batches(config, placement: str, lengths: list[int], mode: str) -> list[cond
     several = len(lengths) > 1
     return [x for k in range(len(lengths))
             for x in cond.plan_conditions(config.batch_sizes, placement, config.runs, config.ragged, mode, k, several)]
-
-
-def replay_condition(model, tokenizer, condition: cond.Condition, target: list[int], fillers: list[list[int]],
-                     settings: DecodeSettings, prompts: list[list[int]] | None = None,
-                     warm: bool = False) -> dict[int, list[dict]]:
-    """One condition: build its batch, generate under its kernels; {target row: step dicts}.
-    prompts: every prompt's token ids, for a condition with a prompt in each row.
-    warm: a warm-up call of the compiled path: the same batch and cache length, stopped after
-    compiled.WARM_STEPS decode steps, nothing recorded ({})."""
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    batch = build_batch(condition, target, fillers, pad_id or 0, prompts)
-    with kernels_mode(condition.kernels, model, traceable=COMPILED_CALLS if settings.compile_backend else False,
-                      allow_uncovered=settings.allow_uncovered):
-        if not warm:
-            return generate_condition(model, tokenizer, batch, settings)
-        from nondet.probes.core.compiled import warm_up_stop
-
-        generate(model, tokenizer, batch, settings, None, stopping=[warm_up_stop(len(batch.input_ids[0]))])
-        return {}
 
 
 def condition_record(condition: cond.Condition) -> ConditionRecord:

@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass
 
 from nondet.errors import ModelLoadError, NondetError, OutOfMemoryError, UsageError, WorkerError
-from nondet.probes.child_process import stop_processes
+from nondet.probes.core.child_process import start_without_sigint, stop_processes
 
 FAIL_ENV = "NONDET_WORKER_FAIL"  # test hook: helper N (1-based) exits with code 17 before its first condition
 _ERRORS = {"ModelLoadError": ModelLoadError, "OutOfMemoryError": OutOfMemoryError, "UsageError": UsageError}
@@ -86,8 +86,7 @@ class ConditionWorkers:
                                                                               number=n + 1), child_end),
                                           daemon=True, name=f"nondet-worker{n + 1}")
                           for n, (_, child_end) in enumerate(pipes)]
-        for process in self.processes:
-            process.start()
+        start_without_sigint(self.processes)
         for _, child_end in pipes:
             child_end.close()  # EOF on a parent end then means its helper is gone
         self.dispatcher = threading.Thread(target=self._dispatch, daemon=True, name="nondet-workers")
@@ -179,9 +178,9 @@ class ConditionWorkers:
 
 def helper_main(job: HelperJob, pipe) -> None:
     """A helper process (spawned): load the model, then decode each condition the parent sends.
-    Every failure (Ctrl-C included) becomes one ("error", ...) message and exit 1, no traceback
-    unless NONDET_DEBUG=1."""
-    from nondet.probes.child_process import one_line, quiet, watch_parent
+    Every failure becomes one ("error", ...) message and exit 1, no traceback unless NONDET_DEBUG=1.
+    Ctrl-C is the parent's: a helper ignores SIGINT (child_process.start_without_sigint) and is stopped by it."""
+    from nondet.probes.core.child_process import one_line, quiet, watch_parent
 
     quiet()
     watch_parent(os.getppid())
@@ -203,7 +202,7 @@ def helper_main(job: HelperJob, pipe) -> None:
 def _decode_claims(job: HelperJob, pipe) -> None:
     from nondet.probes.core.numerics import numerics_scope
     from nondet.probes.models.loading import load_model
-    from nondet.probes.static.source import replay_condition
+    from nondet.probes.core.replay import replay_condition
 
     with numerics_scope(job.threads):
         loaded = load_model(job.spec)

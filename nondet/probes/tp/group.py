@@ -11,7 +11,7 @@ import socket
 import time
 
 from nondet.errors import ModelLoadError, NondetError, OutOfMemoryError, UsageError, WorkerError
-from nondet.probes.child_process import stop_processes
+from nondet.probes.core.child_process import start_without_sigint, stop_processes
 from nondet.probes.tp.job import Job
 
 POLL_SECONDS = 0.5  # how often the parent checks that every rank is alive while it waits
@@ -36,8 +36,7 @@ class WorkerGroup:
         self.processes = [context.Process(target=worker.main, args=(rank, job, send), daemon=True,
                                           name=f"nondet-tp{job.degree}-rank{rank}")
                           for rank, (_, send) in enumerate(pipes)]
-        for process in self.processes:
-            process.start()
+        start_without_sigint(self.processes)
         for _, send in pipes:
             send.close()  # the parent keeps only the reading ends: EOF then means the rank is gone
         self.errors: list[tuple] = []

@@ -12,7 +12,7 @@ outlives a parent that was killed.
 import os
 import traceback
 
-from nondet.probes.child_process import one_line, quiet, watch_parent
+from nondet.probes.core.child_process import one_line, quiet, watch_parent
 from nondet.probes.tp.job import FAIL_ENV, Job
 
 
@@ -80,7 +80,7 @@ def _run(rank: int, job: Job, pipe) -> None:
 def _decode_conditions(rank: int, job: Job, loaded, decoder, pipe) -> None:
     """Every condition of the job, in order, on this rank; rank 0 sends each one's rows."""
     from nondet.probes.core.batch import batch_shape
-    from nondet.probes.static.source import replay_condition
+    from nondet.probes.core.replay import replay_condition
 
     prompts = [list(target) for target, _ in job.inputs]
     for condition in job.conditions:

@@ -2,6 +2,7 @@
 (quiet the libraries, exit with its parent, report a failure as one line) and how the parent stops them."""
 
 import os
+import signal
 import threading
 import time
 
@@ -43,3 +44,19 @@ def stop_processes(processes, grace: float) -> None:
         if process.is_alive():
             process.kill()
             process.join()
+
+
+def start_without_sigint(processes) -> None:
+    """Start the processes with SIGINT ignored (kept across their exec): a shell's Ctrl-C reaches the whole
+    process group, and a child still importing torch would print its KeyboardInterrupt's traceback. The
+    parent alone handles Ctrl-C and stops them (stop_processes)."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
+        for process in processes:
+            process.start()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for process in processes:
+            process.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
