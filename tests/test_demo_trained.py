@@ -66,8 +66,14 @@ def test_bisect_blames_the_norm_and_the_report_names_the_model(confirmed):
     line = next(line for line in r.stdout.splitlines() if line.startswith("minimal set that removes the divergence: "))
     classes = set(line.split(": ", 1)[1].split(" + "))
     assert "norm" in classes, line  # the injected norm, on every host
-    # and the matmul only where this host's own matmul is batch-variant (checked here, not assumed)
-    assert classes == ({"norm", "matmul"} if host_bf16_matmul_is_batch_variant() else {"norm"}), line
+    # and the matmul where this host's own matmul is batch-variant (checked here, not assumed). The check is
+    # one-way: on a 2-core AMD EPYC with AVX512-BF16 (2026-11-30) bisect also named the matmul (the ablation
+    # with the norm alone kept a divergence born in model.layers.1.mlp.down_proj at step 1) while this
+    # shape's check, and 2-D / 3-D products of every layer shape at M up to 512, gave row 0 the same bits:
+    # the host's variant product is not yet pinned down (docs/benchmarks.md, 2026-11-30)
+    assert classes <= {"norm", "matmul"}, line
+    if host_bf16_matmul_is_batch_variant():
+        assert "matmul" in classes, line
     assert nondet("report", str(run)).returncode == 0
     report = (run / "report.md").read_text()
     assert "SmolLM2-135M-Instruct" in report and "Branch tree" in report
