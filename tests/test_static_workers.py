@@ -136,3 +136,14 @@ def test_ctrl_c_stops_the_helpers_with_the_one_line(tiny_model_dir, tmp_path):
     time.sleep(1.0)  # reparented helpers are reaped by init
     assert not [pid for pid in helpers if Path(f"/proc/{pid}").exists()
                 and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
+
+
+def test_a_model_in_memory_is_not_handed_to_helpers(tiny_model_dir):
+    """Helpers load config.model; the in-memory probe's model is the caller's: refused, not silently another model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nondet.probes.inmemory import probe_model
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with pytest.raises(UsageError, match="--workers loads the model in every process"):
+        probe_model(model, AutoTokenizer.from_pretrained(tiny_model_dir), ProbeConfig(prompts=PROMPTS, workers=2))

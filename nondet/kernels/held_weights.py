@@ -9,6 +9,11 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 
+def local(weight: torch.Tensor) -> torch.Tensor:
+    """The rank's own shard of a tensor-parallel weight (a DTensor), or the weight itself."""
+    return weight.to_local() if hasattr(weight, "to_local") else weight
+
+
 def version(weight: torch.Tensor) -> int | None:
     try:
         return weight._version  # bumped by every in-place write

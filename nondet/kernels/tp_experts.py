@@ -60,22 +60,22 @@ class LeafView:
 def leaf_weights(module, index: int, count: int) -> dict[str, torch.Tensor]:
     """Chunk `index` of `count` of the experts' projection weights along the intermediate dim: copies,
     contiguous (the module's own local weights where count is 1)."""
-    down = _local(module.down_proj)  # (E, H, I_local)
+    down = held_weights.local(module.down_proj)  # (E, H, I_local)
     width = down.shape[-1] // count
     if down.shape[-1] % count:
         raise ValueError(f"an experts down_proj's K ({down.shape[-1]}) does not split into {count} equal chunks")
     gated = getattr(module, "has_gate", True)
     if count == 1:
-        return {"down_proj": down, **({"gate_up_proj": _local(module.gate_up_proj)} if gated
-                                      else {"up_proj": _local(module.up_proj)})}
+        name = "gate_up_proj" if gated else "up_proj"
+        return {"down_proj": down, name: held_weights.local(getattr(module, name))}
     cols = slice(index * width, (index + 1) * width)
     weights = {"down_proj": down[:, :, cols].contiguous()}
     if gated:
-        gate_up = _local(module.gate_up_proj)  # (E, 2 I_local, H): [gate; up]
+        gate_up = held_weights.local(module.gate_up_proj)  # (E, 2 I_local, H): [gate; up]
         half = gate_up.shape[1] // 2
         weights["gate_up_proj"] = torch.cat([gate_up[:, cols], gate_up[:, half + cols.start:half + cols.stop]], dim=1)
     else:
-        weights["up_proj"] = _local(module.up_proj)[:, cols].contiguous()
+        weights["up_proj"] = held_weights.local(module.up_proj)[:, cols].contiguous()
     return weights
 
 
@@ -89,10 +89,6 @@ def held_leaves(module, count: int) -> list[dict[str, torch.Tensor]]:
         return [{name: held_weights.static(tensor) for name, tensor in leaf_weights(module, i, count).items()}
                 for i in range(count)]
     return held_weights.held(_HELD, module.down_proj, (count, others), make)
-
-
-def _local(weight: torch.Tensor) -> torch.Tensor:
-    return weight.to_local() if hasattr(weight, "to_local") else weight
 
 
 def tree_combine(module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,

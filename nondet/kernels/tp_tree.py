@@ -76,11 +76,8 @@ def k_chunks(weight: torch.Tensor, leaves: int) -> torch.Tensor:
 def held_chunks(weight: torch.Tensor, leaves: int) -> torch.Tensor:
     """k_chunks of a module's weight (of its local shard, for a DTensor), made once while the weight lives
     and keeps its values (the tree's scopes of later conditions reuse them), as a static Parameter."""
-    return held_weights.held(_HELD, weight, (leaves,), lambda: held_weights.static(k_chunks(_local(weight), leaves)))
-
-
-def _local(weight: torch.Tensor) -> torch.Tensor:
-    return weight.to_local() if hasattr(weight, "to_local") else weight  # a TP shard (DTensor)
+    return held_weights.held(_HELD, weight, (leaves,),
+                             lambda: held_weights.static(k_chunks(held_weights.local(weight), leaves)))
 
 
 def _rowwise_patterns(model) -> list[str]:
@@ -175,7 +172,7 @@ def tree_linears(model, leaves: int):
             return original(x, weight, bias)
         made = _STATE["chunks"]  # the module's chunks, where they are this weight's (the module's weight then and now)
         chunks = made[1] if made is not None and made[0] is weight else None
-        out = tree_linear(x, _local(weight), _STATE["leaves"], chunks)
+        out = tree_linear(x, held_weights.local(weight), _STATE["leaves"], chunks)
         return out if bias is None else out + bias  # TP hides the bias until after the all-reduce
 
     def on_for(module):

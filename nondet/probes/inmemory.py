@@ -20,8 +20,14 @@ class InMemoryResult:
 
 def probe_model(model, tokenizer, config: ProbeConfig) -> InMemoryResult:
     """Replay config's prompts under every condition of every kernels mode on (model, tokenizer).
-    config.model, .out and .load are not used: the model is given and nothing is written."""
+    config.model, .out and .load are not used: the model is given and nothing is written. --workers is
+    refused: a helper process loads its model from config.model, which is not this one."""
     validate_config(config)
+    if config.workers > 1:
+        from nondet.errors import UsageError
+
+        raise UsageError("--workers loads the model in every process; a model handed over in memory runs in this "
+                         "one: drop workers")
     source = StaticSource(config, LoadedModel(model, tokenizer, description={}))
     with numerics_scope(config.threads):
         source.open()

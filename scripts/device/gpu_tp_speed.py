@@ -108,7 +108,8 @@ def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = 
            repeats: int = 1) -> tuple[float, float, list[float], str]:
     """(first call s, ms per decode step, each timed call's ms, hash of row 0's last logits): after a first
     call of `tokens`, `repeats` timed calls, each the median gap between its tokens; the step is their median
-    (one call alone varied by up to 0.5 ms at B = 1 on the 8B shape, 2026-11-30)."""
+    and the table shows their range (one timed call a row could not rank rows within 10%: the same row varied
+    7-14% between runs on one host, docs/benchmarks.md 2026-11-30)."""
     from nondet.probes.core.compiled import generation_fields, tp_layout_guard_filter
 
     device = model.device
