@@ -51,4 +51,5 @@ done
 echo "=== all degrees ($OUT/tp_speed.md)"
 python3 scripts/device/gpu_tp_speed.py --merge --out "$PARTS"
 cp "$PARTS"/tp_speed.md "$PARTS"/tp_speed.json "$OUT"/ 2>/dev/null
+cp "$PARTS"/tp*_profile*.txt "$OUT"/ 2>/dev/null  # --profile's tables, when TP_TABLE_ARGS asks for them
 echo "=== done $(date -u +%H:%M:%S)"
