@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_gate import time_gate  # noqa: E402
 
+from nondet.probes.core.child_process import usable_cores  # noqa: E402
 from nondet.probes.core.corpus import DEMO_PROMPTS  # noqa: E402
 from nondet.probes.models.default_model import cache_root, default_model_dir  # noqa: E402
 
@@ -93,7 +94,7 @@ def _parse():
     p.add_argument("--env", default=str(cache_root() / "detllm-0.1.1"))
     p.add_argument("--prompts", type=int, default=len(DEMO_PROMPTS))
     p.add_argument("--tokens", type=int, default=300)
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="the gate's --workers rows (default: the cores)")
+    p.add_argument("--workers", type=int, default=usable_cores(), help="the gate's --workers rows (default: the cores)")
     p.add_argument("--compiled", action="store_true",
                    help="also `nondet gate --compile` from a new NONDET_CACHE, then again (saved decode steps)")
     return p.parse_args()

@@ -5,6 +5,7 @@ byte for byte), the positive control must still fire through the helpers, the mo
 one completion, and a helper that dies must stop the run with one line."""
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -88,6 +89,15 @@ def test_threads_per_worker():
     assert workers.threads_per_worker(3, 2) == 3  # asked for: kept
     assert workers.threads_per_worker(None, 1) is None  # one process: torch's default
     assert workers.threads_per_worker(None, 10_000) == 1  # more workers than cores: one thread each
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
+def test_threads_per_worker_counts_the_cores_this_process_may_use(monkeypatch):
+    # a runner's cpuset (taskset, a container) smaller than the host: the host's count would oversubscribe
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    assert workers.threads_per_worker(None, 2) == 2
+    assert workers.threads_per_worker(None, 4) == 1
 
 
 def test_gate_and_probe_take_workers_from_flags_and_config(tiny_model_dir, tmp_path):

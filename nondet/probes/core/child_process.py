@@ -7,6 +7,14 @@ import threading
 import time
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity (taskset, a CI runner's cpuset), not the host's count,
+    so N processes of cores // N threads do not oversubscribe a runner that sees a bigger host."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def watch_parent(parent: int) -> None:
     """Exit when the parent is gone (killed before it could stop us): no orphaned worker waits forever."""
 

@@ -31,6 +31,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from nondet.probes.core.child_process import usable_cores
+
 ENV = "NONDET_COMPILE_AHEAD"
 MIN_CORES = 8  # an H200 host has 16; on a 2-core CPU a cold probe gained 0-3% (docs/benchmarks.md, 2026-11-29)
 MEMORY_FACTOR = 4  # free GPU memory / the weights' bytes: the second copy, its cache and graphs, and the
@@ -136,7 +138,7 @@ def why_not(config, model, in_memory: bool = False) -> str | None:
         return None
     if model.device.type != "cuda":
         return f"a {model.device.type} device (the two compiles share its cores)"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     if cores < MIN_CORES:
         return f"{cores} cores (fewer than {MIN_CORES})"
     return _memory_short(model)

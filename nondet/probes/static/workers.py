@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass
 
 from nondet.errors import ModelLoadError, NondetError, OutOfMemoryError, UsageError, WorkerError
-from nondet.probes.core.child_process import start_without_sigint, stop_processes
+from nondet.probes.core.child_process import start_without_sigint, stop_processes, usable_cores
 
 FAIL_ENV = "NONDET_WORKER_FAIL"  # test hook: helper N (1-based) exits with code 17 before its first condition
 _ERRORS = {"ModelLoadError": ModelLoadError, "OutOfMemoryError": OutOfMemoryError, "UsageError": UsageError}
@@ -65,7 +65,7 @@ def threads_per_worker(threads: int | None, workers: int) -> int | None:
     one process keeps torch's own default (None)."""
     if threads or workers == 1:
         return threads
-    return max(1, (os.cpu_count() or 1) // workers)
+    return max(1, usable_cores() // workers)
 
 
 class ConditionWorkers:
