@@ -64,28 +64,26 @@ def main() -> None:
     exe = detllm_env(Path(args.env))
     model = Path(default_model_dir())
     tree = Path(__file__).resolve().parents[1]
-    gate, code, verdict = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model))
-    padded = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model), ("--positions", "padded"))
-    workers = ("--workers", str(args.workers))
-    parallel = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model), workers)
-    parallel_padded = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model),
-                                ("--positions", "padded", *workers))
-    detllm, detllm_code = time_detllm(exe, model, args.prompts, args.tokens)
+    # each row printed as it is measured (flushed): a run stopped by a time limit keeps the rows it has
     print(f"{args.prompts} prompts x {args.tokens} tokens x batch sizes 1,2,4,8, default kernels, the embedded model")
-    print("| tool | wall (s) | exit | speed vs detLLM |")
-    print("| --- | ---: | ---: | ---: |")
-    print(f"| detLLM 0.1.1 | {detllm:.1f} | {detllm_code} | 1.00x |")
-    print(f"| nondet gate | {gate:.1f} | {code} | {detllm / gate:.2f}x |")
-    print(f"| nondet gate --positions padded (detLLM's calls) | {padded[0]:.1f} | {padded[1]} | {detllm / padded[0]:.2f}x |")
-    print(f"| nondet gate --workers {args.workers} | {parallel[0]:.1f} | {parallel[1]} | {detllm / parallel[0]:.2f}x |")
-    print(f"| nondet gate --positions padded --workers {args.workers} | {parallel_padded[0]:.1f} | {parallel_padded[1]} "
-          f"| {detllm / parallel_padded[0]:.2f}x |")
+    print("| tool | wall (s) | exit | speed vs detLLM |\n| --- | ---: | ---: | ---: |", flush=True)
+    detllm, detllm_code = time_detllm(exe, model, args.prompts, args.tokens)
+    print(f"| detLLM 0.1.1 | {detllm:.1f} | {detllm_code} | 1.00x |", flush=True)
+    workers = ("--workers", str(args.workers))
+    rows = [("nondet gate", ()), ("nondet gate --positions padded (detLLM's calls)", ("--positions", "padded")),
+            (f"nondet gate --workers {args.workers}", workers),
+            (f"nondet gate --positions padded --workers {args.workers}", ("--positions", "padded", *workers))]
+    verdict = ""
+    for label, flags in rows:
+        wall, code, said = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model), flags)
+        verdict = verdict or said
+        print(f"| {label} | {wall:.1f} | {code} | {detllm / wall:.2f}x |", flush=True)
     if args.compiled:  # the gate on the compiled path: its steps saved by the first run, loaded by the second
         cache = {"NONDET_CACHE": tempfile.mkdtemp(prefix="nondet-bench-cache-")}
         for run in ("cold cache", "warm cache"):
             wall, code, _ = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model),
                                       ("--compile",), cache)
-            print(f"| nondet gate --compile, {run} | {wall:.1f} | {code} | {detllm / wall:.2f}x |")
+            print(f"| nondet gate --compile, {run} | {wall:.1f} | {code} | {detllm / wall:.2f}x |", flush=True)
     print(f"gate verdict: {verdict[:160]}")
 
 
