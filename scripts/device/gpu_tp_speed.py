@@ -55,6 +55,7 @@ NO_GUARD_FILTER = os.environ.get("NONDET_TP_ALL_GUARDS") == "1"
 # filter kept (a host cost per step that is the same on every machine); TP1 then gets a filter that
 # keeps every guard (the same compile config otherwise: CUDA graphs asked for as an option)
 COUNTERS: dict = {}  # id(model) -> (filter, tally)
+GUARD_US: list[float] = []  # --count-guards: dynamo's own latency of each new graph's guards, us (record_guard_latency)
 
 
 def build(path: Path, layers: int, hidden: int) -> None:
@@ -179,6 +180,23 @@ def counting_filter(model, inner):
     return COUNTERS[id(model)][0]
 
 
+def record_guard_latency() -> None:
+    """Keep dynamo's measure of a new graph's guard check (what its cache lookup costs every call), taken
+    over 300 checks instead of its default 1: where a step's host time goes, per row, on any host."""
+    import torch._dynamo.guards as guards
+
+    original = getattr(guards, "profile_guard_manager", None)
+    if original is None:  # another torch: the rows go without it
+        return
+
+    def timed(root, scope, _iterations):
+        latency = original(root, scope, 300)
+        GUARD_US.append(latency)
+        return latency
+
+    guards.profile_guard_manager = timed
+
+
 def record_cudagraph_skips() -> None:
     """Keep Inductor's "skipping cudagraphs due to ..." messages (logged only under TORCH_LOGS otherwise):
     a graph without CUDA graphs launches every kernel from the host, which a step's time shows."""
@@ -230,6 +248,8 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
     load_s = time.perf_counter() - started
     rows = []
     record_cudagraph_skips()
+    if args.count_guards:
+        record_guard_latency()
     if args.profile and "eager" in args.paths:
         profile(model, world, args.out, rank == 0)
     tree = args.tree_degree or max(args.worlds)  # the K tree's leaves: the largest degree compared
@@ -238,7 +258,7 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
         for kernel in kernels:
             for batch in args.batches:
                 row = {"world": world, "kernels": kernel, "path": "compiled" if compiled else "eager", "batch": batch}
-                before = dynamo_counts()
+                before, guard_checks_before = dynamo_counts(), len(GUARD_US)
                 breaks_before = dict(torch._dynamo.utils.counters["graph_break"])
                 try:
                     with kernels_scope(kernel, model, compiled, tree, world), torch.inference_mode(), \
@@ -251,6 +271,8 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                         row.update({k: v - before[k] for k, v in dynamo_counts().items()})
                         if args.count_guards:
                             row.update(COUNTERS[id(model)][1])
+                            measured = GUARD_US[guard_checks_before:]  # none: the row reused a graph
+                            row["guard_us"] = round(measured[-1], 1) if measured else None
                         row["skip_reasons"] = sorted(set(CUDAGRAPH_SKIPS[before["cudagraph_skips"]:]))[:3]
                         row["break_reasons"] = break_reasons(breaks_before)
                 except Exception as exc:  # noqa: BLE001 (a benchmark row: record and go on)
@@ -358,7 +380,7 @@ def main() -> None:
     p.add_argument("--paths", type=lambda s: s.split(","), default=["eager", "compiled"])
     p.add_argument("--kernels", type=lambda s: s.split(","), default=["default", "batch-invariant", "tp-invariant"])
     p.add_argument("--profile", action="store_true", help="also profile a step per world: eager, default kernels at B = 1; compiled, every kernels at the first of --batches")
-    p.add_argument("--count-guards", action="store_true", help="compiled rows: the guards dynamo built and kept")
+    p.add_argument("--count-guards", action="store_true", help="compiled rows: the guards dynamo built and kept, and their check's latency (guard_us)")
     p.add_argument("--tag", default="", help="a suffix of the output files (two runs in one $OUT)")
     p.add_argument("--tree-degree", type=int, default=0, help="tp-invariant's tree for this degree (default: the largest of --worlds; runs of one degree each, side by side, pass the largest of them all)")
     p.add_argument("--merge", action="store_true", help="merge the tp_speed-*.json of runs side by side in --out into one table, then stop")
