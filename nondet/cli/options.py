@@ -41,9 +41,22 @@ def at_least_one(param: typer.CallbackParam, value: Optional[int]) -> Optional[i
 
 ThreadsOpt = Annotated[Optional[int], typer.Option(
     help="torch CPU threads (results depend on it; recorded).", callback=at_least_one)]
-WorkersOpt = Annotated[Optional[int], typer.Option(
+def workers_count(param: typer.CallbackParam, value: Optional[str]) -> "int | str | None":
+    """--workers N (>= 1) or auto (probes/static/auto_workers.py); anything else is a usage error."""
+    from nondet.errors import UsageError
+    from nondet.probes.static.auto_workers import AUTO
+
+    if value is None or value == AUTO:
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise UsageError(f"{param.opts[0]} must be an integer >= 1 or auto, not {value!r}")
+    return int(value)
+
+
+WorkersOpt = Annotated[Optional[str], typer.Option(
     help="Static batches on the CPU: decode the conditions in N processes at once, each with --threads threads "
-         "(default: the cores shared out); the run directory is one process's.", callback=at_least_one)]
+         "(default: the cores shared out); the run directory is one process's. auto: by the cores and the "
+         "memory free for another copy of the weights (1 where helpers cannot run).", callback=workers_count)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the machine-readable summary on stdout instead of tables.")]
 
 

@@ -17,7 +17,7 @@ directory. Keys (TOML, kebab-case):
     dtype = "bfloat16"
     device = "cpu"
     threads = 2
-    workers = 2                       # static batches on the CPU: conditions decoded by N processes at once
+    workers = 2                       # static batches on the CPU: conditions decoded by N processes at once ("auto")
     load = "static"                   # static | continuous (in-process continuous batching)
     endpoint = "http://127.0.0.1:8000"   # probe a live OpenAI-compatible server instead
     rate = 0.5                        # filler arrivals (per engine step / per second on a server)
@@ -78,7 +78,8 @@ class GateSettings:
     dtype: str = "bfloat16"
     device: str = "cpu"
     threads: int | None = None  # torch CPU threads; results depend on it, so CI should pin it
-    workers: int = 1  # static batches on the CPU: processes decoding conditions at once (probes/static/workers.py)
+    workers: int | str = 1  # static batches on the CPU: processes decoding conditions at once, or "auto"
+    # (probes/static/workers.py, auto_workers.py)
     load: str = "static"  # static batches | continuous (the engine in process); see nondet probe
     endpoint: str | None = None  # a live OpenAI-compatible server to probe (the "server" load)
     rate: float | None = None  # filler arrival rate under load (None = the probe's default)
@@ -141,7 +142,7 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
         dtype=_typed(values, "dtype", str, label) or "bfloat16",
         device=_typed(values, "device", str, label) or "cpu",
         threads=_positive(values, "threads", None, label),  # 0 would leave torch's count while config says 0
-        workers=_positive(values, "workers", 1, label),
+        workers=_workers(values, label),
         load=_typed(values, "load", str, label) or "static",
         endpoint=_typed(values, "endpoint", str, label),
         rate=_typed(values, "rate", float, label),
@@ -218,6 +219,18 @@ def _flag(values: dict[str, Any], key: str, label: _Labels) -> bool:
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list"}
+
+
+def _workers(values: dict[str, Any], label: _Labels) -> int | str:
+    """workers: a count >= 1 or "auto" (from the flag, already checked, or the file)."""
+    value = values.get("workers")
+    if value == "auto":
+        return value
+    if isinstance(value, str) and value.isdigit():  # the flag's text
+        value = int(value)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise UsageError(f"{label('workers')} must be an integer >= 1 or \"auto\", not {value!r}")
+    return 1 if value is None else value
 
 
 def _positive(values: dict[str, Any], key: str, default: int | None, label: _Labels) -> int | None:
