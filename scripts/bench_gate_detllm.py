@@ -1,6 +1,6 @@
 """`nondet gate` and detLLM 0.1.1 on the same CPU work, side by side: the gate's speed target.
 
-    python scripts/bench_gate_detllm.py [--env DIR] [--prompts 8] [--tokens 300] [--workers N] [--compiled]
+    python scripts/bench_gate_detllm.py [--env DIR] [--prompts 8] [--tokens 300] [--workers N|auto] [--compiled]
 
 The work: the embedded model (a random Qwen3, hidden 512, 4 layers, bf16), the first N built-in
 prompts, N new tokens, batch sizes 1, 2, 4, 8, default kernels. detLLM runs
@@ -26,7 +26,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_gate import time_gate  # noqa: E402
 
-from nondet.probes.core.child_process import usable_cores  # noqa: E402
 from nondet.probes.core.corpus import DEMO_PROMPTS  # noqa: E402
 from nondet.probes.models.default_model import cache_root, default_model_dir  # noqa: E402
 
@@ -92,7 +91,7 @@ def _parse():
     p.add_argument("--env", default=str(cache_root() / "detllm-0.1.1"))
     p.add_argument("--prompts", type=int, default=len(DEMO_PROMPTS))
     p.add_argument("--tokens", type=int, default=300)
-    p.add_argument("--workers", type=int, default=usable_cores(), help="the gate's --workers rows (default: the cores)")
+    p.add_argument("--workers", default="auto", help="the gate's --workers rows: a number or auto (default)")
     p.add_argument("--compiled", action="store_true",
                    help="also `nondet gate --compile` from a new NONDET_CACHE, then again (saved decode steps)")
     return p.parse_args()
