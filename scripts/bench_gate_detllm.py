@@ -8,7 +8,7 @@ prompts, N new tokens, batch sizes 1, 2, 4, 8, default kernels. detLLM runs
 size 1, then the prompts in batches of 2, 4 and 8: the same generate calls a padded sweep makes);
 nondet runs `nondet gate --no-bisect` (scripts/bench_gate.py), with its row plan (no compared row
 padded) and with `--positions padded` (detLLM's calls, left-padded), each also with `--workers N`
-(N processes decoding the calls at once, the cores shared out; default N: this machine's cores).
+(N processes decoding the calls at once, the cores shared out; default auto: the number `--workers auto` picks here).
 detLLM lives in its own virtual environment (--env, default $NONDET_CACHE/detllm-0.1.1), created on
 first use with detLLM 0.1.1 and this environment's torch version, so both time the same torch
 kernels. Prints one table.
