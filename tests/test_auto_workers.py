@@ -102,3 +102,19 @@ def test_cli_and_config_resolve_auto_to_a_number(tiny_model_dir, tmp_path):
     (tmp_path / "nondet.toml").write_text('workers = "many"\n')
     with pytest.raises(Exception, match="integer >= 1 or"):
         resolve({}, load_config(tmp_path / "nondet.toml"), tmp_path / "nondet.toml")
+
+
+def test_the_library_takes_auto_too(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nondet.probes.inmemory import probe_model
+    from nondet.probes.probe import run_probe
+
+    config = ProbeConfig(prompt="One two three", model=ModelSpec(str(tiny_model_dir), "float32"), batch_sizes=(1, 2),
+                         max_new_tokens=3, threads=1, workers="auto", out=str(tmp_path / "run"))
+    result = run_probe(config)
+    recorded = json.loads((result.run_dir / "fingerprint.json").read_text()).get("workers", 1)  # written when > 1
+    assert recorded == auto_workers.auto_count(config)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32")
+    in_memory = probe_model(model, AutoTokenizer.from_pretrained(tiny_model_dir), config)  # auto is 1 here
+    assert in_memory.streams

@@ -2,7 +2,6 @@
 `nondet gate` (one per prompt) share it, so a flag means the same in all three."""
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -27,12 +26,11 @@ def build_probe_config(command: str, prompts: "Sequence[Prompt]" = (), *, model:
     speculative: '--speculative' as typed ('ngram:4,self:4'); checked here, before any model
       loads; it runs at batch size 1 only, so batch sizes above 1 are a usage error.
     fields: the other ProbeConfig fields as they are (placement, runs, fillers, ragged, workers (a count,
-      or "auto": auto_workers.py picks it for this config),
+      or "auto": run_probe picks it for this host),
       max_new_tokens, temperature, seed, kernels, threads).
     """
     from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig, default_run_dir
-    from nondet.probes.static.auto_workers import AUTO, auto_count
 
     prompts = tuple(prompts)
     if prompts:
@@ -41,15 +39,11 @@ def build_probe_config(command: str, prompts: "Sequence[Prompt]" = (), *, model:
         fields["load"] = load
     if speculative is not None:
         fields["speculative"], batch_sizes = _speculative(speculative, batch_sizes, prompts)
-    auto_workers = fields.get("workers") == AUTO
-    if auto_workers:
-        fields["workers"] = 1  # resolved below, once the config says where the probe runs
-    config = ProbeConfig(
+    return ProbeConfig(
         model=ModelSpec(model, dtype, device, attn_implementation, trust_remote_code, inject_variance),
         batch_sizes=_batch_sizes(batch_sizes, prompts), out=str(out) if out else default_run_dir(command),
         argv=tuple(["nondet"] + sys.argv[1:]), **fields,
     )
-    return replace(config, workers=auto_count(config)) if auto_workers else config
 
 
 def check_context(config: "ProbeConfig") -> None:

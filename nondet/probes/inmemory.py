@@ -4,7 +4,7 @@ For the pytest plugin and notebooks: the static source and the probe loop of `ru
 on the caller's model and tokenizer objects. Streams stay in memory.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nondet.probes.core.numerics import numerics_scope
 from nondet.probes.models.loading import LoadedModel
@@ -21,7 +21,9 @@ class InMemoryResult:
 def probe_model(model, tokenizer, config: ProbeConfig) -> InMemoryResult:
     """Replay config's prompts under every condition of every kernels mode on (model, tokenizer).
     config.model, .out and .load are not used: the model is given and nothing is written. --workers is
-    refused: a helper process loads its model from config.model, which is not this one."""
+    refused (auto is 1 here): a helper process loads its model from config.model, which is not this one."""
+    if config.workers == "auto":
+        config = replace(config, workers=1)
     validate_config(config)
     if config.workers > 1:
         from nondet.errors import UsageError

@@ -95,8 +95,8 @@ class ProbeConfig:
     trials: int = 1
     # static load on the CPU, eager: the conditions decoded by this many processes at once, each with `threads`
     # torch threads (without --threads, the cores shared out); the run directory is one process's
-    # (probes/static/workers.py)
-    workers: int = 1
+    # (probes/static/workers.py); "auto": run_probe picks the number for this host (auto_workers.py)
+    workers: int | str = 1
 
     def __post_init__(self) -> None:
         # prompts read back from config.json (a server probe's --resume) hold a Chat as {"messages": [...]}
@@ -121,7 +121,7 @@ OnCondition = Callable[[Planned, int, int], None]  # (condition, index, total), 
 
 def run_probe(config: ProbeConfig, on_condition: OnCondition | None = None, on_progress=None) -> ProbeResult:
     """Run the probe the config describes and write its run directory; on_progress: server request counts."""
-    config = with_worker_threads(with_chat_endpoint(config))
+    config = with_workers(with_chat_endpoint(config))
     validate_config(config)
     started = time.perf_counter()
     source = make_source(config, on_progress)
@@ -161,10 +161,14 @@ def with_chat_endpoint(config: ProbeConfig) -> ProbeConfig:
     return replace(config, load=replace(config.load, chat=True))
 
 
-def with_worker_threads(config: ProbeConfig) -> ProbeConfig:
-    """--workers without --threads: each process gets its share of the cores (recorded in config.json)."""
+def with_workers(config: ProbeConfig) -> ProbeConfig:
+    """--workers auto as this host's number; then, without --threads, each process gets its share of the
+    cores (both recorded in config.json)."""
+    from nondet.probes.static.auto_workers import AUTO, auto_count
     from nondet.probes.static.workers import threads_per_worker
 
+    if config.workers == AUTO:
+        config = replace(config, workers=auto_count(config))
     return replace(config, threads=threads_per_worker(config.threads, config.workers))
 
 
