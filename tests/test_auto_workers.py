@@ -91,6 +91,12 @@ def test_cli_and_config_resolve_auto_to_a_number(tiny_model_dir, tmp_path):
     same = ProbeConfig(prompt="One two three", model=ModelSpec(str(tiny_model_dir), "float32"), batch_sizes=(1, 2),
                        max_new_tokens=3, threads=1)
     assert recorded == auto_workers.auto_count(same)  # this host's answer (2 on a 2-core runner), resolved by the CLI
+    gate = ["gate", "--model", str(tiny_model_dir), "--dtype", "float32", "-b", "1,2", "-n", "3", "--no-bisect",
+            "--workers", "auto", "--threads", "1", "--out", "gate-run", "--prompt", "One two three"]
+    r = cli_runner.run(gate, cwd=tmp_path, timeout=120)  # the gate checks its configs before any model loads
+    assert r.returncode in (0, 1) and "internal error" not in r.stderr, r.stderr
+    recorded = json.loads((tmp_path / "gate-run" / "fingerprint.json").read_text()).get("workers", 1)
+    assert recorded == auto_workers.auto_count(same)
     r = cli_runner.run(["probe", "--workers", "many", "--out", "never"], cwd=tmp_path, timeout=60)
     assert r.returncode == 2 and "--workers must be an integer >= 1 or auto" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr

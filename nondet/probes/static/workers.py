@@ -47,7 +47,10 @@ class HelperJob:
 
 
 def validate(config) -> None:
-    """--workers runs eager static batches on the CPU: refused now, before any model loads."""
+    """--workers runs eager static batches on the CPU: refused now, before any model loads. auto never is
+    (it is 1 where helpers cannot run: auto_workers.py)."""
+    if config.workers == "auto":
+        return
     if config.workers < 1:
         raise UsageError("--workers must be an integer >= 1")
     if config.workers == 1:
