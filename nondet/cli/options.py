@@ -41,6 +41,8 @@ def at_least_one(param: typer.CallbackParam, value: Optional[int]) -> Optional[i
 
 ThreadsOpt = Annotated[Optional[int], typer.Option(
     help="torch CPU threads (results depend on it; recorded).", callback=at_least_one)]
+
+
 def workers_count(param: typer.CallbackParam, value: Optional[str]) -> "int | str | None":
     """--workers N (>= 1) or auto (probes/static/auto_workers.py); anything else is a usage error."""
     from nondet.errors import UsageError

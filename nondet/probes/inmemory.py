@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from nondet.probes.core.numerics import numerics_scope
 from nondet.probes.models.loading import LoadedModel
 from nondet.probes.probe import ProbeConfig, run_streams, validate_config
+from nondet.probes.static.auto_workers import AUTO
 from nondet.probes.static.source import StaticSource
 
 
@@ -22,7 +23,7 @@ def probe_model(model, tokenizer, config: ProbeConfig) -> InMemoryResult:
     """Replay config's prompts under every condition of every kernels mode on (model, tokenizer).
     config.model, .out and .load are not used: the model is given and nothing is written. --workers is
     refused (auto is 1 here): a helper process loads its model from config.model, which is not this one."""
-    if config.workers == "auto":
+    if config.workers == AUTO:
         config = replace(config, workers=1)
     validate_config(config)
     if config.workers > 1:

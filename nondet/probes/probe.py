@@ -162,8 +162,8 @@ def with_chat_endpoint(config: ProbeConfig) -> ProbeConfig:
 
 
 def with_workers(config: ProbeConfig) -> ProbeConfig:
-    """--workers auto as this host's number; then, without --threads, each process gets its share of the
-    cores (both recorded in config.json)."""
+    """--workers auto as this host's number (fingerprint.json's `workers`); then, without --threads, each
+    process gets its share of the cores (recorded in config.json)."""
     from nondet.probes.static.auto_workers import AUTO, auto_count
     from nondet.probes.static.workers import threads_per_worker
 

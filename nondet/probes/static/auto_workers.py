@@ -12,6 +12,7 @@ is unknown, auto is 1: a number given by hand is still refused there in one line
 from pathlib import Path
 
 from nondet.probes.core.child_process import usable_cores
+from nondet.probes.static.workers import why_not_here
 
 AUTO = "auto"
 PROCESS_OVERHEAD_BYTES = 768 * 2**20  # a process's torch, transformers, KV cache and buffers beside the weights
@@ -21,7 +22,7 @@ WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
 
 def auto_count(config) -> int:
     """The processes `--workers auto` starts for this ProbeConfig (>= 1)."""
-    if not eligible(config):
+    if why_not_here(config) is not None:
         return 1
     cores = usable_cores()
     by_cores = min(cores, max(2, cores // 4))
@@ -32,12 +33,6 @@ def auto_count(config) -> int:
         return 1
     by_memory = int(free * MEMORY_SHARE // (weights + PROCESS_OVERHEAD_BYTES))
     return max(1, min(by_cores, by_memory))
-
-
-def eligible(config) -> bool:
-    """What workers.validate accepts with more than one process."""
-    return (config.load.mode == "static" and not config.speculative and not config.tp
-            and not config.compile_backend and config.budget is None and config.model.device == "cpu")
 
 
 def weights_bytes(spec) -> int | None:

@@ -53,14 +53,20 @@ def validate(config) -> None:
         return
     if config.workers < 1:
         raise UsageError("--workers must be an integer >= 1")
-    if config.workers == 1:
-        return
+    refusal = why_not_here(config) if config.workers > 1 else None
+    if refusal is not None:
+        raise UsageError(refusal)
+
+
+def why_not_here(config) -> str | None:
+    """Why helper processes cannot decode this probe (the one line --workers N gets), or None."""
     if (config.load.mode != "static" or config.speculative or config.tp or config.compile_backend
             or config.budget is not None):
-        raise UsageError("--workers decodes static batches eagerly in several processes; drop --load / --endpoint / "
-                         "--speculative / --tp / --compile / --budget")
+        return ("--workers decodes static batches eagerly in several processes; drop --load / --endpoint / "
+                "--speculative / --tp / --compile / --budget")
     if config.model.device != "cpu":
-        raise UsageError("--workers runs on the CPU (one process per core); on a GPU drop it")
+        return "--workers runs on the CPU (one process per core); on a GPU drop it"
+    return None
 
 
 def threads_per_worker(threads: int | None, workers: int) -> int | None:
