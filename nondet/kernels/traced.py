@@ -23,7 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from nondet.kernels import custom_ops, sdpa, squares
+from nondet.kernels import custom_ops, sdpa
+# by name, not as `squares.<name>`: dynamo reached the module both as traced's attribute and as its own
+# globals and guarded the pair once per inlined call (DUPLICATE_INPUT, 1794 of a TP1 step's 4028 guards at 8
+# layers; the guard check's latency did not move, CPU 2026-11-30)
+from nondet.kernels.squares import TAGS, mark_writes, squared_source, tagger_name
 
 op = custom_ops.op  # the nondet:: op for these tensors (its _gpu triton_op on CUDA)
 
@@ -65,7 +69,7 @@ def _last_dim(dim, ndim: int) -> bool:
 def _mean(x, dim=None, keepdim=False, *, dtype=None):
     if dim is None or dtype is not None or not _last_dim(dim, x.dim()) or not x.is_floating_point():
         return None
-    source = squares.squared_source(x)  # an RMSNorm's x.float().pow(2): one op reads x (squares.py)
+    source = squared_source(x)  # an RMSNorm's x.float().pow(2): one op reads x (squares.py)
     if source is not None:
         return op("mean_sq", source)(source, keepdim)
     return op("mean_last", x)(x, keepdim)
@@ -148,11 +152,11 @@ class TracedMode(TorchFunctionMode):
             # step; a frame dynamo skipped) tags have no reader: a mean without them takes
             # mean_last over the stored squares, the bits mean_sq gives. So none are made there.
             return func(*args, **kwargs)
-        squares.mark_writes(func, args, kwargs)
+        mark_writes(func, args, kwargs)
         out = func(*args, **kwargs)
-        tag = squares.tagger_name(func)
+        tag = tagger_name(func)
         if tag is not None:
-            squares.TAGS[tag](out, args, kwargs)
+            TAGS[tag](out, args, kwargs)
         return out
 
 
