@@ -71,6 +71,13 @@ def test_weights_are_counted_from_the_model_files(tiny_model_dir, tmp_path):
     assert auto_workers.weights_bytes(ModelSpec(str(tiny_model_dir), "bfloat16")) == stored
     assert auto_workers.weights_bytes(ModelSpec(str(tiny_model_dir), "float32")) == 2 * stored
     assert auto_workers.weights_bytes(ModelSpec(str(tmp_path), "bfloat16")) is None  # no weight files
+    both = tmp_path / "both"  # a repository shipping both formats loads one: counted once
+    both.mkdir()
+    (both / "model.safetensors").write_bytes(b"0" * 1000)
+    (both / "pytorch_model.bin").write_bytes(b"0" * 3000)
+    assert auto_workers.weights_bytes(ModelSpec(str(both), "bfloat16")) == 1000
+    (both / "model.safetensors").unlink()
+    assert auto_workers.weights_bytes(ModelSpec(str(both), "bfloat16")) == 3000
     assert auto_workers.weights_bytes(ModelSpec("no-such-org/no-such-model", "bfloat16")) is None  # not cached
 
 

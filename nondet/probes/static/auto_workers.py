@@ -41,11 +41,12 @@ def weights_bytes(spec) -> int | None:
     folder = _local_folder(spec.name)
     if folder is None:
         return None
-    stored = sum(f.stat().st_size for pattern in WEIGHT_FILES for f in folder.glob(pattern))
-    if stored == 0:
-        return None
-    # a float32 load of a 16-bit checkpoint doubles it; the other way it halves (counted whole: an upper bound)
-    return stored * 2 if spec.dtype == "float32" else stored
+    for pattern in WEIGHT_FILES:  # the first kind present: a repository shipping safetensors and .bin loads one
+        stored = sum(f.stat().st_size for f in folder.glob(pattern))
+        if stored:
+            # a float32 load of a 16-bit checkpoint doubles it; the other way it halves (counted whole: an upper bound)
+            return stored * 2 if spec.dtype == "float32" else stored
+    return None
 
 
 def _local_folder(name: str | None) -> Path | None:
