@@ -46,7 +46,7 @@ ThreadsOpt = Annotated[Optional[int], typer.Option(
 def workers_count(param: typer.CallbackParam, value: Optional[str]) -> "int | str | None":
     """--workers N (>= 1) or auto (probes/static/auto_workers.py); anything else is a usage error."""
     from nondet.errors import UsageError
-    from nondet.probes.static.auto_workers import AUTO
+    from nondet.probes.static.workers import AUTO
 
     if value is None or value == AUTO:
         return value

@@ -226,7 +226,7 @@ def _workers(values: dict[str, Any], label: _Labels) -> int | str:
     value = values.get("workers")
     if value == "auto":
         return value
-    if isinstance(value, str) and value.isdigit():  # the flag's text
+    if isinstance(value, str) and value.isdigit():  # the file's "2" (the flag arrives as a number)
         value = int(value)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise UsageError(f"{label('workers')} must be an integer >= 1 or \"auto\", not {value!r}")

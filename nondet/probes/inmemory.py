@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 from nondet.probes.core.numerics import numerics_scope
 from nondet.probes.models.loading import LoadedModel
 from nondet.probes.probe import ProbeConfig, run_streams, validate_config
-from nondet.probes.static.auto_workers import AUTO
 from nondet.probes.static.source import StaticSource
+from nondet.probes.static.workers import AUTO
 
 
 @dataclass

@@ -164,8 +164,8 @@ def with_chat_endpoint(config: ProbeConfig) -> ProbeConfig:
 def with_workers(config: ProbeConfig) -> ProbeConfig:
     """--workers auto as this host's number (fingerprint.json's `workers`); then, without --threads, each
     process gets its share of the cores (recorded in config.json)."""
-    from nondet.probes.static.auto_workers import AUTO, auto_count
-    from nondet.probes.static.workers import threads_per_worker
+    from nondet.probes.static.auto_workers import auto_count
+    from nondet.probes.static.workers import AUTO, threads_per_worker
 
     if config.workers == AUTO:
         config = replace(config, workers=auto_count(config))

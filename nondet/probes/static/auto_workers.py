@@ -14,7 +14,6 @@ from pathlib import Path
 from nondet.probes.core.child_process import usable_cores
 from nondet.probes.static.workers import why_not_here
 
-AUTO = "auto"
 PROCESS_OVERHEAD_BYTES = 768 * 2**20  # a process's torch, transformers, KV cache and buffers beside the weights
 MEMORY_SHARE = 0.7  # of the memory available now: the rest is the host's
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from nondet.errors import ModelLoadError, NondetError, OutOfMemoryError, UsageError, WorkerError
 from nondet.probes.core.child_process import start_without_sigint, stop_processes, usable_cores
 
+AUTO = "auto"  # --workers auto: the number auto_workers.py picks for the host
 FAIL_ENV = "NONDET_WORKER_FAIL"  # test hook: helper N (1-based) exits with code 17 before its first condition
 _ERRORS = {"ModelLoadError": ModelLoadError, "OutOfMemoryError": OutOfMemoryError, "UsageError": UsageError}
 POLL_SECONDS = 0.5  # how often a waiting parent checks that the helpers are alive
@@ -49,7 +50,7 @@ class HelperJob:
 def validate(config) -> None:
     """--workers runs eager static batches on the CPU: refused now, before any model loads. auto never is
     (it is 1 where helpers cannot run: auto_workers.py)."""
-    if config.workers == "auto":
+    if config.workers == AUTO:
         return
     if config.workers < 1:
         raise UsageError("--workers must be an integer >= 1")
