@@ -128,9 +128,9 @@ def test_under_the_tree_two_ranks_take_the_one_shot_and_four_the_tree(monkeypatc
     import torch.distributed as dist
 
     taken = []
-    monkeypatch.setattr(symmetric_sum, "prepare", lambda *a: None)
-    monkeypatch.setattr(symmetric_sum, "takes", lambda tensor, group: True)
-    monkeypatch.setattr(symmetric_sum, "sum_into", lambda tensor: taken.append("one-shot"))
+    monkeypatch.setattr(collective, "prepare_one_shot", lambda *a: None)
+    monkeypatch.setattr(collective, "one_shot_takes", lambda tensor, group: True)
+    monkeypatch.setattr(collective, "one_shot_sum_into", lambda tensor: taken.append("one-shot"))
     monkeypatch.setattr(collective, "gather", lambda tensor, group: taken.append("tree") or [tensor] * 4)
     for world, route in ((2, "one-shot"), (4, "tree")):
         monkeypatch.setattr(dist, "get_world_size", lambda group=None, w=world: w)

@@ -51,10 +51,20 @@ CUDA = os.environ.get("DEVICE", "cuda") == "cuda"
 # NONDET_TP_ALL_GUARDS=1: the compiled TP step keeps every dynamo guard (the probe's path before
 # compiled.tp_layout_guard_filter), for before / after figures
 NO_GUARD_FILTER = os.environ.get("NONDET_TP_ALL_GUARDS") == "1"
+STANCE_ROWS = os.environ.get("NONDET_TP_STANCE_ROWS") == "1"  # see STANCE_ROW
+GUARD_DUMP = os.environ.get("NONDET_TP_GUARD_DUMP", "")  # see dump_guards
+if os.environ.get("NONDET_TP_DICT_TAGS") == "1":  # dynamo's recursive dict-tag guard fast path, for its figures
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.use_recursive_dict_tags_for_guards = True
 # --count-guards: each compiled row records how many guards dynamo built for its graph and how many the
 # filter kept (a host cost per step that is the same on every machine); TP1 then gets a filter that
 # keeps every guard (the same compile config otherwise: CUDA graphs asked for as an option)
 COUNTERS: dict = {}  # id(model) -> (filter, tally)
+# NONDET_TP_STANCE_ROWS=1: each compiled row also timed with dynamo's guards cut to the differentiating ones
+# (torch.compiler.set_stance(skip_guard_eval_unsafe=True)) around its timed calls: what the full guard check
+# costs a step on the critical path; the row gets ms_skip_guards and the logits' hash under it
+STANCE_ROW: dict = {}
 GUARD_US: list[float] = []  # --count-guards: dynamo's own latency of each new graph's guards, us (record_guard_latency)
 
 
@@ -93,9 +103,9 @@ def kernels_scope(kernels: str, model, compiled: bool, max_world: int, world: in
     if kernels.endswith("+gather"):  # the all-gather route: the one-shot never taken in this row
         from unittest import mock
 
-        from nondet.kernels import symmetric_sum
+        from nondet.kernels import collective
 
-        stack.enter_context(mock.patch.object(symmetric_sum, "takes", lambda tensor, group: False))
+        stack.enter_context(mock.patch.object(collective, "one_shot_takes", lambda tensor, group: False))
     return stack
 
 
@@ -135,6 +145,16 @@ def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = 
         gaps = [1000 * (b - a) for a, b in zip(clock.times[2:], clock.times[3:])]  # [0] prompt, [1] after prefill
         per_call.append(statistics.median(gaps))
     digest = hashlib.sha256(out.logits[-1][0].float().cpu().numpy().tobytes()).hexdigest()[:12]
+    STANCE_ROW.clear()
+    if compiled and STANCE_ROWS:
+        skipped = []
+        for _ in range(repeats):
+            clock = StepClock()
+            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                stance_out = call(clock)
+            skipped.append(statistics.median([1000 * (b - a) for a, b in zip(clock.times[2:], clock.times[3:])]))
+        STANCE_ROW.update(ms_skip_guards=round(statistics.median(skipped), 3), logits_skip_guards=hashlib.sha256(
+            stance_out.logits[-1][0].float().cpu().numpy().tobytes()).hexdigest()[:12])
     return first, statistics.median(per_call), per_call, digest
 
 
@@ -174,10 +194,27 @@ def counting_filter(model, inner):
         def keep(entries):
             flags = inner(entries) if inner is not None else [True] * len(entries)
             tally.update(guards=len(entries), guards_kept=sum(flags))
+            if GUARD_DUMP:
+                dump_guards(entries, flags)
             return flags
 
         COUNTERS[id(model)] = (keep, tally)
     return COUNTERS[id(model)][0]
+
+
+def dump_guards(entries, flags) -> None:
+    """NONDET_TP_GUARD_DUMP=DIR: the kept guards of the graph compiled last, counted by (type, source with
+    layer numbers as N), into DIR/guards-<world>-<rank>-<n>.json: what TP adds to a step's guard set."""
+    import collections
+    import re
+
+    counts = collections.Counter()
+    for entry, kept in zip(entries, flags):
+        if kept:
+            counts[f"{entry.guard_type} {re.sub(r'[0-9]+', 'N', entry.name)[:300]}"] += 1
+    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+    n = len(list(Path(GUARD_DUMP).glob(f"guards-{world}-{rank}-*.json")))
+    Path(GUARD_DUMP, f"guards-{world}-{rank}-{n}.json").write_text(json.dumps(counts.most_common(), indent=0))
 
 
 def record_guard_latency() -> None:
@@ -266,7 +303,7 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                         first, ms, calls, digest = decode(model, batch, args.tokens, compiled, args.count_guards,
                                                           args.repeats)
                     row.update(first_call_s=round(first, 2), ms=round(ms, 3), ms_calls=[round(c, 3) for c in calls],
-                               logits=digest)
+                               logits=digest, **STANCE_ROW)
                     if compiled:  # a break leaves pieces eager and outside CUDA graphs: the step's time says why
                         row.update({k: v - before[k] for k, v in dynamo_counts().items()})
                         if args.count_guards:
