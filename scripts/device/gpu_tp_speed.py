@@ -23,7 +23,9 @@ every step, so the gaps are decode steps' wall time; the median of TOKENS - 2 ga
 Each row also has the bits of the last step's logits at row 0 (a hash) so eager vs compiled and
 TP degrees can be compared, and, compiled, the graphs dynamo compiled, its graph breaks and Inductor's
 CUDA-graph skips (with their reasons) during the row; the compiled rows run in the probe's compile
-scope (its recompile limit). NONDET_TP_ALL_GUARDS=1 keeps every dynamo guard of the TP step. Writes
+scope (its recompile limit). NONDET_TP_ALL_GUARDS=1 keeps every dynamo guard of the TP step; the guards'
+cost is measured with --count-guards, NONDET_TP_STANCE_ROWS=1 (rows timed again with the guard check cut),
+NONDET_TP_DICT_TAGS=1 (dynamo's dict-tag shortcut) and NONDET_TP_GUARD_DUMP=DIR (the guards by type and source). Writes
 $OUT/tp_speed.json and prints a Markdown table; a row that raised holds the error's first line.
 """
 
@@ -53,10 +55,9 @@ CUDA = os.environ.get("DEVICE", "cuda") == "cuda"
 NO_GUARD_FILTER = os.environ.get("NONDET_TP_ALL_GUARDS") == "1"
 STANCE_ROWS = os.environ.get("NONDET_TP_STANCE_ROWS") == "1"  # see STANCE_ROW
 GUARD_DUMP = os.environ.get("NONDET_TP_GUARD_DUMP", "")  # see dump_guards
-if os.environ.get("NONDET_TP_DICT_TAGS") == "1":  # dynamo's recursive dict-tag guard fast path, for its figures
-    import torch._dynamo.config as dynamo_config
-
-    dynamo_config.use_recursive_dict_tags_for_guards = True
+# NONDET_TP_DICT_TAGS=1: every rank compiles with dynamo's recursive dict-tag guard shortcut on (off in torch by
+# default), for its figures
+DICT_TAGS = os.environ.get("NONDET_TP_DICT_TAGS") == "1"
 # --count-guards: each compiled row records how many guards dynamo built for its graph and how many the
 # filter kept (a host cost per step that is the same on every machine); TP1 then gets a filter that
 # keeps every guard (the same compile config otherwise: CUDA graphs asked for as an option)
@@ -272,6 +273,8 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
     if CUDA:
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if CUDA else "gloo", rank=rank, world_size=world)
+    if DICT_TAGS:  # this rank's process only: set before anything compiles
+        torch._dynamo.config.use_recursive_dict_tags_for_guards = True
     from transformers import AutoModelForCausalLM
 
     from nondet.probes.core.compiled import compile_scope
