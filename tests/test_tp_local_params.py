@@ -1,7 +1,8 @@
 """probes/tp/local_params.py on the CPU: 2 gloo ranks, a tiny Qwen3 loaded with transformers' TP plan.
 
 Inside local_linear_params the TP linears and the vocab-parallel embedding hold plain local shards and
-run without transformers' TP wrappers (the row-parallel ones and the embedding all-reduce in ours); the logits must be the same bits as with their
+run without transformers' TP wrappers (the row-parallel ones and the embedding all-reduce in ours; Qwen3's
+q_norm / k_norm, whose wrapper only hooks gradients, run their class's forward); the logits must be the same bits as with their
 DTensors and wrappers (the same local kernels and collective run), eagerly and compiled, and the
 DTensors and wrappers come back after.
 The control: the swap really happened (a count > 0 and no DTensor weight on any linear inside), so an
@@ -39,6 +40,9 @@ def _rank(rank: int, port: int, model_dir: str, results):
     linears = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
     dtensors_before = sum(isinstance(m.weight, DTensor) for m in linears)
     wrappers_before = [m.__dict__.get("forward") for m in linears]
+    # Qwen3's q_norm / k_norm: transformers' gradient-only wrapper outside, their class's forward inside
+    norms = [m for name, m in model.named_modules() if name.endswith(("q_norm", "k_norm"))]
+    norm_wrappers = [m.__dict__.get("forward") for m in norms]
     embedding_before = model.get_input_embeddings().weight.placements
     with torch.inference_mode():
         plain = model(ids).logits
@@ -47,14 +51,18 @@ def _rank(rank: int, port: int, model_dir: str, results):
             dtensors_inside = sum(isinstance(m.weight, DTensor) for m in linears)
             # colwise: nn.Linear's own forward; rowwise: ours (its all-reduce); the lm_head keeps its wrapper
             forwards = [getattr(m.__dict__.get("forward"), "__module__", "class") for m in linears]
+            norms_wrapped_inside = sum("forward" in m.__dict__ for m in norms)
             local = model(ids).logits
             local_compiled = compiled(ids).logits
         dtensors_after = sum(isinstance(m.weight, DTensor) for m in linears)
-        wrappers_back = all(m.__dict__.get("forward") is w for m, w in zip(linears, wrappers_before))
+        wrappers_back = all(m.__dict__.get("forward") is w for m, w in zip(linears + norms,
+                                                                          wrappers_before + norm_wrappers))
         reference_compiled = compiled(ids).logits
     if rank == 0:
         results.put({"embedding_sharded": str(embedding_before), "swapped": swapped, "dtensors_inside": dtensors_inside, "dtensors_after": dtensors_after,
                      "dtensors_before": dtensors_before, "wrappers_back": wrappers_back,
+                     "norms_wrapped_before": sum(w is not None for w in norm_wrappers),
+                     "norms_wrapped_inside": norms_wrapped_inside,
                      "forwards": {f: forwards.count(f) for f in set(forwards)}, "eager_equal": bool(torch.equal(plain, local)),
                      "compiled_equal": bool(torch.equal(reference_compiled, local_compiled))})
     dist.barrier()
@@ -77,4 +85,6 @@ def test_local_shards_give_the_dtensor_models_bits_and_the_dtensors_come_back(ti
     assert r["embedding_sharded"] == "(Shard(dim=0),)", r
     assert r["forwards"] == {"class": 10, "nondet.probes.tp.local_params": 5,
                              "transformers.distributed.tensor_parallel": 1}, r
+    # the 4 norms of 2 layers wrapped by the TP plan (the control: a wrapper to drop), none inside
+    assert r["norms_wrapped_before"] == 4 and r["norms_wrapped_inside"] == 0, r
     assert r["eager_equal"] and r["compiled_equal"], r
