@@ -223,8 +223,10 @@ _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a l
 
 def _workers(values: dict[str, Any], label: _Labels) -> int | str:
     """workers: a count >= 1 or "auto" (from the flag, already checked, or the file)."""
+    from nondet.probes.static.workers import AUTO
+
     value = values.get("workers")
-    if value == "auto":
+    if value == AUTO:
         return value
     if isinstance(value, str) and value.isdigit():  # the file's "2" (the flag arrives as a number)
         value = int(value)
