@@ -136,27 +136,33 @@ def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = 
                               min_new_tokens=tokens, do_sample=False, pad_token_id=0, streamer=streamer,
                               output_logits=True, return_dict_in_generate=True, **fields)
 
+    def timed_calls(scope=contextlib.nullcontext):
+        """(each of `repeats` calls' median gap between tokens, ms; the last call's output), each call in scope()."""
+        per_call = []
+        for _ in range(repeats):
+            clock = StepClock()  # gpu_compile.py's: the time each new token reaches the host
+            with scope():
+                out = call(clock)
+            gaps = [1000 * (b - a) for a, b in zip(clock.times[2:], clock.times[3:])]  # [0] prompt, [1] after prefill
+            per_call.append(statistics.median(gaps))
+        return per_call, out
+
     started = time.perf_counter()
     call()  # compile and capture (compiled); kernels' first launches (eager)
     first = time.perf_counter() - started
-    per_call = []
-    for _ in range(repeats):
-        clock = StepClock()  # gpu_compile.py's: the time each new token reaches the host
-        out = call(clock)
-        gaps = [1000 * (b - a) for a, b in zip(clock.times[2:], clock.times[3:])]  # [0] prompt, [1] after prefill
-        per_call.append(statistics.median(gaps))
-    digest = hashlib.sha256(out.logits[-1][0].float().cpu().numpy().tobytes()).hexdigest()[:12]
+    per_call, out = timed_calls()
+    digest = logits_hash(out)
     STANCE_ROW.clear()
     if compiled and STANCE_ROWS:
-        skipped = []
-        for _ in range(repeats):
-            clock = StepClock()
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                stance_out = call(clock)
-            skipped.append(statistics.median([1000 * (b - a) for a, b in zip(clock.times[2:], clock.times[3:])]))
-        STANCE_ROW.update(ms_skip_guards=round(statistics.median(skipped), 3), logits_skip_guards=hashlib.sha256(
-            stance_out.logits[-1][0].float().cpu().numpy().tobytes()).hexdigest()[:12])
+        skipped, stance_out = timed_calls(
+            lambda: torch.compiler.set_stance("default", skip_guard_eval_unsafe=True))
+        STANCE_ROW.update(ms_skip_guards=round(statistics.median(skipped), 3), logits_skip_guards=logits_hash(stance_out))
     return first, statistics.median(per_call), per_call, digest
+
+
+def logits_hash(out) -> str:
+    """The bits of row 0's logits at the last generated token (a generate output with logits), 12 hex digits."""
+    return hashlib.sha256(out.logits[-1][0].float().cpu().numpy().tobytes()).hexdigest()[:12]
 
 
 def profile(model, world: int, out: str, write: bool, compiled: bool = False, kernels: str = "default",
