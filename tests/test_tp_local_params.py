@@ -1,7 +1,8 @@
 """probes/tp/local_params.py on the CPU: 2 gloo ranks, a tiny Qwen3 loaded with transformers' TP plan.
 
 Inside local_linear_params the TP linears and the vocab-parallel embedding hold plain local shards and
-run without transformers' TP wrappers (the row-parallel ones and the embedding all-reduce in ours; Qwen3's
+run without transformers' TP wrappers (the row-parallel ones as a subclass of ours, the embedding with a
+forward of ours, both all-reducing; Qwen3's
 q_norm / k_norm, whose wrapper only hooks gradients, run their class's forward); the logits must be the same bits as with their
 DTensors and wrappers (the same local kernels and collective run), eagerly and compiled, and the
 DTensors and wrappers come back after.
@@ -50,17 +51,18 @@ def _rank(rank: int, port: int, model_dir: str, results):
         with local_linear_params(model) as swapped:
             dtensors_inside = sum(isinstance(m.weight, DTensor) for m in linears)
             # colwise: nn.Linear's own forward; rowwise: ours (its all-reduce); the lm_head keeps its wrapper
-            forwards = [getattr(m.__dict__.get("forward"), "__module__", "class") for m in linears]
+            forwards = [getattr(m.__dict__.get("forward"), "__module__", type(m).__module__) for m in linears]
             norms_wrapped_inside = sum("forward" in m.__dict__ for m in norms)
             local = model(ids).logits
             local_compiled = compiled(ids).logits
         dtensors_after = sum(isinstance(m.weight, DTensor) for m in linears)
         wrappers_back = all(m.__dict__.get("forward") is w for m, w in zip(linears + norms,
                                                                           wrappers_before + norm_wrappers))
+        classes_back = {type(m).__name__ for m in linears}
         reference_compiled = compiled(ids).logits
     if rank == 0:
         results.put({"embedding_sharded": str(embedding_before), "swapped": swapped, "dtensors_inside": dtensors_inside, "dtensors_after": dtensors_after,
-                     "dtensors_before": dtensors_before, "wrappers_back": wrappers_back,
+                     "dtensors_before": dtensors_before, "wrappers_back": wrappers_back, "classes_back": classes_back,
                      "norms_wrapped_before": sum(w is not None for w in norm_wrappers),
                      "norms_wrapped_inside": norms_wrapped_inside,
                      "forwards": {f: forwards.count(f) for f in set(forwards)}, "eager_equal": bool(torch.equal(plain, local)),
@@ -80,11 +82,13 @@ def test_local_shards_give_the_dtensor_models_bits_and_the_dtensors_come_back(ti
     r = results.get(timeout=5)
     assert r["swapped"] > 0 and r["dtensors_inside"] == 0, r  # control: the swap happened
     assert r["dtensors_after"] == r["dtensors_before"] > 0 and r["wrappers_back"], r
-    # 2 layers: q, k, v, gate, up plain (10), o_proj and down_proj ours (4), the lm_head transformers' (1);
-    # the vocab-parallel embedding ours (1: a lookup in this rank's slice, then the all-reduce)
+    # 2 layers: q, k, v, gate, up nn.Linear's forward (10), o_proj and down_proj our row-parallel subclass's
+    # (4), the lm_head transformers' wrapper (1); the vocab-parallel embedding ours (1: a lookup in this
+    # rank's slice, then the all-reduce)
     assert r["embedding_sharded"] == "(Shard(dim=0),)", r
-    assert r["forwards"] == {"class": 10, "nondet.probes.tp.local_params": 5,
+    assert r["forwards"] == {"torch.nn.modules.linear": 10, "nondet.probes.tp.local_params": 5,
                              "transformers.distributed.tensor_parallel": 1}, r
+    assert r["classes_back"] == {"Linear", "Embedding"}, r
     # the 4 norms of 2 layers wrapped by the TP plan (the control: a wrapper to drop), none inside
     assert r["norms_wrapped_before"] == 4 and r["norms_wrapped_inside"] == 0, r
     assert r["eager_equal"] and r["compiled_equal"], r

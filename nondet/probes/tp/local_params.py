@@ -21,9 +21,10 @@ The TP wrappers' own code is host cost too: traced, each wrapped Linear's forwar
 listed, swapped and put back around every call) adds guards per layer, ~40% more than the same
 step on one GPU (the guard log of a 4-layer TP2 step on the CPU, 2026-11-28). So inside, a linear of
 the plain "colwise" style (replicated input, its shard of the output kept) runs nn.Linear's own
-forward, and one of the plain "rowwise" style (its shard of the input, a replicated output) runs
-nn.Linear's forward on its shard, then the all-reduce, then the bias, as transformers' local
-inference path does. Any other style (an lm_head that gathers its output) keeps its wrapper. A
+forward, and one of the plain "rowwise" style (its shard of the input, a replicated output) becomes an
+instance of a subclass whose forward runs nn.Linear's product on its shard, then the all-reduce, then
+the bias, as transformers' local inference path does (a class-level forward: a closure per module cost
+guards on its cells every step). Its class and forward go back in `finally`. Any other style (an lm_head that gathers its output) keeps its wrapper. A
 module under transformers' ReplicatedWithGradAllReduce (Qwen3's q_norm / k_norm: replicated weights on
 this rank's heads) runs its class's forward: without gradients the wrapper calls it and nothing else,
 while traced its closure cost guards of its own (a TP2 step of 8 layers on the CPU: 2227 -> 2163 guards
@@ -37,6 +38,7 @@ from its strategy enumeration) traced batch 1 apart from batch 2+ in every compi
 """
 
 import contextlib
+import typing
 
 
 def vocab_sharded_embeddings(model) -> list:
@@ -90,21 +92,25 @@ def local_linear_params(model):
             swapped.append((module, name, original))
         for module, _, original in swapped:
             wrapper = module.__dict__.get("forward")
-            if wrapper is None or any(module is m for m, _ in wrappers):
+            if wrapper is None or any(module is m for m, _, _ in wrappers):
                 continue
             plain = plain_forward(module, wrapper, original)
             if plain is not None:
-                wrappers.append((module, wrapper))
-                if plain is _CLASS_FORWARD:
-                    del module.forward  # nn.Linear's own forward
-                else:
+                wrappers.append((module, wrapper, type(module)))
+                del module.forward  # the class's own forward (nn.Linear's, or the row-parallel subclass's)
+                if isinstance(plain, _RowParallel):
+                    module.nondet_tp_group = plain.group
+                    module.__class__ = row_parallel_class(type(module))
+                elif plain is not _CLASS_FORWARD:
                     module.forward = plain
         for module in grad_only_wrapped(model):
-            wrappers.append((module, module.__dict__["forward"]))
+            wrappers.append((module, module.__dict__["forward"], type(module)))
             del module.forward  # the class's own forward: the wrapper only hooks gradients
         yield len(swapped)
     finally:
-        for module, wrapper in wrappers:
+        for module, wrapper, cls in wrappers:
+            module.__class__ = cls
+            module.__dict__.pop("nondet_tp_group", None)
             module.forward = wrapper
         for module, name, original in swapped:
             module._parameters[name] = original
@@ -131,8 +137,8 @@ def grad_only_wrapped(model) -> list:
 
 def plain_forward(module, wrapper, sharded):
     """What replaces transformers' TP wrapper `wrapper` of a module holding local shards (`sharded`: its
-    DTensor weight): _CLASS_FORWARD (colwise), a forward that all-reduces (rowwise, a vocab-parallel
-    embedding), or None (another style: the wrapper stays)."""
+    DTensor weight): _CLASS_FORWARD (colwise), _RowParallel (rowwise), a forward that all-reduces (a
+    vocab-parallel embedding), or None (another style: the wrapper stays)."""
     style, mesh = _closure(wrapper, "self"), _closure(wrapper, "mesh")
     if style is None or mesh is None or type(style).__module__ != "transformers.distributed.tensor_parallel":
         return None  # not one of transformers' TP wrappers this mirrors: it stays
@@ -143,7 +149,7 @@ def plain_forward(module, wrapper, sharded):
     if name == "ColwiseParallel" and local_output and inputs == Replicate() and outputs in (Shard(-1),):
         return _CLASS_FORWARD
     if name == "RowwiseParallel" and local_output and inputs == Shard(-1) and outputs == Replicate():
-        return _rowwise_forward(module, mesh.get_group() if mesh.ndim == 1 else mesh.get_group("tp"))
+        return _RowParallel(mesh.get_group() if mesh.ndim == 1 else mesh.get_group("tp"))
     if name == "EmbeddingParallel" and local_output and getattr(style, "shard_dim", None) == 0 and mesh.ndim == 1:
         return _vocab_parallel_forward(module, mesh.get_group(), _first_row(sharded, mesh))
     return None
@@ -173,16 +179,32 @@ def _vocab_parallel_forward(module, group, first: int):
     return forward
 
 
-def _rowwise_forward(module, group):
+class _RowParallel(typing.NamedTuple):
+    """plain_forward's answer for a row-parallel linear: the row-parallel subclass's forward, summing over `group`."""
+
+    group: object
+
+
+_ROW_PARALLEL_CLASSES: dict = {}  # Linear class -> its row-parallel subclass, made once per process
+
+
+def row_parallel_class(base: type) -> type:
+    """A subclass of `base` (an nn.Linear) whose forward is the row-parallel one: a class-level forward, since
+    an instance-level closure costs dynamo guards on its cells and on the module every compiled step (per
+    row-parallel linear ~14 more on an 8-layer TP2 step of an H200, 2026-11-30)."""
+    if base not in _ROW_PARALLEL_CLASSES:
+        _ROW_PARALLEL_CLASSES[base] = type(f"RowParallel{base.__name__}", (base,),
+                                           {"forward": _row_parallel_forward, "__module__": __name__})
+    return _ROW_PARALLEL_CLASSES[base]
+
+
+def _row_parallel_forward(self, x):
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    def forward(x):
-        out = F.linear(x, module.weight)  # this rank's partial product: its K shard
-        dist.all_reduce(out, group=group)  # looked up at call time: the mode's collective when it is on
-        return out if module.bias is None else out + module.bias  # once, after the sum
-
-    return forward
+    out = F.linear(x, self.weight)  # this rank's partial product: its K shard
+    dist.all_reduce(out, group=self.nondet_tp_group)  # looked up at call time: the mode's collective when it is on
+    return out if self.bias is None else out + self.bias  # once, after the sum
 
 
 def _closure(function, name: str):
