@@ -7,8 +7,9 @@ prompts, N new tokens, batch sizes 1, 2, 4, 8, default kernels. detLLM runs
 `detllm check --backend hf --runs 1 --batch-size 1 --vary-batch 2,4,8` (each prompt at batch
 size 1, then the prompts in batches of 2, 4 and 8: the same generate calls a padded sweep makes);
 nondet runs `nondet gate --no-bisect` (scripts/bench_gate.py), with its row plan (no compared row
-padded) and with `--positions padded` (detLLM's calls, left-padded), each also with `--workers N`
-(N processes decoding the calls at once, the cores shared out; default auto: the number `--workers auto` picks here).
+padded) and with `--positions padded` (detLLM's calls, left-padded), each as the gate's default
+(`--workers auto`: the number of processes it picks here) and in one process (`--workers 1`); with
+`--workers N` also with N processes decoding the calls at once, the cores shared out.
 detLLM lives in its own virtual environment (--env, default $NONDET_CACHE/detllm-0.1.1), created on
 first use with detLLM 0.1.1 and this environment's torch version, so both time the same torch
 kernels. Prints one table.
@@ -68,10 +69,14 @@ def main() -> None:
     print("| tool | wall (s) | exit | speed vs detLLM |\n| --- | ---: | ---: | ---: |", flush=True)
     detllm, detllm_code = time_detllm(exe, model, args.prompts, args.tokens)
     print(f"| detLLM 0.1.1 | {detllm:.1f} | {detllm_code} | 1.00x |", flush=True)
-    workers = ("--workers", str(args.workers))
-    rows = [("nondet gate", ()), ("nondet gate --positions padded (detLLM's calls)", ("--positions", "padded")),
-            (f"nondet gate --workers {args.workers}", workers),
-            (f"nondet gate --positions padded --workers {args.workers}", ("--positions", "padded", *workers))]
+    padded = ("--positions", "padded")
+    rows = [("nondet gate (workers auto: the default)", ()), ("nondet gate --workers 1", ("--workers", "1")),
+            ("nondet gate --positions padded (detLLM's calls)", padded),
+            ("nondet gate --positions padded --workers 1", (*padded, "--workers", "1"))]
+    if args.workers != "auto":
+        workers = ("--workers", str(args.workers))
+        rows += [(f"nondet gate --workers {args.workers}", workers),
+                 (f"nondet gate --positions padded --workers {args.workers}", (*padded, *workers))]
     verdict = ""
     for label, flags in rows:
         wall, code, said = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model), flags)
@@ -91,7 +96,7 @@ def _parse():
     p.add_argument("--env", default=str(cache_root() / "detllm-0.1.1"))
     p.add_argument("--prompts", type=int, default=len(DEMO_PROMPTS))
     p.add_argument("--tokens", type=int, default=300)
-    p.add_argument("--workers", default="auto", help="the gate's --workers rows: a number or auto (default)")
+    p.add_argument("--workers", default="auto", help="also rows with --workers N (auto, the default: no extra rows)")
     p.add_argument("--compiled", action="store_true",
                    help="also `nondet gate --compile` from a new NONDET_CACHE, then again (saved decode steps)")
     return p.parse_args()

@@ -16,7 +16,9 @@ GiB = 2**30
 
 
 def _config(model_dir, **fields) -> ProbeConfig:
-    return ProbeConfig(prompt="Hello", model=ModelSpec(str(model_dir), "bfloat16"), batch_sizes=(1, 2), **fields)
+    """The CPU gate benchmark's work: 8 prompts x 300 tokens x batch sizes 1, 2, 4, 8 (15 calls at least)."""
+    work = {"prompts": tuple(f"prompt {i}" for i in range(8)), "batch_sizes": (1, 2, 4, 8), "max_new_tokens": 300}
+    return ProbeConfig(model=ModelSpec(str(model_dir), "bfloat16"), **{**work, **fields})
 
 
 @pytest.fixture
@@ -28,10 +30,22 @@ def host(monkeypatch):
     return shape
 
 
-@pytest.mark.parametrize("cores, expected", [(1, 1), (2, 2), (4, 2), (8, 2), (16, 4), (64, 16)])
+@pytest.mark.parametrize("cores, expected", [(1, 1), (2, 2), (4, 4), (8, 4), (16, 4), (64, 16)])
 def test_auto_follows_the_cores(tiny_model_dir, host, cores, expected):
     host["cores"] = cores
     assert auto_workers.auto_count(_config(tiny_model_dir)) == expected
+
+
+def test_a_short_sweep_keeps_one_process(tiny_model_dir, host):
+    host["cores"] = 16
+    assert auto_workers.decode_steps(_config(tiny_model_dir)) == 15 * 300
+    assert auto_workers.auto_count(_config(tiny_model_dir)) == 4  # control: the long sweep gets helpers
+    short = _config(tiny_model_dir, max_new_tokens=100)  # 1500 steps: ~3 s at 2 ms, about one helper's start-up
+    assert auto_workers.auto_count(short) == 1
+    one_prompt = _config(tiny_model_dir, prompts=(), prompt="Hello", batch_sizes=(1, 2))  # 2 calls x 300
+    assert auto_workers.decode_steps(one_prompt) == 600 and auto_workers.auto_count(one_prompt) == 1
+    both_modes = _config(tiny_model_dir, max_new_tokens=150, kernels=("default", "batch-invariant"))
+    assert auto_workers.auto_count(both_modes) == 4  # 2 x 15 calls x 150 steps: as long as the first
 
 
 def test_a_pinned_thread_count_caps_the_processes(tiny_model_dir, host):

@@ -17,7 +17,8 @@ directory. Keys (TOML, kebab-case):
     dtype = "bfloat16"
     device = "cpu"
     threads = 2
-    workers = 2                       # static batches on the CPU: conditions decoded by N processes at once ("auto")
+    workers = 2                       # static batches on the CPU: conditions decoded by N processes at once
+                                      #   (default "auto": more than 1 on a long enough sweep)
     load = "static"                   # static | continuous (in-process continuous batching)
     endpoint = "http://127.0.0.1:8000"   # probe a live OpenAI-compatible server instead
     rate = 0.5                        # filler arrivals (per engine step / per second on a server)
@@ -47,6 +48,7 @@ from typing import Any
 
 from nondet.errors import UsageError
 from nondet.gate.policy import Policy
+from nondet.probes.static.workers import AUTO
 from nondet.prompt import Prompt
 
 THRESHOLDS = ("max-distinct", "min-divergence-step", "max-logprob-diff")
@@ -78,8 +80,9 @@ class GateSettings:
     dtype: str = "bfloat16"
     device: str = "cpu"
     threads: int | None = None  # torch CPU threads; results depend on it, so CI should pin it
-    workers: int | str = 1  # static batches on the CPU: processes decoding conditions at once, or "auto"
-    # (probes/static/workers.py, auto_workers.py)
+    # static batches on the CPU: processes decoding conditions at once; "auto" (the default): more than one only
+    # for a sweep long enough to pay for the helpers' start-up (probes/static/workers.py, auto_workers.py)
+    workers: int | str = AUTO
     load: str = "static"  # static batches | continuous (the engine in process); see nondet probe
     endpoint: str | None = None  # a live OpenAI-compatible server to probe (the "server" load)
     rate: float | None = None  # filler arrival rate under load (None = the probe's default)
@@ -223,8 +226,6 @@ _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a l
 
 def _workers(values: dict[str, Any], label: _Labels) -> int | str:
     """workers: a count >= 1 or "auto" (from the flag, already checked, or the file)."""
-    from nondet.probes.static.workers import AUTO
-
     value = values.get("workers")
     if value == AUTO:
         return value
@@ -232,7 +233,7 @@ def _workers(values: dict[str, Any], label: _Labels) -> int | str:
         value = int(value)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise UsageError(f"{label('workers')} must be an integer >= 1 or \"auto\", not {value!r}")
-    return 1 if value is None else value
+    return AUTO if value is None else value
 
 
 def _positive(values: dict[str, Any], key: str, default: int | None, label: _Labels) -> int | None:

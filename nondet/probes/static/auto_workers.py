@@ -2,11 +2,18 @@
 
 Each process holds its own copy of the weights, so the count is what the cores favour, capped by what
 memory holds. The cores' share is measured (docs/benchmarks.md, the CPU gate against detLLM,
-2026-11-30): on 2 cores, 2 processes of 1 thread ran the gate's work 1.24x faster than one process; on
-16 Xeon cores, 4 processes of 4 threads 1.4-1.9x, 8 of 2 no better than 4. So: 2 processes up to 8
-cores, then a quarter of the cores, and no more than the cores hold at a pinned --threads. Where the
-probe cannot use helpers (a GPU, --compile, --tp, a server, ...) or the model's size or the free memory
-is unknown, auto is 1: a number given by hand is still refused there in one line, auto never is.
+2026-11-30): on 2 cores, 2 processes of 1 thread ran the gate's work 1.24x faster than one process; on 4
+Xeon cores, 4 processes of 1 thread 1.40x and 2 of 2 only 1.05x; on 16 Xeon cores, 4 processes of 4
+threads 1.4-1.9x, 8 of 2 no better than 4. So: one process a core up to 4, then 4 up to 16 cores, then
+a quarter of the cores, and no more than the cores hold at a pinned --threads.
+
+A helper first imports torch and loads the model (2.6-3.3 s for the embedded model on a 2-core EPYC,
+2026-11-30) on a core the parent shares, and the parent decodes on fewer threads meanwhile: on a short
+sweep helpers cost time. So auto is 1 unless the sweep's decoding, estimated from its generate calls and
+tokens at a floor of 2 ms a step (the embedded model's batch-1 step is 3.1-4.0 ms there), is at least
+MIN_DECODE_SECONDS. Where the probe cannot use helpers (a GPU, --compile, --tp, a server, ...) or the
+model's size or the free memory is unknown, auto is 1: a number given by hand is still refused there in
+one line, auto never is.
 """
 
 from pathlib import Path
@@ -17,14 +24,16 @@ from nondet.probes.static.workers import why_not_here
 PROCESS_OVERHEAD_BYTES = 768 * 2**20  # a process's torch, transformers, KV cache and buffers beside the weights
 MEMORY_SHARE = 0.7  # of the memory available now: the rest is the host's
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+STEP_SECONDS_FLOOR = 0.002  # the least a CPU decode step of generate takes (Python per-op cost), seconds
+MIN_DECODE_SECONDS = 8.0  # ~2.5 helper start-ups: the single-process decoding below which helpers do not pay
 
 
 def auto_count(config) -> int:
     """The processes `--workers auto` starts for this ProbeConfig (>= 1)."""
-    if why_not_here(config) is not None:
+    if why_not_here(config) is not None or decode_steps(config) * STEP_SECONDS_FLOOR < MIN_DECODE_SECONDS:
         return 1
     cores = usable_cores()
-    by_cores = min(cores, max(2, cores // 4))
+    by_cores = min(cores, max(4, cores // 4))
     if config.threads:  # pinned (CPU results depend on it): no more processes than the cores hold at that count
         by_cores = min(by_cores, max(1, cores // config.threads))
     weights, free = weights_bytes(config.model), available_memory()
@@ -32,6 +41,15 @@ def auto_count(config) -> int:
         return 1
     by_memory = int(free * MEMORY_SHARE // (weights + PROCESS_OVERHEAD_BYTES))
     return max(1, min(by_cores, by_memory))
+
+
+def decode_steps(config) -> int:
+    """About how many decode steps the static sweep runs: per kernels mode and trial, each target's reference
+    alone, and at each batch size b > 1 at least ceil(targets / b) batches (a batch holds b targets at
+    most), each of max_new_tokens steps."""
+    targets = len(config.targets)
+    calls = targets + sum(-(-targets // b) for b in config.batch_sizes if b > 1)
+    return len(config.kernels) * config.trials * calls * config.max_new_tokens
 
 
 def weights_bytes(spec) -> int | None:
