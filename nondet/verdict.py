@@ -3,7 +3,8 @@
 `verdict(modes, level)` is summary.json's sentence (the terminal prints it): one clause per
 kernels mode, over one prompt or several; a server compared without logprobs says what its
 texts show. `report_verdict(modes, mode, minimal_set)` is the report's headline about one
-mode, with the ablation's fix and the batch-invariant confirmation. `partly_line`,
+mode, with the ablation's fix and the batch-invariant confirmation; `tp_verdict(section)` a --tp probe's
+sentence, within each degree and across them. `partly_line`,
 `injected_control_line` and `graph_census_line` word what the batch-invariant kernels covered (summary.json,
 the gate, the report); `confidence_line` how sure a mode's verdict is (its rate, interval and grade). `modes` is summary.json's
 "modes": {kernels mode: the diff of its runs (probes/core/diff.py)}. No torch, no pandas.
@@ -67,6 +68,50 @@ def _text_verdict(m: dict, unit: str) -> str:
         return f"server: 1 distinct completion over {m['n_runs']} runs (texts compared {unit} by {unit})"
     return (f"server: batch-variant, {m['distinct_completions']} distinct completions over {m['n_runs']} runs; "
             f"first divergence at {unit} {m['first_token_divergence']}")
+
+
+def tp_verdict(section: dict) -> str:
+    """A --tp probe's sentence (summary.json "tensor_parallel"): per kernels mode, the batch variance within
+    each degree, then what changing the degree alone does. The run's main diff mixes the two (every
+    degree's streams against the smallest degree's reference), so a mode batch-invariant at every degree
+    would read as variant there whenever the degrees sum in different orders."""
+    return "; ".join(_tp_clause(f"{mode} kernels", m, section.get("tp_invariant", False))
+                     for mode, m in section["modes"].items())
+
+
+def _tp_clause(name: str, m: dict, tp_invariant: bool) -> str:
+    degrees = m["by_degree"]
+    if all(finding(r) == SAME for r in degrees):
+        names = ", ".join(f"TP{r['tp']}" for r in degrees)
+        within = f"batch-invariant at every TP degree ({names}: 1 distinct completion each, bit-identical logprobs)"
+    else:
+        within = ", ".join(_degree_finding(r) for r in degrees)
+    across = [_degree_against(r, tp_invariant) for r in m["vs_reference"]]
+    return f"{name}: {'; '.join([within, *across])}"
+
+
+def _degree_finding(r: dict) -> str:
+    found = finding(r)
+    if found == TOKENS:
+        return (f"batch-variant at TP{r['tp']} ({r['distinct_completions']} distinct completions over {r['n_runs']} "
+                f"runs, first token divergence at step {r['first_token_divergence']})")
+    if found == BITS:
+        return (f"numerically batch-variant at TP{r['tp']} (same tokens, logprob bits differ from step "
+                f"{r['first_numeric_divergence']})")
+    return f"batch-invariant at TP{r['tp']}"
+
+
+def _degree_against(r: dict, tp_invariant: bool) -> str:
+    """One degree's prompt alone against the reference degree's."""
+    head = f"TP{r['tp']} against TP{r['against']}"
+    if r["bitwise_equal"]:
+        return f"{head}: bit-identical"
+    if r["first_token_divergence"] is not None:
+        found = f"tokens differ from step {r['first_token_divergence']}"
+    else:
+        found = f"same tokens, logprob bits differ from step {r['first_numeric_divergence']}"
+    why = "" if tp_invariant else " (degrees sum in different orders; --tp-invariant makes them agree)"
+    return f"{head}: {found}{why}"
 
 
 def cross_engine_clause(section: dict) -> str:

@@ -63,12 +63,16 @@ def test_positive_control_fires_at_every_degree(tp_run):
     # the injected norm takes another path when rows share the call: bits differ at the first decode step
     # at the latest (this host's own kernels may differ earlier, in the prefill)
     assert all(r["first_numeric_divergence"] in (0, 1) for r in by_degree), by_degree
+    # the sentence names the variance at each degree (tp_verdict), not only against TP1's reference
+    default_clause = summary["verdict"].split("; batch-invariant kernels:")[0]
+    assert "batch-variant at TP1" in default_clause and "batch-variant at TP2" in default_clause, summary["verdict"]
 
 
 def test_negative_control_the_mode_at_tp2_is_one_completion_with_the_same_bits(tp_run):
     out, summary = tp_run
     tp2 = next(r for r in summary["tensor_parallel"]["modes"]["batch-invariant"]["by_degree"] if r["tp"] == 2)
     assert tp2["n_runs"] == 5 and tp2["distinct_completions"] == 1 and tp2["first_numeric_divergence"] is None
+    assert "batch-invariant kernels: batch-invariant at every TP degree (TP1, TP2:" in summary["verdict"]
     groups = json.loads((out / "fingerprint.json").read_text())["tensor_parallel"]["groups"]
     tp2_group = next(g for g in groups if g["degree"] == 2)
     assert tp2_group["backend"] == "gloo" and tp2_group["invariant_all_reduce_calls"] > 0  # the mode's collective ran

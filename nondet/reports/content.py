@@ -58,8 +58,12 @@ def _title(t: RunTables) -> str:
 
 
 def _verdict(t: RunTables) -> Para:
-    if t.summary.get("against"):  # two servers: the sentence that compares them (it names a cross-engine one)
+    # two servers: the sentence that compares them (it names a cross-engine one); --tp: within each degree,
+    # then across them (the main diff mixes the two)
+    if t.summary.get("against") or t.summary.get("tensor_parallel"):
         sentence = t.summary["verdict"]
+        if t.minimal_set:
+            sentence += f"; fixed by batch-invariant {' + '.join(t.minimal_set)}"
         return Para([sentence[:1].upper() + sentence[1:] + "." + partial_sentence(t.partial)], kind="verdict")
     return Para([report_verdict(t.modes, t.primary_mode, t.minimal_set) + partial_sentence(t.partial)],
                 kind="verdict")

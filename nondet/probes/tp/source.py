@@ -83,9 +83,12 @@ class TensorParallelSource:
 
     def summarize(self, streams: list[dict]):
         from nondet.probes.tp.summary import tp_section
+        from nondet.verdict import tp_verdict
 
         doc = summarize_modes(streams, self.tokenizer, self.config.targets)
-        doc["tensor_parallel"] = tp_section(streams, self.degrees, self.config.targets)
+        doc["tensor_parallel"] = {**tp_section(streams, self.degrees, self.config.targets),
+                                  "tp_invariant": self.config.tp_invariant}
+        doc["verdict"] = tp_verdict(doc["tensor_parallel"])  # within each degree, then across them
         doc.update(merged_decode(self.decode_by_degree))
         if self.decode_by_degree:
             doc["tensor_parallel"]["decode_paths"] = {str(d): s.get("decode_path") for d, s in
