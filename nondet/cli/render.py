@@ -23,7 +23,7 @@ def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
             prompt = f"prompt {m['branch_prompt_id']}: " if m.get("prompts") else ""
             console.print(Text(prompt) + branch_line(tree))
     if len(summary["modes"]) > 1:
-        console.print(_side_by_side(summary["modes"]))
+        console.print(_side_by_side(summary["modes"], summary.get("tensor_parallel")))
     console.print(Text(summary["verdict"], style="bold"))
     for mode, m in summary["modes"].items():
         if m.get("confidence"):
@@ -139,8 +139,12 @@ def branch_line(tree: dict) -> Text:
     return line
 
 
-def _side_by_side(modes: dict) -> Table:
-    table = Table(title="confirm: default vs batch-invariant kernels")
+def _side_by_side(modes: dict, tensor_parallel: dict | None = None) -> Table:
+    # --tp: every run against the reference degree's, so a change of degree shows here too (the verdict
+    # below splits the two)
+    caption = (f"runs of every degree against TP{tensor_parallel['reference_degree']}'s reference; below: each degree apart"
+               if tensor_parallel else None)
+    table = Table(title="confirm: default vs batch-invariant kernels", caption=caption)
     table.add_column("")
     for mode in modes:
         table.add_column(mode, justify="right")
