@@ -142,8 +142,8 @@ def branch_line(tree: dict) -> Text:
 def _side_by_side(modes: dict, tensor_parallel: dict | None = None) -> Table:
     # --tp: every run against the reference degree's, so a change of degree shows here too (the verdict
     # below splits the two)
-    caption = (f"runs of every degree against TP{tensor_parallel['reference_degree']}'s reference; below: each degree apart"
-               if tensor_parallel else None)
+    caption = None if not tensor_parallel else (
+        f"runs of every degree against TP{tensor_parallel['reference_degree']}'s reference; below: each degree apart")
     table = Table(title="confirm: default vs batch-invariant kernels", caption=caption)
     table.add_column("")
     for mode in modes:
