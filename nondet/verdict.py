@@ -83,22 +83,12 @@ def _tp_clause(name: str, m: dict, tp_invariant: bool) -> str:
     degrees = m["by_degree"]
     if all(finding(r) == SAME for r in degrees):
         names = ", ".join(f"TP{r['tp']}" for r in degrees)
-        within = f"batch-invariant at every TP degree ({names}: 1 distinct completion each, bit-identical logprobs)"
-    else:
-        within = ", ".join(_degree_finding(r) for r in degrees)
-    across = [_degree_against(r, tp_invariant) for r in m["vs_reference"]]
-    return f"{name}: {'; '.join([within, *across])}"
-
-
-def _degree_finding(r: dict) -> str:
-    found = finding(r)
-    if found == TOKENS:
-        return (f"batch-variant at TP{r['tp']} ({r['distinct_completions']} distinct completions over {r['n_runs']} "
-                f"runs, first token divergence at step {r['first_token_divergence']})")
-    if found == BITS:
-        return (f"numerically batch-variant at TP{r['tp']} (same tokens, logprob bits differ from step "
-                f"{r['first_numeric_divergence']})")
-    return f"batch-invariant at TP{r['tp']}"
+        within = [f"{name}: batch-invariant at every TP degree ({names}: 1 distinct completion each, "
+                  "bit-identical logprobs)"]
+    else:  # each degree as a mode's clause: "default kernels at TP1: ...; at TP2: ..."
+        within = [_mode_clause(f"{name} at TP{r['tp']}" if i == 0 else f"at TP{r['tp']}", r)
+                  for i, r in enumerate(degrees)]
+    return "; ".join(within + [_degree_against(r, tp_invariant) for r in m["vs_reference"]])
 
 
 def _degree_against(r: dict, tp_invariant: bool) -> str:

@@ -65,7 +65,8 @@ def test_positive_control_fires_at_every_degree(tp_run):
     assert all(r["first_numeric_divergence"] in (0, 1) for r in by_degree), by_degree
     # the sentence names the variance at each degree (tp_verdict), not only against TP1's reference
     default_clause = summary["verdict"].split("; batch-invariant kernels:")[0]
-    assert "batch-variant at TP1" in default_clause and "batch-variant at TP2" in default_clause, summary["verdict"]
+    assert default_clause.startswith("default kernels at TP1: ") and "; at TP2: " in default_clause, summary["verdict"]
+    assert "batch-invariant at every TP degree" not in default_clause, summary["verdict"]
 
 
 def test_negative_control_the_mode_at_tp2_is_one_completion_with_the_same_bits(tp_run):
