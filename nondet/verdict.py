@@ -75,11 +75,11 @@ def tp_verdict(section: dict) -> str:
     each degree, then what changing the degree alone does. The run's main diff mixes the two (every
     degree's streams against the smallest degree's reference), so a mode batch-invariant at every degree
     would read as variant there whenever the degrees sum in different orders."""
-    return "; ".join(_tp_clause(f"{mode} kernels", m, section.get("tp_invariant", False))
-                     for mode, m in section["modes"].items())
+    return "; ".join(_tp_clause(mode, m, section.get("tp_invariant", False)) for mode, m in section["modes"].items())
 
 
-def _tp_clause(name: str, m: dict, tp_invariant: bool) -> str:
+def _tp_clause(mode: str, m: dict, tp_invariant: bool) -> str:
+    name = f"{mode} kernels"
     degrees = m["by_degree"]
     if all(finding(r) == SAME for r in degrees):
         names = ", ".join(f"TP{r['tp']}" for r in degrees)
@@ -88,11 +88,14 @@ def _tp_clause(name: str, m: dict, tp_invariant: bool) -> str:
     else:  # each degree as a mode's clause: "default kernels at TP1: ...; at TP2: ..."
         within = [_mode_clause(f"{name} at TP{r['tp']}" if i == 0 else f"at TP{r['tp']}", r)
                   for i, r in enumerate(degrees)]
-    return "; ".join(within + [_degree_against(r, tp_invariant) for r in m["vs_reference"]])
+    # --tp-invariant (the mode's K tree) is what makes degrees agree: under it the mode's difference is not excused
+    why = " (the degrees sum in different orders)" if mode != "batch-invariant" else (
+        "" if tp_invariant else " (the degrees sum in different orders; --tp-invariant makes them agree)")
+    return "; ".join(within + [_degree_against(r, why) for r in m["vs_reference"]])
 
 
-def _degree_against(r: dict, tp_invariant: bool) -> str:
-    """One degree's prompt alone against the reference degree's."""
+def _degree_against(r: dict, why: str) -> str:
+    """One degree's prompt alone against the reference degree's; `why` follows a difference."""
     head = f"TP{r['tp']} against TP{r['against']}"
     if r["bitwise_equal"]:
         return f"{head}: bit-identical"
@@ -100,7 +103,6 @@ def _degree_against(r: dict, tp_invariant: bool) -> str:
         found = f"tokens differ from step {r['first_token_divergence']}"
     else:
         found = f"same tokens, logprob bits differ from step {r['first_numeric_divergence']}"
-    why = "" if tp_invariant else " (degrees sum in different orders; --tp-invariant makes them agree)"
     return f"{head}: {found}{why}"
 
 

@@ -23,7 +23,7 @@ def test_invariant_at_every_degree_reads_so_when_the_degrees_differ():
     sentence = tp_verdict(_section([_degree(1), _degree(2)], [_against(2, numeric=5)]))
     assert sentence.startswith("batch-invariant kernels: batch-invariant at every TP degree (TP1, TP2:"), sentence
     assert "TP2 against TP1: same tokens, logprob bits differ from step 5" in sentence
-    assert "--tp-invariant makes them agree" in sentence  # how to make the degrees agree
+    assert "--tp-invariant makes them agree" in sentence  # how to make the degrees agree (under the mode)
     assert "bits differ from step 5" not in sentence.split(";")[0]  # the degree change is not called batch variance
 
 
@@ -35,6 +35,8 @@ def test_variance_within_a_degree_is_named_at_that_degree():
     assert sentence.startswith("default kernels at TP1: batch-invariant, 1 distinct completion over 5 runs, "
                                "bit-identical logprobs; at TP2: batch-variant, 3 distinct completions over 5 runs; "
                                "first token divergence at step 7; TP2 against TP1:"), sentence
+    assert sentence.endswith("TP2 against TP1: same tokens, logprob bits differ from step 5 (the degrees sum in "
+                             "different orders)")  # --tp-invariant takes the mode: not offered for the default
     bits = tp_verdict(_section([_degree(1, numeric=1), _degree(2)], [], mode="default"))
     assert bits.startswith("default kernels at TP1: same tokens over 5 runs, but logprob bits differ from step 1; "
                            "at TP2: batch-invariant"), bits
