@@ -57,8 +57,9 @@ def workers_count(param: typer.CallbackParam, value: Optional[str]) -> "int | st
 
 WorkersOpt = Annotated[Optional[str], typer.Option(
     help="Static batches on the CPU: decode the conditions in N processes at once, each with --threads threads "
-         "(default: the cores shared out); the run directory is one process's. auto: by the cores and the "
-         "memory free for another copy of the weights (1 where helpers cannot run).", callback=workers_count)]
+         "(default: the cores shared out); the run directory is one process's. auto: by the cores, the "
+         "memory free for another copy of the weights and the sweep's length (1 where helpers cannot run or "
+         "would not pay for their start-up). Default: auto for the gate, 1 for the probe.", callback=workers_count)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the machine-readable summary on stdout instead of tables.")]
 
 
