@@ -1,5 +1,6 @@
 """`--workers auto` (probes/static/auto_workers.py): the count follows the cores this process may use and
-the memory free for another copy of the weights; 1 wherever helpers cannot run or a size is unknown.
+the memory free for another copy of the weights; 1 for a sweep too short to pay for the helpers' start-up,
+wherever helpers cannot run, or where a size is unknown.
 The CLI and the gate's config resolve it to a number before the probe runs (fingerprint.json says which)."""
 
 import json
