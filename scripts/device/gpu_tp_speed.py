@@ -25,7 +25,8 @@ TP degrees can be compared, and, compiled, the graphs dynamo compiled, its graph
 CUDA-graph skips (with their reasons) during the row; the compiled rows run in the probe's compile
 scope (its recompile limit). NONDET_TP_ALL_GUARDS=1 keeps every dynamo guard of the TP step; the guards'
 cost is measured with --count-guards, NONDET_TP_STANCE_ROWS=1 (rows timed again with the guard check cut),
-NONDET_TP_DICT_TAGS=1 (dynamo's dict-tag shortcut) and NONDET_TP_GUARD_DUMP=DIR (the guards by type and source). Writes
+NONDET_TP_DICT_TAGS=1 (dynamo's dict-tag shortcut) and NONDET_TP_GUARD_DUMP=DIR (the guards by type and source);
+NONDET_TP_PROFILE_STACK=1 adds to --profile's tables one of self CPU time by Python stack (5 frames). Writes
 $OUT/tp_speed.json and prints a Markdown table; a row that raised holds the error's first line.
 """
 
@@ -175,9 +176,10 @@ def profile(model, world: int, out: str, write: bool, compiled: bool = False, ke
     from torch.profiler import profile as torch_profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
+    stacks = os.environ.get("NONDET_TP_PROFILE_STACK") == "1"  # where the host's time goes, by Python frame
     with torch.inference_mode():
         decode(model, batch, 6, compiled)  # warm
-        with torch_profile(activities=activities) as prof:
+        with torch_profile(activities=activities, with_stack=stacks) as prof:
             decode(model, batch, 6, compiled)
     if not write:
         return
@@ -185,6 +187,8 @@ def profile(model, world: int, out: str, write: bool, compiled: bool = False, ke
     text = averages.table(sort_by="self_cpu_time_total", row_limit=20)
     if CUDA:
         text += "\n" + averages.table(sort_by="self_cuda_time_total", row_limit=25)
+    if stacks:
+        text += "\n" + prof.key_averages(group_by_stack_n=5).table(sort_by="self_cpu_time_total", row_limit=25)
     name = f"_compiled_{kernels.replace('+', '_')}_b{batch}" if compiled else ""
     Path(out, f"tp{world}_profile{name}.txt").write_text(text)
 
