@@ -22,6 +22,7 @@ def test_defaults_without_a_config_file(tmp_path):
     (tmp_path / ".git").mkdir()
     assert settings_in(tmp_path) == GateSettings()
     assert GateSettings().policy == Policy("identical")
+    assert settings_in(tmp_path).workers == "auto"  # helpers only where the sweep pays for them (auto_workers.py)
 
 
 def test_pyproject_table_found_from_a_subdirectory(tmp_path):
