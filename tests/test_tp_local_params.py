@@ -2,10 +2,9 @@
 
 Inside local_linear_params the TP linears and the vocab-parallel embedding hold plain local shards and
 run without transformers' TP wrappers (the row-parallel ones as a subclass of ours, the embedding with a
-forward of ours, both all-reducing; Qwen3's
-q_norm / k_norm, whose wrapper only hooks gradients, run their class's forward); the logits must be the same bits as with their
-DTensors and wrappers (the same local kernels and collective run), eagerly and compiled, and the
-DTensors and wrappers come back after.
+forward of ours, both all-reducing; Qwen3's q_norm / k_norm, whose wrapper only hooks gradients, run
+their class's forward); the logits must be the same bits as with their DTensors and wrappers (the same
+local kernels and collective run), eagerly and compiled, and the DTensors and wrappers come back after.
 The control: the swap really happened (a count > 0 and no DTensor weight on any linear inside), so an
 equality of two unchanged models cannot pass for it.
 """
@@ -50,7 +49,7 @@ def _rank(rank: int, port: int, model_dir: str, results):
         compiled = torch.compile(model, backend="inductor", fullgraph=False)
         with local_linear_params(model) as swapped:
             dtensors_inside = sum(isinstance(m.weight, DTensor) for m in linears)
-            # colwise: nn.Linear's own forward; rowwise: ours (its all-reduce); the lm_head keeps its wrapper
+            # colwise: nn.Linear's own forward; rowwise: our subclass's (its all-reduce); the lm_head keeps its wrapper
             forwards = [getattr(m.__dict__.get("forward"), "__module__", type(m).__module__) for m in linears]
             norms_wrapped_inside = sum("forward" in m.__dict__ for m in norms)
             local = model(ids).logits

@@ -54,7 +54,11 @@ CUDA = os.environ.get("DEVICE", "cuda") == "cuda"
 # NONDET_TP_ALL_GUARDS=1: the compiled TP step keeps every dynamo guard (the probe's path before
 # compiled.tp_layout_guard_filter), for before / after figures
 NO_GUARD_FILTER = os.environ.get("NONDET_TP_ALL_GUARDS") == "1"
-STANCE_ROWS = os.environ.get("NONDET_TP_STANCE_ROWS") == "1"  # see STANCE_ROW
+# NONDET_TP_STANCE_ROWS=1: each compiled row also timed with dynamo's guards cut to the differentiating ones
+# (torch.compiler.set_stance(skip_guard_eval_unsafe=True)) around its timed calls: what the full guard check
+# costs a step on the critical path; the row gets ms_skip_guards and the logits' hash under it
+STANCE_ROWS = os.environ.get("NONDET_TP_STANCE_ROWS") == "1"
+PROFILE_STACKS = os.environ.get("NONDET_TP_PROFILE_STACK") == "1"  # --profile: also self CPU time by Python frame
 GUARD_DUMP = os.environ.get("NONDET_TP_GUARD_DUMP", "")  # see dump_guards
 # NONDET_TP_DICT_TAGS=1: every rank compiles with dynamo's recursive dict-tag guard shortcut on (off in torch by
 # default), for its figures
@@ -63,10 +67,6 @@ DICT_TAGS = os.environ.get("NONDET_TP_DICT_TAGS") == "1"
 # filter kept (a host cost per step that is the same on every machine); TP1 then gets a filter that
 # keeps every guard (the same compile config otherwise: CUDA graphs asked for as an option)
 COUNTERS: dict = {}  # id(model) -> (filter, tally)
-# NONDET_TP_STANCE_ROWS=1: each compiled row also timed with dynamo's guards cut to the differentiating ones
-# (torch.compiler.set_stance(skip_guard_eval_unsafe=True)) around its timed calls: what the full guard check
-# costs a step on the critical path; the row gets ms_skip_guards and the logits' hash under it
-STANCE_ROW: dict = {}
 GUARD_US: list[float] = []  # --count-guards: dynamo's own latency of each new graph's guards, us (record_guard_latency)
 
 
@@ -118,8 +118,9 @@ def base_kernels(name: str) -> str:
 
 
 def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = False,
-           repeats: int = 1) -> tuple[float, float, list[float], str]:
-    """(first call s, ms per decode step, each timed call's ms, hash of row 0's last logits): after a first
+           repeats: int = 1) -> tuple[float, float, list[float], str, dict]:
+    """(first call s, ms per decode step, each timed call's ms, hash of row 0's last logits, the guard-cut
+    figures under NONDET_TP_STANCE_ROWS or {}): after a first
     call of `tokens`, `repeats` timed calls, each the median gap between its tokens; the step is their median
     and the table shows their range (one timed call a row could not rank rows within 10%: the same row varied
     7-14% between runs on one host, docs/benchmarks.md 2026-11-30)."""
@@ -153,12 +154,12 @@ def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = 
     first = time.perf_counter() - started
     per_call, out = timed_calls()
     digest = logits_hash(out)
-    STANCE_ROW.clear()
+    stance = {}
     if compiled and STANCE_ROWS:
         skipped, stance_out = timed_calls(
             lambda: torch.compiler.set_stance("default", skip_guard_eval_unsafe=True))
-        STANCE_ROW.update(ms_skip_guards=round(statistics.median(skipped), 3), logits_skip_guards=logits_hash(stance_out))
-    return first, statistics.median(per_call), per_call, digest
+        stance = {"ms_skip_guards": round(statistics.median(skipped), 3), "logits_skip_guards": logits_hash(stance_out)}
+    return first, statistics.median(per_call), per_call, digest, stance
 
 
 def logits_hash(out) -> str:
@@ -176,10 +177,9 @@ def profile(model, world: int, out: str, write: bool, compiled: bool = False, ke
     from torch.profiler import profile as torch_profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
-    stacks = os.environ.get("NONDET_TP_PROFILE_STACK") == "1"  # where the host's time goes, by Python frame
     with torch.inference_mode():
         decode(model, batch, 6, compiled)  # warm
-        with torch_profile(activities=activities, with_stack=stacks) as prof:
+        with torch_profile(activities=activities, with_stack=PROFILE_STACKS) as prof:
             decode(model, batch, 6, compiled)
     if not write:
         return
@@ -187,7 +187,7 @@ def profile(model, world: int, out: str, write: bool, compiled: bool = False, ke
     text = averages.table(sort_by="self_cpu_time_total", row_limit=20)
     if CUDA:
         text += "\n" + averages.table(sort_by="self_cuda_time_total", row_limit=25)
-    if stacks:
+    if PROFILE_STACKS:  # where the host's time goes, by Python frame
         text += "\n" + prof.key_averages(group_by_stack_n=5).table(sort_by="self_cpu_time_total", row_limit=25)
     name = f"_compiled_{kernels.replace('+', '_')}_b{batch}" if compiled else ""
     Path(out, f"tp{world}_profile{name}.txt").write_text(text)
@@ -313,10 +313,10 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                 try:
                     with kernels_scope(kernel, model, compiled, tree, world), torch.inference_mode(), \
                             compile_scope():  # the probe's recompile limit and Inductor cache folder
-                        first, ms, calls, digest = decode(model, batch, args.tokens, compiled, args.count_guards,
-                                                          args.repeats)
+                        first, ms, calls, digest, stance = decode(model, batch, args.tokens, compiled,
+                                                                  args.count_guards, args.repeats)
                     row.update(first_call_s=round(first, 2), ms=round(ms, 3), ms_calls=[round(c, 3) for c in calls],
-                               logits=digest, **STANCE_ROW)
+                               logits=digest, **stance)
                     if compiled:  # a break leaves pieces eager and outside CUDA graphs: the step's time says why
                         row.update({k: v - before[k] for k, v in dynamo_counts().items()})
                         if args.count_guards:
