@@ -26,8 +26,9 @@ CUDA-graph skips (with their reasons) during the row; the compiled rows run in t
 scope (its recompile limit). NONDET_TP_ALL_GUARDS=1 keeps every dynamo guard of the TP step; the guards'
 cost is measured with --count-guards, NONDET_TP_STANCE_ROWS=1 (rows timed again with the guard check cut),
 NONDET_TP_DICT_TAGS=1 (dynamo's dict-tag shortcut) and NONDET_TP_GUARD_DUMP=DIR (the guards by type and source);
-NONDET_TP_PROFILE_STACK=1 adds to --profile's tables one of self CPU time by Python stack (5 frames). Writes
-$OUT/tp_speed.json and prints a Markdown table; a row that raised holds the error's first line.
+NONDET_TP_PROFILE_STACK=1 adds to --profile's tables one of self CPU time by Python stack (5 frames);
+NONDET_TP_TRACE=1 writes rank 0's Chrome trace of the profiled call. Writes $OUT/tp_speed.json and prints
+a Markdown table; a row that raised holds the error's first line.
 """
 
 import argparse
@@ -59,6 +60,7 @@ NO_GUARD_FILTER = os.environ.get("NONDET_TP_ALL_GUARDS") == "1"
 # costs a step on the critical path; the row gets ms_skip_guards and the logits' hash under it
 STANCE_ROWS = os.environ.get("NONDET_TP_STANCE_ROWS") == "1"
 PROFILE_STACKS = os.environ.get("NONDET_TP_PROFILE_STACK") == "1"  # --profile: also self CPU time by Python frame
+TRACE = os.environ.get("NONDET_TP_TRACE") == "1"  # --profile: also rank 0's Chrome trace (timeline gaps)
 GUARD_DUMP = os.environ.get("NONDET_TP_GUARD_DUMP", "")  # see dump_guards
 # NONDET_TP_DICT_TAGS=1: every rank compiles with dynamo's recursive dict-tag guard shortcut on (off in torch by
 # default), for its figures
@@ -191,6 +193,8 @@ def profile(model, world: int, out: str, write: bool, compiled: bool = False, ke
         text += "\n" + prof.key_averages(group_by_stack_n=5).table(sort_by="self_cpu_time_total", row_limit=25)
     name = f"_compiled_{kernels.replace('+', '_')}_b{batch}" if compiled else ""
     Path(out, f"tp{world}_profile{name}.txt").write_text(text)
+    if TRACE:
+        prof.export_chrome_trace(str(Path(out, f"tp{world}_trace{name}.json")))
 
 
 CUDAGRAPH_SKIPS: list[str] = []  # Inductor's reasons for running a compiled graph without CUDA graphs
