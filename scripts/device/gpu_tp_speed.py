@@ -27,7 +27,8 @@ scope (its recompile limit). NONDET_TP_ALL_GUARDS=1 keeps every dynamo guard of 
 cost is measured with --count-guards, NONDET_TP_STANCE_ROWS=1 (rows timed again with the guard check cut),
 NONDET_TP_DICT_TAGS=1 (dynamo's dict-tag shortcut) and NONDET_TP_GUARD_DUMP=DIR (the guards by type and source);
 NONDET_TP_PROFILE_STACK=1 adds to --profile's tables one of self CPU time by Python stack (5 frames);
-NONDET_TP_TRACE=1 writes rank 0's Chrome trace of the profiled call. Writes $OUT/tp_speed.json and prints
+NONDET_TP_TRACE=1 writes rank 0's Chrome trace of the profiled call; NONDET_TP_PIN_ROWS=1 (with --count-guards)
+times each compiled row again with every rank's main thread on a core of its own, and the guard check with it. Writes $OUT/tp_speed.json and prints
 a Markdown table; a row that raised holds the error's first line.
 """
 
@@ -59,6 +60,9 @@ NO_GUARD_FILTER = os.environ.get("NONDET_TP_ALL_GUARDS") == "1"
 # (torch.compiler.set_stance(skip_guard_eval_unsafe=True)) around its timed calls: what the full guard check
 # costs a step on the critical path; the row gets ms_skip_guards and the logits' hash under it
 STANCE_ROWS = os.environ.get("NONDET_TP_STANCE_ROWS") == "1"
+# NONDET_TP_PIN_ROWS=1: each compiled row also timed with each rank's main thread pinned to a core of its own (a
+# physical core apart from the other ranks'), and dynamo's guard check timed again after the timed calls
+PIN_ROWS = os.environ.get("NONDET_TP_PIN_ROWS") == "1"
 PROFILE_STACKS = os.environ.get("NONDET_TP_PROFILE_STACK") == "1"  # --profile: also self CPU time by Python frame
 TRACE = os.environ.get("NONDET_TP_TRACE") == "1"  # --profile: also rank 0's Chrome trace (timeline gaps)
 GUARD_DUMP = os.environ.get("NONDET_TP_GUARD_DUMP", "")  # see dump_guards
@@ -161,6 +165,8 @@ def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = 
         skipped, stance_out = timed_calls(
             lambda: torch.compiler.set_stance("default", skip_guard_eval_unsafe=True))
         stance = {"ms_skip_guards": round(statistics.median(skipped), 3), "logits_skip_guards": logits_hash(stance_out)}
+    if compiled and PIN_ROWS:
+        stance.update(pinned_figures(timed_calls))
     return first, statistics.median(per_call), per_call, digest, stance
 
 
@@ -232,6 +238,46 @@ def dump_guards(entries, flags) -> None:
     Path(GUARD_DUMP, f"guards-{world}-{rank}-{n}.json").write_text(json.dumps(counts.most_common(), indent=0))
 
 
+def own_core() -> int:
+    """A CPU for this rank's main thread: the first thread of physical core 2 + rank among those this process
+    may run on (core 0 and 1 left to the system), so no two ranks share a core or its hyperthread sibling."""
+    rank = int(os.environ.get("RANK", "0"))
+    cores = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        key = (topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()
+        cores.setdefault(key, cpu)
+    firsts = list(cores.values())
+    return firsts[(2 + rank) % len(firsts)]
+
+
+def pinned_figures(timed_calls) -> dict:
+    """NONDET_TP_PIN_ROWS: the guard check now (after compiling, every rank in its timed calls), then the step
+    and the check with this rank's main thread on a core of its own; the thread's CPUs put back after."""
+    allowed = os.sched_getaffinity(0)
+    figures = {"guard_us_steady": guard_check_us()}
+    core = own_core()
+    os.sched_setaffinity(0, {core})  # 0: the calling thread
+    try:
+        per_call, _ = timed_calls()
+        figures.update(cpu=core, ms_pinned=round(statistics.median(per_call), 3), guard_us_pinned=guard_check_us())
+    finally:
+        os.sched_setaffinity(0, allowed)
+    return figures
+
+
+GUARD_MANAGERS: list = []  # (root, scope) of each guard set record_guard_latency saw, for guard_check_us
+
+
+def guard_check_us() -> float | None:
+    """dynamo's check of the last compiled graph's guards, timed now over 300 checks (us)."""
+    if not GUARD_MANAGERS:
+        return None
+    import torch._dynamo.guards as guards
+
+    return round(guards.profile_guard_manager.__wrapped__(*GUARD_MANAGERS[-1], 300), 1)
+
+
 def record_guard_latency() -> None:
     """Keep dynamo's measure of a new graph's guard check (what its cache lookup costs every call), taken
     over 300 checks instead of its default 1: where a step's host time goes, per row, on any host."""
@@ -244,8 +290,10 @@ def record_guard_latency() -> None:
     def timed(root, scope, _iterations):
         latency = original(root, scope, 300)
         GUARD_US.append(latency)
+        GUARD_MANAGERS.append((root, scope))
         return latency
 
+    timed.__wrapped__ = original
     guards.profile_guard_manager = timed
 
 
