@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import socket
 import statistics
 import sys
@@ -66,6 +67,9 @@ PIN_ROWS = os.environ.get("NONDET_TP_PIN_ROWS") == "1"
 PROFILE_STACKS = os.environ.get("NONDET_TP_PROFILE_STACK") == "1"  # --profile: also self CPU time by Python frame
 TRACE = os.environ.get("NONDET_TP_TRACE") == "1"  # --profile: also rank 0's Chrome trace (timeline gaps)
 GUARD_DUMP = os.environ.get("NONDET_TP_GUARD_DUMP", "")  # see dump_guards
+# NONDET_TP_DROP_GUARDS=REGEX (with --count-guards): guards whose "TYPE source" matches are dropped, to time the
+# check without them (guard_us_steady under NONDET_TP_PIN_ROWS); a measurement only, the step is then unguarded there
+DROP_GUARDS = re.compile(os.environ["NONDET_TP_DROP_GUARDS"]) if os.environ.get("NONDET_TP_DROP_GUARDS") else None
 # NONDET_TP_DICT_TAGS=1: every rank compiles with dynamo's recursive dict-tag guard shortcut on (off in torch by
 # default), for its figures
 DICT_TAGS = os.environ.get("NONDET_TP_DICT_TAGS") == "1"
@@ -214,6 +218,8 @@ def counting_filter(model, inner):
 
         def keep(entries):
             flags = inner(entries) if inner is not None else [True] * len(entries)
+            if DROP_GUARDS is not None:
+                flags = [f and not DROP_GUARDS.search(f"{e.guard_type} {e.name}") for e, f in zip(entries, flags)]
             tally.update(guards=len(entries), guards_kept=sum(flags))
             if GUARD_DUMP:
                 dump_guards(entries, flags)
