@@ -29,6 +29,7 @@ def _rank(rank: int, port: int, model_dir: str, results):
     from transformers import AutoModelForCausalLM
 
     from nondet.probes.tp.load import tp_kwargs
+    from nondet.probes.tp import local_params
     from nondet.probes.tp.local_params import local_linear_params
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
@@ -54,14 +55,17 @@ def _rank(rank: int, port: int, model_dir: str, results):
             norms_wrapped_inside = sum("forward" in m.__dict__ for m in norms)
             local = model(ids).logits
             local_compiled = compiled(ids).logits
+            groups_inside = len(local_params._GROUPS)  # the row-parallel linears' group, by name
         dtensors_after = sum(isinstance(m.weight, DTensor) for m in linears)
         wrappers_back = all(m.__dict__.get("forward") is w for m, w in zip(linears + norms,
                                                                           wrappers_before + norm_wrappers))
         classes_back = {type(m).__name__ for m in linears}
+        names_left = sum("nondet_tp_group_name" in m.__dict__ for m in linears) + len(local_params._GROUPS)
         reference_compiled = compiled(ids).logits
     if rank == 0:
         results.put({"embedding_sharded": str(embedding_before), "swapped": swapped, "dtensors_inside": dtensors_inside, "dtensors_after": dtensors_after,
                      "dtensors_before": dtensors_before, "wrappers_back": wrappers_back, "classes_back": classes_back,
+                     "groups_inside": groups_inside, "names_left": names_left,
                      "norms_wrapped_before": sum(w is not None for w in norm_wrappers),
                      "norms_wrapped_inside": norms_wrapped_inside,
                      "forwards": {f: forwards.count(f) for f in set(forwards)}, "eager_equal": bool(torch.equal(plain, local)),
@@ -88,6 +92,7 @@ def test_local_shards_give_the_dtensor_models_bits_and_the_dtensors_come_back(ti
     assert r["forwards"] == {"torch.nn.modules.linear": 10, "nondet.probes.tp.local_params": 5,
                              "transformers.distributed.tensor_parallel": 1}, r
     assert r["classes_back"] == {"Linear", "Embedding"}, r
+    assert r["groups_inside"] == 1 and r["names_left"] == 0, r  # one TP group registered, and unregistered after
     # the 4 norms of 2 layers wrapped by the TP plan (the control: a wrapper to drop), none inside
     assert r["norms_wrapped_before"] == 4 and r["norms_wrapped_inside"] == 0, r
     assert r["eager_equal"] and r["compiled_equal"], r
