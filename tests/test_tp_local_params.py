@@ -28,8 +28,8 @@ def _rank(rank: int, port: int, model_dir: str, results):
     from torch.distributed.tensor import DTensor
     from transformers import AutoModelForCausalLM
 
-    from nondet.probes.tp.load import tp_kwargs
     from nondet.probes.tp import local_params
+    from nondet.probes.tp.load import tp_kwargs
     from nondet.probes.tp.local_params import local_linear_params
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",

@@ -28,8 +28,9 @@ cost is measured with --count-guards, NONDET_TP_STANCE_ROWS=1 (rows timed again 
 NONDET_TP_DICT_TAGS=1 (dynamo's dict-tag shortcut) and NONDET_TP_GUARD_DUMP=DIR (the guards by type and source);
 NONDET_TP_PROFILE_STACK=1 adds to --profile's tables one of self CPU time by Python stack (5 frames);
 NONDET_TP_TRACE=1 writes rank 0's Chrome trace of the profiled call; NONDET_TP_PIN_ROWS=1 (with --count-guards)
-times each compiled row again with every rank's main thread on a core of its own, and the guard check with it. Writes $OUT/tp_speed.json and prints
-a Markdown table; a row that raised holds the error's first line.
+times each compiled row again with every rank's main thread on a core of its own, and the guard check with it;
+NONDET_TP_DROP_GUARDS=REGEX drops a group of guards. Writes $OUT/tp_speed.json and prints a Markdown table; a
+row that raised holds the error's first line.
 """
 
 import argparse
@@ -68,7 +69,7 @@ PROFILE_STACKS = os.environ.get("NONDET_TP_PROFILE_STACK") == "1"  # --profile: 
 TRACE = os.environ.get("NONDET_TP_TRACE") == "1"  # --profile: also rank 0's Chrome trace (timeline gaps)
 GUARD_DUMP = os.environ.get("NONDET_TP_GUARD_DUMP", "")  # see dump_guards
 # NONDET_TP_DROP_GUARDS=REGEX (with --count-guards): guards whose "TYPE source" matches are dropped, to time the
-# check without them (guard_us_steady under NONDET_TP_PIN_ROWS); a measurement only, the step is then unguarded there
+# check without them (guard_us_steady under NONDET_TP_PIN_ROWS); a measurement only: the step is unguarded there
 DROP_GUARDS = re.compile(os.environ["NONDET_TP_DROP_GUARDS"]) if os.environ.get("NONDET_TP_DROP_GUARDS") else None
 # NONDET_TP_DICT_TAGS=1: every rank compiles with dynamo's recursive dict-tag guard shortcut on (off in torch by
 # default), for its figures

@@ -25,8 +25,8 @@ forward, and one of the plain "rowwise" style (its shard of the input, a replica
 instance of a subclass whose forward runs nn.Linear's product on its shard, then the all-reduce, then
 the bias, as transformers' local inference path does (a class-level forward: a closure per module cost
 guards on its cells every step); it finds its process group by name in this module's registry (the group
-held by each module cost a guard per module). Its class and forward go back in `finally`. Any other style (an
-lm_head that gathers its output) keeps its wrapper. A module under transformers'
+held by each module cost a guard per module). Its class and forward go back in `finally`. Any other
+style (an lm_head that gathers its output) keeps its wrapper. A module under transformers'
 ReplicatedWithGradAllReduce (Qwen3's q_norm / k_norm: replicated weights on this rank's heads) runs its
 class's forward: without gradients the wrapper calls it and nothing else, while traced its closure cost
 guards of its own (a TP2 step of 8 layers on the CPU: 2227 -> 2163 guards
