@@ -15,6 +15,10 @@ step issues them, 72 in a row captured in one CUDA graph (the compiled step repl
     one-shot    torch.ops.symm_mem.one_shot_all_reduce_copy: every rank reads every peer's buffer over
                 NVLink (P2P loads, no multicast) and adds the W values in rank order 0..W-1, the same
                 order on every rank and for every row
+    two-shot    copy into the symmetric buffer, then torch.ops.symm_mem.two_shot_all_reduce_: each rank sums
+                a 1/W slice of the rows' elements and writes it to every peer (a reduce-scatter then an
+                all-gather, both over NVLink): half the one-shot's reads at W = 2, two barriers; its bits are
+                checked against the one-shot's (the mode could take it only where they agree)
 
 and checks the one-shot's bits: equal on every rank, row 0 (the same values at every batch size) the same
 at every batch size, and against the invariant all-reduce's (W = 2: one bf16 add is one rounding of the
@@ -90,11 +94,29 @@ def _rank(rank: int, world: int, port: int, batches: list[int], queue) -> None:
                "route": collective.route(),
                "gather_us": _us(lambda: work.copy_(collective.gathered_sum(work))),
                "one_shot_us": _us(lambda: torch.ops.symm_mem.one_shot_all_reduce_copy(buffer, x, "sum", group))}
+        row.update(_two_shot(buffer, x, one_shot, group, world))
         rows.append(row)
     if rank == 0:
         queue.put(rows)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _two_shot(buffer, x, one_shot, group: str, world: int) -> dict:
+    """The two-shot's time and bits (against the one-shot's, and across ranks), or the reason it did not run."""
+    def call():
+        buffer.copy_(x)
+        torch.ops.symm_mem.two_shot_all_reduce_(buffer, "sum", group)
+
+    try:
+        call()
+        torch.cuda.synchronize()
+        hashes = [None] * world
+        dist.all_gather_object(hashes, hashlib.sha256(buffer.cpu().view(torch.int16).numpy().tobytes()).hexdigest())
+        return {"two_shot_equals_one_shot": bool(torch.equal(buffer, one_shot)),
+                "two_shot_same_on_every_rank": len(set(hashes)) == 1, "two_shot_us": _us(call)}
+    except (RuntimeError, AttributeError) as exc:  # a torch without the op, or a size it refuses
+        return {"two_shot_error": str(exc).strip().splitlines()[0][:160]}
 
 
 def main() -> None:
@@ -116,11 +138,14 @@ def main() -> None:
         rows += queue.get()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "allreduce_latency.json").write_text(json.dumps(rows, indent=1))
-    print(f"| W | B | NCCL us | invariant us | gather us | one-shot bf16 us | one-shot same on every rank | one-shot == invariant |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    print("| W | B | NCCL us | invariant us | gather us | one-shot bf16 us | one-shot same on every rank "
+          "| one-shot == invariant | two-shot us | two-shot == one-shot, same on every rank |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- |")
     for r in rows:
+        two = (f"{r['two_shot_us']:.1f} | {r['two_shot_equals_one_shot']}, {r['two_shot_same_on_every_rank']}"
+               if "two_shot_us" in r else f"- | {r.get('two_shot_error')}")
         print(f"| {r['world']} | {r['batch']} | {r['nccl_us']:.1f} | {r['invariant_us']:.1f} | {r['gather_us']:.1f} "
-              f"| {r['one_shot_us']:.1f} | {r['one_shot_same_on_every_rank']} | {r['one_shot_equals_invariant']} |")
+              f"| {r['one_shot_us']:.1f} | {r['one_shot_same_on_every_rank']} | {r['one_shot_equals_invariant']} | {two} |")
     print("the invariant all-reduce's route: " + ", ".join(sorted({r["route"] for r in rows})))
     for world in sorted({r["world"] for r in rows}):  # batch invariance: row 0's sum at every batch size
         row0 = {r["batch"]: r["one_shot_row0"] for r in rows if r["world"] == world}
