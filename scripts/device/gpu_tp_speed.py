@@ -252,7 +252,10 @@ def own_core() -> int:
     cores = {}
     for cpu in sorted(os.sched_getaffinity(0)):
         topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        key = (topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()
+        try:
+            key = (topology / "physical_package_id").read_text(), (topology / "core_id").read_text()
+        except OSError:  # no topology shown (a container may hide it): each CPU its own core
+            key = cpu
         cores.setdefault(key, cpu)
     firsts = list(cores.values())
     return firsts[(2 + rank) % len(firsts)]
