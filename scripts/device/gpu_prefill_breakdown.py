@@ -6,6 +6,7 @@ shipped dispatch's, with the number of tiles per SM (a last wave that fills few 
 
     python3 scripts/device/gpu_prefill_breakdown.py [--layers 36]
     python3 scripts/device/gpu_prefill_breakdown.py --sweep 512,2048
+    python3 scripts/device/gpu_prefill_breakdown.py --sweep 64 --shapes tp2   # Qwen3-8B's shards at TP2
 
 The gap between the two tables is what the graph adds around the kernels (copies, Inductor's fused
 elementwise kernels, descriptor set-up); the classes say which kernels the mode loses its time in.
@@ -106,6 +107,8 @@ def print_shape_table(model, tokens: int, layers: int) -> None:
 
 # the 8B shapes of Qwen3 (FFN 12288) and Llama 3 (FFN 14336): K / V, Q / O, gate / up, down
 SWEEP_SHAPES = ((4096, 1024), (4096, 4096), (4096, 12288), (12288, 4096), (4096, 14336), (14336, 4096))
+# Qwen3-8B's shards at TP2 (--shapes tp2): K / V, Q, O, gate / up, down
+TP2_SHAPES = ((4096, 512), (4096, 2048), (2048, 4096), (4096, 6144), (6144, 4096))
 # beyond the tuner's: 16 warps give the 128x256 tile's two fp32 accumulators (the running sum and the
 # chunk's) half the registers per thread that 8 warps do; deeper pipelines on the 128x128 tile; for
 # M 64 / 128, 64-row tiles 256 wide (A re-read from L2 once per 256 columns, not per 64 or 128: with
@@ -119,6 +122,15 @@ EXTRA_CANDIDATES = tuple(MatmulConfig(bm, bn, 64, 1024, 8, w, st, tma) for bm, b
 SMALL_M_CANDIDATES = tuple(MatmulConfig(bm, bn, 64, 1024, 8, w, st) for bm, bn, w, st in (
     (64, 32, 4, 4), (64, 32, 4, 6), (64, 64, 4, 3), (64, 64, 4, 6), (64, 64, 4, 8), (64, 128, 4, 6),
     (64, 64, 8, 4), (32, 64, 4, 4), (32, 64, 4, 6), (32, 128, 4, 4)))
+
+
+def sweep_shapes(text: str) -> tuple:
+    """--shapes: "" (the 8B shapes), "tp2", or K:N pairs separated by commas."""
+    if not text:
+        return SWEEP_SHAPES
+    if text == "tp2":
+        return TP2_SHAPES
+    return tuple(tuple(int(v) for v in pair.split(":")) for pair in text.split(","))
 
 
 def print_tile_sweep(shapes, ms, k_chunks=(), top=5) -> None:
@@ -167,6 +179,8 @@ def main() -> None:
                         "8B matmul shapes at each, instead of the tables")
     parser.add_argument("--k-chunks", default="", help="with --sweep: every candidate again with these config "
                         "k_chunks (comma-separated; 256 gives a 512 chunk at K 4096), a K order for every M")
+    parser.add_argument("--shapes", default="", help="with --sweep: (K, N) pairs as K:N,... or tp2 (Qwen3-8B's "
+                        "shards at TP2); default the 8B shapes")
     parser.add_argument("--top", type=int, default=5, help="with --sweep: cells printed per shape, fastest first")
     parser.add_argument("--square-stages-4", action="store_true", help="the 128x128 tile with 4 stages on every "
                         "GPU (config.DEEP_SQUARE_SMEM out of reach): the dispatch before the 5-stage one")
@@ -177,7 +191,8 @@ def main() -> None:
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     if args.sweep:
         chunks = [int(c) for c in args.k_chunks.split(",") if c]
-        return print_tile_sweep(SWEEP_SHAPES, [int(m) for m in args.sweep.split(",")], chunks, args.top)
+        ms = [int(m) for m in args.sweep.split(",")]
+        return print_tile_sweep(sweep_shapes(args.shapes), ms, chunks, args.top)
     model = build(args.layers)
     if not args.graph_only:
         print_shape_table(model, args.tokens, args.layers)
