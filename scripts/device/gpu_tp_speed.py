@@ -29,8 +29,9 @@ NONDET_TP_DICT_TAGS=1 (dynamo's dict-tag shortcut) and NONDET_TP_GUARD_DUMP=DIR 
 NONDET_TP_PROFILE_STACK=1 adds to --profile's tables one of self CPU time by Python stack (5 frames);
 NONDET_TP_TRACE=1 writes rank 0's Chrome trace of the profiled call; NONDET_TP_PIN_ROWS=1 (with --count-guards)
 times each compiled row again with every rank's main thread on a core of its own, and the guard check with it;
-NONDET_TP_DROP_GUARDS=REGEX drops a group of guards. Writes $OUT/tp_speed.json and prints a Markdown table; a
-row that raised holds the error's first line.
+NONDET_TP_DROP_GUARDS=REGEX drops a group of guards; NONDET_TP_DEFER_STOP=1 times each row again with
+generate's stop check read one step late (the host no longer waits for the GPU every step). Writes
+$OUT/tp_speed.json and prints a Markdown table; a row that raised holds the error's first line.
 """
 
 import argparse
@@ -65,6 +66,10 @@ STANCE_ROWS = os.environ.get("NONDET_TP_STANCE_ROWS") == "1"
 # NONDET_TP_PIN_ROWS=1: each compiled row also timed with each rank's main thread pinned to a core of its own (a
 # physical core apart from the other ranks'), and dynamo's guard check timed again after the timed calls
 PIN_ROWS = os.environ.get("NONDET_TP_PIN_ROWS") == "1"
+# NONDET_TP_DEFER_STOP=1: each row also timed with transformers' deferred stop check allowed on this device: it
+# reads generate's "all finished?" flag one step late, so the host queues step n + 1 while the GPU runs step n
+# (transformers turns it on for mps only; its extra last forward is undone): ms_deferred, logits_deferred
+DEFER_STOP = os.environ.get("NONDET_TP_DEFER_STOP") == "1"
 PROFILE_STACKS = os.environ.get("NONDET_TP_PROFILE_STACK") == "1"  # --profile: also self CPU time by Python frame
 TRACE = os.environ.get("NONDET_TP_TRACE") == "1"  # --profile: also rank 0's Chrome trace (timeline gaps)
 GUARD_DUMP = os.environ.get("NONDET_TP_GUARD_DUMP", "")  # see dump_guards
@@ -172,7 +177,35 @@ def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = 
         stance = {"ms_skip_guards": round(statistics.median(skipped), 3), "logits_skip_guards": logits_hash(stance_out)}
     if compiled and PIN_ROWS:
         stance.update(pinned_figures(timed_calls))
+    if DEFER_STOP:
+        deferred, deferred_out = timed_calls(deferred_stop_check)
+        stance.update(ms_deferred=round(statistics.median(deferred), 3), logits_deferred=logits_hash(deferred_out))
     return first, statistics.median(per_call), per_call, digest, stance
+
+
+@contextlib.contextmanager
+def deferred_stop_check():
+    """transformers' DeferredStopCheck allowed on any device with events, CUDA included (its own rule for the
+    cache kept: a cache it hands back must be croppable, so the extra forward can be undone); put back after.
+    On the CPU (no events) and with a transformers without it, generate decodes as before."""
+    from transformers.generation import utils
+
+    cls = getattr(utils, "DeferredStopCheck", None)
+    if cls is None:
+        yield
+        return
+    original = cls.__dict__["is_supported"]
+
+    def is_supported(device, cache, cache_is_returned, is_assistant=False):
+        if device.type == "cpu" or is_assistant:
+            return False
+        return cache is None or cache.is_croppable or not cache_is_returned
+
+    cls.is_supported = staticmethod(is_supported)
+    try:
+        yield
+    finally:
+        cls.is_supported = original
 
 
 def logits_hash(out) -> str:
