@@ -24,14 +24,13 @@ Each row also has the bits of the last step's logits at row 0 (a hash) so eager 
 TP degrees can be compared, and, compiled, the graphs dynamo compiled, its graph breaks and Inductor's
 CUDA-graph skips (with their reasons) during the row; the compiled rows run in the probe's compile
 scope (its recompile limit). NONDET_TP_ALL_GUARDS=1 keeps every dynamo guard of the TP step; the guards'
-cost is measured with --count-guards, NONDET_TP_STANCE_ROWS=1 (rows timed again with the guard check cut),
-NONDET_TP_DICT_TAGS=1 (dynamo's dict-tag shortcut) and NONDET_TP_GUARD_DUMP=DIR (the guards by type and source);
-NONDET_TP_PROFILE_STACK=1 adds to --profile's tables one of self CPU time by Python stack (5 frames);
-NONDET_TP_TRACE=1 writes rank 0's Chrome trace of the profiled call; NONDET_TP_PIN_ROWS=1 (with --count-guards)
-times each compiled row again with every rank's main thread on a core of its own, and the guard check with it;
-NONDET_TP_DROP_GUARDS=REGEX drops a group of guards; NONDET_TP_DEFER_STOP=1 times each row again with
-generate's stop check read one step late (the host no longer waits for the GPU every step). Writes
-$OUT/tp_speed.json and prints a Markdown table; a row that raised holds the error's first line.
+cost is measured with --count-guards and the knobs of tp_guards.py (dumped, dropped, timed with pinned
+threads), NONDET_TP_STANCE_ROWS=1 (rows timed again with the guard check cut) and NONDET_TP_DICT_TAGS=1
+(dynamo's dict-tag shortcut); NONDET_TP_PROFILE_STACK=1 adds to --profile's tables one of self CPU time by
+Python stack (5 frames); NONDET_TP_TRACE=1 writes rank 0's Chrome trace of the profiled call (read by
+trace_steps.py); NONDET_TP_DEFER_STOP=1 times each row again with generate's stop check read one step late
+(the host no longer waits for the GPU every step). Writes $OUT/tp_speed.json and prints a Markdown table; a
+row that raised holds the error's first line.
 """
 
 import argparse
@@ -39,7 +38,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import socket
 import statistics
 import sys
@@ -53,6 +51,8 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_compile import _StepClock as StepClock  # noqa: E402
+from tp_guards import (COUNTERS, GUARD_US, PIN_ROWS, counting_filter, pinned_figures,  # noqa: E402
+                       record_guard_latency)
 
 PROMPT = 32
 CUDA = os.environ.get("DEVICE", "cuda") == "cuda"
@@ -63,27 +63,18 @@ NO_GUARD_FILTER = os.environ.get("NONDET_TP_ALL_GUARDS") == "1"
 # (torch.compiler.set_stance(skip_guard_eval_unsafe=True)) around its timed calls: what the full guard check
 # costs a step on the critical path; the row gets ms_skip_guards and the logits' hash under it
 STANCE_ROWS = os.environ.get("NONDET_TP_STANCE_ROWS") == "1"
-# NONDET_TP_PIN_ROWS=1: each compiled row also timed with each rank's main thread pinned to a core of its own (a
-# physical core apart from the other ranks'), and dynamo's guard check timed again after the timed calls
-PIN_ROWS = os.environ.get("NONDET_TP_PIN_ROWS") == "1"
 # NONDET_TP_DEFER_STOP=1: each row also timed with transformers' deferred stop check allowed on this device: it
 # reads generate's "all finished?" flag one step late, so the host queues step n + 1 while the GPU runs step n
 # (transformers turns it on for mps only; its extra last forward is undone): ms_deferred, logits_deferred
 DEFER_STOP = os.environ.get("NONDET_TP_DEFER_STOP") == "1"
 PROFILE_STACKS = os.environ.get("NONDET_TP_PROFILE_STACK") == "1"  # --profile: also self CPU time by Python frame
 TRACE = os.environ.get("NONDET_TP_TRACE") == "1"  # --profile: also rank 0's Chrome trace (timeline gaps)
-GUARD_DUMP = os.environ.get("NONDET_TP_GUARD_DUMP", "")  # see dump_guards
-# NONDET_TP_DROP_GUARDS=REGEX (with --count-guards): guards whose "TYPE source" matches are dropped, to time the
-# check without them (guard_us_steady under NONDET_TP_PIN_ROWS); a measurement only: the step is unguarded there
-DROP_GUARDS = re.compile(os.environ["NONDET_TP_DROP_GUARDS"]) if os.environ.get("NONDET_TP_DROP_GUARDS") else None
 # NONDET_TP_DICT_TAGS=1: every rank compiles with dynamo's recursive dict-tag guard shortcut on (off in torch by
 # default), for its figures
 DICT_TAGS = os.environ.get("NONDET_TP_DICT_TAGS") == "1"
 # --count-guards: each compiled row records how many guards dynamo built for its graph and how many the
 # filter kept (a host cost per step that is the same on every machine); TP1 then gets a filter that
 # keeps every guard (the same compile config otherwise: CUDA graphs asked for as an option)
-COUNTERS: dict = {}  # id(model) -> (filter, tally)
-GUARD_US: list[float] = []  # --count-guards: dynamo's own latency of each new graph's guards, us (record_guard_latency)
 
 
 def build(path: Path, layers: int, hidden: int) -> None:
@@ -242,102 +233,6 @@ def profile(model, world: int, out: str, write: bool, compiled: bool = False, ke
 
 
 CUDAGRAPH_SKIPS: list[str] = []  # Inductor's reasons for running a compiled graph without CUDA graphs
-
-
-def counting_filter(model, inner):
-    """One filter per model (transformers keeps one compiled call per compile config): `inner`'s verdicts
-    (all kept when None), tallying the guards of the graph compiled last."""
-    if id(model) not in COUNTERS:
-        tally = {"guards": 0, "guards_kept": 0}
-
-        def keep(entries):
-            flags = inner(entries) if inner is not None else [True] * len(entries)
-            if DROP_GUARDS is not None:
-                flags = [f and not DROP_GUARDS.search(f"{e.guard_type} {e.name}") for e, f in zip(entries, flags)]
-            tally.update(guards=len(entries), guards_kept=sum(flags))
-            if GUARD_DUMP:
-                dump_guards(entries, flags)
-            return flags
-
-        COUNTERS[id(model)] = (keep, tally)
-    return COUNTERS[id(model)][0]
-
-
-def dump_guards(entries, flags) -> None:
-    """NONDET_TP_GUARD_DUMP=DIR: the kept guards of the graph compiled last, counted by (type, source with
-    layer numbers as N), into DIR/guards-<world>-<rank>-<n>.json: what TP adds to a step's guard set."""
-    import collections
-    import re
-
-    counts = collections.Counter()
-    for entry, kept in zip(entries, flags):
-        if kept:
-            counts[f"{entry.guard_type} {re.sub(r'[0-9]+', 'N', entry.name)[:300]}"] += 1
-    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
-    n = len(list(Path(GUARD_DUMP).glob(f"guards-{world}-{rank}-*.json")))
-    Path(GUARD_DUMP, f"guards-{world}-{rank}-{n}.json").write_text(json.dumps(counts.most_common(), indent=0))
-
-
-def own_core() -> int:
-    """A CPU for this rank's main thread: the first thread of physical core 2 + rank among those this process
-    may run on (core 0 and 1 left to the system), so no two ranks share a core or its hyperthread sibling."""
-    rank = int(os.environ.get("RANK", "0"))
-    cores = {}
-    for cpu in sorted(os.sched_getaffinity(0)):
-        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            key = (topology / "physical_package_id").read_text(), (topology / "core_id").read_text()
-        except OSError:  # no topology shown (a container may hide it): each CPU its own core
-            key = cpu
-        cores.setdefault(key, cpu)
-    firsts = list(cores.values())
-    return firsts[(2 + rank) % len(firsts)]
-
-
-def pinned_figures(timed_calls) -> dict:
-    """NONDET_TP_PIN_ROWS: the guard check now (after compiling, every rank in its timed calls), then the step
-    and the check with this rank's main thread on a core of its own; the thread's CPUs put back after."""
-    allowed = os.sched_getaffinity(0)
-    figures = {"guard_us_steady": guard_check_us()}
-    core = own_core()
-    os.sched_setaffinity(0, {core})  # 0: the calling thread
-    try:
-        per_call, _ = timed_calls()
-        figures.update(cpu=core, ms_pinned=round(statistics.median(per_call), 3), guard_us_pinned=guard_check_us())
-    finally:
-        os.sched_setaffinity(0, allowed)
-    return figures
-
-
-GUARD_MANAGERS: list = []  # (root, scope) of each guard set record_guard_latency saw, for guard_check_us
-
-
-def guard_check_us() -> float | None:
-    """dynamo's check of the last compiled graph's guards, timed now over 300 checks (us)."""
-    if not GUARD_MANAGERS:
-        return None
-    import torch._dynamo.guards as guards
-
-    return round(guards.profile_guard_manager.__wrapped__(*GUARD_MANAGERS[-1], 300), 1)
-
-
-def record_guard_latency() -> None:
-    """Keep dynamo's measure of a new graph's guard check (what its cache lookup costs every call), taken
-    over 300 checks instead of its default 1: where a step's host time goes, per row, on any host."""
-    import torch._dynamo.guards as guards
-
-    original = getattr(guards, "profile_guard_manager", None)
-    if original is None:  # another torch: the rows go without it
-        return
-
-    def timed(root, scope, _iterations):
-        latency = original(root, scope, 300)
-        GUARD_US.append(latency)
-        GUARD_MANAGERS.append((root, scope))
-        return latency
-
-    timed.__wrapped__ = original
-    guards.profile_guard_manager = timed
 
 
 def record_cudagraph_skips() -> None:
