@@ -30,7 +30,6 @@ import argparse
 import hashlib
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -41,15 +40,10 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_attention_stages import graph_us  # noqa: E402
+from nondet.probes.tp.group import free_port  # noqa: E402
 
 HIDDEN = 4096
 CALLS = 72  # all-reduces in one 36-layer decode step (o_proj and down_proj of each layer)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _us(fn) -> float:
@@ -134,7 +128,7 @@ def main() -> None:
             continue
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        mp.spawn(_rank, args=(world, _free_port(), batches, queue), nprocs=world, join=True)
+        mp.spawn(_rank, args=(world, free_port(), batches, queue), nprocs=world, join=True)
         rows += queue.get()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "allreduce_latency.json").write_text(json.dumps(rows, indent=1))

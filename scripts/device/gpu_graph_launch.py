@@ -15,8 +15,8 @@ barrier), median of 50. Prints a Markdown table (rank 0), writes $OUT/graph_laun
 import argparse
 import json
 import os
-import socket
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -24,13 +24,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from nondet.probes.tp.group import free_port  # noqa: E402
+
 ROWS, HIDDEN, COLLECTIVES = 64, 4096, 73  # a B = 64 step's activations; 2 all-reduces a layer x 36 + the embedding's
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_us(body, replays: int = 50) -> float:
@@ -100,7 +97,7 @@ def main() -> None:
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     queue = mp.get_context("spawn").Queue()
-    mp.spawn(_rank, args=(args.world, _free_port(), args.kernels, queue), nprocs=args.world, join=True)
+    mp.spawn(_rank, args=(args.world, free_port(), args.kernels, queue), nprocs=args.world, join=True)
     rows = queue.get()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "graph_launch.json").write_text(json.dumps(rows, indent=1))

@@ -38,7 +38,6 @@ import contextlib
 import hashlib
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -126,9 +125,8 @@ def base_kernels(name: str) -> str:
 
 def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = False,
            repeats: int = 1) -> tuple[float, float, list[float], str, dict]:
-    """(first call s, ms per decode step, each timed call's ms, hash of row 0's last logits, the guard-cut
-    figures under NONDET_TP_STANCE_ROWS or {}): after a first
-    call of `tokens`, `repeats` timed calls, each the median gap between its tokens; the step is their median
+    """(first call s, ms per decode step, each timed call's ms, hash of row 0's last logits, the rows' extra
+    figures of NONDET_TP_STANCE_ROWS, _PIN_ROWS and _DEFER_STOP, or {}): after a first call of `tokens`, `repeats` timed calls, each the median gap between its tokens; the step is their median
     and the table shows their range (one timed call a row could not rank rows within 10%: the same row varied
     7-14% between runs on one host, docs/benchmarks.md 2026-11-30)."""
     from nondet.probes.core.compiled import generation_fields, tp_layout_guard_filter
@@ -161,17 +159,17 @@ def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = 
     first = time.perf_counter() - started
     per_call, out = timed_calls()
     digest = logits_hash(out)
-    stance = {}
+    extra = {}
     if compiled and STANCE_ROWS:
         skipped, stance_out = timed_calls(
             lambda: torch.compiler.set_stance("default", skip_guard_eval_unsafe=True))
-        stance = {"ms_skip_guards": round(statistics.median(skipped), 3), "logits_skip_guards": logits_hash(stance_out)}
+        extra.update(ms_skip_guards=round(statistics.median(skipped), 3), logits_skip_guards=logits_hash(stance_out))
     if compiled and PIN_ROWS:
-        stance.update(pinned_figures(timed_calls))
+        extra.update(pinned_figures(timed_calls))
     if DEFER_STOP:
         deferred, deferred_out = timed_calls(deferred_stop_check)
-        stance.update(ms_deferred=round(statistics.median(deferred), 3), logits_deferred=logits_hash(deferred_out))
-    return first, statistics.median(per_call), per_call, digest, stance
+        extra.update(ms_deferred=round(statistics.median(deferred), 3), logits_deferred=logits_hash(deferred_out))
+    return first, statistics.median(per_call), per_call, digest, extra
 
 
 @contextlib.contextmanager
@@ -303,10 +301,10 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
                 try:
                     with kernels_scope(kernel, model, compiled, tree, world), torch.inference_mode(), \
                             compile_scope():  # the probe's recompile limit and Inductor cache folder
-                        first, ms, calls, digest, stance = decode(model, batch, args.tokens, compiled,
+                        first, ms, calls, digest, extra = decode(model, batch, args.tokens, compiled,
                                                                   args.count_guards, args.repeats)
                     row.update(first_call_s=round(first, 2), ms=round(ms, 3), ms_calls=[round(c, 3) for c in calls],
-                               logits=digest, **stance)
+                               logits=digest, **extra)
                     if compiled:  # a break leaves pieces eager and outside CUDA graphs: the step's time says why
                         row.update({k: v - before[k] for k, v in dynamo_counts().items()})
                         if args.count_guards:
@@ -332,9 +330,9 @@ def rank_main(rank: int, world: int, port: int, args, out_file: str) -> None:
 
 
 def run_world(world: int, args) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from nondet.probes.tp.group import free_port
+
+    port = free_port()
     out_file = f"{args.out}/tp{world}{args.tag}.json"
     try:
         mp.spawn(rank_main, args=(world, port, args, out_file), nprocs=world, join=True)

@@ -90,16 +90,16 @@ def pinned_figures(timed_calls) -> dict:
     return figures
 
 
-GUARD_MANAGERS: list = []  # (root, scope) of each guard set record_guard_latency saw, for guard_check_us
+LAST_GUARDS: list = []  # [(root, scope)]: the last guard set record_guard_latency saw, for guard_check_us
 
 
 def guard_check_us() -> float | None:
     """dynamo's check of the last compiled graph's guards, timed now over 300 checks (us)."""
-    if not GUARD_MANAGERS:
+    if not LAST_GUARDS:
         return None
     import torch._dynamo.guards as guards
 
-    return round(guards.profile_guard_manager.__wrapped__(*GUARD_MANAGERS[-1], 300), 1)
+    return round(guards.profile_guard_manager.__wrapped__(*LAST_GUARDS[0], 300), 1)
 
 
 def record_guard_latency() -> None:
@@ -114,7 +114,7 @@ def record_guard_latency() -> None:
     def timed(root, scope, _iterations):
         latency = original(root, scope, 300)
         GUARD_US.append(latency)
-        GUARD_MANAGERS.append((root, scope))
+        LAST_GUARDS[:] = [(root, scope)]  # the last only: an earlier row's scope is not kept alive
         return latency
 
     timed.__wrapped__ = original
