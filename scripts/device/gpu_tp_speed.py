@@ -130,6 +130,7 @@ def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = 
     and the table shows their range (one timed call a row could not rank rows within 10%: the same row varied
     7-14% between runs on one host, docs/benchmarks.md 2026-11-30)."""
     from nondet.probes.core.compiled import generation_fields, tp_layout_guard_filter
+    from nondet.probes.core.deferred_stop import deferred_stop_check, defers_stop
 
     device = model.device
     ids = torch.randint(5, 2000, (batch, PROMPT), generator=torch.Generator().manual_seed(batch)).to(device)
@@ -167,34 +168,9 @@ def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = 
     if compiled and PIN_ROWS:
         extra.update(pinned_figures(timed_calls))
     if DEFER_STOP:
-        deferred, deferred_out = timed_calls(deferred_stop_check)
+        deferred, deferred_out = timed_calls(lambda: deferred_stop_check(defers_stop(model.device, assisted=False)))
         extra.update(ms_deferred=round(statistics.median(deferred), 3), logits_deferred=logits_hash(deferred_out))
     return first, statistics.median(per_call), per_call, digest, extra
-
-
-@contextlib.contextmanager
-def deferred_stop_check():
-    """transformers' DeferredStopCheck allowed on any device with events, CUDA included (its own rule for the
-    cache kept: a cache it hands back must be croppable, so the extra forward can be undone); put back after.
-    On the CPU (no events) and with a transformers without it, generate decodes as before."""
-    from transformers.generation import utils
-
-    cls = getattr(utils, "DeferredStopCheck", None)
-    if cls is None:
-        yield
-        return
-    original = cls.__dict__["is_supported"]
-
-    def is_supported(device, cache, cache_is_returned, is_assistant=False):
-        if device.type == "cpu" or is_assistant:
-            return False
-        return cache is None or cache.is_croppable or not cache_is_returned
-
-    cls.is_supported = staticmethod(is_supported)
-    try:
-        yield
-    finally:
-        cls.is_supported = original
 
 
 def logits_hash(out) -> str:

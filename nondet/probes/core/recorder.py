@@ -51,6 +51,12 @@ class StepRecorder:
             self._flush()
         return self._steps
 
+    def keep_first(self, steps: int) -> None:
+        """Forget the steps past the first `steps`: generate ran them and then undid them (a stop check
+        read a step late, core/deferred_stop.py), so they are not in the tokens it returned."""
+        for row, kept in self.steps.items():
+            self._steps[row] = kept[:steps]
+
     def __call__(self, input_ids, scores):
         import torch
 

@@ -12,6 +12,7 @@ from typing import Sequence
 from nondet.errors import OutOfMemoryError, is_out_of_memory
 from nondet.probes.core.batch import Batch, build_batch
 from nondet.probes.core.conditions import Condition
+from nondet.probes.core.deferred_stop import deferred_stop_check, defers_stop
 from nondet.probes.core.kernels_mode import COMPILED_CALLS, kernels_mode
 from nondet.probes.core.recorder import StepRecorder
 from nondet.probes.core.routing_trace import RoutingTrace
@@ -121,19 +122,33 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
                 **cache_fields,
                 **fields,
             )
-            return model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                generation_config=config,
-                logits_processor=LogitsProcessorList([p for p in (recorder, *after) if p is not None]),
-                stopping_criteria=StoppingCriteriaList(stopping),
-                **arguments,
-            )
+            # the probe's own calls read the stop flag a step late on CUDA; calls with processors or
+            # criteria of their own (bisect's forcing, warm-up, speculative rounds) keep the per-step wait,
+            # since those would see the extra step generate undoes
+            defer = defers_stop(device, assisted=assist is not None) and not after and not stopping
+            with deferred_stop_check(defer):
+                out = model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    generation_config=config,
+                    logits_processor=LogitsProcessorList([p for p in (recorder, *after) if p is not None]),
+                    stopping_criteria=StoppingCriteriaList(stopping),
+                    **arguments,
+                )
+            if recorder is not None:  # a step generate ran and undid is not in what it returned
+                recorder.keep_first(_sequences(out).shape[-1] - input_ids.shape[-1])
+            return out
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError; on CPU a plain one
         if not is_out_of_memory(exc):
             raise
         raise OutOfMemoryError(f"out of memory at batch size {len(batch.input_ids)} on {device}; "
                                "lower --batch-sizes or --max-new-tokens") from exc
+
+
+def _sequences(out):
+    """generate's token ids [rows, prompt + generated], from its output (a tensor, or a dict with
+    return_dict_in_generate)."""
+    return out if hasattr(out, "shape") else out.sequences
 
 
 def _cache_fields(settings: DecodeSettings, model, prompt_len: int, drafted: int) -> dict:

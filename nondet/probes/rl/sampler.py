@@ -45,6 +45,12 @@ class SampleRecorder:
         self.keep = keep_distributions  # the exact KL needs every step's whole processed distribution
         self.distributions: dict[int, list] = {r: [] for r in range(len(seeds))}  # row -> [vocab] fp32 (CPU)
 
+    def keep_first(self, steps: int) -> None:
+        """Forget the steps past the first `steps` (generate ran and undid them: core/deferred_stop.py)."""
+        for row in self.steps:
+            self.steps[row] = self.steps[row][:steps]
+            self.distributions[row] = self.distributions[row][:steps]
+
     def __call__(self, input_ids, scores):  # scores: [rows, vocab] fp32 logits of this step
         import torch
 
