@@ -58,6 +58,7 @@ FLOOR_TESTS=(
   tests/test_prefill_axis.py  # the cache kwarg and the forward's cache output changed name after 5.17
   tests/test_seeded_sampling.py
   tests/test_static_workers.py  # --workers: helper processes load the model and decode through generate
+  tests/test_deferred_stop.py  # transformers' DeferredStopCheck, patched for the call (its signature since 5.17)
   tests/test_auto_workers.py  # --workers auto: resolved by the CLI and the gate config
   tests/test_precompiled.py  # transformers' _compiled_call, the cache's name and layers, under the saved steps
 )

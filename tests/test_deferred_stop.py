@@ -86,6 +86,31 @@ def test_records_are_the_same_with_the_stop_check_a_step_late(tiny, ends_early, 
     assert late == plain and len(late[0]) == EOS_STEP + 1
 
 
+def test_a_cache_passed_in_defers_too_and_the_records_stay(tiny, ends_early, deferring, monkeypatch):
+    """The prefill axis hands generate its pieces' cache (a cache that would outlive the call, as the
+    compiled path's held static cache does): the check is given none, defers, and the records stay."""
+    _, settings = ends_early
+    target = tiny.tokenizer("Tell me about Richard Feynman", add_special_tokens=False)["input_ids"]
+    cut = Condition("t/bs1/chunk", "default", 1, (0,), "none", prefill="chunk:3", splits=(3,))
+    batch = build_batch(cut, target, [], tiny.tokenizer.pad_token_id)
+    import torch
+    from transformers import DynamicCache
+    from transformers.generation import utils
+
+    crops = []
+    crop = DynamicCache.crop
+    monkeypatch.setattr(DynamicCache, "crop", lambda self, n: crops.append(n) or crop(self, n))
+    waited = generate_condition(tiny.model, tiny.tokenizer, batch, settings)
+    _defer_here(monkeypatch)
+    late = generate_condition(tiny.model, tiny.tokenizer, batch, settings)
+    assert deferring == [1] and late == waited and len(late[0]) <= EOS_STEP + 1
+    assert crops == []  # the check never touched the cache
+    # control: transformers' check given that cache crops it at its first step
+    check = utils.DeferredStopCheck(torch.zeros(1, 2, dtype=torch.long), 10, DynamicCache(), True)
+    check(torch.ones(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), 2)
+    assert crops == [0]
+
+
 def test_the_recorder_drops_the_step_generate_undid(tiny, ends_early, deferring, monkeypatch):
     batch, settings = ends_early
     _defer_here(monkeypatch)
@@ -123,7 +148,7 @@ def test_the_check_is_put_back_after_the_call():
     import torch
     from transformers.generation import utils
 
-    cuda = torch.device("cuda")
+    cuda, init = torch.device("cuda"), utils.DeferredStopCheck.__init__
     assert not utils.DeferredStopCheck.is_supported(cuda, None, False, False)
     with pytest.raises(KeyError):
         with deferred_stop_check(True) as on:
@@ -131,6 +156,7 @@ def test_the_check_is_put_back_after_the_call():
             assert not utils.DeferredStopCheck.is_supported(cuda, None, False, True)  # assisted: its own loop
             raise KeyError
     assert not utils.DeferredStopCheck.is_supported(cuda, None, False, False)
+    assert utils.DeferredStopCheck.__init__ is init  # the cache-free constructor is put back too
     with deferred_stop_check(False) as on:
         assert not on and not utils.DeferredStopCheck.is_supported(cuda, None, False, False)
 

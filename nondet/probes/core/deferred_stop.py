@@ -6,9 +6,15 @@ step is then the host's part plus the GPU's part in sequence. transformers (5.17
 `DeferredStopCheck` that copies the flag asynchronously and reads it on the following step (the
 host queues step n + 1 while the GPU runs step n), but enables it on mps only. We allow it on
 CUDA for the calls we make; it costs one extra forward when every row stopped early (by EOS or a
-stopping criterion), which generate undoes in what it returns (tokens, KV cache). The logits
-processors still saw that step, so the recorder keeps only the steps generate returned
-(`StepRecorder.keep_first`).
+stopping criterion), which generate undoes in the tokens it returns. The logits processors still saw
+that step, so the recorder keeps only the steps generate returned (`StepRecorder.keep_first`).
+
+The check is handed no cache. Given a cache that outlives generate (one passed in: the compiled
+path's held static cache, the prefill axis's pieces), transformers would record its past, crop it
+every step (a launch per layer) and roll the extra step back at the end, and would not defer at all
+for a cache that cannot be cropped (a sliding window past its length). None of ours is read after
+the call without a reset: the held static cache is zeroed before its next use (static_caches.py) and
+the pieces' cache is dropped, so the extra step's entries need no rollback.
 
 The numerics do not move: the same forwards in the same order, the host only stops waiting. On an
 H200 (2026-11-30, 8B-shaped Qwen3, compiled, the mode) a step went 8.05 -> 5.92 ms at B = 1 and
@@ -27,26 +33,26 @@ def defers_stop(device, assisted: bool) -> bool:
 
 @contextlib.contextmanager
 def deferred_stop_check(enabled: bool):
-    """While open (when `enabled`): transformers' DeferredStopCheck allowed on the call's device,
-    with transformers' own rule for a cache generate hands back (it must be croppable, so the
-    extra forward can be undone). Put back in `finally`. A transformers without the class decodes
-    as before."""
+    """While open (when `enabled`): transformers' DeferredStopCheck allowed on the call's device
+    (not for an assistant), and handed no cache (the module's docstring says why). Both put back in
+    `finally`. A transformers without the class decodes as before."""
     cls = _deferred_check_class() if enabled else None
     if cls is None:
         yield False
         return
-    original = cls.__dict__["is_supported"]
+    original_supported, original_init = cls.__dict__["is_supported"], cls.__dict__["__init__"]
 
     def is_supported(device, cache, cache_is_returned, is_assistant=False):
-        if is_assistant:
-            return False
-        return cache is None or cache.is_croppable or not cache_is_returned
+        return not is_assistant
 
-    cls.is_supported = staticmethod(is_supported)
+    def without_cache(self, input_ids, max_length, cache, cache_is_returned, streamer=None):
+        original_init(self, input_ids, max_length, None, False, streamer)
+
+    cls.is_supported, cls.__init__ = staticmethod(is_supported), without_cache
     try:
         yield True
     finally:
-        cls.is_supported = original
+        cls.is_supported, cls.__init__ = original_supported, original_init
 
 
 def _deferred_check_class():
