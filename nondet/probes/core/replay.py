@@ -95,7 +95,7 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
     (also for a plain run given `Assist()`, so both are measured the same way).
     """
     import torch
-    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+    from transformers import LogitsProcessorList, StoppingCriteriaList
 
     device = model.device
     fields, arguments = assist.kwargs() if assist and (assist.prompt_lookup or assist.assistant) else ({}, {})
@@ -112,16 +112,7 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
                 from nondet.probes.core.prefill import cached_pieces
 
                 arguments[cache_kwarg(model)] = cached_pieces(model, input_ids, attention_mask, batch.splits)
-            config = GenerationConfig(
-                do_sample=False,  # sampling, when asked, is done by the recorder per request
-                max_new_tokens=settings.max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=eos_ids(model, tokenizer) or None,
-                return_dict_in_generate=assist is not None,
-                output_logits=assist is not None,
-                **cache_fields,
-                **fields,
-            )
+            config = _generation_config(model, tokenizer, settings, assist is not None, {**cache_fields, **fields})
             # the probe's own calls read the stop flag a step late on CUDA; calls with processors or
             # criteria of their own (bisect's forcing, warm-up, speculative rounds) keep the per-step wait,
             # since those would see the extra step generate undoes
@@ -143,6 +134,22 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
             raise
         raise OutOfMemoryError(f"out of memory at batch size {len(batch.input_ids)} on {device}; "
                                "lower --batch-sizes or --max-new-tokens") from exc
+
+
+def _generation_config(model, tokenizer, settings: DecodeSettings, assisted: bool, fields: dict):
+    """Greedy for generate (a sampled token is chosen by the recorder per request), the settings'
+    length, the model's EOS; `fields`: the cache, decode-path and assistant fields."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        do_sample=False,
+        max_new_tokens=settings.max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos_ids(model, tokenizer) or None,
+        return_dict_in_generate=assisted,  # the speculative source reads the raw logits
+        output_logits=assisted,
+        **fields,
+    )
 
 
 def _sequences(out):
