@@ -148,17 +148,17 @@ def test_the_check_is_put_back_after_the_call():
     import torch
     from transformers.generation import utils
 
-    cuda, init = torch.device("cuda"), utils.DeferredStopCheck.__init__
-    assert not utils.DeferredStopCheck.is_supported(cuda, None, False, False)
+    cls, cuda = utils.DeferredStopCheck, torch.device("cuda")
+    originals = (cls.__dict__["is_supported"], cls.__dict__["__init__"])
     with pytest.raises(KeyError):
         with deferred_stop_check(True) as on:
-            assert on and utils.DeferredStopCheck.is_supported(cuda, None, False, False)
-            assert not utils.DeferredStopCheck.is_supported(cuda, None, False, True)  # assisted: its own loop
+            assert on and cls.__dict__["__init__"] is not originals[1]  # the cache-free constructor
+            assert cls.is_supported(cuda, None, True, False)
+            assert not cls.is_supported(cuda, None, False, True)  # assisted: its own loop
             raise KeyError
-    assert not utils.DeferredStopCheck.is_supported(cuda, None, False, False)
-    assert utils.DeferredStopCheck.__init__ is init  # the cache-free constructor is put back too
+    assert (cls.__dict__["is_supported"], cls.__dict__["__init__"]) == originals
     with deferred_stop_check(False) as on:
-        assert not on and not utils.DeferredStopCheck.is_supported(cuda, None, False, False)
+        assert not on and (cls.__dict__["is_supported"], cls.__dict__["__init__"]) == originals
 
 
 def test_only_cuda_defers():
