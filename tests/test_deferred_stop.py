@@ -89,14 +89,14 @@ def test_records_are_the_same_with_the_stop_check_a_step_late(tiny, ends_early, 
 def test_a_cache_passed_in_defers_too_and_the_records_stay(tiny, ends_early, deferring, monkeypatch):
     """The prefill axis hands generate its pieces' cache (a cache that would outlive the call, as the
     compiled path's held static cache does): the check is given none, defers, and the records stay."""
-    _, settings = ends_early
-    target = tiny.tokenizer("Tell me about Richard Feynman", add_special_tokens=False)["input_ids"]
-    cut = Condition("t/bs1/chunk", "default", 1, (0,), "none", prefill="chunk:3", splits=(3,))
-    batch = build_batch(cut, target, [], tiny.tokenizer.pad_token_id)
     import torch
     from transformers import DynamicCache
     from transformers.generation import utils
 
+    _, settings = ends_early
+    target = tiny.tokenizer("Tell me about Richard Feynman", add_special_tokens=False)["input_ids"]
+    cut = Condition("t/bs1/chunk", "default", 1, (0,), "none", prefill="chunk:3", splits=(3,))
+    batch = build_batch(cut, target, [], tiny.tokenizer.pad_token_id)
     crops = []
     crop = DynamicCache.crop
     monkeypatch.setattr(DynamicCache, "crop", lambda self, n: crops.append(n) or crop(self, n))

@@ -126,8 +126,9 @@ def base_kernels(name: str) -> str:
 def decode(model, batch: int, tokens: int, compiled: bool, count_guards: bool = False,
            repeats: int = 1) -> tuple[float, float, list[float], str, dict]:
     """(first call s, ms per decode step, each timed call's ms, hash of row 0's last logits, the rows' extra
-    figures of NONDET_TP_STANCE_ROWS, _PIN_ROWS and _DEFER_STOP, or {}): after a first call of `tokens`, `repeats` timed calls, each the median gap between its tokens; the step is their median
-    and the table shows their range (one timed call a row could not rank rows within 10%: the same row varied
+    figures of NONDET_TP_STANCE_ROWS, _PIN_ROWS and _DEFER_STOP, or {}): after a first call of `tokens`,
+    `repeats` timed calls, each the median gap between its tokens; the step is their median and the table
+    shows their range (one timed call a row could not rank rows within 10%: the same row varied
     7-14% between runs on one host, docs/benchmarks.md 2026-11-30)."""
     from nondet.probes.core.compiled import generation_fields, tp_layout_guard_filter
     from nondet.probes.core.deferred_stop import deferred_stop_check, defers_stop

@@ -117,7 +117,7 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
             # criteria of their own (bisect's forcing, warm-up, speculative rounds) keep the per-step wait,
             # since those would see the extra step generate undoes
             defer = defers_stop(device, assisted=assist is not None) and not after and not stopping
-            with deferred_stop_check(defer):
+            with deferred_stop_check(defer) as deferred:
                 out = model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
@@ -126,7 +126,7 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
                     stopping_criteria=StoppingCriteriaList(stopping),
                     **arguments,
                 )
-            if recorder is not None:  # a step generate ran and undid is not in what it returned
+            if deferred and recorder is not None:  # a step generate ran and undid is not in what it returned
                 recorder.keep_first(_sequences(out).shape[-1] - input_ids.shape[-1])
             return out
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError; on CPU a plain one
