@@ -87,6 +87,11 @@ def stage_report() -> None:
 
 if __name__ == "__main__":
     atexit.register(report)
+    if os.environ.get("NONDET_SAMPLE_STACKS") == "1":  # where the wall time goes, function by function
+        sys.path.insert(0, os.path.dirname(__file__))
+        from stack_sampler import start_sampling
+
+        start_sampling()
     from nondet.cli.app import main
 
     wrap_stages()

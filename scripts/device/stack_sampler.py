@@ -1,0 +1,55 @@
+"""Where a process's wall time goes, by sampling its main thread's Python stack.
+
+    from stack_sampler import start_sampling; start_sampling(every_s=0.005)
+
+A daemon thread reads the main thread's frame (sys._current_frames) every `every_s` seconds and counts, per
+sample, each function on the stack once (inclusive time) and the innermost one (self time). At exit it
+prints the functions with the most seconds. cProfile lost nondet's frames under dynamo (gpu_probe_cli.py's
+docstring); sampling the frames sees whatever Python is running, compiled code's launchers included.
+Time spent in C below a Python frame counts to that frame.
+"""
+
+import atexit
+import collections
+import sys
+import threading
+import time
+
+INCLUSIVE: collections.Counter = collections.Counter()  # "file:line function" -> samples with it on the stack
+SELF: collections.Counter = collections.Counter()  # the same key -> samples with it innermost
+SAMPLES = [0]
+
+
+def _key(code) -> str:
+    path = code.co_filename
+    short = path.split("site-packages/")[-1] if "site-packages/" in path else path.split("/work/")[-1]
+    return f"{short}:{code.co_firstlineno} {code.co_name}"
+
+
+def _sample(main_id: int, every_s: float) -> None:
+    while True:
+        time.sleep(every_s)
+        frame = sys._current_frames().get(main_id)
+        if frame is None:
+            continue
+        SAMPLES[0] += 1
+        SELF[_key(frame.f_code)] += 1
+        seen = set()
+        while frame is not None:
+            seen.add(_key(frame.f_code))
+            frame = frame.f_back
+        INCLUSIVE.update(seen)
+
+
+def _report(every_s: float, top: int) -> None:
+    print(f"\n== sampled stacks: {SAMPLES[0]} samples, one per {every_s * 1000:.0f} ms (seconds)", file=sys.stderr)
+    for title, counter in (("inclusive", INCLUSIVE), ("self", SELF)):
+        print(f"-- {title}", file=sys.stderr)
+        for key, count in counter.most_common(top):
+            if count * every_s >= 0.2:
+                print(f"  {count * every_s:6.2f}  {key}", file=sys.stderr)
+
+
+def start_sampling(every_s: float = 0.005, top: int = 60) -> None:
+    threading.Thread(target=_sample, args=(threading.main_thread().ident, every_s), daemon=True).start()
+    atexit.register(_report, every_s, top)
