@@ -91,7 +91,7 @@ if __name__ == "__main__":
         sys.path.insert(0, os.path.dirname(__file__))
         from stack_sampler import start_sampling
 
-        start_sampling()
+        start_sampling(top=int(os.environ.get("NONDET_SAMPLE_TOP", "60")))
     from nondet.cli.app import main
 
     wrap_stages()

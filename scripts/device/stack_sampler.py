@@ -3,7 +3,7 @@
     from stack_sampler import start_sampling; start_sampling(every_s=0.005)
 
 A daemon thread reads the main thread's frame (sys._current_frames) every `every_s` seconds and counts, per
-sample, each function on the stack once (inclusive time) and the innermost one (self time). At exit it
+sample, each function on the stack once (inclusive time) and the innermost one (self time), and that one by the innermost nondet function above it. At exit it
 prints the functions with the most seconds. cProfile lost nondet's frames under dynamo (gpu_probe_cli.py's
 docstring); sampling the frames sees whatever Python is running, compiled code's launchers included.
 Time spent in C below a Python frame counts to that frame.
@@ -17,6 +17,7 @@ import time
 
 INCLUSIVE: collections.Counter = collections.Counter()  # "file:line function" -> samples with it on the stack
 SELF: collections.Counter = collections.Counter()  # the same key -> samples with it innermost
+PAIRS: collections.Counter = collections.Counter()  # (innermost nondet frame, innermost frame) -> samples
 SAMPLES = [0]
 
 
@@ -33,12 +34,17 @@ def _sample(main_id: int, every_s: float) -> None:
         if frame is None:
             continue
         SAMPLES[0] += 1
-        SELF[_key(frame.f_code)] += 1
-        seen = set()
+        leaf = _key(frame.f_code)
+        SELF[leaf] += 1
+        seen, ours = set(), ""
         while frame is not None:
-            seen.add(_key(frame.f_code))
+            key = _key(frame.f_code)
+            seen.add(key)
+            if not ours and key.startswith(("main/nondet/", "nondet/")):
+                ours = key  # the nondet code this sample's time is spent under
             frame = frame.f_back
         INCLUSIVE.update(seen)
+        PAIRS[(ours, leaf)] += 1
 
 
 def _report(every_s: float, top: int) -> None:
@@ -48,6 +54,10 @@ def _report(every_s: float, top: int) -> None:
         for key, count in counter.most_common(top):
             if count * every_s >= 0.2:
                 print(f"  {count * every_s:6.2f}  {key}", file=sys.stderr)
+    print("-- self, under the innermost nondet function", file=sys.stderr)
+    for (ours, leaf), count in PAIRS.most_common(top):
+        if count * every_s >= 0.1:
+            print(f"  {count * every_s:6.2f}  {ours or '(outside nondet)'}  <-  {leaf}", file=sys.stderr)
 
 
 def start_sampling(every_s: float = 0.005, top: int = 60) -> None:
