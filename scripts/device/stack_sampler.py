@@ -3,17 +3,22 @@
     from stack_sampler import start_sampling; start_sampling(every_s=0.005)
 
 A daemon thread reads the main thread's frame (sys._current_frames) every `every_s` seconds and counts, per
-sample, each function on the stack once (inclusive time) and the innermost one (self time), and that one by the innermost nondet function above it. At exit it
-prints the functions with the most seconds. cProfile lost nondet's frames under dynamo (gpu_probe_cli.py's
-docstring); sampling the frames sees whatever Python is running, compiled code's launchers included.
-Time spent in C below a Python frame counts to that frame.
+sample, each function on the stack once (inclusive time), the innermost one (self time), and that one by the
+innermost nondet function above it (which of our calls the time is spent under). At exit it prints the
+functions with the most seconds (samples x every_s). cProfile lost nondet's frames under dynamo
+(gpu_probe_cli.py's docstring); sampling the frames sees whatever Python is running, compiled code's
+launchers included. Time in C below a Python frame counts to that frame; C code that holds the GIL for long
+delays the sampler, so such stretches are undercounted (the seconds are a lower bound).
 """
 
 import atexit
 import collections
+import os
 import sys
 import threading
 import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # paths shown from here
 
 INCLUSIVE: collections.Counter = collections.Counter()  # "file:line function" -> samples with it on the stack
 SELF: collections.Counter = collections.Counter()  # the same key -> samples with it innermost
@@ -23,8 +28,12 @@ SAMPLES = [0]
 
 def _key(code) -> str:
     path = code.co_filename
-    short = path.split("site-packages/")[-1] if "site-packages/" in path else path.split("/work/")[-1]
+    short = path.split("site-packages/")[-1] if "site-packages/" in path else path.removeprefix(REPO + os.sep)
     return f"{short}:{code.co_firstlineno} {code.co_name}"
+
+
+def _is_ours(frame) -> bool:
+    return frame.f_globals.get("__name__", "").split(".")[0] == "nondet"
 
 
 def _sample(main_id: int, every_s: float) -> None:
@@ -40,7 +49,7 @@ def _sample(main_id: int, every_s: float) -> None:
         while frame is not None:
             key = _key(frame.f_code)
             seen.add(key)
-            if not ours and key.startswith(("main/nondet/", "nondet/")):
+            if not ours and _is_ours(frame):
                 ours = key  # the nondet code this sample's time is spent under
             frame = frame.f_back
         INCLUSIVE.update(seen)
