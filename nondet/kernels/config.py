@@ -276,7 +276,6 @@ def sm_smem(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
 
 
-
 @functools.lru_cache(maxsize=None)
 def sm_count(device: torch.device) -> int:
     """SMs of a CUDA device; 4 elsewhere (the interpreter: small, so the tests exercise every launch strategy)."""
