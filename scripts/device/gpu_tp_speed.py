@@ -71,9 +71,6 @@ TRACE = os.environ.get("NONDET_TP_TRACE") == "1"  # --profile: also rank 0's Chr
 # NONDET_TP_DICT_TAGS=1: every rank compiles with dynamo's recursive dict-tag guard shortcut on (off in torch by
 # default), for its figures
 DICT_TAGS = os.environ.get("NONDET_TP_DICT_TAGS") == "1"
-# --count-guards: each compiled row records how many guards dynamo built for its graph and how many the
-# filter kept (a host cost per step that is the same on every machine); TP1 then gets a filter that
-# keeps every guard (the same compile config otherwise: CUDA graphs asked for as an option)
 
 
 def build(path: Path, layers: int, hidden: int) -> None:

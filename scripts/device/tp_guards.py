@@ -21,6 +21,9 @@ GUARD_DUMP = os.environ.get("NONDET_TP_GUARD_DUMP", "")  # see dump_guards
 # NONDET_TP_DROP_GUARDS=REGEX (with --count-guards): guards whose "TYPE source" matches are dropped, to time the
 # check without them (guard_us_steady under NONDET_TP_PIN_ROWS); a measurement only: the step is unguarded there
 DROP_GUARDS = re.compile(os.environ["NONDET_TP_DROP_GUARDS"]) if os.environ.get("NONDET_TP_DROP_GUARDS") else None
+# --count-guards: each compiled row records how many guards dynamo built for its graph and how many the
+# filter kept (a host cost per step that is the same on every machine); TP1 then gets a filter that
+# keeps every guard (the same compile config otherwise: CUDA graphs asked for as an option)
 COUNTERS: dict = {}  # id(model) -> (filter, tally)
 GUARD_US: list[float] = []  # --count-guards: dynamo's own latency of each new graph's guards, us (record_guard_latency)
 
@@ -48,7 +51,6 @@ def dump_guards(entries, flags) -> None:
     """NONDET_TP_GUARD_DUMP=DIR: the kept guards of the graph compiled last, counted by (type, source with
     layer numbers as N), into DIR/guards-<world>-<rank>-<n>.json: what TP adds to a step's guard set."""
     import collections
-    import re
 
     counts = collections.Counter()
     for entry, kept in zip(entries, flags):
