@@ -103,6 +103,21 @@ def test_closing_stops_a_second_process_still_running(tmp_path):
     assert not ahead.helpers
 
 
+@pytest.mark.parametrize("writes_finished", [True, False])  # False: the control, the time until the wait ended
+def test_a_second_process_done_before_the_wait_is_timed_to_its_end(tmp_path, writes_finished):
+    ahead = compile_ahead.CompileAhead()
+    finished = tmp_path / compile_ahead.FINISHED
+    code = f"import time; open({str(finished)!r}, 'w').write(repr(time.time()))" if writes_finished else "pass"
+    process = subprocess.Popen([sys.executable, "-c", code])
+    started = compile_ahead.time.perf_counter(), compile_ahead.time.time()
+    ahead.helpers[MODE] = compile_ahead.Helper(MODE, process, tmp_path, *started)
+    process.wait()
+    compile_ahead.time.sleep(2.0)  # the probe reaches the mode well after the second process ended
+    ahead.wait(MODE, cache_warm=False)
+    took = float(ahead.as_summary()[MODE].removeprefix("compiled by a second process in ").split(" s ")[0])
+    assert (took < 1.5) if writes_finished else (took >= 2.0), ahead.as_summary()
+
+
 def test_a_second_process_past_its_time_is_stopped_and_the_mode_compiles_here(tmp_path, monkeypatch):
     monkeypatch.setattr(compile_ahead, "WAIT_S", 0.5)
     ahead = compile_ahead.CompileAhead()

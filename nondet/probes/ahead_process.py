@@ -5,11 +5,13 @@ that its compiled decode step is saved under NONDET_CACHE while the probe that s
 
 The probe's own static source and loop, under the probe's numerics scope (what the step's graph reads); no
 run directory: what it leaves is the saved step. A NondetError ends it with its exit code and one line, as
-the CLI's; the probe reads that line.
+the CLI's; the probe reads that line. At a good end it writes the time (time.time()) to FINISHED beside
+CONFIG_FILE: when it ended, which the probe's wait cannot tell where it came later.
 """
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from nondet.errors import NondetError
@@ -19,6 +21,7 @@ def main(argv: list[str]) -> int:
     from nondet.probes.core.numerics import numerics_scope
     from nondet.probes.core.stored_config import from_stored
     from nondet.probes.probe import ProbeConfig, run_streams
+    from nondet.probes.static.compile_ahead import FINISHED
     from nondet.probes.static.source import StaticSource
 
     config = from_stored(ProbeConfig, json.loads(Path(argv[0]).read_text()))
@@ -32,6 +35,7 @@ def main(argv: list[str]) -> int:
         return exc.exit_code
     finally:
         source.close()
+    (Path(argv[0]).parent / FINISHED).write_text(repr(time.time()))
     return 0
 
 

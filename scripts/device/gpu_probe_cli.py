@@ -11,6 +11,11 @@ run directory is the probe's, unchanged.
 The probe's stages are timed too (wall seconds and calls of each, nested: run_streams includes the
 conditions' warm-ups and decodes): each stage function is wrapped before the CLI runs. (cProfile was the
 first try: under dynamo on Python 3.12 it lost nondet's frames and printed zeros.)
+
+A second process of the probe's (probes/static/compile_ahead.py: a later kernels mode compiled while the
+first decodes) runs under this script too (`gpu_probe_cli.py --ahead CONFIG_FILE`), with the same stage
+times, breakdown and sampler; its log, which the probe removes with its folder, is kept and printed after
+this process's own figures under "== second process".
 """
 
 import atexit
@@ -46,6 +51,8 @@ STAGES = (("nondet.cli.options", "read_targets"), ("nondet.cli.probe_config", "c
           ("nondet.probes.core.compiled", "DecodePaths.warm_up"), ("nondet.probes.core.replay", "generate_condition"),
           ("nondet.probes.probe", "run_streams"), ("nondet.reports.write", "write_report"))
 STAGE_TIMES: dict = {}  # "module:function" -> [seconds, calls]
+AHEAD_FLAG = "--ahead"  # argv[1] of a second process run under this script
+AHEAD_KEEP = "NONDET_AHEAD_KEEP"  # the folder a second process copies its log to at exit
 
 
 def timed(name: str, function):
@@ -85,7 +92,43 @@ def stage_report() -> None:
         print(f"  {name}: {seconds:.1f} s, {calls}", file=sys.stderr)
 
 
+def run_ahead_here() -> None:
+    """The probe's second processes run under this script: the same stage times, breakdown and sampler in
+    their logs, and each log kept in a folder of ours (the probe removes the second process's folder)."""
+    import tempfile
+
+    from nondet.probes.static import compile_ahead
+
+    keep = tempfile.mkdtemp(prefix="nondet-ahead-logs-")
+    os.environ[AHEAD_KEEP] = keep  # the second process's environment is a copy of this one's
+    compile_ahead._command = lambda argument: [sys.executable, os.path.abspath(__file__), AHEAD_FLAG, str(argument)]
+    atexit.register(print_ahead_logs, keep)  # registered first of the probe's: printed after its own figures
+
+
+def print_ahead_logs(keep: str) -> None:
+    for log in sorted(os.listdir(keep)):
+        print(f"\n== second process ({log})", file=sys.stderr)
+        print(open(os.path.join(keep, log), errors="replace").read().rstrip(), file=sys.stderr)
+
+
+def keep_own_log(settings: str) -> None:
+    """At a second process's exit (after its figures were printed), its log copied to the kept folder."""
+    import shutil
+
+    from nondet.probes.static import compile_ahead
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    folder = os.path.dirname(os.path.abspath(settings))
+    shutil.copy(os.path.join(folder, compile_ahead.LOG), os.path.join(os.environ[AHEAD_KEEP], f"{os.getpid()}.log"))
+
+
 if __name__ == "__main__":
+    ahead = len(sys.argv) > 2 and sys.argv[1] == AHEAD_FLAG
+    if ahead:
+        atexit.register(keep_own_log, sys.argv[2])  # runs last: after report and stage_report
+    else:
+        run_ahead_here()
     atexit.register(report)
     if os.environ.get("NONDET_SAMPLE_STACKS") == "1":  # where the wall time goes, function by function
         sys.path.insert(0, os.path.dirname(__file__))
@@ -97,4 +140,9 @@ if __name__ == "__main__":
     wrap_stages()
     atexit.register(stage_report)  # atexit runs last-registered first: the stages, then report's wall
     IMPORTED = time.perf_counter()
+    if ahead:
+        from nondet.probes.ahead_process import main as ahead_main
+
+        code = ahead_main(sys.argv[2:])
+        sys.exit(code)
     main()
