@@ -227,3 +227,19 @@ def test_a_removed_store_file_makes_cached_graphs_compile_again(tmp_path, monkey
     path.unlink()
     again = _census_of(_norm_then_linear, x, w, store=CensusStore(path, "k"))
     assert again.inspected >= 1 and again.stored == 0
+
+
+@pytest.mark.skipif(not hasattr(torch.compiler, "nested_compile_region"), reason="torch without nested compile regions")
+def test_a_nested_compile_regions_ops_are_sorted_not_skipped():
+    """A layer marked torch.compiler.nested_compile_region compiles as a subgraph the outer graph only calls
+    (an invoke_subgraph node, which the sort passes over). The census must see the subgraph's mean and matmul:
+    routed where the traced mode reached into the region, else uncovered (torch 2.11 and 2.13 trace the region
+    outside the mode's function routing, so they are uncovered there, and the static source refuses the graph).
+    A census that read the outer graph alone would count neither (torch 2.13 here: 2 graphs inspected, the
+    subgraph's mean and mm uncovered, nothing routed; a torch that inlines the region puts them in the outer one)."""
+    region = torch.compiler.nested_compile_region(_norm_then_linear)
+    x, w = torch.randn(3, 16), torch.randn(16, 16)  # two calls of one shape: one subgraph, not inlined
+    census = _compiled_census(lambda x, w: region(region(x, w), w), x, w)
+    uncovered = {op: n for (_, op), n in census.uncovered.items()}
+    seen = census.routed + uncovered.get("aten::mean", 0) + uncovered.get("aten::mm", 0)
+    assert seen >= 2, census.to_json()
