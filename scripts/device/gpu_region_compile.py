@@ -21,7 +21,9 @@ os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--region", type=int, default=1)
+    parser.add_argument("--region", type=int, default=1,
+                        help="0: flat; 1: each layer a region; 2: a region that enters the traced mode inside it "
+                             "(dynamo traces a region's body without the torch function modes around it)")
     parser.add_argument("--kernels", default="default", choices=("default", "batch-invariant"))
     parser.add_argument("--model", default=None, help="a model folder (default: the GPU probe case's random Qwen3)")
     parser.add_argument("--batches", default="1,4")
@@ -35,8 +37,7 @@ def main() -> None:
     path = args.model or _gpu_case()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     if args.region:
-        layer_class = type(model.model.layers[0])
-        layer_class.forward = torch.compiler.nested_compile_region(layer_class.forward)
+        _mark_regions(type(model.model.layers[0]), torch, inside=args.region == 2 and args.kernels != "default")
     config = GenerationConfig(max_new_tokens=args.tokens, do_sample=False, cache_implementation="static",
                               compile_config=CompileConfig(fullgraph=True, dynamic=False),
                               output_logits=True, return_dict_in_generate=True)
@@ -65,6 +66,22 @@ def main() -> None:
               "invoke_subgraph_trace")
     row["compile s"] = {n: round(float(v), 1) for n, v in zip(names, values) if n in wanted}
     print(json.dumps(row))
+
+
+def _mark_regions(layer_class, torch, inside: bool) -> None:
+    """The layer class's forward as a nested compile region; `inside`: the traced mode entered in its body."""
+    forward = layer_class.forward
+    if inside:
+        from nondet.kernels.mode import OP_CLASSES
+        from nondet.kernels.traced import TracedMode
+
+        mode = TracedMode(frozenset(OP_CLASSES))
+        plain = forward
+
+        def forward(self, *args, **kwargs):
+            with mode:
+                return plain(self, *args, **kwargs)
+    layer_class.forward = torch.compiler.nested_compile_region(forward)
 
 
 def _sync(torch) -> None:
