@@ -30,7 +30,6 @@ import os
 from pathlib import Path
 
 from nondet.errors import debug_traceback
-from nondet.probes.core import one_mask_row
 from nondet.probes.core.aot_step import (aot_compilable, aot_compile, compile_options,
                                          guard_sources_pickled_by_init_fields, load_step, transformers_jit)
 from nondet.probes.core.guard_refusal import failed_part, listed_parts
@@ -138,10 +137,6 @@ class PrecompiledSteps:
         # decoding() under the mode must not meet the default kernels' function. kernels_state() is read at
         # each step (2 us on a CPU, 0.1% of a 1.9 ms GPU step): the mode may change between steps.
         mode, state, batch = _DECODING[-1] if _DECODING else "default", kernels_state(), _batch_class(inputs)
-        from nondet.kernels.mode import active_ops
-
-        if one_mask_row.applies(bool(active_ops())):  # the default kernels on unpadded rows: one_mask_row.py
-            inputs, state = one_mask_row.first_row(inputs), state + one_mask_row.SLOT_NOTE
         slot = (mode, batch if self.split.get((mode, state)) == batch else EVERY_BATCH, state)
         if slot not in self.functions:
             self._obtain(slot, inputs)
@@ -283,8 +278,7 @@ class PrecompiledSteps:
         held = self.model.__dict__.pop("_compiled_call", None)  # saved state must not reach our loaded functions
         try:
             lengths = not self._lengths_fixed(slot)
-            one_row = slot[2].endswith(one_mask_row.SLOT_NOTE)
-            with guard_sources_pickled_by_init_fields(), symbolic_shapes(inputs, lengths=lengths, one_mask_row=one_row):
+            with guard_sources_pickled_by_init_fields(), symbolic_shapes(inputs, lengths=lengths):
                 function = aot_compile(aot_compilable(forward_step, options), ((self.model,), inputs))
         finally:
             if held is not None:

@@ -47,7 +47,7 @@ def _batch_led(values: list, batch: int) -> list:
 
 
 @contextlib.contextmanager
-def symbolic_shapes(inputs: dict, with_caches: bool = True, lengths: bool = True, one_mask_row: bool = False):
+def symbolic_shapes(inputs: dict, with_caches: bool = True, lengths: bool = True):
     """Inside: a trace of a call on `inputs` keeps their batch dimension symbolic (maybe_mark_dynamic: torch
     finds the tensors' batch sizes equal to each other, a relation mark_dynamic refuses) and size-oblivious
     (backed_size_oblivious: a batch of 1 is not specialised, as dynamo otherwise does), and (lengths) the key
@@ -56,24 +56,12 @@ def symbolic_shapes(inputs: dict, with_caches: bool = True, lengths: bool = True
     WINDOW_LENGTH_INTS) is symbolic. Without `lengths` the key length is specialised (its marks from an
     earlier trace taken off): the fallback where a trace with it symbolic fails (precompiled.py). Outside a
     trace it only marks the tensors (dynamo reads the marks when it traces). A mark stays on its tensor: a
-    held cache marked once (with_caches) need not be walked again at every step. `one_mask_row`: the masks
-    are row 0 alone at every batch size (one_mask_row.py): their batch stays the constant 1, their key
-    length is marked as the other masks' is."""
+    held cache marked once (with_caches) need not be walked again at every step."""
     import torch
 
     batch = batch_size(inputs)
     layers = cache_tensors(inputs, batch) if with_caches else []
-    led = batch_tensors(inputs, batch)
-    if one_mask_row:
-        masks = [t for t in _tensors_in_key_order(inputs) if t.dim() == 4]
-        led = [t for t in led if all(t is not mask for mask in masks)]
-        for mask in masks:
-            _unmark(mask, 0)
-            if lengths:
-                torch._dynamo.maybe_mark_dynamic(mask, 3)
-            else:
-                _unmark(mask, 3)
-    for tensors, length_dim in ((led, 3), (layers, 2)):
+    for tensors, length_dim in ((batch_tensors(inputs, batch), 3), (layers, 2)):
         for tensor in tensors:
             torch._dynamo.maybe_mark_dynamic(tensor, 0)
             if tensor.dim() == 4 and lengths:
