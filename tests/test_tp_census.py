@@ -34,6 +34,9 @@ def _rank(rank: int, path: str, port: int, keep_collective_off: bool, out: str) 
             with open(out, "w") as f:
                 json.dump({"json": found.to_json(), "agrees": found.agrees(), "ours": collective.calls(),
                            "rows": [[u.module, u.op, u.verdict] for u in found.uses]}, f)
+        # neither rank tears its gloo pairs down while the other may still use them: on a loaded 2-core CI
+        # machine rank 0 aborted once ("terminate called without an active exception", 2026-11-30)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
