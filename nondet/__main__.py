@@ -1,3 +1,3 @@
-from nondet.cli.app import main
+from nondet.cli.app import run
 
-main()
+run()

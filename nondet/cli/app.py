@@ -48,8 +48,23 @@ def _register_commands() -> None:
 INTERRUPTED = "interrupted; results already written stay in the run directory"
 
 
+def run() -> None:
+    """The console entry (`nondet`, `python -m nondet`): main(), then the process ends with its code without
+    the interpreter's teardown (fast_exit.py). A SystemExit with a message, or an exception let through
+    (NONDET_DEBUG=1), ends the usual way."""
+    from nondet.cli import fast_exit
+
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code is not None and not isinstance(exc.code, int):
+            raise
+        fast_exit.end(exc.code or 0)
+    fast_exit.end(0)
+
+
 def main() -> None:
-    """Entry point: run the app behind the one error boundary."""
+    """Run the app behind the one error boundary: returns, or raises SystemExit with the exit code."""
     _show_partial_run_warnings()
     try:
         _register_commands()

@@ -135,7 +135,7 @@ if __name__ == "__main__":
         from stack_sampler import start_sampling
 
         start_sampling(top=int(os.environ.get("NONDET_SAMPLE_TOP", "60")))
-    from nondet.cli.app import main
+    from nondet.cli.app import run  # as the console entry: the process ends without the teardown (fast_exit)
 
     wrap_stages()
     atexit.register(stage_report)  # atexit runs last-registered first: the stages, then report's wall
@@ -145,4 +145,4 @@ if __name__ == "__main__":
 
         code = ahead_main(sys.argv[2:])
         sys.exit(code)
-    main()
+    run()
