@@ -194,7 +194,10 @@ def _stop(helper: Helper) -> None:
 
 
 def _finished(helper: Helper) -> float | None:
-    """Seconds from the second process's start to its end, where it wrote FINISHED (it ended well)."""
+    """Seconds from the second process's start to its end, where it wrote FINISHED (it ended well) and its
+    start's time.time() is known."""
+    if helper.started_at <= 0:
+        return None
     try:
         return float((helper.folder / FINISHED).read_text()) - helper.started_at
     except (OSError, ValueError):
