@@ -4,7 +4,7 @@
 
 bf16 decode shapes (16 heads, one query, 230 keys of which the last 30 masked, head 64), B = 1 ... 128; eager, then
 torch.compile(dynamic=True). The check behind not handing the default kernels' saved step one mask row
-(docs/benchmarks.md, 2026-11-30 15:24-15:36: eager the same bits at every B, compiled not at B = 16 and 128).
+(docs/benchmarks.md, 2026-11-30: which batch sizes differ changed between runs, eager included).
 """
 
 import torch
