@@ -109,8 +109,7 @@ def test_a_second_process_done_before_the_wait_is_timed_to_its_end(tmp_path, wri
     finished = tmp_path / compile_ahead.FINISHED
     code = f"import time; open({str(finished)!r}, 'w').write(repr(time.time()))" if writes_finished else "pass"
     process = subprocess.Popen([sys.executable, "-c", code])
-    started = compile_ahead.time.perf_counter(), compile_ahead.time.time()
-    ahead.helpers[MODE] = compile_ahead.Helper(MODE, process, tmp_path, *started)
+    ahead.helpers[MODE] = compile_ahead.Helper(MODE, process, tmp_path, compile_ahead.time.time())
     process.wait()
     compile_ahead.time.sleep(2.0)  # the probe reaches the mode well after the second process ended
     ahead.wait(MODE, cache_warm=False)
@@ -122,7 +121,7 @@ def test_a_second_process_past_its_time_is_stopped_and_the_mode_compiles_here(tm
     monkeypatch.setattr(compile_ahead, "WAIT_S", 0.5)
     ahead = compile_ahead.CompileAhead()
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    ahead.helpers[MODE] = compile_ahead.Helper(MODE, process, tmp_path, compile_ahead.time.perf_counter())
+    ahead.helpers[MODE] = compile_ahead.Helper(MODE, process, tmp_path, compile_ahead.time.time())
     ahead.wait(MODE, cache_warm=False)
     assert process.poll() is not None
     assert ahead.as_summary() == {MODE: "stopped after 0 s unfinished: compiled here"}

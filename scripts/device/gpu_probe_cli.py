@@ -108,7 +108,8 @@ def run_ahead_here() -> None:
 def print_ahead_logs(keep: str) -> None:
     for log in sorted(os.listdir(keep)):
         print(f"\n== second process ({log})", file=sys.stderr)
-        print(open(os.path.join(keep, log), errors="replace").read().rstrip(), file=sys.stderr)
+        with open(os.path.join(keep, log), errors="replace") as text:
+            print(text.read().rstrip(), file=sys.stderr)
 
 
 def keep_own_log(settings: str) -> None:

@@ -54,8 +54,7 @@ class Helper:
     mode: str
     process: subprocess.Popen
     folder: Path
-    started: float  # time.perf_counter() when it was started
-    started_at: float = 0.0  # time.time() then (FINISHED is read against it)
+    started: float  # time.time() when it was started (the clock FINISHED is written in: two processes read it)
 
 
 class CompileAhead:
@@ -81,7 +80,7 @@ class CompileAhead:
             with open(folder / LOG, "wb") as log:
                 process = subprocess.Popen(_command(argument), stdout=log, stderr=subprocess.STDOUT,
                                            env=_helper_env())
-            self.helpers[mode] = Helper(mode, process, folder, time.perf_counter(), time.time())
+            self.helpers[mode] = Helper(mode, process, folder, time.time())
 
     def waits_for(self, mode: str) -> bool:
         """Whether a second process of this mode's is still to be waited for (or stopped)."""
@@ -100,15 +99,15 @@ class CompileAhead:
             _stop(helper)
             self.outcomes[mode] = "stopped: the earlier kernels modes' steps were loaded (a warm cache)"
             return
-        waited = time.perf_counter()
+        waited = time.time()
         try:
             code = helper.process.wait(timeout=max(0.0, WAIT_S - (waited - helper.started)))
         except subprocess.TimeoutExpired:
             self.outcomes[mode] = f"stopped after {WAIT_S:.0f} s unfinished: compiled here"
             _stop(helper)
             return
-        held = time.perf_counter() - waited
-        took = _finished(helper) or time.perf_counter() - helper.started
+        held = time.time() - waited
+        took = _finished(helper) or time.time() - helper.started
         if code == 0:
             self.outcomes[mode] = f"compiled by a second process in {took:.1f} s (waited for {held:.1f} s)"
         else:
@@ -194,12 +193,9 @@ def _stop(helper: Helper) -> None:
 
 
 def _finished(helper: Helper) -> float | None:
-    """Seconds from the second process's start to its end, where it wrote FINISHED (it ended well) and its
-    start's time.time() is known."""
-    if helper.started_at <= 0:
-        return None
+    """Seconds from the second process's start to its end, where it wrote FINISHED (it ended well)."""
     try:
-        return float((helper.folder / FINISHED).read_text()) - helper.started_at
+        return float((helper.folder / FINISHED).read_text()) - helper.started
     except (OSError, ValueError):
         return None
 
