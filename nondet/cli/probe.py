@@ -142,6 +142,11 @@ def probe(
                           "--tp, on every rank). "
                           "Compile and warm-up time are reported apart; a kernels mode that cannot compile runs "
                           "eager, and the summary says so.")] = False,
+    cuda_graphs: Annotated[bool, typer.Option(
+        "--cuda-graphs", help="Decode with the eager kernels replayed from CUDA graphs, one recorded per batch "
+                              "shape on a static KV cache (how SGLang serves by default): no compiler, so it "
+                              "starts in seconds, and the bits are those of --kv-cache static. CUDA only; "
+                              "record and warm-up time are reported apart.")] = False,
 ) -> None:
     """Replay one prompt under varying batch sizes and positions; find where outputs diverge.
 
@@ -157,6 +162,7 @@ def probe(
     Prefix cache and chunked prefill:  nondet probe -b 1 --prefix-cache auto --chunked-prefill 4,16 --confirm
     In a time budget:  nondet probe --batch-sizes 1,2,4,8,16 --budget 60
     Compiled, as deployed:  nondet probe --compile --confirm --device cuda
+    Eager kernels in CUDA graphs:  nondet probe --cuda-graphs --confirm --device cuda
     Tensor parallelism:  nondet probe --tp 1,2 --batch-sizes 1,2,8 --confirm
     """
     from nondet.cli.options import read_lines_file, read_targets
@@ -178,7 +184,7 @@ def probe(
         ragged=ragged, trials=trials, max_new_tokens=max_new_tokens or 200, temperature=temperature, seed=seed, sampler=sampler,
         kernels=("default", "batch-invariant") if confirm else (kernels,), threads=threads, speculative=speculative,
         workers=workers or 1, budget=budget, kv_cache=kv_cache, tp_invariant=tp_invariant, **_tp_fields(tp),
-        compile_backend="inductor" if compile else None, chat=chat, system=system,
+        compile_backend="inductor" if compile else None, cuda_graphs=cuda_graphs, chat=chat, system=system,
         allow_uncovered=allow_uncovered, prefill=parse_prefill(prefix_cache, chunked_prefill),
     )
     check_context(config)

@@ -45,23 +45,30 @@ def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
 
 
 def decode_path_lines(d: dict) -> list[str]:
-    """--compile: per kernels mode, the path it decoded on and the time spent compiling apart from decoding."""
+    """--compile / --cuda-graphs: per kernels mode, the path it decoded on and the time spent compiling (or
+    recording) apart from decoding."""
     lines = []
+    recorded = d.get("backend") == "cuda-graphs"  # --cuda-graphs: recorded, not compiled
     for mode, m in d["modes"].items():
-        if m["path"] == "compiled":
+        if m["path"] != "eager":
             shapes = f" ({m['warm_ups']} batch shapes{graphs_note(m)})" if m.get("warm_ups") else ""  # older run dirs lack it
-            lines.append(f"{mode}: {d['compiled']}; compile + warm-up {m['warmup_s']:.1f} s{shapes}, "
+            lines.append(f"{mode}: {d['compiled']}; {'record' if recorded else 'compile'} + warm-up "
+                         f"{m['warmup_s']:.1f} s{shapes}, "
                          f"decode {m['measured_s']:.1f} s over {m['conditions']} calls" + breaks_note(m)
                          + saved_steps_note(d.get("precompiled", {}).get(mode, {}))
                          + ahead_note(d.get("compiled_ahead", {}).get(mode)))
         else:
-            lines.append(f"{mode}: eager, static KV cache (could not compile: {m['reason']}); "
+            lines.append(f"{mode}: eager, static KV cache (could not {'record' if recorded else 'compile'}: "
+                         f"{m['reason']}); "
                          f"decode {m['measured_s']:.1f} s")
     return lines
 
 
 def graphs_note(m: dict) -> str:
-    """', N graphs traced' (dynamo's compiles during the mode's warm-ups; 0 where saved steps were loaded)."""
+    """', N graphs traced' (dynamo's compiles during the mode's warm-ups; 0 where saved steps were loaded), or on
+    the CUDA-graph path the graphs recorded and the steps replayed from them."""
+    if "graphs_recorded" in m:  # --cuda-graphs: nothing traced
+        return f", {m['graphs_recorded']} CUDA graphs recorded, {m['steps_replayed']} steps replayed"
     if "graphs_traced" not in m:  # older run dirs lack it
         return ""
     n = m["graphs_traced"]

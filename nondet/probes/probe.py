@@ -76,6 +76,9 @@ class ProbeConfig:
     # --compile; "aot_eager" traces without Inductor, for tests), each kernels mode labelled with the
     # path it took (probes/core/compiled.py); None = eager
     compile_backend: str | None = None
+    # static load on CUDA: eager kernels on a static KV cache, each decode step replayed from a CUDA graph
+    # recorded once per batch shape (probes/core/captured.py; SGLang's default path); never with compile_backend
+    cuda_graphs: bool = False
     # with batch-invariant kernels: run even where the op census finds ops the mode does not cover, the
     # run labelled "partly invariant" (probes/core/kernel_coverage.py); off: such a model is refused (exit 3)
     allow_uncovered: bool = False
@@ -260,6 +263,8 @@ def validate_config(config: ProbeConfig) -> None:
     if config.compile_backend and (config.load.mode != "static" or config.budget is not None):
         raise UsageError("--compile decodes static batches (in this process, or in --tp ranks); drop --load / "
                          "--endpoint / --budget")
+    if config.cuda_graphs:
+        _validate_cuda_graphs(config)
     if config.system and not config.chat:
         raise UsageError("--system is the system message of --chat prompts; add --chat")
     _validate_chat_prompts(config)
@@ -309,6 +314,19 @@ def _validate_speculative(config: ProbeConfig) -> None:
         from nondet.probes.core.static_caches import refuse_compiled_speculation
 
         refuse_compiled_speculation()  # transformers before 5.24: now, before any model loads (probe and gate)
+
+
+def _validate_cuda_graphs(config: ProbeConfig) -> None:
+    """--cuda-graphs records the static batches' decode steps on a CUDA device, in this process."""
+    if config.compile_backend:
+        raise UsageError("--cuda-graphs and --compile are two decode paths (eager kernels recorded in CUDA graphs, "
+                         "or Inductor's); pick one")
+    if (config.load.mode != "static" or config.speculative or config.tp or config.budget is not None
+            or config.prefill):
+        raise UsageError("--cuda-graphs decodes static batches in this process; drop --load / --endpoint / "
+                         "--speculative / --tp / --budget / --prefix-cache / --chunked-prefill")
+    if not str(config.model.device).startswith("cuda"):
+        raise UsageError("--cuda-graphs records decode steps on a CUDA device; add --device cuda")
 
 
 def _validate_prefill(config: ProbeConfig) -> None:

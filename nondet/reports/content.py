@@ -134,17 +134,19 @@ def _model_note(t: RunTables) -> list[Para]:
 
 
 def _decode_path_note(t: RunTables) -> list[Para]:
-    """Which decode path the numbers come from: eager, or the compiled one (`probe --compile`), per
-    kernels mode, since a compiled model rounds as Inductor's kernels do, not as eager's."""
+    """Which decode path the numbers come from: eager, the compiled one (`probe --compile`), or eager kernels
+    replayed from CUDA graphs (`probe --cuda-graphs`), per kernels mode, since a compiled model rounds as
+    Inductor's kernels do, not as eager's."""
     path = t.fingerprint.get("decode_path")
     compiled = t.summary.get("decode_path") or {}
     if not path or not compiled:
         return [Para([f"Decode path: {path}."], kind="note")] if path else []
-    modes = [f"{mode} kernels " + (f"compiled (compile + warm-up {m['warmup_s']:.1f} s, decoding {m['measured_s']:.1f} s"
+    done, doing = ("recorded", "record") if compiled.get("backend") == "cuda-graphs" else ("compiled", "compile")
+    modes = [f"{mode} kernels " + (f"{done} ({doing} + warm-up {m['warmup_s']:.1f} s, decoding {m['measured_s']:.1f} s"
                                     f"{breaks_note(m)}{saved_steps_note(compiled.get('precompiled', {}).get(mode, {}))}"
                                     f"{ahead_note(compiled.get('compiled_ahead', {}).get(mode))})"
-                                   if m["path"] == "compiled" else
-                                   f"eager (could not compile: {m['reason']}; decoding {m['measured_s']:.1f} s)")
+                                   if m["path"] != "eager" else
+                                   f"eager (could not {doing}: {m['reason']}; decoding {m['measured_s']:.1f} s)")
              for mode, m in compiled["modes"].items()]
     return [Para([f"Decode path: {compiled['compiled']}; " + "; ".join(modes) + "."], kind="note")]
 

@@ -22,7 +22,7 @@ NUMERIC_SETTINGS = ("device", "cpu_capability", "torch", "triton", "transformers
 # config.json settings that decide which streams a probe writes: runs that differ in one pair few or no
 # streams (the model is left out: the same weights sit in other directories on other machines)
 PROBE_SETTINGS = ("prompt", "prompts", "batch_sizes", "placement", "runs", "fillers", "ragged", "max_new_tokens",
-                  "temperature", "seed", "speculative", "tp", "kv_cache", "compile_backend", "chat", "system")
+                  "temperature", "seed", "speculative", "tp", "kv_cache", "compile_backend", "cuda_graphs", "chat", "system")
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,11 @@ def cuda_graphs(device_type: str) -> bool:
 
 
 def label(backend: str, device_type: str) -> str:
-    """The compiled path in words, for the fingerprint and the report."""
+    """The compiled path (or the CUDA-graph path, captured.py) in words, for the fingerprint and the report."""
+    from nondet.probes.core import captured
+
+    if backend == captured.BACKEND:
+        return captured.LABEL
     graphs = ", CUDA graphs" if cuda_graphs(device_type) else ""
     return f"torch.compile ({backend}{graphs}), static KV cache"
 
@@ -204,7 +208,7 @@ def label(backend: str, device_type: str) -> str:
 class ModePath:
     """One kernels mode's decode path and where its time went (seconds)."""
 
-    path: str = COMPILED
+    path: str = COMPILED  # compiled, cuda-graphs (captured.BACKEND) or eager (a failed first warm-up)
     reason: str | None = None  # why a mode fell back to eager
     warmup_s: float = 0.0  # compile + CUDA-graph capture + warm-up calls
     measured_s: float = 0.0  # the conditions' own generate calls
@@ -225,6 +229,13 @@ def _precompiled_log_position() -> int:
     return log_position()
 
 
+def _recorded_counts() -> dict:
+    """The CUDA-graph path's counts so far in this process (captured.py)."""
+    from nondet.probes.core import captured
+
+    return captured.counts()
+
+
 @dataclass
 class DecodePaths:
     """The compiled path's bookkeeping across a probe: which path each kernels mode took, and time."""
@@ -233,15 +244,24 @@ class DecodePaths:
     device_type: str
     modes: dict[str, ModePath] = field(default_factory=dict)
     precompiled_since: int = field(default_factory=_precompiled_log_position)  # this run's saved steps
+    recorded_before: dict = field(default_factory=_recorded_counts)  # the CUDA-graph path's counts at the start
 
     def compiles(self, mode: str) -> bool:
-        """Whether the mode's conditions still run compiled (True until a first warm-up fails)."""
-        return self.modes.setdefault(mode, ModePath()).path == COMPILED
+        """Whether the mode's conditions still run compiled, or recorded in CUDA graphs (True until a first
+        warm-up fails)."""
+        return self._entry(mode).path != EAGER
+
+    def _entry(self, mode: str) -> ModePath:
+        """The mode's bookkeeping; a new one starts on this path: compiled, or the CUDA-graph path's name."""
+        from nondet.probes.core import captured
+
+        name = captured.BACKEND if self.backend == captured.BACKEND else COMPILED
+        return self.modes.setdefault(mode, ModePath(path=name))
 
     def warm_up(self, mode: str, warm) -> None:
         """Run `warm()` (a short generate of the condition's shape), timed as warm-up. A failure at the
         mode's first condition switches the mode to eager; a later one is an error."""
-        entry = self.modes.setdefault(mode, ModePath())
+        entry = self._entry(mode)
         started, breaks, graphs = time.perf_counter(), _graph_breaks(), _graphs_traced()
         entry.warm_ups += 1
         try:
@@ -250,8 +270,9 @@ class DecodePaths:
             raise
         except Exception as exc:  # noqa: BLE001 - dynamo / Inductor / CUDA-graph failures have no common base
             if entry.conditions:
-                raise NondetError(f"--compile: {mode} kernels compiled their first condition but failed on a "
-                                  f"later one ({_first_line(exc)}); rerun without --compile") from exc
+                flag, did = ("--compile", "compiled") if entry.path == COMPILED else ("--cuda-graphs", "recorded")
+                raise NondetError(f"{flag}: {mode} kernels {did} their first condition but failed on a later one "
+                                  f"({_first_line(exc)}); rerun without {flag}") from exc
             entry.path, entry.reason = EAGER, _first_line(exc)
             debug_traceback(exc)
         finally:
@@ -260,7 +281,7 @@ class DecodePaths:
             entry.graphs_traced += _graphs_traced() - graphs
 
     def measured(self, mode: str, seconds: float) -> None:
-        entry = self.modes.setdefault(mode, ModePath())
+        entry = self._entry(mode)
         entry.measured_s += seconds
         entry.conditions += 1
 
@@ -269,12 +290,24 @@ class DecodePaths:
         which decode steps were loaded from saved functions (core/precompiled.py)."""
         from nondet.probes.core.precompiled import report
 
-        return {"compiled": label(self.backend, self.device_type), "precompiled": report(self.precompiled_since),
+        return {"compiled": label(self.backend, self.device_type), "backend": self.backend,
+                "precompiled": report(self.precompiled_since),
                 "modes": {m: {"path": e.path, "reason": e.reason, "warmup_s": round(e.warmup_s, 3),
                               "measured_s": round(e.measured_s, 3), "conditions": e.conditions,
                               "warm_ups": e.warm_ups, "graph_breaks": e.graph_breaks,
-                              "graphs_traced": e.graphs_traced}
+                              "graphs_traced": e.graphs_traced, **self._recorded(m)}
                           for m, e in self.modes.items()}}
+
+    def _recorded(self, mode: str) -> dict:
+        """On the CUDA-graph path, the mode's steps run eagerly, graphs recorded and steps replayed in this run
+        (what shows the graphs really ran); {} on the compiled path."""
+        from nondet.probes.core import captured
+
+        if self.backend != captured.BACKEND:
+            return {}
+        now, before = captured.counts().get(mode, {}), self.recorded_before.get(mode, {})
+        return {what: now.get(what, 0) - before.get(what, 0) for what in ("eager_steps", "graphs_recorded",
+                                                                         "steps_replayed")}
 
 
 def _graph_breaks() -> int:

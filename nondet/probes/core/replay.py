@@ -34,6 +34,9 @@ class DecodeSettings:
     # the compiled path (probes/core/compiled.py): torch.compile backend of transformers' compiled decode
     # with a static cache (kv_cache is then ignored); None = eager
     compile_backend: str | None = None
+    # eager kernels, a static cache, each decode step replayed from a CUDA graph recorded once per batch shape
+    # (probes/core/captured.py; kv_cache is then ignored); never with compile_backend
+    cuda_graphs: bool = False
     # with batch-invariant kernels, run a model whose op census finds uncovered ops (partly invariant)
     allow_uncovered: bool = False
     # when sampling: per-request (each request its own generator) | shared (one for the batch; recorder.py)
@@ -100,8 +103,7 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
     device = model.device
     fields, arguments = assist.kwargs() if assist and (assist.prompt_lookup or assist.assistant) else ({}, {})
     cache_fields = _cache_fields(settings, model, len(batch.input_ids[0]), assist.drafted if assist else 0)
-    if settings.compile_backend:
-        _precompiled_steps(model, cache_fields["compile_config"], assisted=assist is not None)
+    _install_steps(model, settings, cache_fields, assisted=assist is not None)
     input_ids = torch.tensor(batch.input_ids, device=device)
     attention_mask = torch.tensor(batch.attention_mask, device=device)
     try:
@@ -162,6 +164,10 @@ def _cache_fields(settings: DecodeSettings, model, prompt_len: int, drafted: int
     """GenerationConfig fields of the KV cache kind and the decode path (see DecodeSettings). A
     static cache holds max_length positions; speculative decoding's last verification pass may
     write `drafted` + 1 more (drafts past the end are cut only after they are verified)."""
+    if settings.cuda_graphs:
+        from nondet.probes.core.captured import generation_fields
+
+        return generation_fields()
     if settings.compile_backend:
         from nondet.probes.core.compiled import generation_fields, tp_layout_guard_filter
 
@@ -172,6 +178,19 @@ def _cache_fields(settings: DecodeSettings, model, prompt_len: int, drafted: int
     if settings.kv_cache == "static":
         return {"cache_implementation": "static", "disable_compile": True}
     return {}
+
+
+def _install_steps(model, settings: DecodeSettings, cache_fields: dict, assisted: bool) -> None:
+    """What transformers' generate calls for a decode step: the recorded CUDA graphs (captured.py), the
+    compiled path's steps, or (eager) the model itself, with neither of the others left on the model."""
+    from nondet.probes.core import captured
+
+    if settings.cuda_graphs:
+        captured.install(model, cache_fields["compile_config"])
+        return
+    captured.uninstall(model)
+    if settings.compile_backend:
+        _precompiled_steps(model, cache_fields["compile_config"], assisted)
 
 
 def _precompiled_steps(model, compile_config, assisted: bool) -> None:
@@ -205,7 +224,7 @@ def _held_cache(model, batch: Batch, settings: DecodeSettings, fields: dict) -> 
     of `fields`; {} elsewhere."""
     from nondet.probes.core.static_caches import reusable_static_cache, static_cache
 
-    if not settings.compile_backend or not reusable_static_cache():
+    if not (settings.compile_backend or settings.cuda_graphs) or not reusable_static_cache():
         return {}
     length = fields.pop("max_cache_len", len(batch.input_ids[0]) + settings.max_new_tokens)
     del fields["cache_implementation"]

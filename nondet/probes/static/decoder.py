@@ -1,10 +1,12 @@
-"""How one condition of static batches is decoded: eager, or on the compiled path.
+"""How one condition of static batches is decoded: eager, on the compiled path, or from CUDA graphs.
 
 The static source and each tensor-parallel rank decode their conditions through a ConditionDecoder,
 so `--compile` means the same thing with and without `--tp`: per kernels mode, a warm-up call of
 the condition's shape first (compile and CUDA-graph capture, timed apart; compiled.DecodePaths),
 then the condition's own call; under the mode, every graph Inductor compiles is sorted by the
 graph census (kernels/graph_census.py), and a reduction it did not route refuses the run.
+`--cuda-graphs` (core/captured.py) takes the same warm-up per shape, where its graphs are recorded;
+nothing is compiled there, so the eager op census stands for the graphs as for eager decoding.
 """
 
 import contextlib
@@ -28,10 +30,11 @@ class ConditionDecoder:
         self.warmed: set = set()  # (kernels mode, batch shape) already compiled and captured
         self.graphs = None  # under the mode on the compiled path: what Inductor compiled (GraphCensus)
         self.ahead = None  # compile_ahead.CompileAhead: later modes' steps compiled by second processes
-        if compile_backend:
+        if compile_backend or settings.cuda_graphs:
+            from nondet.probes.core.captured import BACKEND
             from nondet.probes.core.compiled import DecodePaths
 
-            self.paths = DecodePaths(compile_backend, device_type)
+            self.paths = DecodePaths(compile_backend or BACKEND, device_type)
 
     def label(self, kv_cache: str) -> str:
         """The fingerprint's decode_path."""
@@ -47,21 +50,35 @@ class ConditionDecoder:
         its graph is compiled and captured, so a second warm-up would only decode)."""
         if self.paths is None:
             return run(self.settings)
-        from nondet.probes.core.compiled import compile_scope
-        from nondet.probes.core.precompiled import decoding
-
         compiled = replace(self.settings, compile_backend=self.compile_backend)
-        with compile_scope(), self._sorting_graphs(mode), decoding(mode):
+        with self._scope(mode):
             if self.paths.compiles(mode) and (shape is None or (mode, shape) not in self.warmed):
                 self.paths.warm_up(mode, lambda: self._warm(mode, run, compiled))
                 self.warmed.add((mode, shape))
-            chosen = compiled if self.paths.compiles(mode) else replace(self.settings, kv_cache="static")
+            eager = replace(self.settings, kv_cache="static", cuda_graphs=False)
+            chosen = compiled if self.paths.compiles(mode) else eager
             started = time.perf_counter()
             rows = run(chosen)
         self.paths.measured(mode, time.perf_counter() - started)
         if self.graphs is not None:
             refuse_uncovered_graphs(self.graphs, self.settings.allow_uncovered)
         return rows
+
+    def _scope(self, mode: str):
+        """Around a condition: the compiled path's caches, graph census and saved steps' mode; the CUDA-graph
+        path's mode for its counts."""
+        stack = contextlib.ExitStack()
+        if self.settings.cuda_graphs:
+            from nondet.probes.core.captured import decoding
+
+            stack.enter_context(decoding(mode))
+            return stack
+        from nondet.probes.core.compiled import compile_scope
+        from nondet.probes.core.precompiled import decoding
+
+        for scope in (compile_scope(), self._sorting_graphs(mode), decoding(mode)):
+            stack.enter_context(scope)
+        return stack
 
     def _warm(self, mode: str, run, compiled: DecodeSettings):
         """A warm-up call; the mode's first waits for its second process (compile_ahead.py), timed with it."""

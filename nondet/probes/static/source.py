@@ -48,7 +48,7 @@ class StaticSource:
         self.inputs = [tokenize_inputs(self.loaded.tokenizer, p, self.config.fillers) for p in self.prompt_texts()]
         env = fingerprint(self.loaded.description, ",".join(self.config.kernels))
         c = self.config
-        settings = DecodeSettings(c.max_new_tokens, c.temperature, c.seed, c.kv_cache,
+        settings = DecodeSettings(c.max_new_tokens, c.temperature, c.seed, c.kv_cache, cuda_graphs=c.cuda_graphs,
                                   allow_uncovered=c.allow_uncovered, sampler=c.sampler)
         store = census_store(self.loaded.model) if c.compile_backend else None
         self.decoder = ConditionDecoder(settings, c.compile_backend, self.loaded.model.device.type, store)

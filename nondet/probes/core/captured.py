@@ -1,0 +1,179 @@
+"""Eager kernels replayed from CUDA graphs (`probe --cuda-graphs`): each decode step recorded once per signature.
+
+SGLang serves by default with the model's own eager kernels recorded in CUDA graphs, one per batch size (vLLM's
+eager-model runners did the same): no compiler, so nothing is traced, and the numbers are those of the eager
+kernels on a static KV cache (`--kv-cache static`), since a graph replays the very launches it recorded.
+transformers' generate calls `model._compiled_call(**inputs)` for each decode step when its cache is static and a
+compile config is set (`get_compiled_call`); `install` puts a CapturedSteps there. The prefill stays eager, as
+transformers runs it.
+
+The first call of a signature runs eagerly (Triton compiles our kernels, lazy buffers are made, cuBLAS picks its
+kernels); the second records the step into a graph that reads input buffers of its own, then replays it; later
+calls copy their tensors into those buffers and replay. Recording runs nothing, so the cache's own state
+(transformers 5.24 keeps each layer's length on the device and advances it inside the step) moves once a step.
+
+A signature is what the recorded launches depend on: every input tensor's shape, dtype, strides and device, the
+addresses and shapes of the cache's tensors (a graph writes where it recorded; the held static cache keeps them
+from call to call, static_caches.py), the other arguments' values, and the kernels in force
+(step_key.kernels_state), so a graph recorded under the default kernels never replays under the mode. The graphs
+share one memory pool, as vLLM's do: a step's intermediates are dead once it returns, one graph replays at a
+time, and each graph's outputs stay allocated while the graph is held.
+"""
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from nondet.probes.core.step_key import kernels_state
+
+BACKEND = "cuda-graphs"  # DecodePaths' backend name for this path (compiled.py labels it with LABEL)
+LABEL = "eager kernels replayed from CUDA graphs (one per batch shape), static KV cache"
+_SCALARS = (bool, int, float, str, type(None))
+_MODES: list[str] = []  # the kernels mode whose conditions decode now (decoding())
+# per kernels mode, in this process: decode steps run eagerly (a signature's first), graphs recorded, steps
+# replayed; a run's summary reports what changed while it ran (compiled.DecodePaths)
+_COUNTS: dict[str, dict[str, int]] = {}
+
+
+@contextlib.contextmanager
+def decoding(mode: str):
+    """The kernels mode the body decodes under, for the counts."""
+    _MODES.append(mode)
+    try:
+        yield
+    finally:
+        _MODES.pop()
+
+
+def counts() -> dict[str, dict[str, int]]:
+    """A copy of the counts so far: {mode: {"eager_steps", "graphs_recorded", "steps_replayed": n}}."""
+    return {mode: dict(c) for mode, c in _COUNTS.items()}
+
+
+def _count(what: str) -> None:
+    tally = _COUNTS.setdefault(_MODES[-1] if _MODES else "default", {})
+    tally[what] = tally.get(what, 0) + 1
+
+
+def generation_fields() -> dict:
+    """GenerationConfig fields that make generate call `_compiled_call` for its decode steps: a static cache
+    and a compile config (transformers reads it only to decide; nothing here is compiled)."""
+    from transformers import CompileConfig
+
+    return {"cache_implementation": "static", "compile_config": CompileConfig()}
+
+
+def install(model, compile_config) -> "CapturedSteps":
+    """transformers' compiled call for this generate: the model's CapturedSteps (kept on the model, so the
+    graphs recorded by one call replay in the next)."""
+    steps = getattr(model, "_compiled_call", None)
+    if not isinstance(steps, CapturedSteps):
+        steps = CapturedSteps(model)
+    model._compiled_call, model._last_compile_config = steps, compile_config
+    return steps
+
+
+def uninstall(model) -> None:
+    """Take the CapturedSteps off the model (a compiled generate must not meet recorded graphs)."""
+    if isinstance(getattr(model, "_compiled_call", None), CapturedSteps):
+        del model._compiled_call
+
+
+@dataclass
+class Recorded:
+    """One signature's graph, the input buffers it reads and the step output it rewrites at each replay."""
+
+    graph: "torch.cuda.CUDAGraph"
+    buffers: dict  # input slot (name, or (name, key) inside a dict) -> the tensor the graph reads
+    output: object  # the model's output at recording: its logits are the graph's, rewritten by every replay
+
+
+class CapturedSteps:
+    """transformers' `_compiled_call` on the CUDA-graph path: eager once, then recorded and replayed."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.seen: set = set()  # signatures that ran once eagerly
+        self.recorded: dict[tuple, Recorded] = {}
+        self.pool = None  # one memory pool for every graph, made at the first recording
+
+    def __call__(self, **inputs):
+        key = signature(inputs)
+        if key not in self.recorded and key not in self.seen:
+            self.seen.add(key)
+            _count("eager_steps")
+            return self.model(**inputs)
+        if key not in self.recorded:
+            self.recorded[key] = self._record(inputs)
+            _count("graphs_recorded")
+        return self._replay(self.recorded[key], inputs)
+
+    def _record(self, inputs: dict) -> Recorded:
+        buffers = {slot: t.clone() for slot, t in tensor_slots(inputs)}  # outside the graph's pool
+        graph = torch.cuda.CUDAGraph()
+        self.pool = self.pool if self.pool is not None else torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):
+            output = self.model(**fed_from(inputs, buffers))
+        return Recorded(graph, buffers, output)
+
+    def _replay(self, recorded: Recorded, inputs: dict):
+        for slot, tensor in tensor_slots(inputs):
+            recorded.buffers[slot].copy_(tensor)
+        recorded.graph.replay()
+        _count("steps_replayed")
+        return recorded.output
+
+
+def tensor_slots(inputs: dict):
+    """(slot, tensor) for each tensor argument: top-level ones by name, those in a dict (transformers' masks
+    per layer type) by (name, key)."""
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            yield name, value
+        elif isinstance(value, dict):
+            for key, inner in value.items():
+                if isinstance(inner, torch.Tensor):
+                    yield (name, key), inner
+
+
+def fed_from(inputs: dict, buffers: dict) -> dict:
+    """The inputs with each tensor replaced by its buffer."""
+    fed = {}
+    for name, value in inputs.items():
+        if isinstance(value, dict):
+            fed[name] = {key: buffers.get((name, key), inner) for key, inner in value.items()}
+        else:
+            fed[name] = buffers.get(name, value)
+    return fed
+
+
+def signature(inputs: dict) -> tuple:
+    """What the recorded launches depend on (module docstring): equal signatures may share one graph."""
+    return (kernels_state(), *((name, _described(inputs[name])) for name in sorted(inputs)))
+
+
+def _described(value):
+    if isinstance(value, torch.Tensor):
+        return "tensor", tuple(value.shape), value.dtype, value.stride(), str(value.device)
+    if isinstance(value, dict):
+        return "dict", tuple((key, _described(inner)) for key, inner in sorted(value.items()))
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value).__name__, tuple(_described(v) for v in value)
+    return type(value).__qualname__, held_tensors(value)
+
+
+def held_tensors(obj) -> tuple:
+    """Address and shape of every tensor an object (a cache) holds in its attributes, directly or in its
+    layers (a list of objects): the memory a recorded step reads and writes outside its inputs."""
+    found = []
+    for name, value in sorted(vars(obj).items()) if hasattr(obj, "__dict__") else ():
+        for index, item in enumerate(value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(item, torch.Tensor):
+                found.append((name, index, "", item.data_ptr(), tuple(item.shape)))
+            elif hasattr(item, "__dict__") and not isinstance(item, torch.nn.Module):
+                found += [(name, index, inner, t.data_ptr(), tuple(t.shape))
+                          for inner, t in sorted(vars(item).items()) if isinstance(t, torch.Tensor)]
+    return tuple(found)

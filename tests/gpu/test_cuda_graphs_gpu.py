@@ -1,0 +1,95 @@
+"""`--cuda-graphs` (core/captured.py): decode steps replayed from CUDA graphs give the records of eager decoding on
+the same static cache, for default kernels and the mode, at every batch size, on the call that records the graphs
+and on the next one that only replays them. Control: a replay that is not handed the step's inputs (the copy into
+the graph's buffers left out) makes other records, so the comparison sees the graphs. The whole probe: the mode 1
+distinct, the injected variance still found under the default kernels, and the summary counts the replays."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gpu
+
+STEPS = 24
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from model_fixtures import save_qwen3
+
+    from nondet.probes.models.default_model import build_tokenizer
+
+    return save_qwen3(tmp_path_factory.mktemp("m"), build_tokenizer(512), hidden=256, layers=2, heads=4,
+                      kv_heads=2, seed=1)
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    from nondet.probes.models.loading import ModelSpec, load_model
+
+    return load_model(ModelSpec(name=str(model_dir), device="cuda"))
+
+
+def _records(loaded, condition, **settings):
+    from nondet.probes.core.replay import DecodeSettings, replay_condition
+
+    tok = loaded.tokenizer
+    target = tok("Tell me about Richard Feynman", add_special_tokens=False)["input_ids"]
+    filler = tok("The quick brown fox jumps", add_special_tokens=False)["input_ids"]
+    return replay_condition(loaded.model, tok, condition, target, [filler], DecodeSettings(STEPS, 0.0, 0, **settings))
+
+
+def _conditions(kernels: str):
+    from nondet.probes.core.conditions import Condition
+
+    return [Condition(f"t/bs{b}", kernels, b, (b - 1,), "same-length" if b > 1 else "none") for b in (1, 3, 4)]
+
+
+@pytest.mark.parametrize("kernels", ["default", "batch-invariant"])
+def test_replayed_steps_give_the_eager_static_cache_records(loaded, kernels):
+    from nondet.probes.core import captured
+
+    with captured.decoding(f"test-{kernels}"):
+        before = captured.counts().get(f"test-{kernels}", {})
+        for condition in _conditions(kernels):
+            eager = _records(loaded, condition, kv_cache="static")
+            recording = _records(loaded, condition, cuda_graphs=True)
+            replaying = _records(loaded, condition, cuda_graphs=True)
+            assert len(eager[condition.positions[0]]) == STEPS
+            assert recording == eager and replaying == eager, condition.condition_id
+        after = captured.counts()[f"test-{kernels}"]
+    assert after["graphs_recorded"] - before.get("graphs_recorded", 0) == 3
+    # per batch shape: one eager step, one recorded and replayed, then replays only (two calls of STEPS - 1)
+    assert after["steps_replayed"] - before.get("steps_replayed", 0) == 3 * (2 * (STEPS - 1) - 1)
+
+
+def test_control_a_replay_without_the_steps_inputs_gives_other_records(loaded, monkeypatch):
+    from nondet.probes.core import captured
+
+    condition = _conditions("default")[1]
+    eager = _records(loaded, condition, kv_cache="static")
+
+    def stale(self, recorded, inputs):  # the graph replays the inputs it was recorded with
+        recorded.graph.replay()
+        return recorded.output
+
+    monkeypatch.setattr(captured.CapturedSteps, "_replay", stale)
+    loaded.model.__dict__.pop("_compiled_call", None)  # graphs recorded by the test above: record anew
+    assert _records(loaded, condition, cuda_graphs=True) != eager
+
+
+def test_probe_with_cuda_graphs_confirms_and_still_finds_the_variance(model_dir, tmp_path):
+    from nondet.probes.models.loading import ModelSpec
+    from nondet.probes.probe import ProbeConfig, run_probe
+
+    config = ProbeConfig(model=ModelSpec(name=str(model_dir), device="cuda", inject_variance=True),
+                         batch_sizes=(1, 2, 4, 8), max_new_tokens=STEPS, kernels=("default", "batch-invariant"),
+                         cuda_graphs=True, out=str(tmp_path / "run"))
+    summary = run_probe(config).summary
+    path = summary["decode_path"]
+    assert path["backend"] == "cuda-graphs"
+    for mode in ("default", "batch-invariant"):
+        assert path["modes"][mode]["path"] == "cuda-graphs"
+        assert path["modes"][mode]["graphs_recorded"] >= 4 and path["modes"][mode]["steps_replayed"] > 0
+    assert summary["modes"]["batch-invariant"]["distinct_completions"] == 1
+    assert summary["modes"]["default"]["runs_numeric_divergent"] > 0  # the injected norm, under the graphs too
