@@ -33,7 +33,8 @@
 #                name beginning "cold" and longer, e.g. cold-alone, starts another new cache for itself and the
 #                runs after it; -nographs in a name, e.g. "cold-nographs warm-nographs", runs the compiled path
 #                without CUDA graphs: NONDET_CUDA_GRAPHS=0; -alone compiles the mode's step in the probe's own
-#                process, NONDET_COMPILE_AHEAD=0); each with the probe's stages timed and
+#                process, NONDET_COMPILE_AHEAD=0; cudagraphs in a name, e.g. "cold-cudagraphs cudagraphs-warm", runs
+#                `--cuda-graphs` in place of --compile, static `--kv-cache static` eager); each with the probe's stages timed and
 #                torch's compile-time breakdown (scripts/device/gpu_probe_cli.py)
 #   step-trace   the mode's saved decode step traced with the KV length symbolic on a one-layer GPU case (-b 2,4:
 #                the batch 2+ function), NONDET_DEBUG=1: how each function was made, and a fallback's traceback
@@ -122,6 +123,9 @@ print(d(GPU_CASE))" 2>/dev/null | tail -1)
                                 prompts8-warm*) args=("${base[@]}" --compile) ;;  # the 8 built-in prompts
                                 cold?*) cache=$(mktemp -d) ;;  # a second cold run: a new cache, shared by later runs
                  esac
+                 case "$run" in *cudagraphs*) args=("${base[@]}" -p "Tell me about Richard Feynman" --cuda-graphs) ;;
+                                *static*) args=("${base[@]}" -p "Tell me about Richard Feynman" --kv-cache static) ;;
+                 esac  # eager kernels from recorded CUDA graphs (--cuda-graphs), or eager on the same static cache
                  local graphs=1 ahead=""; case "$run" in *-nographs*) graphs=0 ;; esac  # no CUDA graphs
                  case "$run" in *-alone*) ahead=0 ;; esac  # the later mode compiled in the probe's own process
                  rm -rf "/tmp/run-cli-$run"; local t0; t0=$(date +%s.%N)

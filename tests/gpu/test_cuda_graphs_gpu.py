@@ -48,6 +48,7 @@ def _conditions(kernels: str):
 @pytest.mark.parametrize("kernels", ["default", "batch-invariant"])
 def test_replayed_steps_give_the_eager_static_cache_records(loaded, kernels):
     from nondet.probes.core import captured
+    from nondet.probes.core.static_caches import reusable_static_cache
 
     with captured.decoding(f"test-{kernels}"):
         before = captured.counts().get(f"test-{kernels}", {})
@@ -58,9 +59,13 @@ def test_replayed_steps_give_the_eager_static_cache_records(loaded, kernels):
             assert len(eager[condition.positions[0]]) == STEPS
             assert recording == eager and replaying == eager, condition.condition_id
         after = captured.counts()[f"test-{kernels}"]
-    assert after["graphs_recorded"] - before.get("graphs_recorded", 0) == 3
-    # per batch shape: one eager step, one recorded and replayed, then replays only (two calls of STEPS - 1)
-    assert after["steps_replayed"] - before.get("steps_replayed", 0) == 3 * (2 * (STEPS - 1) - 1)
+    made = {what: after.get(what, 0) - before.get(what, 0) for what in after}
+    # every decode step (2 calls of STEPS - 1 per shape) ran eagerly (a signature's first) or from a graph, and
+    # each eager one was followed by its recording
+    assert made["eager_steps"] + made["steps_replayed"] == 3 * 2 * (STEPS - 1)
+    assert made["graphs_recorded"] == made["eager_steps"] >= 3
+    if reusable_static_cache():  # the held cache (5.24+) keeps its addresses: a shape's next call only replays
+        assert made["graphs_recorded"] == 3
 
 
 def test_control_a_replay_without_the_steps_inputs_gives_other_records(loaded, monkeypatch):
@@ -92,4 +97,4 @@ def test_probe_with_cuda_graphs_confirms_and_still_finds_the_variance(model_dir,
         assert path["modes"][mode]["path"] == "cuda-graphs"
         assert path["modes"][mode]["graphs_recorded"] >= 4 and path["modes"][mode]["steps_replayed"] > 0
     assert summary["modes"]["batch-invariant"]["distinct_completions"] == 1
-    assert summary["modes"]["default"]["runs_numeric_divergent"] > 0  # the injected norm, under the graphs too
+    assert summary["modes"]["default"]["first_numeric_divergence"] is not None  # the injected norm, in the graphs too
