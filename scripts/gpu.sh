@@ -123,7 +123,8 @@ print(d(GPU_CASE))" 2>/dev/null | tail -1)
                                 prompts8-warm*) args=("${base[@]}" --compile) ;;  # the 8 built-in prompts
                                 cold?*) cache=$(mktemp -d) ;;  # a second cold run: a new cache, shared by later runs
                  esac
-                 case "$run" in *cudagraphs*) args=("${base[@]}" -p "Tell me about Richard Feynman" --cuda-graphs) ;;
+                 case "$run" in prompts8*cudagraphs*) args=("${base[@]}" --cuda-graphs) ;;  # the 8 built-in prompts
+                                *cudagraphs*) args=("${base[@]}" -p "Tell me about Richard Feynman" --cuda-graphs) ;;
                                 *static*) args=("${base[@]}" -p "Tell me about Richard Feynman" --kv-cache static) ;;
                  esac  # eager kernels from recorded CUDA graphs (--cuda-graphs), or eager on the same static cache
                  local graphs=1 ahead=""; case "$run" in *-nographs*) graphs=0 ;; esac  # no CUDA graphs
