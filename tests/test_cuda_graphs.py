@@ -125,3 +125,36 @@ def test_the_report_names_the_recorded_path(tmp_path):
     tables = SimpleNamespace(fingerprint={"decode_path": _summary()["compiled"]}, summary={"decode_path": _summary()})
     text = "".join(str(part) for part in _decode_path_note(tables)[0].parts)
     assert "batch-invariant kernels recorded (record + warm-up 1.2 s" in text and "compile" not in text
+
+
+def test_the_routing_trace_reads_a_recorded_steps_experts_after_each_replay():
+    """A replayed graph runs no hook: while a step is recorded, the trace's hook hands the whole batch's ids to
+    the graph (captured.keep), and a trace takes its own target rows from them after each replay, a later call's
+    trace of other target rows too. The recording is simulated on the CPU (the forward runs; the replay is the
+    listeners' call). Control: a trace that is not told of the replay has no ids for that step."""
+    import torch
+    from family_models import _configs
+    from transformers import AutoModelForCausalLM
+
+    from nondet.probes.core import captured
+    from nondet.probes.core.routing_trace import RoutingTrace
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_configs()["qwen3-moe"]()).eval()
+    ids = torch.randint(3, 200, (3, 5))
+    with torch.no_grad():
+        with RoutingTrace(model, [0], 3) as direct:  # eager: the hook reads row 0's ids itself
+            model(ids)
+        with RoutingTrace(model, [2], 3) as recording:
+            captured._KEEPING.append([])
+            try:
+                model(ids)
+            finally:
+                kept = captured._KEEPING.pop()
+        with RoutingTrace(model, [0], 3) as replaying:  # a later call of the same shape, another target row
+            for listener in list(captured._LISTENERS):
+                listener(kept)
+    assert len(kept) == 2 and kept[0].shape == (3, 2)  # per MoE layer, every row's top-2
+    assert recording.experts() == {2: []}  # the control: nothing read while recording, no replay told
+    assert replaying.experts() == direct.experts() and len(direct.experts()[0]) == 1
+    assert captured._LISTENERS == []  # each trace stopped listening when it ended

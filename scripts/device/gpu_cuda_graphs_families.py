@@ -38,6 +38,16 @@ def streams(out: Path) -> dict:
     return found
 
 
+def difference(eager: dict, graphs: dict) -> str:
+    """'yes' where every stream's steps are equal, else 'NO: ' and the fields that differ (e.g. experts)."""
+    if eager == graphs:
+        return "yes"
+    fields = sorted({key for run, steps in eager.items() for a, b in zip(steps, graphs.get(run, []))
+                     for key in a.keys() | b.keys() if a.get(key) != b.get(key)})
+    lengths = sum(len(steps) != len(graphs.get(run, [])) for run, steps in eager.items())
+    return f"NO: {', '.join(fields) or '-'}" + (f"; {lengths} streams of other lengths" if lengths else "")
+
+
 def row(name: str, work: Path) -> str:
     directory = fm.save_family(name, work / name, _tokenizer())
     started = time.perf_counter()
@@ -50,9 +60,9 @@ def row(name: str, work: Path) -> str:
                       for m, p in graphs["decode_path"]["modes"].items())
     counts = "; ".join(f"{p.get('graphs_recorded', 0)} / {p.get('steps_replayed', 0)}"
                        for p in graphs["decode_path"]["modes"].values())
-    same = streams(work / f"{name}-static") == streams(work / f"{name}-graphs")
+    same = difference(streams(work / f"{name}-static"), streams(work / f"{name}-graphs"))
     distinct = " / ".join(str(graphs["modes"][m]["distinct_completions"]) for m in ("default", "batch-invariant"))
-    return f"| {name} | {paths} | {counts} | {'yes' if same else 'NO'} | {distinct} | {time.perf_counter() - started:.1f} |"
+    return f"| {name} | {paths} | {counts} | {same} | {distinct} | {time.perf_counter() - started:.1f} |"
 
 
 def main(names: list[str]) -> None:

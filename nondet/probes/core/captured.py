@@ -34,6 +34,30 @@ _MODES: list[str] = []  # the kernels mode whose conditions decode now (decoding
 # per kernels mode, in this process: decode steps run eagerly (a signature's first), graphs recorded, steps
 # replayed; a run's summary reports what changed while it ran (compiled.DecodePaths)
 _COUNTS: dict[str, dict[str, int]] = {}
+# A replayed graph runs no Python, so a forward hook sees only the eager step and the recording. A hook that needs
+# every step's values (routing_trace.py) hands the tensor it computed to keep() while a step is recorded: the graph
+# then rewrites that tensor at each replay, and the listeners (listen()) get the step's kept tensors after it
+_KEEPING: list[list] = []  # the kept tensors of the recording under way (one list while _record runs)
+_LISTENERS: list = []
+
+
+def keep(tensor) -> bool:
+    """While a step is being recorded: keep `tensor` (computed by the step) for the listeners after every replay,
+    and True; else False (the caller reads the tensor itself, now)."""
+    if not _KEEPING:
+        return False
+    _KEEPING[-1].append(tensor)
+    return True
+
+
+def listen(callback) -> None:
+    """callback(kept tensors) after every replay from now on (the tensors in the order keep() got them), until
+    unlisten(callback)."""
+    _LISTENERS.append(callback)
+
+
+def unlisten(callback) -> None:
+    _LISTENERS.remove(callback)
 
 
 @contextlib.contextmanager
@@ -87,6 +111,7 @@ class Recorded:
     graph: "torch.cuda.CUDAGraph"
     buffers: dict  # input slot (name, or (name, key) inside a dict) -> the tensor the graph reads
     output: object  # the model's output at recording: its logits are the graph's, rewritten by every replay
+    kept: list  # tensors hooks kept (keep()), rewritten by every replay and handed to the listeners
 
 
 class CapturedSteps:
@@ -113,15 +138,21 @@ class CapturedSteps:
         buffers = {slot: t.clone() for slot, t in tensor_slots(inputs)}  # outside the graph's pool
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool if self.pool is not None else torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):
-            output = self.model(**fed_from(inputs, buffers))
-        return Recorded(graph, buffers, output)
+        _KEEPING.append([])
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                output = self.model(**fed_from(inputs, buffers))
+        finally:
+            kept = _KEEPING.pop()
+        return Recorded(graph, buffers, output, kept)
 
     def _replay(self, recorded: Recorded, inputs: dict):
         for slot, tensor in tensor_slots(inputs):
             recorded.buffers[slot].copy_(tensor)
         recorded.graph.replay()
         _count("steps_replayed")
+        for listener in _LISTENERS:
+            listener(recorded.kept)
         return recorded.output
 
 

@@ -7,6 +7,9 @@ ids are attached to each step record as "experts": one sorted list per MoE layer
 compares them with the reference's, so the summary says whether a divergence went through the
 routing ("routing changed in 3 of 7 runs, first at step 12, layer 2") or is arithmetic.
 Dense models have no routers: nothing is hooked and nothing is added.
+
+On the CUDA-graph path (core/captured.py) a replayed step runs no hook: the hook hands its ids to the graph while
+the step is recorded (captured.keep), and the trace takes a copy of them after every replay.
 """
 
 from nondet.kernels.router import is_router
@@ -34,23 +37,40 @@ class RoutingTrace:
         self._handles: list = []
 
     def __enter__(self) -> "RoutingTrace":
+        from nondet.probes.core import captured
+
         for _, module, top_k in self.found:
             self._handles.append(module.register_forward_hook(
                 lambda m, args, out, k=top_k: self._record(out[0] if isinstance(out, tuple) else out, k)))
+        if self.found:
+            captured.listen(self._replayed)
         return self
 
     def __exit__(self, *exc) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self.found:
+            from nondet.probes.core import captured
+
+            captured.unlisten(self._replayed)
 
     def _record(self, logits, k: int) -> None:
         import torch
 
         if logits is None or logits.shape[0] % self.batch_size:
             return
-        last = logits.reshape(self.batch_size, -1, logits.shape[-1])[list(self.rows), -1]  # [rows, experts]
-        self._calls.append(torch.topk(last.float(), k, dim=-1).indices)
+        from nondet.probes.core import captured
+
+        last = logits.reshape(self.batch_size, -1, logits.shape[-1])[:, -1]  # [batch, experts]
+        ids = torch.topk(last.float(), k, dim=-1).indices  # every row's: a graph serves calls of other target rows
+        if not captured.keep(ids):  # kept: a step being recorded, read after each replay (_replayed)
+            self._calls.append(ids[list(self.rows)])
+
+    def _replayed(self, kept: list) -> None:
+        """After a replayed step: the target rows' ids its recording kept (one tensor per router, in forward
+        order; indexing copies them out of the graph's memory)."""
+        self._calls.extend(ids[list(self.rows)] for ids in kept)
 
     def experts(self) -> dict[int, list[list[list[int]]]]:
         """{target row: [forward call -> [MoE layer -> sorted expert ids]]}."""
