@@ -158,3 +158,34 @@ def test_the_routing_trace_reads_a_recorded_steps_experts_after_each_replay():
     assert recording.experts() == {2: []}  # the control: nothing read while recording, no replay told
     assert replaying.experts() == direct.experts() and len(direct.experts()[0]) == 1
     assert captured._LISTENERS == []  # each trace stopped listening when it ended
+
+
+def test_a_step_that_changes_host_state_is_not_recorded():
+    """transformers' sliding-window cache counts its length in a Python int inside the step; a replayed graph
+    would leave it behind (and keep the branch it took). The first, eager step of a signature finds it and
+    refuses; the decoder then runs that kernels mode eager (DecodePaths). Control: a cache whose step changes only
+    tensors passes."""
+    import torch
+
+    from nondet.probes.core.captured import HostStateStep, _eager_step
+
+    class Layer:
+        def __init__(self):
+            self.length, self.counted = torch.zeros(()), 0
+
+    class Cache:
+        def __init__(self):
+            self.layers, self.window = [Layer(), Layer()], 8
+
+    def on_the_device(cache, **_):
+        for layer in cache.layers:
+            layer.length.add_(1)
+        return "out"
+
+    def on_the_host(cache, **_):
+        cache.layers[1].counted += 1
+        return on_the_device(cache)
+
+    assert _eager_step(on_the_device, {"cache": Cache(), "use_cache": True}) == "out"
+    with pytest.raises(HostStateStep, match=r"changes cache\.layers\.1\.counted \(now 1\) on the host"):
+        _eager_step(on_the_host, {"cache": Cache(), "use_cache": True})

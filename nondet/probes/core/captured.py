@@ -128,7 +128,7 @@ class CapturedSteps:
         if key not in self.recorded and key not in self.seen:
             self.seen.add(key)
             _count("eager_steps")
-            return self.model(**inputs)
+            return _eager_step(self.model, inputs)
         if key not in self.recorded:
             self.recorded[key] = self._record(inputs)
             _count("graphs_recorded")
@@ -154,6 +154,32 @@ class CapturedSteps:
         for listener in _LISTENERS:
             listener(recorded.kept)
         return recorded.output
+
+
+class HostStateStep(RuntimeError):
+    """A decode step that changes Python state of its arguments (e.g. transformers' sliding-window cache counts
+    its length in an int): a replayed graph would not change it, so the step is not recorded."""
+
+
+def _eager_step(model, inputs: dict):
+    """A signature's first step, eagerly; HostStateStep where it changed a plain attribute of an argument."""
+    before = host_values(inputs)
+    output = model(**inputs)
+    changed = sorted(set(host_values(inputs)) - set(before))
+    if changed:
+        *path, value = changed[0]
+        where = ".".join(part for part in path if part)
+        raise HostStateStep(f"the decode step changes {where} (now {value!r}) on the host, which a replayed CUDA "
+                            "graph would not")
+    return output
+
+
+def host_values(inputs: dict) -> list:
+    """(argument, index, attribute, value) of every plain value (int, float, bool, str) that an object argument
+    (a cache) holds in its attributes, directly or in its layers."""
+    return [(name, index, attribute, value)
+            for name, obj in inputs.items() if not isinstance(obj, (torch.Tensor, dict, *_SCALARS))
+            for index, attribute, value in _attributes(obj) if isinstance(value, _SCALARS)]
 
 
 def tensor_slots(inputs: dict):
@@ -199,12 +225,18 @@ def _described(value):
 def held_tensors(obj) -> tuple:
     """Address and shape of every tensor an object (a cache) holds in its attributes, directly or in its
     layers (a list of objects): the memory a recorded step reads and writes outside its inputs."""
-    found = []
+    return tuple((index, attribute, value.data_ptr(), tuple(value.shape))
+                 for index, attribute, value in _attributes(obj) if isinstance(value, torch.Tensor))
+
+
+def _attributes(obj):
+    """(where, attribute, value) for each attribute of obj (where: the attribute's name) and, for a list of
+    objects in one (a cache's layers), each of theirs (where: "name.i")."""
     for name, value in sorted(vars(obj).items()) if hasattr(obj, "__dict__") else ():
-        for index, item in enumerate(value if isinstance(value, (list, tuple)) else [value]):
-            if isinstance(item, torch.Tensor):
-                found.append((name, index, "", item.data_ptr(), tuple(item.shape)))
-            elif hasattr(item, "__dict__") and not isinstance(item, torch.nn.Module):
-                found += [(name, index, inner, t.data_ptr(), tuple(t.shape))
-                          for inner, t in sorted(vars(item).items()) if isinstance(t, torch.Tensor)]
-    return tuple(found)
+        yield name, "", value
+        if isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                if hasattr(item, "__dict__") and not isinstance(item, torch.nn.Module):
+                    yield from ((f"{name}.{i}", inner, v) for inner, v in sorted(vars(item).items()))
+                elif isinstance(item, torch.Tensor):
+                    yield f"{name}.{i}", "", item
