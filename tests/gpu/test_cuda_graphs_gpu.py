@@ -98,3 +98,42 @@ def test_probe_with_cuda_graphs_confirms_and_still_finds_the_variance(model_dir,
         assert path["modes"][mode]["graphs_recorded"] >= 4 and path["modes"][mode]["steps_replayed"] > 0
     assert summary["modes"]["batch-invariant"]["distinct_completions"] == 1
     assert summary["modes"]["default"]["first_numeric_divergence"] is not None  # the injected norm, in the graphs too
+
+
+def _family_probe(tmp_path, family: str, **fields) -> tuple[dict, dict]:
+    """(summary, run id -> steps) of a `--confirm` probe of a tiny model of the family, bf16, batch sizes 1, 2, 4."""
+    import json
+
+    from family_models import save_family
+    from test_partial_utf8 import _tokenizer
+
+    from nondet.probes.models.loading import ModelSpec
+    from nondet.probes.probe import ProbeConfig, run_probe
+
+    directory = tmp_path / family
+    if not directory.exists():
+        save_family(family, directory, _tokenizer())
+    out = tmp_path / f"{family}-{len(list(tmp_path.iterdir()))}"
+    config = ProbeConfig(prompt="Tell me about Richard Feynman", batch_sizes=(1, 2, 4), max_new_tokens=16,
+                         model=ModelSpec(name=str(directory), dtype="bfloat16", device="cuda"),
+                         kernels=("default", "batch-invariant"), out=str(out), **fields)
+    summary = run_probe(config).summary
+    streams = [json.loads(line) for line in (out / "streams.jsonl").read_text().splitlines()]
+    return summary, {s["run_id"]: s["steps"] for s in streams if "steps" in s}
+
+
+def test_moe_routing_is_read_from_the_replayed_steps(tmp_path):
+    """A Qwen3-MoE: every step's experts recorded from the graphs equal eager decoding's, tokens and bits too."""
+    eager_summary, eager = _family_probe(tmp_path, "qwen3-moe", kv_cache="static")
+    summary, graphs = _family_probe(tmp_path, "qwen3-moe", cuda_graphs=True)
+    assert {m["path"] for m in summary["decode_path"]["modes"].values()} == {"cuda-graphs"}
+    assert all("experts" in step for steps in graphs.values() for step in steps)  # every replayed step's routing
+    assert graphs == eager
+
+
+def test_a_sliding_window_cache_decodes_eager_and_says_why(tmp_path):
+    """transformers' sliding-window cache counts its length in a Python int: not recorded, eager instead."""
+    summary, graphs = _family_probe(tmp_path, "gemma2", cuda_graphs=True)
+    for mode in summary["decode_path"]["modes"].values():
+        assert mode["path"] == "eager" and "cumulative_length_int" in mode["reason"], mode
+    assert graphs == _family_probe(tmp_path, "gemma2", kv_cache="static")[1]

@@ -6,6 +6,7 @@ tokens passed in, so the replay runs exactly as the probe did; the speculative s
 it with an `Assist` (plain greedy and assisted decoding through the same call).
 """
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -262,5 +263,8 @@ def replay_condition(model, tokenizer, condition: Condition, target: list[int], 
             return generate_condition(model, tokenizer, batch, settings)
         from nondet.probes.core.compiled import warm_up_stop
 
-        generate(model, tokenizer, batch, settings, None, stopping=[warm_up_stop(len(batch.input_ids[0]))])
+        stop = warm_up_stop(len(batch.input_ids[0]))
+        # the CUDA-graph path records its graphs here: an MoE's routing trace must be in them (captured.keep)
+        with RoutingTrace(model, batch.target_rows, len(batch.input_ids)) if settings.cuda_graphs else nullcontext():
+            generate(model, tokenizer, batch, settings, None, stopping=[stop])
         return {}
