@@ -16,6 +16,7 @@ def signatures(monkeypatch, tiny_model_dir):
     """signatures(batch, kernels) -> the signature of every decode step generate hands the CUDA-graph path.
     transformers calls that path on CUDA only: here its config asks for every device, and the steps run eagerly."""
     from nondet.probes.core import captured
+    from nondet.probes.core.graph_signature import signature
     from nondet.probes.core.replay import DecodeSettings, replay_condition
     from nondet.probes.models.loading import ModelSpec, load_model
 
@@ -28,7 +29,7 @@ def signatures(monkeypatch, tiny_model_dir):
         return fields
 
     def spy(self, **inputs):
-        seen.append(captured.signature(inputs))
+        seen.append(signature(inputs))
         return self.model(**inputs)
 
     monkeypatch.setattr(captured, "generation_fields", on_every_device)
@@ -60,7 +61,7 @@ def test_every_decode_step_of_a_batch_shape_has_one_signature(signatures):
 def test_a_signature_follows_shapes_strides_and_the_caches_addresses():
     import torch
 
-    from nondet.probes.core.captured import signature
+    from nondet.probes.core.graph_signature import signature
 
     class Layer:
         def __init__(self, keys):

@@ -12,10 +12,9 @@ kernels); the second records the step into a graph that reads input buffers of i
 calls copy their tensors into those buffers and replay. Recording runs nothing, so the cache's own state
 (transformers 5.24 keeps each layer's length on the device and advances it inside the step) moves once a step.
 
-A signature is what the recorded launches depend on: every input tensor's shape, dtype, strides and device, the
-addresses and shapes of the cache's tensors (a graph writes where it recorded; the held static cache keeps them
-from call to call, static_caches.py), the other arguments' values, and the kernels in force
-(step_key.kernels_state), so a graph recorded under the default kernels never replays under the mode. The graphs
+A graph serves the calls of one signature (graph_signature.py): what its recorded launches depend on, among
+them the cache's addresses and the kernels in force, so a graph recorded under the default kernels never replays
+under the mode. A step that changes plain Python state of its cache is not recorded (HostStateStep). The graphs
 share one memory pool, as vLLM's do: a step's intermediates are dead once it returns, one graph replays at a
 time, and each graph's outputs stay allocated while the graph is held.
 """
@@ -25,11 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from nondet.probes.core.step_key import kernels_state
+from nondet.probes.core.graph_signature import host_values, signature
 
 BACKEND = "cuda-graphs"  # DecodePaths' backend name for this path (compiled.py labels it with LABEL)
 LABEL = "eager kernels replayed from CUDA graphs (one per batch shape), static KV cache"
-_SCALARS = (bool, int, float, str, type(None))
 _MODES: list[str] = []  # the kernels mode whose conditions decode now (decoding())
 # per kernels mode, in this process: decode steps run eagerly (a signature's first), graphs recorded, steps
 # replayed; a run's summary reports what changed while it ran (compiled.DecodePaths)
@@ -174,14 +172,6 @@ def _eager_step(model, inputs: dict):
     return output
 
 
-def host_values(inputs: dict) -> list:
-    """(argument, index, attribute, value) of every plain value (int, float, bool, str) that an object argument
-    (a cache) holds in its attributes, directly or in its layers."""
-    return [(name, index, attribute, value)
-            for name, obj in inputs.items() if not isinstance(obj, (torch.Tensor, dict, *_SCALARS))
-            for index, attribute, value in _attributes(obj) if isinstance(value, _SCALARS)]
-
-
 def tensor_slots(inputs: dict):
     """(slot, tensor) for each tensor argument: top-level ones by name, those in a dict (transformers' masks
     per layer type) by (name, key)."""
@@ -203,40 +193,3 @@ def fed_from(inputs: dict, buffers: dict) -> dict:
         else:
             fed[name] = buffers.get(name, value)
     return fed
-
-
-def signature(inputs: dict) -> tuple:
-    """What the recorded launches depend on (module docstring): equal signatures may share one graph."""
-    return (kernels_state(), *((name, _described(inputs[name])) for name in sorted(inputs)))
-
-
-def _described(value):
-    if isinstance(value, torch.Tensor):
-        return "tensor", tuple(value.shape), value.dtype, value.stride(), str(value.device)
-    if isinstance(value, dict):
-        return "dict", tuple((key, _described(inner)) for key, inner in sorted(value.items()))
-    if isinstance(value, _SCALARS):
-        return value
-    if isinstance(value, (list, tuple)):
-        return type(value).__name__, tuple(_described(v) for v in value)
-    return type(value).__qualname__, held_tensors(value)
-
-
-def held_tensors(obj) -> tuple:
-    """Address and shape of every tensor an object (a cache) holds in its attributes, directly or in its
-    layers (a list of objects): the memory a recorded step reads and writes outside its inputs."""
-    return tuple((index, attribute, value.data_ptr(), tuple(value.shape))
-                 for index, attribute, value in _attributes(obj) if isinstance(value, torch.Tensor))
-
-
-def _attributes(obj):
-    """(where, attribute, value) for each attribute of obj (where: the attribute's name) and, for a list of
-    objects in one (a cache's layers), each of theirs (where: "name.i")."""
-    for name, value in sorted(vars(obj).items()) if hasattr(obj, "__dict__") else ():
-        yield name, "", value
-        if isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                if hasattr(item, "__dict__") and not isinstance(item, torch.nn.Module):
-                    yield from ((f"{name}.{i}", inner, v) for inner, v in sorted(vars(item).items()))
-                elif isinstance(item, torch.Tensor):
-                    yield f"{name}.{i}", "", item
