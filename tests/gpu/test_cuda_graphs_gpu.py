@@ -48,9 +48,10 @@ def _conditions(kernels: str):
 @pytest.mark.parametrize("kernels", ["default", "batch-invariant"])
 def test_replayed_steps_give_the_eager_static_cache_records(loaded, kernels):
     from nondet.probes.core import captured
+    from nondet.probes.core.decoding_mode import decoding
     from nondet.probes.core.static_caches import reusable_static_cache
 
-    with captured.decoding(f"test-{kernels}"):
+    with decoding(f"test-{kernels}"):
         before = captured.counts().get(f"test-{kernels}", {})
         for condition in _conditions(kernels):
             eager = _records(loaded, condition, kv_cache="static")

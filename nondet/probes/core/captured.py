@@ -19,17 +19,16 @@ share one memory pool, as vLLM's do: a step's intermediates are dead once it ret
 time, and each graph's outputs stay allocated while the graph is held.
 """
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
 
+from nondet.probes.core.decoding_mode import current
 from nondet.probes.core.graph_signature import host_values, signature
 
 BACKEND = "cuda-graphs"  # DecodePaths' backend name for this path (compiled.py labels it with LABEL)
 LABEL = "eager kernels replayed from CUDA graphs (one per batch shape), static KV cache"
-_MODES: list[str] = []  # the kernels mode whose conditions decode now (decoding())
-# per kernels mode, in this process: decode steps run eagerly (a signature's first), graphs recorded, steps
+# per kernels mode (decoding_mode.current()), in this process: decode steps run eagerly (a signature's first), graphs recorded, steps
 # replayed; a run's summary reports what changed while it ran (compiled.DecodePaths)
 _COUNTS: dict[str, dict[str, int]] = {}
 # A replayed graph runs no Python, so a forward hook sees only the eager step and the recording. A hook that needs
@@ -58,23 +57,13 @@ def unlisten(callback) -> None:
     _LISTENERS.remove(callback)
 
 
-@contextlib.contextmanager
-def decoding(mode: str):
-    """The kernels mode the body decodes under, for the counts."""
-    _MODES.append(mode)
-    try:
-        yield
-    finally:
-        _MODES.pop()
-
-
 def counts() -> dict[str, dict[str, int]]:
     """A copy of the counts so far: {mode: {"eager_steps", "graphs_recorded", "steps_replayed": n}}."""
     return {mode: dict(c) for mode, c in _COUNTS.items()}
 
 
 def _count(what: str) -> None:
-    tally = _COUNTS.setdefault(_MODES[-1] if _MODES else "default", {})
+    tally = _COUNTS.setdefault(current(), {})
     tally[what] = tally.get(what, 0) + 1
 
 

@@ -25,13 +25,13 @@ compiled again and its file replaced. What each slot did goes to a log, which a 
 loaded function compiles none.
 """
 
-import contextlib
 import os
 from pathlib import Path
 
 from nondet.errors import debug_traceback
 from nondet.probes.core.aot_step import (aot_compilable, aot_compile, compile_options,
                                          guard_sources_pickled_by_init_fields, load_step, transformers_jit)
+from nondet.probes.core.decoding_mode import current
 from nondet.probes.core.guard_refusal import failed_part, listed_parts
 from nondet.probes.core.step_batch import at_least_two_keys, batch_size, symbolic_shapes
 from nondet.probes.core.step_key import kernels_state, step_key
@@ -46,20 +46,9 @@ EVERY_BATCH = "every batch"  # a slot's batch class: one function per kernels mo
 # and the mode compiles one function there (docs/benchmarks.md, 2026-11-29 07:40-09:30 and 10:52)
 BATCH_ONE, BATCH_MORE = "batch 1", "batch 2+"
 FIXED_LENGTHS = ".fixed-lengths"  # beside a slot's file: its trace with the key length symbolic failed (why)
-_DECODING: list[str] = []  # the kernels mode whose conditions are decoding now (decoding())
 # (mode name, batch class, what) each time a slot's function was obtained or replaced, in this process: a
 # run's summary reports the entries made since it began (report(since)), not an earlier run's
 _LOG: list[tuple[str, str, str]] = []
-
-
-@contextlib.contextmanager
-def decoding(mode: str):
-    """The kernels mode the body decodes under: PrecompiledSteps keeps a function per mode."""
-    _DECODING.append(mode)
-    try:
-        yield
-    finally:
-        _DECODING.pop()
 
 
 def enabled() -> bool:
@@ -136,7 +125,7 @@ class PrecompiledSteps:
         # the decoder's name for the kernels mode (summary) and what is really on (the key): a call outside
         # decoding() under the mode must not meet the default kernels' function. kernels_state() is read at
         # each step (2 us on a CPU, 0.1% of a 1.9 ms GPU step): the mode may change between steps.
-        mode, state, batch = _DECODING[-1] if _DECODING else "default", kernels_state(), _batch_class(inputs)
+        mode, state, batch = current(), kernels_state(), _batch_class(inputs)
         slot = (mode, batch if self.split.get((mode, state)) == batch else EVERY_BATCH, state)
         if slot not in self.functions:
             self._obtain(slot, inputs)

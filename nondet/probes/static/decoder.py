@@ -67,17 +67,15 @@ class ConditionDecoder:
     def _scope(self, mode: str):
         """Around a condition: the compiled path's caches, graph census and saved steps' mode; the CUDA-graph
         path's mode for its counts."""
+        from nondet.probes.core.decoding_mode import decoding
+
         stack = contextlib.ExitStack()
-        if self.settings.cuda_graphs:
-            from nondet.probes.core.captured import decoding
+        stack.enter_context(decoding(mode))
+        if not self.settings.cuda_graphs:
+            from nondet.probes.core.compiled import compile_scope
 
-            stack.enter_context(decoding(mode))
-            return stack
-        from nondet.probes.core.compiled import compile_scope
-        from nondet.probes.core.precompiled import decoding
-
-        for scope in (compile_scope(), self._sorting_graphs(mode), decoding(mode)):
-            stack.enter_context(scope)
+            stack.enter_context(compile_scope())
+            stack.enter_context(self._sorting_graphs(mode))
         return stack
 
     def _warm(self, mode: str, run, compiled: DecodeSettings):
