@@ -190,3 +190,17 @@ def test_a_step_that_changes_host_state_is_not_recorded():
     assert _eager_step(on_the_device, {"cache": Cache(), "use_cache": True}) == "out"
     with pytest.raises(HostStateStep, match=r"changes cache\.layers\.1\.counted \(now 1\) on the host"):
         _eager_step(on_the_host, {"cache": Cache(), "use_cache": True})
+
+
+def test_the_gate_takes_cuda_graphs_from_its_config_and_refuses_it_off_cuda(tmp_path):
+    """`cuda-graphs = true` in [tool.nondet] reaches the batch axis's probe, which refuses it on the CPU in one line
+    before any model loads (a GPU runner's gate decodes from the graphs: tests/gpu)."""
+    from nondet.gate.config import load_config, resolve
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "nondet.toml").write_text("cuda-graphs = true\nbatch-sizes = [1, 2]\n")
+    assert resolve({}, load_config(tmp_path / "nondet.toml"), tmp_path / "nondet.toml").cuda_graphs is True
+    r = cli_runner.run(["gate", "-p", PROMPT, "--out", str(tmp_path / "g")], timeout=120, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--cuda-graphs records decode steps on a CUDA device; add --device cuda" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -74,6 +74,9 @@ def gate(
              "own kernels.")] = None,
     compile: Annotated[Optional[bool], typer.Option(
         "--compile", help="Decode on the compiled path a deployment uses (see nondet probe --compile).")] = None,
+    cuda_graphs: Annotated[Optional[bool], typer.Option(
+        "--cuda-graphs", help="Batch axis: decode with the eager kernels replayed from CUDA graphs, CUDA only "
+                              "(see nondet probe --cuda-graphs).")] = None,
     prefix_cache: Annotated[Optional[str], typer.Option(
         "--prefix-cache", help="Batch axis: also each prompt alone with its first N tokens' KV cache left by an "
                                "earlier request, vs one prefill (see nondet probe --prefix-cache), e.g. auto.")] = None,
@@ -135,7 +138,7 @@ def gate(
              "max-logprob-diff": max_logprob_diff, "dtype": dtype, "device": device, "threads": threads,
              "workers": workers, "load": load, "endpoint": endpoint, "rate": rate, "concurrency": concurrency,
              "inject-variance": inject_variance, "speculative-forms": speculative, "rl": rl, "max-kl": max_kl,
-             "micro-batch": micro_batch, "sampler-batch": sampler_batch, "compile": compile,
+             "micro-batch": micro_batch, "sampler-batch": sampler_batch, "compile": compile, "cuda-graphs": cuda_graphs,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill}
     source = config if config is not None else find_config(Path.cwd())
     settings = resolve(flags, load_config(source) if source else {}, source)
@@ -205,7 +208,8 @@ def probe_configs(settings: "GateSettings", out: str | None, speculative: str | 
                                   max_new_tokens=settings.max_new_tokens, kernels=(settings.kernels,),
                                   threads=settings.threads, prefill=() if speculative else settings.prefill,
                                   workers=1 if speculative else settings.workers,
-                                  compile_backend="inductor" if settings.compile else None)
+                                  compile_backend="inductor" if settings.compile else None,
+                                  cuda_graphs=settings.cuda_graphs and not speculative)
                for prompts, run_dir in groups]
     for config in configs:  # now, before any axis runs: e.g. a chat prompt on an axis that takes plain text
         validate_config(with_chat_endpoint(config))

@@ -24,6 +24,7 @@ directory. Keys (TOML, kebab-case):
     rate = 0.5                        # filler arrivals (per engine step / per second on a server)
     concurrency = 8                   # fillers in the engine at once / copies in flight
     inject-variance = false           # self-test: one norm made batch-variant; the gate must fail
+    cuda-graphs = true                # the batch axis from CUDA graphs of the eager kernels (probe --cuda-graphs)
     require = "identical"             # or ONE of: max-distinct = 2, min-divergence-step = 50,
                                       #            max-logprob-diff = 1e-3, max-flip-rate = 0.01
     speculative = "identical"         # the speculative axis: each form vs plain greedy (any requirement
@@ -62,7 +63,7 @@ DEFAULT_FORMS = "ngram:4,self:4"  # prompt lookup and the model as its own draft
 PROMPT_KEYS = ("prompt", "prompts", "prompts-file")  # one of them per layer (flags: --prompt or --prompts)
 KEYS = ("model", *PROMPT_KEYS, "batch-sizes", "positions", "runs", "max-new-tokens", "kernels",
         "dtype", "device", "threads", "workers", "load", "endpoint", "rate", "concurrency", "inject-variance", "compile",
-        "prefix-cache", "chunked-prefill", "require",
+        "cuda-graphs", "prefix-cache", "chunked-prefill", "require",
         *THRESHOLDS, "speculative", "speculative-forms", "rl", "max-kl", "micro-batch", "sampler-batch")
 
 
@@ -98,6 +99,8 @@ class GateSettings:
     micro_batches: tuple[int, ...] = (1, 4, 8)  # rl trainer micro-batch sizes, one condition each
     sampler_batch: int = 8  # rl sampler prompts per batched generate call
     compile: bool = False  # decode on the compiled path (probe --compile); the batch axis's static batches
+    # the batch axis's static batches with eager kernels replayed from CUDA graphs (probe --cuda-graphs), CUDA only
+    cuda_graphs: bool = False
     # the batch axis also runs the prefill splits (probe --prefix-cache / --chunked-prefill), judged by its policy
     prefill: tuple[str, ...] = ()
     source: str = ""  # the config file the settings came from ("" = flags and defaults only)
@@ -152,6 +155,7 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
         concurrency=_typed(values, "concurrency", int, label),
         inject_variance=_flag(values, "inject-variance", label) if "inject-variance" in values else None,
         compile=_flag(values, "compile", label),
+        cuda_graphs=_flag(values, "cuda-graphs", label),
         prefill=_prefill(values, label),
         policy=_policy(given, file_values, label.where),
         axes=_axes(given, file_values),
