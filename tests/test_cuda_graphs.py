@@ -204,3 +204,41 @@ def test_the_gate_takes_cuda_graphs_from_its_config_and_refuses_it_off_cuda(tmp_
     assert r.returncode == 2, r.stdout + r.stderr
     assert "--cuda-graphs records decode steps on a CUDA device; add --device cuda" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_every_static_cache_call_has_its_own_length(tiny_model_dir):
+    """transformers sizes a static cache it builds to the longest an earlier call on the model asked for; a probe's
+    short prompt after a long one would then decode over more masked positions than its reference did. Each call
+    of the probe's gets prompt + new tokens. Control: transformers' generate alone, called the same way, does not."""
+    import torch
+
+    from nondet.probes.core.batch import Batch
+    from nondet.probes.core.replay import DecodeSettings, generate
+    from nondet.probes.models.loading import ModelSpec, load_model
+
+    loaded = load_model(ModelSpec(name=str(tiny_model_dir)))
+    lengths = []
+
+    def seen(module, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        lengths.append(cache.get_max_length() if cache is not None else None)
+
+    def call(tokens: int, ours: bool) -> int:
+        lengths.clear()
+        ids = list(range(5, 5 + tokens))
+        if ours:
+            generate(loaded.model, loaded.tokenizer, Batch([ids], [[1] * tokens], (0,)),
+                     DecodeSettings(4, 0.0, 0, kv_cache="static"), None)
+        else:
+            loaded.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, tokens, dtype=torch.long),
+                                  max_new_tokens=4, do_sample=False, cache_implementation="static",
+                                  disable_compile=True, pad_token_id=0)
+        return lengths[-1]
+
+    own = 0 if reusable_static_cache() else -1  # the held cache: prompt + new tokens; before 5.24 generate's, one less
+    handle = loaded.model.register_forward_pre_hook(seen, with_kwargs=True)
+    try:
+        assert call(12, ours=True) == 16 + own and call(3, ours=True) == 7 + own
+        assert call(12, ours=False) == 15 and call(3, ours=False) == 15  # the control: the long call's length
+    finally:
+        handle.remove()

@@ -110,6 +110,8 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
     try:
         with torch.inference_mode():  # a held static cache is reset in here: its tensors are inference tensors
             arguments.update(_held_cache(model, batch, settings, cache_fields))
+            if cache_fields.get("cache_implementation") == "static":  # generate builds this call's static cache
+                _own_length(model)
             if batch.splits:  # the prefill axis: the pieces before the last cut prefilled first, in order
                 from nondet.kernels.hf_names import cache_kwarg
                 from nondet.probes.core.prefill import cached_pieces
@@ -220,16 +222,25 @@ def assisted_cache_len(prompt_len: int, max_new_tokens: int, drafted: int) -> in
 
 
 def _held_cache(model, batch: Batch, settings: DecodeSettings, fields: dict) -> dict:
-    """On the compiled path, the generate() arguments that hand it the model's held static cache
-    (static_caches.py: its CUDA graphs are recorded once, not per call), taking the cache fields out
-    of `fields`; {} elsewhere."""
+    """On a static cache (eager, compiled or from CUDA graphs), the generate() arguments that hand it the model's
+    held static cache of this call's own length (static_caches.py: the compiled path's and the CUDA-graph path's
+    graphs are recorded once, not per call), taking the cache fields out of `fields`; {} elsewhere, and before
+    transformers 5.24, which takes no cache there (_own_length)."""
     from nondet.probes.core.static_caches import reusable_static_cache, static_cache
 
-    if not (settings.compile_backend or settings.cuda_graphs) or not reusable_static_cache():
+    if fields.get("cache_implementation") != "static" or not reusable_static_cache():
         return {}
     length = fields.pop("max_cache_len", len(batch.input_ids[0]) + settings.max_new_tokens)
     del fields["cache_implementation"]
     return {"cache": static_cache(model, len(batch.input_ids), length)}
+
+
+def _own_length(model) -> None:
+    """transformers sizes a static cache it builds to the longest any earlier generate call on the model asked for
+    (`_previous_max_cache_length`, which spares a compiled model new shapes). A probe's calls must each have their
+    own, prompt + new tokens: the masked positions past it change how the default kernels split their sums, so a
+    prompt's numbers would depend on which longer prompts ran before it."""
+    model.__dict__.pop("_previous_max_cache_length", None)
 
 
 def eos_ids(model, tokenizer) -> list[int]:
