@@ -6,7 +6,6 @@ distinct completions. A family the mode refuses gets its one line.
     python3 scripts/device/gpu_cuda_graphs_families.py [FAMILY...]
 """
 
-import json
 import sys
 import tempfile
 import time
@@ -19,6 +18,9 @@ from test_partial_utf8 import _tokenizer  # noqa: E402
 from nondet.errors import NondetError  # noqa: E402
 from nondet.probes.models.loading import ModelSpec  # noqa: E402
 from nondet.probes.probe import ProbeConfig, run_probe  # noqa: E402
+from nondet.rundir import RunDir  # noqa: E402
+from nondet.rundir.reader import read_streams  # noqa: E402
+from nondet.rundir.records import to_json  # noqa: E402
 
 
 def probe(directory: str, out: Path, **fields) -> dict:
@@ -29,13 +31,9 @@ def probe(directory: str, out: Path, **fields) -> dict:
 
 
 def streams(out: Path) -> dict:
-    """run id -> the steps (token, logprob and top-k as float.hex, margin) of every stream in a run directory."""
-    found = {}
-    for line in (out / "streams.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "steps" in record:
-            found[record["run_id"]] = record["steps"]
-    return found
+    """run id -> the steps (token, logprob and top-k as float.hex, margin, experts) of every stream in a run
+    directory, as dicts."""
+    return {s.run_id: [to_json(step) for step in s.steps] for s in read_streams(RunDir(out), whole=True)}
 
 
 def difference(eager: dict, graphs: dict) -> str:

@@ -14,20 +14,10 @@ STEPS = 24
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from model_fixtures import save_qwen3
-
-    from nondet.probes.models.default_model import build_tokenizer
-
-    return save_qwen3(tmp_path_factory.mktemp("m"), build_tokenizer(512), hidden=256, layers=2, heads=4,
-                      kv_heads=2, seed=1)
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dir):
+def loaded(gpu_model_dir):
     from nondet.probes.models.loading import ModelSpec, load_model
 
-    return load_model(ModelSpec(name=str(model_dir), device="cuda"))
+    return load_model(ModelSpec(name=str(gpu_model_dir), device="cuda"))
 
 
 def _records(loaded, condition, **settings):
@@ -84,11 +74,11 @@ def test_control_a_replay_without_the_steps_inputs_gives_other_records(loaded, m
     assert _records(loaded, condition, cuda_graphs=True) != eager
 
 
-def test_probe_with_cuda_graphs_confirms_and_still_finds_the_variance(model_dir, tmp_path):
+def test_probe_with_cuda_graphs_confirms_and_still_finds_the_variance(gpu_model_dir, tmp_path):
     from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig, run_probe
 
-    config = ProbeConfig(model=ModelSpec(name=str(model_dir), device="cuda", inject_variance=True),
+    config = ProbeConfig(model=ModelSpec(name=str(gpu_model_dir), device="cuda", inject_variance=True),
                          batch_sizes=(1, 2, 4, 8), max_new_tokens=STEPS, kernels=("default", "batch-invariant"),
                          cuda_graphs=True, out=str(tmp_path / "run"))
     summary = run_probe(config).summary
@@ -103,13 +93,13 @@ def test_probe_with_cuda_graphs_confirms_and_still_finds_the_variance(model_dir,
 
 def _family_probe(tmp_path, family: str, **fields) -> tuple[dict, dict]:
     """(summary, run id -> steps) of a `--confirm` probe of a tiny model of the family, bf16, batch sizes 1, 2, 4."""
-    import json
-
     from family_models import save_family
     from test_partial_utf8 import _tokenizer
 
     from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig, run_probe
+    from nondet.rundir import RunDir
+    from nondet.rundir.reader import read_streams
 
     directory = tmp_path / family
     if not directory.exists():
@@ -119,8 +109,7 @@ def _family_probe(tmp_path, family: str, **fields) -> tuple[dict, dict]:
                          model=ModelSpec(name=str(directory), dtype="bfloat16", device="cuda"),
                          kernels=("default", "batch-invariant"), out=str(out), **fields)
     summary = run_probe(config).summary
-    streams = [json.loads(line) for line in (out / "streams.jsonl").read_text().splitlines()]
-    return summary, {s["run_id"]: s["steps"] for s in streams if "steps" in s}
+    return summary, {s.run_id: s.steps for s in read_streams(RunDir(out), whole=True)}
 
 
 def test_moe_routing_is_read_from_the_replayed_steps(tmp_path):
@@ -128,7 +117,7 @@ def test_moe_routing_is_read_from_the_replayed_steps(tmp_path):
     eager_summary, eager = _family_probe(tmp_path, "qwen3-moe", kv_cache="static")
     summary, graphs = _family_probe(tmp_path, "qwen3-moe", cuda_graphs=True)
     assert {m["path"] for m in summary["decode_path"]["modes"].values()} == {"cuda-graphs"}
-    assert all("experts" in step for steps in graphs.values() for step in steps)  # every replayed step's routing
+    assert all("experts" in step.extra for steps in graphs.values() for step in steps)  # every replayed step's routing
     assert graphs == eager
 
 

@@ -12,15 +12,10 @@ EOS_STEP = 3
 
 
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    from model_fixtures import save_qwen3
-
-    from nondet.probes.models.default_model import build_tokenizer
+def loaded(gpu_model_dir):
     from nondet.probes.models.loading import ModelSpec, load_model
 
-    path = save_qwen3(tmp_path_factory.mktemp("m"), build_tokenizer(512), hidden=256, layers=2, heads=4,
-                      kv_heads=2, seed=1)
-    return load_model(ModelSpec(name=str(path), device="cuda"))
+    return load_model(ModelSpec(name=str(gpu_model_dir), device="cuda"))
 
 
 @pytest.mark.parametrize("kernels", ["default", "batch-invariant"])
