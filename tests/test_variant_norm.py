@@ -84,3 +84,18 @@ def test_a_norm_without_a_weight_is_refused(tmp_path):
     model.model.layers[1].post_attention_layernorm = torch.nn.Identity()
     with pytest.raises(ValueError, match="post_attention_layernorm has no weight"):
         inject_batch_variance(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_split_sum_keeps_the_models_precision_and_its_bits_still_differ(dtype):
+    """The split path adds its partial sums in the model's own precision (bf16 for a 16-bit model): within that
+    precision's rounding of the exact mean of squares, so the mode's kernel check accepts an fp32 model with the
+    control in it (in bf16 partials the trained demo's fp32 logits moved by 0.4), and still other bits than the
+    one-row formula on most rows (the control fires)."""
+    from nondet.kernels.variant import _split_mean_of_squares
+
+    x = torch.randn(64, 1, 576, generator=torch.Generator().manual_seed(3)).to(dtype)
+    split, exact = _split_mean_of_squares(x), x.float().pow(2).mean(-1, keepdim=True)
+    rounding = 1e-5 if dtype == torch.float32 else 2e-2
+    assert float(((split - exact).abs() / exact).max()) < rounding
+    assert int((split != exact).sum()) > 32  # most of the 64 rows: the control's bits differ

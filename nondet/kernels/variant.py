@@ -4,9 +4,9 @@ Whether a host's own kernels are batch-variant depends on its BLAS, its CPU and 
 count (on one CPU the embedded demo flips a token at step 93, on another only at step 266).
 A check that the detector fires must not depend on that, so this module builds the variance
 on purpose, the way a split reduction does: the model's own norm when a single row is computed
-(its family's formula, Gemma's 1 + weight included), but with a sum of squares of CHUNKS bf16
-partial sums added in order when several rows share the call (a strategy chosen by the number of
-rows). A request decoding alone and the same request decoding beside others therefore get
+(its family's formula, Gemma's 1 + weight included), but with a sum of squares of CHUNKS partial
+sums added in order (bf16 for a 16-bit model, fp32 for an fp32 one) when several rows share the call
+(a strategy chosen by the number of rows). A request decoding alone and the same request decoding beside others therefore get
 different bits from their first decode step; prefill (many rows either way) is the same in both.
 
 Under the batch-invariant mode's "norm" class it takes the one-row path for every batch,
@@ -84,10 +84,14 @@ def _plain_formula_is_the_originals(original, eps: float) -> bool:
 
 
 def _split_mean_of_squares(x):
-    """[..., hidden] -> [..., 1] fp32: CHUNKS bf16 partial sums of squares added in order in bf16."""
+    """[..., hidden] -> [..., 1] fp32: CHUNKS partial sums of squares added in chunk order in the precision a
+    split reduction of x keeps: bf16 for a 16-bit x (fp16's squares would overflow), x's own for fp32 / fp64.
+    (An fp32 model's split path in bf16 moved the trained demo's logits by 0.4, beyond what the kernel check
+    allows for fp32 rounding, so the mode's own census refused the demo in fp32.)"""
     import torch
 
-    partial = [c.to(torch.bfloat16).pow(2).sum(-1, keepdim=True) for c in x.chunk(CHUNKS, dim=-1)]
+    dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.bfloat16
+    partial = [c.to(dtype).pow(2).sum(-1, keepdim=True) for c in x.chunk(CHUNKS, dim=-1)]
     total = partial[0]
     for p in partial[1:]:
         total = total + p  # bf16 adds, in chunk order

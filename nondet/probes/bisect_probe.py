@@ -14,7 +14,7 @@ import time
 from nondet.errors import RunDirError
 from nondet.probes.bisect.ablation import Ablation, run_ablation
 from nondet.probes.bisect.bisect import (BisectConfig, BisectResult, OnStage, describe, kernel_scope, module_rows,
-                                        replay_horizon, write_result)
+                                        replay_cache, replay_horizon, write_result)
 from nondet.probes.bisect.choose import Target, choose_target
 from nondet.probes.bisect.classify import ablatable
 from nondet.probes.bisect.lockstep import Lockstep
@@ -40,14 +40,16 @@ def run_bisect(config: BisectConfig, on_stage: OnStage | None = None) -> BisectR
     stage("loading model")
     loaded = load_model(ModelSpec(**probe["model"]))
     settings = DecodeSettings(replay_horizon(config, probe, target), probe["temperature"], probe["seed"],
-                              sampler=probe.get("sampler", "per-request"))
+                              sampler=probe.get("sampler", "per-request"), **replay_cache(probe))
     with numerics_scope(probe.get("threads")):
         replay = _replayer_of(loaded, probe, target, streams, settings, config.baseline)
         stage(f"lockstep replay of {target.condition.condition_id} row {target.position}")
         main = replay(None)
         ablation = _ablate(config, target, main, replay, stage, loaded.model)
     result = describe(target, main, loaded.tokenizer, ablation, config.baseline)
-    result["reference_reproduced"] = _reproduced(main, streams, target.reference_run_id)
+    result.update(_reproduced(main, streams, target.reference_run_id))
+    result["replay"] = {"kv_cache": settings.kv_cache, "cache_tokens": settings.cache_tokens,
+                        "probe_compiled": bool(probe.get("compile_backend"))}
     if "router" in ablatable(loaded.model):  # a mixture of experts: routing before arithmetic
         result.update(routing=main.routing, routing_changes=main.routing_changes)
     if target.condition.load == "speculative":
@@ -101,10 +103,15 @@ def _ablate(config: BisectConfig, target: Target, main: Lockstep, replay, stage:
                         lambda ops: stage(f"ablation: batch-invariant {' + '.join(ops)}"))
 
 
-def _reproduced(ls: Lockstep, streams: list[dict], reference_run_id: int) -> bool | None:
-    """Do the replayed reference tokens equal the probe's reference stream (same numerics)?"""
+def _reproduced(ls: Lockstep, streams: list[dict], reference_run_id: int) -> dict:
+    """reference_reproduced: the replayed reference's tokens equal the probe's reference stream's;
+    reference_bits_reproduced: their logprob bits too, over the steps replayed (the same numerics: threads,
+    versions, device and the KV cache's length alike). None where the probe kept no reference stream."""
     ref = next((s for s in streams if s["run_id"] == reference_run_id), None)
     if ref is None:
-        return None
-    probe_tokens = [s["token"] for s in ref["steps"]][: len(ls.reference)]
-    return probe_tokens == [s["token"] for s in ls.reference][: len(probe_tokens)]
+        return {"reference_reproduced": None, "reference_bits_reproduced": None}
+    probe_steps = ref["steps"][: len(ls.reference)]
+    replayed = ls.reference[: len(probe_steps)]
+    return {"reference_reproduced": [s["token"] for s in probe_steps] == [s["token"] for s in replayed],
+            "reference_bits_reproduced": ([(s["token"], s["logprob"]) for s in probe_steps]
+                                          == [(s["token"], s["logprob"]) for s in replayed])}

@@ -56,6 +56,18 @@ def replay_horizon(config: BisectConfig, probe: dict, target: Target) -> int:
     return probe["max_new_tokens"]
 
 
+def replay_cache(probe: dict) -> dict:
+    """DecodeSettings fields of the KV cache a probe's run decoded on. A static one (`--kv-cache static`,
+    `--cuda-graphs`, `--compile`) is replayed on a static cache of the probe's length, prompt + its
+    max_new_tokens, however few steps the replay takes: the masked positions past the tokens are part of the
+    numbers (the default kernels split their sums by the cache's length). The replay itself is eager (the hooks
+    need the modules to run), so a compiled run's bits are Inductor's and not reproduced; a CUDA-graph run's
+    kernels are eager ones, and are."""
+    if probe.get("kv_cache") == "static" or probe.get("cuda_graphs") or probe.get("compile_backend"):
+        return {"kv_cache": "static", "cache_tokens": probe["max_new_tokens"]}
+    return {}
+
+
 def kernel_scope(mode: str, ops: tuple[str, ...], model):
     """The kernels of one replay: the condition's mode, or exactly `ops` made batch-invariant.
     Uncovered ops are allowed: bisect claims nothing from the mode's label, only from the bits it

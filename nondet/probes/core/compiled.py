@@ -128,15 +128,9 @@ def _has_dtensors(model) -> bool:
 def warm_up_stop(prompt_tokens: int):
     """A stopping criterion that ends a warm-up call after WARM_STEPS new tokens (the call still
     allocates the full cache: its length comes from max_new_tokens, so the shapes are the real ones)."""
-    import torch
-    from transformers import StoppingCriteria
+    from nondet.probes.core.stop_after import stop_after
 
-    class StopAfterWarmUp(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):
-            done = input_ids.shape[-1] >= prompt_tokens + WARM_STEPS
-            return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
-
-    return StopAfterWarmUp()
+    return stop_after(prompt_tokens, WARM_STEPS)
 
 
 @contextlib.contextmanager

@@ -42,6 +42,9 @@ class DecodeSettings:
     allow_uncovered: bool = False
     # when sampling: per-request (each request its own generator) | shared (one for the batch; recorder.py)
     sampler: str = "per-request"
+    # new-token positions a static cache holds where the call decodes fewer (bisect replays a probe's static,
+    # compiled or CUDA-graph run up to its flip: the cache keeps the probe's length, stop_after.py); None: max_new_tokens
+    cache_tokens: int | None = None
 
 
 def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings) -> dict[int, list[dict]]:
@@ -104,6 +107,7 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
     device = model.device
     fields, arguments = assist.kwargs() if assist and (assist.prompt_lookup or assist.assistant) else ({}, {})
     cache_fields = _cache_fields(settings, model, len(batch.input_ids[0]), assist.drafted if assist else 0)
+    settings, stopping = _cache_length(settings, cache_fields, len(batch.input_ids[0]), stopping)
     _install_steps(model, settings, cache_fields, assisted=assist is not None)
     input_ids = torch.tensor(batch.input_ids, device=device)
     attention_mask = torch.tensor(batch.attention_mask, device=device)
@@ -139,6 +143,21 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
             raise
         raise OutOfMemoryError(f"out of memory at batch size {len(batch.input_ids)} on {device}; "
                                "lower --batch-sizes or --max-new-tokens") from exc
+
+
+def _cache_length(settings: DecodeSettings, cache_fields: dict, prompt_len: int,
+                  stopping: Sequence) -> tuple[DecodeSettings, Sequence]:
+    """A static cache of settings.cache_tokens new positions where the call decodes fewer: the settings'
+    max_new_tokens raised to it (what sizes the cache), and a criterion stopping at the call's own count."""
+    static = cache_fields.get("cache_implementation") == "static"  # eager static, compiled and CUDA-graph paths
+    if not static or not settings.cache_tokens or settings.cache_tokens <= settings.max_new_tokens:
+        return settings, stopping
+    from dataclasses import replace
+
+    from nondet.probes.core.stop_after import stop_after
+
+    return (replace(settings, max_new_tokens=settings.cache_tokens),
+            [*stopping, stop_after(prompt_len, settings.max_new_tokens)])
 
 
 def _generation_config(model, tokenizer, settings: DecodeSettings, assisted: bool, fields: dict):

@@ -18,8 +18,8 @@ difference in the sum with equal partials names the collective. The ablation add
 import time
 
 from nondet.errors import RunDirError, UsageError
-from nondet.probes.bisect.bisect import (BisectConfig, BisectResult, describe, module_rows, replay_horizon,
-                                        write_result)
+from nondet.probes.bisect.bisect import (BisectConfig, BisectResult, describe, module_rows, replay_cache,
+                                        replay_horizon, write_result)
 from nondet.probes.bisect.choose import Target
 from nondet.probes.core.batch import Batch, build_batch, tokenize_inputs
 from nondet.probes.core.conditions import Condition, condition_from_record
@@ -95,7 +95,8 @@ def _replay_in_group(config: BisectConfig, probe: dict, spec: ModelSpec, target:
 
     tokenizer = load_tokenizer(model_source(spec.name), spec)
     reference, divergent = _batches(tokenizer, probe, target)
-    settings = DecodeSettings(replay_horizon(config, probe, target), probe["temperature"], probe["seed"])
+    settings = DecodeSettings(replay_horizon(config, probe, target), probe["temperature"], probe["seed"],
+                              **replay_cache(probe))
     classes = tuple(c for c in OP_CLASSES + EXTRA_CLASSES
                     if c not in config.baseline and c not in ("experts", "router"))  # TP models here are dense
     task = BisectTask(reference, divergent, target.position, target.condition.kernels, tuple(config.baseline),

@@ -1,0 +1,104 @@
+"""bisect replays a probe's run on the KV cache it decoded on: a static cache (`--kv-cache static`, `--cuda-graphs`,
+`--compile`) of the probe's length, prompt + its max_new_tokens, however few steps the replay takes.
+
+The control of each test fires on this host: the default kernels give the random demo in fp32 other bits on a
+static cache than on the dynamic one (tests/test_probe_kv_cache.py), and the length test's control is the cache
+a replay of the horizon alone would have had.
+"""
+
+import json
+
+import pytest
+from controls import require_variance
+
+from nondet.probes.bisect.bisect import BisectConfig, replay_cache
+from nondet.probes.bisect_probe import run_bisect
+from nondet.probes.core.batch import Batch, tokenize_inputs
+from nondet.probes.core.numerics import numerics_scope
+from nondet.probes.core.replay import DecodeSettings, generate, new_recorder
+from nondet.probes.core.static_caches import reusable_static_cache
+from nondet.probes.models.loading import ModelSpec, load_model
+from nondet.probes.probe import ProbeConfig, run_probe
+from nondet.rundir.reader import read_stream_dicts
+from nondet.rundir import RunDir
+
+TOKENS = 12  # the probe's new tokens; bisect replays fewer (--max-steps)
+SPEC = ModelSpec(dtype="float32", inject_variance=True)
+
+
+@pytest.fixture(scope="module")
+def static_run(tmp_path_factory, default_model_dir):
+    """A `--kv-cache static` probe of the random demo in fp32 with the injected norm: the default diverges."""
+    out = tmp_path_factory.mktemp("bisect-kv") / "run"
+    run_probe(ProbeConfig(prompt="Tell me about Richard Feynman", model=SPEC, batch_sizes=(1, 2), kernels=("default",),
+                          max_new_tokens=TOKENS, kv_cache="static", out=str(out)))
+    return out
+
+
+def _reference_bits(run) -> list[tuple]:
+    ref = next(s for s in read_stream_dicts(RunDir(run)) if s["is_reference"])
+    return [(s["token"], s["logprob"]) for s in ref["steps"]]
+
+
+def _replayed_reference(run, settings: DecodeSettings, lengths: list | None = None) -> list[tuple]:
+    """The prompt alone decoded as bisect's replay decodes it (replay.generate), its (token, logprob bits);
+    lengths: each forward's KV cache length appended."""
+    config = json.loads((run / "config.json").read_text())["config"]
+    loaded = load_model(SPEC)
+    ids, _ = tokenize_inputs(loaded.tokenizer, config["prompt"], config["fillers"])
+    batch = Batch([ids], [[1] * len(ids)], (0,))
+    handle = None
+    if lengths is not None:
+        def seen(module, args, kwargs):
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            lengths.append((len(ids), cache.get_max_length() if cache is not None else None))
+
+        handle = loaded.model.register_forward_pre_hook(seen, with_kwargs=True)
+    try:
+        with numerics_scope(config.get("threads")):
+            recorder = new_recorder(batch, settings)
+            generate(loaded.model, loaded.tokenizer, batch, settings, recorder)
+    finally:
+        if handle is not None:
+            handle.remove()
+    return [(s["token"], s["logprob"]) for s in recorder.steps[0]]
+
+
+def test_bisect_of_a_static_cache_run_reproduces_its_reference_bits(static_run):
+    probe_bits = _reference_bits(static_run)
+    # the control: the dynamic cache (what bisect replayed every run on before) gives this host other bits
+    require_variance(probe_bits, _replayed_reference(static_run, DecodeSettings(TOKENS, 0.0, 0)),
+                     "the static vs the dynamic cache's reference")
+    result = run_bisect(BisectConfig(str(static_run), ablation=False, max_steps=4)).bisect
+    assert result["reference_reproduced"] is True and result["reference_bits_reproduced"] is True
+    assert result["replay"] == {"kv_cache": "static", "cache_tokens": TOKENS, "probe_compiled": False}
+    assert result["first_numeric_step"] is not None  # the injected norm's divergence, found on the replay
+
+
+def test_a_shorter_replay_keeps_the_probes_cache_length(static_run):
+    """bisect replays up to the flip; the static cache still holds prompt + the probe's tokens (the masked
+    positions past the tokens are part of the default kernels' numbers on a GPU). Control: the same call
+    without the probe's length gets a cache of the horizon's."""
+    own = 0 if reusable_static_cache() else -1  # the held cache: prompt + new tokens; before 5.24 generate's, one less
+    lengths: list = []
+    kept = _replayed_reference(static_run, DecodeSettings(4, 0.0, 0, kv_cache="static", cache_tokens=TOKENS), lengths)
+    prompt = lengths[0][0]
+    assert len(kept) == 4 and {n for _, n in lengths} == {prompt + TOKENS + own}
+    assert kept == _reference_bits(static_run)[:4]
+    lengths.clear()
+    _replayed_reference(static_run, DecodeSettings(4, 0.0, 0, kv_cache="static"), lengths)
+    assert {n for _, n in lengths} == {prompt + 4 + own}  # the control: the horizon's length
+
+
+def test_replay_cache_follows_the_probes_decode_path():
+    assert replay_cache({"kv_cache": "dynamic", "max_new_tokens": 50}) == {}
+    for probe in ({"kv_cache": "static"}, {"cuda_graphs": True}, {"compile_backend": "inductor"}):
+        assert replay_cache({"kv_cache": "dynamic", "max_new_tokens": 50, **probe}) == \
+            {"kv_cache": "static", "cache_tokens": 50}
+
+
+def test_the_note_on_other_bits_names_a_compiled_probe():
+    from nondet.cli.bisect import _other_numerics
+
+    assert "compiled" in _other_numerics({"replay": {"probe_compiled": True}})
+    assert "compiled" not in _other_numerics({"replay": {"probe_compiled": False}})
