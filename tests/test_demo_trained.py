@@ -87,6 +87,19 @@ def test_the_gate_fails_the_variant_demo_and_passes_it_under_the_mode(tmp_path):
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
 
 
+def test_the_demo_in_float32_is_checked_and_confirmed(tmp_path):
+    """In fp32 the mode's kernel check accepts the demo with its injected norm (whose split sum once ran in bf16
+    and moved the fp32 logits past fp32 rounding, so `--dtype float32 --confirm` was refused), the default's
+    divergence is found and the mode removes it."""
+    run = tmp_path / "fp32"
+    r = nondet("probe", "--dtype", "float32", "--confirm", "-p", "Tell me about Richard Feynman.", "-b", "1,3",
+               "-n", "8", "--out", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    modes = json.loads((run / "summary.json").read_text())["modes"]
+    assert modes["default"]["first_numeric_divergence"] is not None
+    assert modes["batch-invariant"]["first_numeric_divergence"] is None
+
+
 def test_chat_ids_are_the_chat_templates(tmp_path):
     """`--chat` in process feeds the ids apply_chat_template(tokenize=True) gives: what transformers
     serve's /v1/chat/completions feeds the model for the same messages."""
