@@ -44,7 +44,7 @@ def _replayed_reference(run, settings: DecodeSettings, lengths: list | None = No
     """The prompt alone decoded as bisect's replay decodes it (replay.generate), its (token, logprob bits);
     lengths: each forward's KV cache length appended."""
     config = json.loads((run / "config.json").read_text())["config"]
-    loaded = load_model(SPEC)
+    loaded = load_model(ModelSpec(**config["model"]))
     ids, _ = tokenize_inputs(loaded.tokenizer, config["prompt"], config["fillers"])
     batch = Batch([ids], [[1] * len(ids)], (0,))
     handle = None
