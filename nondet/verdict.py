@@ -4,7 +4,8 @@
 kernels mode, over one prompt or several; a server compared without logprobs says what its
 texts show. `report_verdict(modes, mode, minimal_set)` is the report's headline about one
 mode, with the ablation's fix and the batch-invariant confirmation; `tp_verdict(section)` a --tp probe's
-sentence, within each degree and across them. `partly_line`,
+sentence, within each degree and across them; `replay_line` a bisect replay whose reference is not the
+probe's. `partly_line`,
 `injected_control_line` and `graph_census_line` word what the batch-invariant kernels covered (summary.json,
 the gate, the report); `confidence_line` how sure a mode's verdict is (its rate, interval and grade). `modes` is summary.json's
 "modes": {kernels mode: the diff of its runs (probes/core/diff.py)}. No torch, no pandas.
@@ -158,6 +159,21 @@ def routing_line(change: dict | None, steps: int) -> str:
         f" (the reference's k-th and k+1-th router logits)")
     return (f"routing changed: step {change['step']}, layer {change['layer']}: experts "
             f"{_set(change['reference_experts'])} -> {_set(change['divergent_experts'])}{margin}")
+
+
+def replay_line(b: dict) -> str | None:
+    """bisect.json's reference replay, where it is not the probe's: other tokens, or the same tokens with other
+    logprob bits (a compiled probe replayed eager, or other threads, versions or device); None where it is."""
+    replay = b.get("replay") if isinstance(b.get("replay"), dict) else {}
+    if b.get("reference_reproduced") is False:
+        return ("the replayed reference's tokens differ from the probe's reference stream (other threads, library "
+                "versions or device?): the attribution is for this replay")
+    if b.get("reference_bits_reproduced") is False:
+        why = ("the probe's decode steps were compiled (Inductor's kernels), the replay is eager"
+               if replay.get("probe_compiled") else "other threads, library versions or device?")
+        return f"the replayed reference has the probe's tokens but other logprob bits ({why}): the attribution " \
+               "is for this replay"
+    return None
 
 
 def _set(experts: list[int]) -> str:

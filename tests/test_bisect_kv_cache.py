@@ -97,8 +97,27 @@ def test_replay_cache_follows_the_probes_decode_path():
             {"kv_cache": "static", "cache_tokens": 50}
 
 
-def test_the_note_on_other_bits_names_a_compiled_probe():
-    from nondet.cli.bisect import _other_numerics
+def test_a_replay_that_is_not_the_probes_is_said_in_the_terminal_and_the_report(static_run, tmp_path):
+    import shutil
 
-    assert "compiled" in _other_numerics({"replay": {"probe_compiled": True}})
-    assert "compiled" not in _other_numerics({"replay": {"probe_compiled": False}})
+    from nondet.reports.bisect_sections import bisect_blocks
+    from nondet.reports.blocks import Report, Section
+    from nondet.reports.markdown import render_markdown
+    from nondet.reports.tables import read_tables
+    from nondet.verdict import replay_line
+
+    same = {"reference_reproduced": True, "reference_bits_reproduced": True, "replay": {"probe_compiled": False}}
+    assert replay_line(same) is None
+    assert "tokens differ" in replay_line({**same, "reference_reproduced": False})
+    bits = {**same, "reference_bits_reproduced": False}
+    assert "other logprob bits" in replay_line(bits) and "compiled" not in replay_line(bits)
+    compiled = {**bits, "replay": {"probe_compiled": True}}
+    assert "compiled" in replay_line(compiled)
+
+    run = shutil.copytree(static_run, tmp_path / "run")
+    b = run_bisect(BisectConfig(str(run), ablation=False, max_steps=2)).bisect
+    assert replay_line(b) is None  # the static run replayed on its own cache: nothing to say
+    RunDir(run).write_json("bisect.json", {**b, **compiled})  # as a compiled probe's replay would write it
+    md = render_markdown(Report("r", [Section("bisect", "b", bisect_blocks(read_tables(run), []))]))
+    assert "The replayed reference has the probe's tokens but other logprob bits (the probe's decode steps were " \
+           "compiled" in md

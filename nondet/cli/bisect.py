@@ -157,20 +157,16 @@ def print_bisect(b: dict, modules: list[dict], console) -> None:
     from rich.text import Text
 
     from nondet.cli.fit import fitted
-    from nondet.verdict import routing_line
+    from nondet.verdict import replay_line, routing_line
 
     if "routing" in b:  # a mixture of experts: did the tokens go to other experts? (before any op detail)
         console.print(Text(routing_line(b["routing"], b["steps"]), style="bold"))
     console.print(_origin_line(b))
     if b.get("rl"):
         console.print(_rl_line(b["rl"]))
-    if b.get("reference_reproduced") is False:
-        console.print("warning: the replayed reference's tokens differ from the probe's reference stream "
-                      "(other threads, library versions or device?); attribution is for this replay",
-                      style="yellow")
-    elif b.get("reference_bits_reproduced") is False:
-        console.print("note: the replayed reference's logprob bits differ from the probe's reference stream "
-                      f"({_other_numerics(b)}); attribution is for this replay", style="yellow")
+    replayed = replay_line(b)
+    if replayed:
+        console.print(f"warning: {replayed}", style="yellow")
     steps = _table_steps(b)
     for step in steps:
         console.print(fitted(console, partial(_modules_table, step, b, modules),
@@ -204,13 +200,6 @@ def _table_steps(b: dict) -> list[int]:
     """Steps with a module table: the first difference, the lasting divergence, the flip."""
     lasting = (b.get("lasting") or {}).get("step")
     return list(dict.fromkeys(s for s in (b["first_numeric_step"], lasting, b["flip_step"]) if s is not None))
-
-
-def _other_numerics(b: dict) -> str:
-    """Why a replay that kept the probe's tokens may still have other bits."""
-    if b.get("replay", {}).get("probe_compiled"):
-        return "the probe's decode steps were compiled (Inductor's kernels); bisect replays them eager"
-    return "other threads, library versions or device?"
 
 
 def _origin_line(b: dict):

@@ -4,7 +4,7 @@ from nondet.fmt import DASH, fmt_float, fmt_margin, fmt_step, is_missing, run_di
 from nondet.reports import figures
 from nondet.reports.blocks import Code, Model, Para, Strong, Table, figure_or_hint
 from nondet.reports.tables import RunTables
-from nondet.verdict import routing_line
+from nondet.verdict import replay_line, routing_line
 
 
 def bisect_blocks(t: RunTables, no_bisect: list) -> list:
@@ -19,6 +19,9 @@ def bisect_blocks(t: RunTables, no_bisect: list) -> list:
     agreement = b.get("numeric_agreement")
     if isinstance(agreement, dict) and agreement.get("agree") is False:
         blocks.append(Para([f"Probe vs bisect: {agreement.get('note')}."], kind="note"))
+    replayed = replay_line(b)
+    if replayed:
+        blocks.append(Para([replayed[0].upper() + replayed[1:] + "."], kind="note"))
     blocks += figure_or_hint("bisect_heatmap.png", figures.bisect_heatmap(t), "Heatmap of differences by layer and op class",
                       ["Layer × op class; colour = log10 of the largest absolute difference of the target row "
                        "(blank = bit-identical); the origin is boxed."],
