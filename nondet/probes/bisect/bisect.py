@@ -59,8 +59,10 @@ def replay_horizon(config: BisectConfig, probe: dict, target: Target) -> int:
 def replay_cache(probe: dict) -> dict:
     """DecodeSettings fields of the KV cache a probe's run decoded on. A static one (`--kv-cache static`,
     `--cuda-graphs`, `--compile`) is replayed on a static cache of the probe's length, prompt + its
-    max_new_tokens, however few steps the replay takes: the masked positions past the tokens are part of the
-    numbers (the default kernels split their sums by the cache's length). The replay itself is eager (the hooks
+    max_new_tokens, however few steps the replay takes: a cache's layout can be part of the numbers (on the 2-core
+    EPYC the random demo's fp32 reference took other bits on the dynamic cache than on the static one; on an
+    H200 the GPU case's did not, nor with a static cache of the replay's own length: docs/benchmarks.md,
+    2026-11-30), and a replay must not depend on it. The replay itself is eager (the hooks
     need the modules to run), so a compiled run's bits are Inductor's and not reproduced; a CUDA-graph run's
     kernels are eager ones, and are."""
     if probe.get("kv_cache") == "static" or probe.get("cuda_graphs") or probe.get("compile_backend"):

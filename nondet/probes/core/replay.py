@@ -257,7 +257,7 @@ def _held_cache(model, batch: Batch, settings: DecodeSettings, fields: dict) -> 
 def _own_length(model) -> None:
     """transformers sizes a static cache it builds to the longest any earlier generate call on the model asked for
     (`_previous_max_cache_length`, which spares a compiled model new shapes). A probe's calls must each have their
-    own, prompt + new tokens: the masked positions past it change how the default kernels split their sums, so a
+    own, prompt + new tokens: the masked positions past it can change how the default kernels split their sums, so a
     prompt's numbers would depend on which longer prompts ran before it."""
     model.__dict__.pop("_previous_max_cache_length", None)
 

@@ -1,7 +1,7 @@
 """A stopping criterion that ends a generate call after a number of new tokens, whatever its max_new_tokens.
 
-A static KV cache holds prompt + max_new_tokens positions, and its length is part of the numbers: attention
-spans every position under a mask, and the default kernels split their sums by that length. A call that must
+A static KV cache holds prompt + max_new_tokens positions, and attention spans every position under a mask, so
+its length can be part of the numbers (how a kernel splits its sums may follow it). A call that must
 decode fewer steps than the run it repeats (a compiled warm-up, bisect's replay up to the flip) therefore keeps
 the run's max_new_tokens, so its cache has the run's length, and stops early with this criterion.
 """
