@@ -6,8 +6,9 @@ A check that the detector fires must not depend on that, so this module builds t
 on purpose, the way a split reduction does: the model's own norm when a single row is computed
 (its family's formula, Gemma's 1 + weight included), but with a sum of squares of CHUNKS partial
 sums added in order (bf16 for a 16-bit model, fp32 for an fp32 one) when several rows share the call
-(a strategy chosen by the number of rows). A request decoding alone and the same request decoding beside others therefore get
-different bits from their first decode step; prefill (many rows either way) is the same in both.
+(a strategy chosen by the number of rows). A request decoding alone and the same request decoding
+beside others therefore get different bits from their first decode step; prefill (many rows either
+way) is the same in both.
 
 Under the batch-invariant mode's "norm" class it takes the one-row path for every batch,
 as swapping in an invariant norm kernel would: so --confirm, bisect's ablation and the gate
@@ -94,7 +95,7 @@ def _split_mean_of_squares(x):
     partial = [c.to(dtype).pow(2).sum(-1, keepdim=True) for c in x.chunk(CHUNKS, dim=-1)]
     total = partial[0]
     for p in partial[1:]:
-        total = total + p  # bf16 adds, in chunk order
+        total = total + p  # adds in the partials' dtype, in chunk order
     return total.float() / x.shape[-1]
 
 

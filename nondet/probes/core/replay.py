@@ -43,7 +43,8 @@ class DecodeSettings:
     # when sampling: per-request (each request its own generator) | shared (one for the batch; recorder.py)
     sampler: str = "per-request"
     # new-token positions a static cache holds where the call decodes fewer (bisect replays a probe's static,
-    # compiled or CUDA-graph run up to its flip: the cache keeps the probe's length, stop_after.py); None: max_new_tokens
+    # compiled or CUDA-graph run up to its flip: the cache keeps the probe's length, stop_after.py);
+    # None: max_new_tokens
     cache_tokens: int | None = None
 
 
