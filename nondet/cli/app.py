@@ -66,9 +66,12 @@ def run() -> None:
 def main() -> None:
     """Run the app behind the one error boundary: returns, or raises SystemExit with the exit code."""
     _show_partial_run_warnings()
+    from nondet.probes.core.cache_dir import triton_cache
+
     try:
         _register_commands()
-        code = app(standalone_mode=False)
+        with triton_cache():  # the mode's Triton binaries kept with nondet's cache (CI workflows keep it)
+            code = app(standalone_mode=False)
     except NondetError as exc:
         _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:

@@ -21,6 +21,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from nondet.errors import NondetError, debug_traceback
+from nondet.probes.core.cache_dir import TRITON_CACHE_ENV
 
 WARM_STEPS = 4  # decode steps: dynamo compiles on the 1st, cudagraph trees warm up on the 2nd, record on the 3rd
 # A speculative call on CUDA is warmed up twice: on an H100 (2026-11-26, the 8B-wide damped case) the
@@ -36,7 +37,7 @@ INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # read by Inductor each time it 
 # kernel in this process, and every Triton kernel launched after, ours too, then looks there: on an H200 a warm
 # probe's first run after a cold one compiled the mode's kernels again for 8 s, since the cold run had compiled
 # them before Inductor set it (docs/benchmarks.md, 2026-11-29 11:10). So the scope names one folder for all
-TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
+# (TRITON_CACHE_ENV, cache_dir.triton_cache; the CLI names it for every command too)
 # "0": the compiled path on CUDA without CUDA graphs (Inductor's default mode). A benchmark switch: whether a
 # capture per batch shape pays at a probe's length (scripts/gpu.sh probe-cli's *-nographs runs); the label and
 # the saved steps' key follow it, so the two paths' files and numbers never mix
@@ -143,15 +144,13 @@ def compile_scope():
     own setting of Triton's folder included."""
     import torch._dynamo
 
-    from nondet.probes.core.cache_dir import cache_root
+    from nondet.probes.core.cache_dir import cache_root, triton_cache
 
     before = {name: os.environ.get(name) for name in (INDUCTOR_CACHE_ENV, TRITON_CACHE_ENV)}
     if _inductors_own(before[INDUCTOR_CACHE_ENV]):
         os.environ[INDUCTOR_CACHE_ENV] = str(cache_root() / "inductor")
-    if before[TRITON_CACHE_ENV] is None:
-        os.environ[TRITON_CACHE_ENV] = str(cache_root() / "triton")
     try:
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        with triton_cache(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             yield
     finally:
         for name, value in before.items():
