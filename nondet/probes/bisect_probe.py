@@ -39,8 +39,9 @@ def run_bisect(config: BisectConfig, on_stage: OnStage | None = None) -> BisectR
     probe = _read_probe_config(rd)
     stage("loading model")
     loaded = load_model(ModelSpec(**probe["model"]))
+    cache = replay_cache(probe) if target.condition.load != "speculative" else {}  # speculative rounds: their own
     settings = DecodeSettings(replay_horizon(config, probe, target), probe["temperature"], probe["seed"],
-                              sampler=probe.get("sampler", "per-request"), **replay_cache(probe))
+                              sampler=probe.get("sampler", "per-request"), **cache)
     with numerics_scope(probe.get("threads")):
         replay = _replayer_of(loaded, probe, target, streams, settings, config.baseline)
         stage(f"lockstep replay of {target.condition.condition_id} row {target.position}")
