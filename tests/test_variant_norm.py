@@ -86,16 +86,22 @@ def test_a_norm_without_a_weight_is_refused(tmp_path):
         inject_batch_variance(model)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_split_sum_keeps_the_models_precision_and_its_bits_still_differ(dtype):
-    """The split path adds its partial sums in the model's own precision (bf16 for a 16-bit model): within that
-    precision's rounding of the exact mean of squares, so the mode's kernel check accepts an fp32 model with the
-    control in it (in bf16 partials the trained demo's fp32 logits moved by 0.4), and still other bits than the
-    one-row formula on most rows (the control fires)."""
-    from nondet.kernels.variant import _split_mean_of_squares
+def test_the_census_reference_is_the_models_own_formula(tmp_path):
+    """The op census compares the mode with each request alone (census._forward_row_by_row): there the injected
+    norm computes the model's formula, as under the mode, though a prefill has many rows (in fp32 the split path's
+    bf16 partials moved the trained demo's logits past fp32 rounding, and the census refused it). Control: the
+    same forward outside that reference takes the split path and gets other bits."""
+    from transformers import AutoModelForCausalLM
 
-    x = torch.randn(64, 1, 576, generator=torch.Generator().manual_seed(3)).to(dtype)
-    split, exact = _split_mean_of_squares(x), x.float().pow(2).mean(-1, keepdim=True)
-    rounding = 1e-5 if dtype == torch.float32 else 2e-2
-    assert float(((split - exact).abs() / exact).max()) < rounding
-    assert int((split != exact).sum()) > 32  # most of the 64 rows: the control's bits differ
+    from nondet.kernels.census import _forward, _forward_row_by_row, _inputs
+
+    directory = save_family("qwen3", tmp_path / "qwen3")
+    plain = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    injected = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    inject_batch_variance(injected)
+    ids, mask = _inputs(plain)
+    with torch.no_grad():
+        want = _forward_row_by_row(plain, ids, mask)
+        assert all(torch.equal(a, b) for a, b in zip(_forward_row_by_row(injected, ids, mask), want))
+        split = [_forward(injected, ids[r:r + 1], mask[r:r + 1])[0] for r in range(ids.shape[0])]
+    assert not torch.equal(torch.cat(split), want[0])  # the control: the prefill's many rows, split

@@ -4,22 +4,38 @@ Whether a host's own kernels are batch-variant depends on its BLAS, its CPU and 
 count (on one CPU the embedded demo flips a token at step 93, on another only at step 266).
 A check that the detector fires must not depend on that, so this module builds the variance
 on purpose, the way a split reduction does: the model's own norm when a single row is computed
-(its family's formula, Gemma's 1 + weight included), but with a sum of squares of CHUNKS partial
-sums added in order (bf16 for a 16-bit model, fp32 for an fp32 one) when several rows share the call
-(a strategy chosen by the number of rows). A request decoding alone and the same request decoding
-beside others therefore get different bits from their first decode step; prefill (many rows either
-way) is the same in both.
+(its family's formula, Gemma's 1 + weight included), but with a sum of squares of CHUNKS bf16
+partial sums added in order when several rows share the call (a strategy chosen by the number of
+rows). A request decoding alone and the same request decoding beside others therefore get
+different bits from their first decode step; prefill (many rows either way) is the same in both.
 
 Under the batch-invariant mode's "norm" class it takes the one-row path for every batch,
 as swapping in an invariant norm kernel would: so --confirm, bisect's ablation and the gate
-see a fix that really works. Nothing here runs unless a caller installs it.
+see a fix that really works. The op census's reference (a request alone) takes it too
+(one_row_paths): a lone request's prefill has many rows, and the split path is the injected
+variance, not a kernel of the model's. Nothing here runs unless a caller installs it.
 """
+
+import contextlib
 
 import torch
 
 from nondet.kernels.mode import is_active
 
 CHUNKS = 32  # partial sums of the split path, added one by one into a bf16 total
+_ONE_ROW = [False]  # one_row_paths: every injected norm computes its one-row formula
+
+
+@contextlib.contextmanager
+def one_row_paths():
+    """Every injected norm computes the model's own formula, whatever the rows: the op census compares the mode
+    with a request alone, and in bf16 partial sums the split path of an fp32 model leaves fp32 rounding (the
+    trained demo's logits by 0.4, so the census refused the demo in fp32, 2026-11-30)."""
+    _ONE_ROW.append(True)
+    try:
+        yield
+    finally:
+        _ONE_ROW.pop()
 
 
 def make_batch_variant_norm(original):
@@ -48,7 +64,7 @@ class BatchVariantRMSNorm(torch.nn.Module):
         # Each row's result depends only on the path, and the path on how many rows share
         # the call: a lone decode row takes one path, a batch (or a prefill) the other.
         rows = x.numel() // x.shape[-1]
-        if is_active("norm") or rows == 1:  # the mode first: traced under it, no guard on the batch
+        if is_active("norm") or rows == 1 or _ONE_ROW[-1]:  # the mode first: traced under it, no guard on the batch
             return self._original[0](x)
         eps = self.variance_epsilon
         if self.plain:
@@ -85,17 +101,13 @@ def _plain_formula_is_the_originals(original, eps: float) -> bool:
 
 
 def _split_mean_of_squares(x):
-    """[..., hidden] -> [..., 1] fp32: CHUNKS partial sums of squares added in chunk order in the precision a
-    split reduction of x keeps: bf16 for a 16-bit x (fp16's squares would overflow), x's own for fp32 / fp64.
-    (An fp32 model's split path in bf16 moved the trained demo's logits by 0.4, beyond what the kernel check
-    allows for fp32 rounding, so the mode's own census refused the demo in fp32.)"""
+    """[..., hidden] -> [..., 1] fp32: CHUNKS bf16 partial sums of squares added in order in bf16."""
     import torch
 
-    dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.bfloat16
-    partial = [c.to(dtype).pow(2).sum(-1, keepdim=True) for c in x.chunk(CHUNKS, dim=-1)]
+    partial = [c.to(torch.bfloat16).pow(2).sum(-1, keepdim=True) for c in x.chunk(CHUNKS, dim=-1)]
     total = partial[0]
     for p in partial[1:]:
-        total = total + p  # adds in the partials' dtype, in chunk order
+        total = total + p  # bf16 adds, in chunk order
     return total.float() / x.shape[-1]
 
 
