@@ -161,8 +161,8 @@ def _forward(model, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]
 
 def _forward_row_by_row(model, ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
     """_forward with each row alone: the default kernels' answer for a lone request. (A module built
-    batch-variant on purpose, the demo's injected norm, computes its own formula there: variant.one_row_paths.)"""
-    from nondet.kernels.variant import one_row_paths
+    batch-variant on purpose, the demo's injected norm, computes its own formula there: one_row.py.)"""
+    from nondet.kernels.one_row import one_row_paths
 
     with one_row_paths():
         rows = [_forward(model, ids[r:r + 1], mask[r:r + 1]) for r in range(ids.shape[0])]

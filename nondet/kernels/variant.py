@@ -12,30 +12,15 @@ different bits from their first decode step; prefill (many rows either way) is t
 Under the batch-invariant mode's "norm" class it takes the one-row path for every batch,
 as swapping in an invariant norm kernel would: so --confirm, bisect's ablation and the gate
 see a fix that really works. The op census's reference (a request alone) takes it too
-(one_row_paths): a lone request's prefill has many rows, and the split path is the injected
-variance, not a kernel of the model's. Nothing here runs unless a caller installs it.
+(one_row.py). Nothing here runs unless a caller installs it.
 """
-
-import contextlib
 
 import torch
 
 from nondet.kernels.mode import is_active
+from nondet.kernels.one_row import held as one_row_held
 
 CHUNKS = 32  # partial sums of the split path, added one by one into a bf16 total
-_ONE_ROW = [False]  # one_row_paths: every injected norm computes its one-row formula
-
-
-@contextlib.contextmanager
-def one_row_paths():
-    """Every injected norm computes the model's own formula, whatever the rows: the op census compares the mode
-    with a request alone, and in bf16 partial sums the split path of an fp32 model leaves fp32 rounding (the
-    trained demo's logits by 0.4, so the census refused the demo in fp32, 2026-11-30)."""
-    _ONE_ROW.append(True)
-    try:
-        yield
-    finally:
-        _ONE_ROW.pop()
 
 
 def make_batch_variant_norm(original):
@@ -64,7 +49,7 @@ class BatchVariantRMSNorm(torch.nn.Module):
         # Each row's result depends only on the path, and the path on how many rows share
         # the call: a lone decode row takes one path, a batch (or a prefill) the other.
         rows = x.numel() // x.shape[-1]
-        if is_active("norm") or rows == 1 or _ONE_ROW[-1]:  # the mode first: traced under it, no guard on the batch
+        if is_active("norm") or rows == 1 or one_row_held():  # the mode first: traced under it, no guard on the batch
             return self._original[0](x)
         eps = self.variance_epsilon
         if self.plain:

@@ -5,6 +5,7 @@
     corpus.py          the built-in filler prompts (and the default tokenizer's corpus)
     chat.py            chat formatting of a prompt, as a server formats /v1/chat/completions
     replay.py          one condition = one batched generate call -> the target rows' step dicts
+    stop_after.py      a call stopped after N new tokens, its static cache keeping the run's length
     recorder.py        the logits processor that records each target row's step
     routing_trace.py   which experts each target token went to (mixtures of experts)
     compiled.py        the compiled decode path (--compile); static_caches.py its KV caches
