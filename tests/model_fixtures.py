@@ -1,5 +1,7 @@
 """Random Qwen3 models saved with save_pretrained, for tests: the real from_pretrained path."""
 
+import contextlib
+
 # A chat template for the tiny test tokenizer (build_tokenizer has none): Qwen's ChatML layout (its
 # markers tokenized as text here), which transformers serve parses a Qwen3 model's answer by;
 # add_generation_prompt opens the assistant's turn.
@@ -43,3 +45,20 @@ def save_qwen3_moe(out, hidden: int = 64, layers: int = 2, seed: int = 0):
         torch.nn.init.normal_(layer.mlp.gate.weight, 0.0, 0.5)
     model.save_pretrained(out)
     return out
+
+
+@contextlib.contextmanager
+def cache_lengths(model):
+    """Within: the length of the KV cache each forward of `model` is handed (get_max_length; None without one),
+    appended to the list this yields."""
+    lengths: list = []
+
+    def seen(module, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        lengths.append(cache.get_max_length() if cache is not None else None)
+
+    handle = model.register_forward_pre_hook(seen, with_kwargs=True)
+    try:
+        yield lengths
+    finally:
+        handle.remove()

@@ -6,10 +6,12 @@ static cache than on the dynamic one (tests/test_probe_kv_cache.py), and the len
 a replay of the horizon alone would have had.
 """
 
+import functools
 import json
 
 import pytest
 from controls import require_variance
+from model_fixtures import cache_lengths
 
 from nondet.probes.bisect.bisect import BisectConfig, replay_cache
 from nondet.probes.bisect_probe import run_bisect
@@ -40,27 +42,22 @@ def _reference_bits(run) -> list[tuple]:
     return [(s["token"], s["logprob"]) for s in ref["steps"]]
 
 
-def _replayed_reference(run, settings: DecodeSettings, lengths: list | None = None) -> list[tuple]:
-    """The prompt alone decoded as bisect's replay decodes it (replay.generate), its (token, logprob bits);
-    lengths: each forward's KV cache length appended."""
+@functools.cache
+def _probe_model(run) -> tuple:
+    """(the run's model loaded as the probe loaded it, the prompt's ids, the run's thread count), once per run."""
     config = json.loads((run / "config.json").read_text())["config"]
     loaded = load_model(ModelSpec(**config["model"]))
     ids, _ = tokenize_inputs(loaded.tokenizer, config["prompt"], config["fillers"])
-    batch = Batch([ids], [[1] * len(ids)], (0,))
-    handle = None
-    if lengths is not None:
-        def seen(module, args, kwargs):
-            cache = kwargs.get("cache", kwargs.get("past_key_values"))
-            lengths.append((len(ids), cache.get_max_length() if cache is not None else None))
+    return loaded, ids, config.get("threads")
 
-        handle = loaded.model.register_forward_pre_hook(seen, with_kwargs=True)
-    try:
-        with numerics_scope(config.get("threads")):
-            recorder = new_recorder(batch, settings)
-            generate(loaded.model, loaded.tokenizer, batch, settings, recorder)
-    finally:
-        if handle is not None:
-            handle.remove()
+
+def _replayed_reference(run, settings: DecodeSettings) -> list[tuple]:
+    """The prompt alone decoded as bisect's replay decodes it (replay.generate), its (token, logprob bits)."""
+    loaded, ids, threads = _probe_model(run)
+    batch = Batch([ids], [[1] * len(ids)], (0,))
+    with numerics_scope(threads):
+        recorder = new_recorder(batch, settings)
+        generate(loaded.model, loaded.tokenizer, batch, settings, recorder)
     return [(s["token"], s["logprob"]) for s in recorder.steps[0]]
 
 
@@ -80,14 +77,14 @@ def test_a_shorter_replay_keeps_the_probes_cache_length(static_run):
     attention's sums may follow the cache's length; on this host and on an H200 the bits did not change with it,
     so this test checks the length). Control: the same call without the probe's length gets the horizon's."""
     own = 0 if reusable_static_cache() else -1  # the held cache: prompt + new tokens; before 5.24 generate's, one less
-    lengths: list = []
-    kept = _replayed_reference(static_run, DecodeSettings(4, 0.0, 0, kv_cache="static", cache_tokens=TOKENS), lengths)
-    prompt = lengths[0][0]
-    assert len(kept) == 4 and {n for _, n in lengths} == {prompt + TOKENS + own}
+    loaded, ids, _ = _probe_model(static_run)
+    with cache_lengths(loaded.model) as lengths:
+        kept = _replayed_reference(static_run, DecodeSettings(4, 0.0, 0, kv_cache="static", cache_tokens=TOKENS))
+    assert len(kept) == 4 and set(lengths) == {len(ids) + TOKENS + own}
     assert kept == _reference_bits(static_run)[:4]
-    lengths.clear()
-    _replayed_reference(static_run, DecodeSettings(4, 0.0, 0, kv_cache="static"), lengths)
-    assert {n for _, n in lengths} == {prompt + 4 + own}  # the control: the horizon's length
+    with cache_lengths(loaded.model) as lengths:
+        _replayed_reference(static_run, DecodeSettings(4, 0.0, 0, kv_cache="static"))
+    assert set(lengths) == {len(ids) + 4 + own}  # the control: the horizon's length
 
 
 def test_replay_cache_follows_the_probes_decode_path():

@@ -5,6 +5,7 @@ how the summary and the report name the path. The graphs themselves run in tests
 import pytest
 
 import cli_runner
+from model_fixtures import cache_lengths
 from nondet.probes.core.conditions import Condition
 from nondet.probes.core.static_caches import reusable_static_cache
 
@@ -217,28 +218,19 @@ def test_every_static_cache_call_has_its_own_length(tiny_model_dir):
     from nondet.probes.models.loading import ModelSpec, load_model
 
     loaded = load_model(ModelSpec(name=str(tiny_model_dir)))
-    lengths = []
-
-    def seen(module, args, kwargs):
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        lengths.append(cache.get_max_length() if cache is not None else None)
 
     def call(tokens: int, ours: bool) -> int:
-        lengths.clear()
         ids = list(range(5, 5 + tokens))
-        if ours:
-            generate(loaded.model, loaded.tokenizer, Batch([ids], [[1] * tokens], (0,)),
-                     DecodeSettings(4, 0.0, 0, kv_cache="static"), None)
-        else:
-            loaded.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, tokens, dtype=torch.long),
-                                  max_new_tokens=4, do_sample=False, cache_implementation="static",
-                                  disable_compile=True, pad_token_id=0)
+        with cache_lengths(loaded.model) as lengths:
+            if ours:
+                generate(loaded.model, loaded.tokenizer, Batch([ids], [[1] * tokens], (0,)),
+                         DecodeSettings(4, 0.0, 0, kv_cache="static"), None)
+            else:
+                loaded.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, tokens, dtype=torch.long),
+                                      max_new_tokens=4, do_sample=False, cache_implementation="static",
+                                      disable_compile=True, pad_token_id=0)
         return lengths[-1]
 
     own = 0 if reusable_static_cache() else -1  # the held cache: prompt + new tokens; before 5.24 generate's, one less
-    handle = loaded.model.register_forward_pre_hook(seen, with_kwargs=True)
-    try:
-        assert call(12, ours=True) == 16 + own and call(3, ours=True) == 7 + own
-        assert call(12, ours=False) == 15 and call(3, ours=False) == 15  # the control: the long call's length
-    finally:
-        handle.remove()
+    assert call(12, ours=True) == 16 + own and call(3, ours=True) == 7 + own
+    assert call(12, ours=False) == 15 and call(3, ours=False) == 15  # the control: the long call's length

@@ -191,7 +191,8 @@ def test_compile_scope_names_one_triton_cache_and_restores(monkeypatch, tmp_path
     variable for good when it first compiles a kernel in the process) does not outlive it; the user's kept."""
     import os
 
-    from nondet.probes.core.compiled import TRITON_CACHE_ENV, compile_scope
+    from nondet.probes.core.cache_dir import TRITON_CACHE_ENV
+    from nondet.probes.core.compiled import compile_scope
 
     monkeypatch.setenv("NONDET_CACHE", str(tmp_path))
     monkeypatch.delenv(TRITON_CACHE_ENV, raising=False)

@@ -21,7 +21,6 @@ import weakref
 from dataclasses import dataclass, field
 
 from nondet.errors import NondetError, debug_traceback
-from nondet.probes.core.cache_dir import TRITON_CACHE_ENV
 
 WARM_STEPS = 4  # decode steps: dynamo compiles on the 1st, cudagraph trees warm up on the 2nd, record on the 3rd
 # A speculative call on CUDA is warmed up twice: on an H100 (2026-11-26, the 8B-wide damped case) the
@@ -33,11 +32,12 @@ SPECULATIVE_WARM_CALLS = {"cuda": 2}
 RECOMPILE_LIMIT = 256  # one graph per batch shape and cache length per kernels mode; dynamo's default stops at 8
 COMPILED, EAGER = "compiled", "eager"
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # read by Inductor each time it opens its caches
-# read by Triton at each compile. Unset, Inductor sets it for good (to its own folder) the first time it compiles a
-# kernel in this process, and every Triton kernel launched after, ours too, then looks there: on an H200 a warm
-# probe's first run after a cold one compiled the mode's kernels again for 8 s, since the cold run had compiled
-# them before Inductor set it (docs/benchmarks.md, 2026-11-29 11:10). So the scope names one folder for all
-# (TRITON_CACHE_ENV, cache_dir.triton_cache; the CLI names it for every command too)
+# TRITON_CACHE_DIR is read by Triton at each compile. Unset, Inductor sets it for good (to its own folder) the first
+# time it compiles a kernel in this process, and every Triton kernel launched after, ours too, then looks there: on
+# an H200 a warm probe's first run after a cold one compiled the mode's kernels again for 8 s, since the cold run had
+# compiled them before Inductor set it (docs/benchmarks.md, 2026-11-29 11:10). So compile_scope names one folder for
+# all (cache_dir.triton_cache; the CLI names it for every command too).
+
 # "0": the compiled path on CUDA without CUDA graphs (Inductor's default mode). A benchmark switch: whether a
 # capture per batch shape pays at a probe's length (scripts/gpu.sh probe-cli's *-nographs runs); the label and
 # the saved steps' key follow it, so the two paths' files and numbers never mix
@@ -139,25 +139,24 @@ def compile_scope():
     """Dynamo allowed one graph per shape (every batch size and prompt length is a new one), and
     Inductor's and Triton's on-disk caches under NONDET_CACHE (inductor/, triton/), so a second probe
     of the same model and shapes starts warm after a reboot too (Inductor's default is a folder in
-    /tmp), and every run finds each kernel where an earlier run compiled it (TRITON_CACHE_ENV); a
+    /tmp), and every run finds each kernel where an earlier run compiled it (cache_dir.triton_cache); a
     TORCHINDUCTOR_CACHE_DIR or TRITON_CACHE_DIR the user set is kept. Restored on exit, Inductor's
     own setting of Triton's folder included."""
     import torch._dynamo
 
     from nondet.probes.core.cache_dir import cache_root, triton_cache
 
-    before = {name: os.environ.get(name) for name in (INDUCTOR_CACHE_ENV, TRITON_CACHE_ENV)}
-    if _inductors_own(before[INDUCTOR_CACHE_ENV]):
+    before = os.environ.get(INDUCTOR_CACHE_ENV)
+    if _inductors_own(before):
         os.environ[INDUCTOR_CACHE_ENV] = str(cache_root() / "inductor")
     try:
-        with triton_cache(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        with triton_cache(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):  # restores its variable
             yield
     finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        if before is None:
+            os.environ.pop(INDUCTOR_CACHE_ENV, None)
+        else:
+            os.environ[INDUCTOR_CACHE_ENV] = before
 
 
 def _inductors_own(value: str | None) -> bool:
