@@ -12,11 +12,16 @@ from nondet.probes.core.load_config import LoadConfig
 from nondet.probes.probe import ProbeConfig, run_probe
 
 
+SERVED_TOKENS = 300  # enough generated tokens for several near-ties (see served_model_dir)
+
+
 @pytest.fixture(scope="module")
 def served_model_dir(tmp_path_factory):
     # The embedded default's construction (random Qwen3, hidden 512, 4 layers, bf16), saved with
-    # save_pretrained. At hidden 64 the server's CPU numerics flipped no token in 64 steps; at this
-    # size 3 of 3 trials split 16 copies 8/9 near generated token 95 (hence 160 tokens).
+    # save_pretrained. At hidden 64 the server's CPU numerics flipped no token in 64 steps. At this
+    # size the first split falls at generated token 126 (here: 11/6, 13/4, 15/2, 12/5 of 17), so once
+    # in CI all 17 took one branch at 160 tokens; at 300 tokens 3 of 3 trials gave 6-7 distinct
+    # completions (later near-ties split the copies again), about 24 s a trial on 2 cores.
     from nondet.probes.models.default_model import DefaultModelSpec, build_default_model
 
     out = tmp_path_factory.mktemp("served-model")
@@ -28,7 +33,7 @@ def served_model_dir(tmp_path_factory):
 def test_transformers_serve_under_load_is_batch_variant(served_model_dir, tmp_path):
     with transformers_serve(served_model_dir, tmp_path) as url:
         load = LoadConfig(mode="server", endpoint=url, tokenizer=str(served_model_dir), rate=8.0)
-        result = run_probe(ProbeConfig(max_new_tokens=160, runs=16, out=str(tmp_path / "run"), load=load))
+        result = run_probe(ProbeConfig(max_new_tokens=SERVED_TOKENS, runs=16, out=str(tmp_path / "run"), load=load))
     summary = result.summary
     m = summary["modes"]["default"]
     assert summary["load"]["compare_level"] == "tokenizer"  # transformers serve returns no logprobs
