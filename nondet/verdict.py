@@ -169,11 +169,19 @@ def replay_line(b: dict) -> str | None:
         return ("the replayed reference's tokens differ from the probe's reference stream (other threads, library "
                 "versions or device?): the attribution is for this replay")
     if b.get("reference_bits_reproduced") is False:
-        why = ("the probe's decode steps were compiled (Inductor's kernels), the replay is eager"
-               if replay.get("probe_compiled") else "other threads, library versions or device?")
+        why = _other_bits(b, replay)
         return f"the replayed reference has the probe's tokens but other logprob bits ({why}): the attribution " \
                "is for this replay"
     return None
+
+
+def _other_bits(b: dict, replay: dict) -> str:
+    """Why a replayed reference can keep the probe's tokens and lose its bits, most likely first."""
+    if b.get("baseline"):  # a library caller's baseline: those classes were never the probe's kernels
+        return f"the replay keeps {' + '.join(b['baseline'])} batch-invariant in every replay"
+    if replay.get("probe_compiled"):
+        return "the probe's decode steps were compiled (Inductor's kernels), the replay is eager"
+    return "other threads, library versions or device?"
 
 
 def _set(experts: list[int]) -> str:

@@ -121,7 +121,13 @@ def test_bisect_cli_replays_a_tensor_parallel_run_at_its_degree(tp_run, tmp_path
     r = nondet("bisect", str(run), "--no-ablation")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "default/tp2/" in r.stdout and "first difference: step " in r.stdout, r.stdout
-    assert json.loads((run / "bisect.json").read_text())["tp_degree"] == 2
+    b = json.loads((run / "bisect.json").read_text())
+    assert b["tp_degree"] == 2
+    # the replayed prompt alone at TP2 is the probe's: tokens and logprob bits (the keys' control:
+    # tests/test_bisect_reproduced.py, one bit off; a baseline's replay, below, is not the probe's)
+    assert b["reference_reproduced"] is True and b["reference_bits_reproduced"] is True
+    assert b["replay"] == {"kv_cache": "dynamic", "cache_tokens": None, "probe_compiled": False}
+    assert "logprob bits" not in r.stdout
 
 
 @pytest.mark.slow  # a bisect at TP2: a process group per replay

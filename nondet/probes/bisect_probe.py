@@ -18,6 +18,7 @@ from nondet.probes.bisect.bisect import (BisectConfig, BisectResult, OnStage, de
 from nondet.probes.bisect.choose import Target, choose_target
 from nondet.probes.bisect.classify import ablatable
 from nondet.probes.bisect.lockstep import Lockstep
+from nondet.probes.bisect.reproduced import replay_record, reproduced
 from nondet.probes.core.numerics import numerics_scope
 from nondet.probes.core.replay import DecodeSettings
 from nondet.probes.models.loading import ModelSpec, load_model
@@ -48,9 +49,8 @@ def run_bisect(config: BisectConfig, on_stage: OnStage | None = None) -> BisectR
         main = replay(None)
         ablation = _ablate(config, target, main, replay, stage, loaded.model)
     result = describe(target, main, loaded.tokenizer, ablation, config.baseline)
-    result.update(_reproduced(main, streams, target.reference_run_id))
-    result["replay"] = {"kv_cache": settings.kv_cache, "cache_tokens": settings.cache_tokens,
-                        "probe_compiled": bool(probe.get("compile_backend"))}
+    result.update(reproduced(main.reference, streams, target.reference_run_id))
+    result["replay"] = replay_record(settings, probe)
     if "router" in ablatable(loaded.model):  # a mixture of experts: routing before arithmetic
         result.update(routing=main.routing, routing_changes=main.routing_changes)
     if target.condition.load == "speculative":
@@ -103,16 +103,3 @@ def _ablate(config: BisectConfig, target: Target, main: Lockstep, replay, stage:
     return run_ablation(lambda ops: replay(ops, steps, True), classes, main.first_diff,
                         lambda ops: stage(f"ablation: batch-invariant {' + '.join(ops)}"))
 
-
-def _reproduced(ls: Lockstep, streams: list[dict], reference_run_id: int) -> dict:
-    """reference_reproduced: the replayed reference's tokens equal the probe's reference stream's;
-    reference_bits_reproduced: their logprob bits too, over the steps replayed (the same numerics: threads,
-    versions, device and the KV cache's length alike). None where the probe kept no reference stream."""
-    ref = next((s for s in streams if s["run_id"] == reference_run_id), None)
-    if ref is None:
-        return {"reference_reproduced": None, "reference_bits_reproduced": None}
-    probe_steps = ref["steps"][: len(ls.reference)]
-    replayed = ls.reference[: len(probe_steps)]
-    return {"reference_reproduced": [s["token"] for s in probe_steps] == [s["token"] for s in replayed],
-            "reference_bits_reproduced": ([(s["token"], s["logprob"]) for s in probe_steps]
-                                          == [(s["token"], s["logprob"]) for s in replayed])}

@@ -21,6 +21,7 @@ from nondet.errors import RunDirError, UsageError
 from nondet.probes.bisect.bisect import (BisectConfig, BisectResult, describe, module_rows, replay_cache,
                                         replay_horizon, write_result)
 from nondet.probes.bisect.choose import Target
+from nondet.probes.bisect.reproduced import replay_record, reproduced
 from nondet.probes.core.batch import Batch, build_batch, tokenize_inputs
 from nondet.probes.core.conditions import Condition, condition_from_record
 from nondet.probes.core.diff import first_numeric_divergence, first_token_divergence
@@ -41,13 +42,17 @@ def run_tp_bisect(config: BisectConfig, on_stage=None) -> BisectResult:
     stage = on_stage or (lambda text: None)
     rd = RunDir(config.run_dir)
     rd.require()
-    probe = read_header_dict(rd)["config"]
-    target, degree = choose_tp_target(read_condition_dicts(rd), read_stream_dicts(rd),
-                                      str(rd.path), config.condition, config.position)
+    probe, streams = read_header_dict(rd)["config"], read_stream_dicts(rd)
+    target, degree = choose_tp_target(read_condition_dicts(rd), streams, str(rd.path), config.condition,
+                                      config.position)
     spec = ModelSpec(**probe["model"])
+    settings = DecodeSettings(replay_horizon(config, probe, target), probe["temperature"], probe["seed"],
+                              **replay_cache(probe))
     stage(f"loading model at --tp {degree}")
-    main, ablation, tokenizer = _replay_in_group(config, probe, spec, target, degree, stage)
+    main, ablation, tokenizer = _replay_in_group(config, probe, spec, target, degree, settings, stage)
     result = describe(target, main, tokenizer, ablation, config.baseline)
+    result.update(reproduced(main.reference, streams, target.reference_run_id))  # the degree's prompt alone
+    result["replay"] = replay_record(settings, probe)
     result["tp_degree"] = degree
     result["seconds"] = round(time.perf_counter() - started, 2)
     rows = module_rows(main)
@@ -86,7 +91,8 @@ def _picked(stream: dict, wanted: str | None, position: int | None) -> bool:
             and (position is None or stream["position"] == position))
 
 
-def _replay_in_group(config: BisectConfig, probe: dict, spec: ModelSpec, target: Target, degree: int, stage):
+def _replay_in_group(config: BisectConfig, probe: dict, spec: ModelSpec, target: Target, degree: int,
+                     settings: DecodeSettings, stage):
     """(main Lockstep, Ablation or None, tokenizer): the replays on a worker group of the degree."""
     from nondet.kernels.mode import EXTRA_CLASSES, OP_CLASSES
     from nondet.probes.tp.group import WorkerGroup, free_port
@@ -95,8 +101,6 @@ def _replay_in_group(config: BisectConfig, probe: dict, spec: ModelSpec, target:
 
     tokenizer = load_tokenizer(model_source(spec.name), spec)
     reference, divergent = _batches(tokenizer, probe, target)
-    settings = DecodeSettings(replay_horizon(config, probe, target), probe["temperature"], probe["seed"],
-                              **replay_cache(probe))
     classes = tuple(c for c in OP_CLASSES + EXTRA_CLASSES
                     if c not in config.baseline and c not in ("experts", "router"))  # TP models here are dense
     task = BisectTask(reference, divergent, target.position, target.condition.kernels, tuple(config.baseline),
