@@ -130,6 +130,23 @@ def test_bisect_cli_replays_a_tensor_parallel_run_at_its_degree(tp_run, tmp_path
     assert "logprob bits" not in r.stdout
 
 
+@pytest.mark.slow  # a TP2 probe and its bisect
+def test_a_static_cache_run_decodes_on_it_at_tp2_and_bisect_replays_its_bits(tiny_model_dir, tmp_path):
+    """--tp with --kv-cache static decodes on the static cache (the ranks once took the dynamic one while
+    config.json said static, and bisect's static replay then missed the probe's bits on this host)."""
+    run = tmp_path / "run"
+    r = nondet("probe", "--tp", "2", "--model", str(tiny_model_dir), "--prompt", "Tell me about Richard Feynman",
+               "--batch-sizes", "1,2", "--max-new-tokens", "6", "--kv-cache", "static", "--inject-variance",
+               "--out", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((run / "fingerprint.json").read_text())["decode_path"] == "eager, static KV cache"
+    r = nondet("bisect", str(run), "--no-ablation")
+    assert r.returncode == 0, r.stdout + r.stderr
+    b = json.loads((run / "bisect.json").read_text())
+    assert b["replay"] == {"kv_cache": "static", "cache_tokens": 6, "probe_compiled": False}
+    assert b["reference_reproduced"] is True and b["reference_bits_reproduced"] is True, r.stdout
+
+
 @pytest.mark.slow  # a bisect at TP2: a process group per replay
 def test_tp_bisect_names_the_injected_norm_at_tp2_and_its_ablation(tp_run, tmp_path):
     """The library's TP bisect: the lockstep on 2 ranks against the prompt alone at TP2. The baseline

@@ -105,7 +105,8 @@ class TensorParallelSource:
         from nondet.probes.tp.group import WorkerGroup, free_port
 
         c = self.config
-        settings = DecodeSettings(c.max_new_tokens, c.temperature, c.seed, allow_uncovered=c.allow_uncovered)
+        settings = DecodeSettings(c.max_new_tokens, c.temperature, c.seed, kv_cache=c.kv_cache,
+                                  allow_uncovered=c.allow_uncovered)
         threads = self.config.threads or (None if self.config.model.device.startswith("cuda") else 1)
         leaves = max(self.degrees) if self.config.tp_invariant else 0
         job = Job(self.config.model, degree, self.jobs[degree], tuple(self.inputs), settings, threads, free_port(),
