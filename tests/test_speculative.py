@@ -69,6 +69,9 @@ def nondet(*args):
      "--speculative runs at batch size 1 (transformers' assisted decoding takes one sequence); drop --batch-sizes"),
     (["--speculative", "self:4", "--temperature", "0.7", "--prompt", "x"],
      "--speculative compares greedy decoding; drop --temperature"),
+    (["--speculative", "self:4", "--kv-cache", "static", "--prompt", "x"],  # was decoded on the dynamic one
+     "--speculative decodes eager on transformers' dynamic KV cache (a static one comes with --compile); drop "
+     "--kv-cache static or add --compile"),
 ])
 def test_cli_usage_errors_before_any_model_loads(tmp_path, args, message):
     r = nondet("probe", *args, "--out", str(tmp_path / "r"))

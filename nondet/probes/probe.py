@@ -310,6 +310,9 @@ def _validate_speculative(config: ProbeConfig) -> None:
         raise UsageError(f"--speculative runs the model in process; drop --load {config.load.mode} / --endpoint")
     if config.temperature > 0:
         raise UsageError("--speculative compares greedy decoding; drop --temperature")
+    if config.kv_cache != "dynamic" and not config.compile_backend:  # the eager rounds crop a dynamic cache
+        raise UsageError("--speculative decodes eager on transformers' dynamic KV cache (a static one comes with "
+                         "--compile); drop --kv-cache static or add --compile")
     if config.compile_backend:
         from nondet.probes.core.static_caches import refuse_compiled_speculation
 
