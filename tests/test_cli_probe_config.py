@@ -2,8 +2,11 @@
 
 import sys
 
+import pytest
+
 from nondet.cli.gate import probe_configs
 from nondet.cli.probe_config import build_load_config, build_probe_config
+from nondet.errors import UsageError
 from nondet.gate.config import resolve
 
 
@@ -30,9 +33,12 @@ def test_load_config_endpoint_or_resume_means_a_server():
 
 
 def test_gate_builds_one_config_per_prompt():
-    settings = resolve({"prompts": ["a", "b"], "batch-sizes": "1,8", "endpoint": "http://h", "threads": 2}, {})
+    settings = resolve({"prompts": ["a", "b"], "endpoint": "http://h", "rate": 2.0}, {})
     configs = probe_configs(settings, "out")
     assert [(c.prompt, c.out) for c in configs] == [("a", "out/prompt-1"), ("b", "out/prompt-2")]
-    assert all(c.batch_sizes == (1, 8) and c.load.mode == "server" and c.threads == 2 for c in configs)
+    assert all(c.load.mode == "server" and c.load.rate == 2.0 for c in configs)
+    for unread in ({"batch-sizes": "1,8"}, {"threads": 2}):  # a server's batches and threads are its own
+        with pytest.raises(UsageError, match="do(es)? not apply to --endpoint"):
+            probe_configs(resolve({"prompts": ["a"], "endpoint": "http://h", **unread}, {}), "out")
     one = probe_configs(resolve({}, {}), "out")
     assert [(c.prompts, c.out, c.max_new_tokens, c.batch_sizes) for c in one] == [((), "out", 120, (1, 8, 16))]

@@ -19,6 +19,8 @@ PROMPTS = ("Tell me about Richard Feynman", "The history of the printing press",
 def config(model_dir, out, **kw) -> RLConfig:
     base = dict(model=ModelSpec(name=str(model_dir), inject_variance=True), prompts=PROMPTS, max_new_tokens=6,
                 sampler_batch=1, micro_batches=(1, 4), kernels=("default", "batch-invariant"), out=str(out))
+    if kw.get("load") == "continuous" or kw.get("rollouts") or kw.get("endpoint"):
+        base.pop("sampler_batch")  # nondet's batched calls do not sample there (rl/config.py refuses it)
     return RLConfig(**{**base, **kw})
 
 

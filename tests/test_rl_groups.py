@@ -83,6 +83,8 @@ def write_rollouts(path, completions) -> str:
 def config(model_dir, out, **kw) -> RLConfig:
     base = dict(model=ModelSpec(name=str(model_dir)), max_new_tokens=4, sampler_batch=4, micro_batches=(4,),
                 backward=False, exact_kl=False, out=str(out))
+    if kw.get("load") == "continuous" or kw.get("rollouts") or kw.get("endpoint"):
+        base.pop("sampler_batch")  # nondet's batched calls do not sample there (rl/config.py refuses it)
     return RLConfig(**{**base, **kw})
 
 

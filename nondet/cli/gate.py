@@ -203,7 +203,7 @@ def probe_configs(settings: "GateSettings", out: str | None, speculative: str | 
         groups = [((prompt,) if prompt else (), run_dir) for prompt, run_dir in prompt_dirs(settings.prompts, out)]
     configs = [build_probe_config("gate", prompts, model=settings.model, dtype=settings.dtype,
                                   device=settings.device, inject_variance=settings.inject_variance,
-                                  batch_sizes=None if speculative else settings.batch_sizes, out=run_dir, load=load,
+                                  batch_sizes=_batch_sizes(settings, speculative, load), out=run_dir, load=load,
                                   speculative=speculative, placement=settings.positions, runs=settings.runs,
                                   max_new_tokens=settings.max_new_tokens, kernels=(settings.kernels,),
                                   threads=settings.threads, prefill=() if speculative else settings.prefill,
@@ -214,6 +214,16 @@ def probe_configs(settings: "GateSettings", out: str | None, speculative: str | 
     for config in configs:  # now, before any axis runs: e.g. a chat prompt on an axis that takes plain text
         validate_config(with_chat_endpoint(config))
     return configs
+
+
+def _batch_sizes(settings: "GateSettings", speculative: str | None, load) -> "tuple[int, ...] | None":
+    """The batch sizes for a source that reads them (static batches); for a server or the continuous engine
+    only sizes the user gave, which validate_config then refuses (the gate's own default is not a choice)."""
+    from nondet.gate.config import GateSettings
+
+    if speculative or (load.mode != "static" and settings.batch_sizes == GateSettings.batch_sizes):
+        return None
+    return settings.batch_sizes
 
 
 def _every_row_a_target(settings: "GateSettings", speculative: str | None, load) -> bool:

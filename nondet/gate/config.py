@@ -134,10 +134,9 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
     given = {k: v for k, v in flags.items() if v is not None}
     label = _Labels(_where(source), set(given))
     values = {**_check_keys(file_values, label.where), **given}
-    _check_batch_sizes_used(given, file_values, _axes(given, file_values), label)
     if source is not None and isinstance(file_values.get("model"), str) and "model" not in given:
         values["model"] = _relative_to(file_values["model"], source.parent)
-    return GateSettings(
+    settings = GateSettings(
         model=_typed(values, "model", str, label),
         prompts=_prompts(given, file_values, source, label),
         batch_sizes=_batch_sizes(values.get("batch-sizes"), label),
@@ -166,6 +165,8 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
         sampler_batch=_positive(values, "sampler-batch", 8, label),
         source=str(source) if source else "",
     )
+    _check_axis_keys_used(given, file_values, settings.axes, label)  # after each value's own check
+    return settings
 
 
 class _Labels:
@@ -302,21 +303,32 @@ def _batch_sizes(value, label: _Labels) -> tuple[int, ...]:
     return sizes
 
 
-def _check_batch_sizes_used(flags: dict[str, Any], file_values: dict[str, Any], axes: tuple[str, ...],
-                            label: _Labels) -> None:
-    """batch-sizes sizes the batch axis only; a gate without it would ignore them silently. A file's
-    batch-sizes may serve its batch axis while flags pick another, so only the layer that names
-    the axes is held to this."""
-    if "batch" in axes:
-        return
+# keys only some axes read (the others never see them): given to a gate that runs none of those axes,
+# they would be ignored silently. "positions" / "runs" on the speculative axis are refused by the probe itself.
+AXIS_ONLY_KEYS = {
+    **{key: ("batch",) for key in ("batch-sizes", "positions", "runs", "workers", "rate", "concurrency",
+                                   "cuda-graphs", "prefix-cache", "chunked-prefill")},
+    "compile": ("batch", "speculative"),  # the rl axis samples and trains eager
+    **{key: ("rl",) for key in ("micro-batch", "sampler-batch")},
+}
+
+
+def _check_axis_keys_used(flags: dict[str, Any], file_values: dict[str, Any], axes: tuple[str, ...],
+                          label: _Labels) -> None:
+    """Each key of AXIS_ONLY_KEYS given where none of its axes runs is refused. A file's keys may serve its
+    own axes while flags pick others, so only the layer that names the axes is held to this."""
     named_by_flags = any(_names(flags.get(k)) for keys in AXIS_KEYS.values() for k in keys)
-    layer = flags if "batch-sizes" in flags or named_by_flags else file_values
-    if layer.get("batch-sizes") is None:
-        return
-    why = " (the speculative axis runs at batch size 1)" if "speculative" in axes else ""
-    raise UsageError(f"{label('batch-sizes')} applies to the batch axis, which this gate does not run "
-                     f"(axes: {', '.join(axes)}){why}; drop it, or add --require identical to gate the batch "
-                     "axis too")
+    for key, readers in AXIS_ONLY_KEYS.items():
+        if any(axis in axes for axis in readers):
+            continue
+        layer = flags if key in flags or named_by_flags else file_values
+        if layer.get(key) is None:
+            continue
+        why = " (the speculative axis runs at batch size 1)" if key == "batch-sizes" and "speculative" in axes else ""
+        also = ", or add --require identical to gate the batch axis too" if "batch" in readers else ""
+        axis = f"{' and '.join(readers)} {'axes' if len(readers) > 1 else 'axis'}"
+        raise UsageError(f"{label(key)} applies to the {axis}, which this gate does not run "
+                         f"(axes: {', '.join(axes)}){why}; drop it{also}")
 
 
 def _policy(flags: dict[str, Any], file_values: dict[str, Any], where: str) -> Policy:

@@ -22,6 +22,7 @@ from nondet.probes.core.numerics import numerics_scope
 from nondet.probes.core.replay import KV_CACHES
 from nondet.probes.core.source import Planned, Source
 from nondet.probes.models.loading import ModelSpec
+from nondet.probes.unread_flags import refuse_unread_flags, source_kind
 from nondet.prompt import Chat, Prompt, as_prompt
 from nondet.rundir import RunDir
 from nondet.rundir.reader import read_fingerprint, read_streams
@@ -176,29 +177,30 @@ def with_workers(config: ProbeConfig) -> ProbeConfig:
 
 
 def make_source(config: ProbeConfig, on_progress=None) -> Source:
-    """The source for the config's load: static batches, continuous batching, a live server, two
-    servers compared (`load.against`), or speculative decoding (`speculative` forms given)."""
-    if config.tp:
+    """The source for the config's load (unread_flags.source_kind): static batches, continuous batching, a live
+    server, a server's prefill, two servers compared (`load.against`), speculative decoding, or TP ranks."""
+    kind = source_kind(config)
+    if kind == "tp":
         from nondet.probes.tp.source import TensorParallelSource
 
         return TensorParallelSource(config)
-    if config.prefill and config.load.mode == "server":
+    if kind == "server-prefix":
         from nondet.probes.server.prefix import PrefixServerSource
 
         return PrefixServerSource(config)
-    if config.speculative:
+    if kind == "speculative":
         from nondet.probes.speculative.source import SpeculativeSource
 
         return SpeculativeSource(config)
-    if config.load.mode == "continuous":
+    if kind == "continuous":
         from nondet.probes.continuous.source import ContinuousSource
 
         return ContinuousSource(config)
-    if config.load.against:
+    if kind == "against":
         from nondet.probes.server.against import AgainstSource
 
         return AgainstSource(config, on_progress)
-    if config.load.mode == "server":
+    if kind in ("server", "server-resume"):
         from nondet.probes.server.source import ServerSource
 
         return ServerSource(config, on_progress)
@@ -287,6 +289,7 @@ def validate_config(config: ProbeConfig) -> None:
     if config.tp and (config.load.mode != "static" or config.speculative or config.budget is not None):
         raise UsageError("--tp runs static batches in worker processes; drop --load / --endpoint / --speculative / "
                          "--budget")
+    refuse_unread_flags(config)  # last: the checks above say more where they apply
 
 
 def _validate_chat_prompts(config: ProbeConfig) -> None:

@@ -55,6 +55,10 @@ def validate(config: RLConfig) -> None:
         raise UsageError(f"--load must be one of {', '.join(LOADS)}, not {config.load!r}")
     if config.load == "continuous" and (config.endpoint or config.rollouts):
         raise UsageError("--load continuous runs the sampler here; it does not combine with --endpoint or --rollouts")
+    if config.sampler_batch != RLConfig.sampler_batch and (config.load == "continuous" or config.endpoint
+                                                           or config.rollouts):
+        raise UsageError("--sampler-batch sizes nondet's batched generate calls; --load continuous, --endpoint and "
+                         "--rollouts sample otherwise: drop it")
     if config.endpoint and config.rollouts:
         raise UsageError("give either --endpoint (a server samples) or --rollouts (exported samples), not both")
     if not config.rollouts and not all(isinstance(p, Chat) or p.strip() for p in config.prompts):
