@@ -82,3 +82,40 @@ def test_kernels_coverage_prints_the_census_and_exits_3_where_the_mode_refuses(h
     assert refused.returncode == 3
     assert "uncovered" in refused.stdout and "aten::cumsum" in refused.stdout
     assert "is not covered" in refused.stderr
+
+
+
+def test_speculative_decoding_of_a_stateful_model_is_one_line(hybrid_dir, tmp_path):
+    """Qwen3-Next keeps a recurrent state: transformers refuses assisted generation on it (it was exit 70, an
+    internal error, at the first speculative condition); now one line before any condition, exit 2."""
+    r = nondet("probe", "--model", str(hybrid_dir), "--dtype", "float32", "-p", "hello there", "-n", "3",
+               "--speculative", "ngram:2", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "Qwen3NextForCausalLM is stateful" in r.stderr and "without --speculative" in r.stderr
+
+
+def test_allow_uncovered_reaches_a_draft_model_too(hybrid_dir):
+    """A draft's kernels under the mode take --allow-uncovered as the target's do (the draft's census once
+    refused it whatever the flag); without the flag it is refused, exit 3's error."""
+    import dataclasses
+
+    from nondet.errors import UnsupportedModelError
+    from nondet.probes.core.source import Planned
+    from nondet.probes.models.loading import ModelSpec, load_model
+    from nondet.probes.probe import ProbeConfig
+    from nondet.probes.speculative.source import SpeculativeSource
+    from nondet.probes.speculative.speculation import parse_speculative
+
+    (form,) = parse_speculative(f"draft:{hybrid_dir}:2")
+    planned = Planned("batch-invariant/spec/draft", form.name, "batch-invariant", (0, form))
+    draft = load_model(ModelSpec(str(hybrid_dir), "float32"))
+    for allowed in (False, True):
+        source = SpeculativeSource.__new__(SpeculativeSource)
+        source.config = dataclasses.replace(ProbeConfig(), allow_uncovered=allowed)
+        source.drafts = {form.name: draft}
+        if not allowed:
+            with pytest.raises(UnsupportedModelError, match="draft model: .*is not covered"):
+                source._draft_kernels(planned, form)
+            continue
+        with source._draft_kernels(planned, form):
+            pass

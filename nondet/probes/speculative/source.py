@@ -63,6 +63,7 @@ class SpeculativeSource:
 
     def open(self) -> Opened:
         self.loaded = self.loaded or load_model(self.config.model)
+        self._refuse_stateful_target()
         self.drafts = {f.name: self._load_draft(f) for f in self.forms if f.kind == "draft"}
         self.inputs = [tokenize_inputs(self.loaded.tokenizer, p, ())[0] for p in self.config.targets]
         found = fingerprint(self.loaded.description, ",".join(self.config.kernels))
@@ -118,7 +119,8 @@ class SpeculativeSource:
         if form is None or form.kind != "draft":
             return contextlib.nullcontext()
         try:
-            return kernels_mode(planned.kernels, self.drafts[form.name].model)
+            return kernels_mode(planned.kernels, self.drafts[form.name].model,
+                                allow_uncovered=self.config.allow_uncovered)  # as the target's: the run is labelled
         except UnsupportedModelError as exc:
             raise UnsupportedModelError(f"--speculative {form.name}: draft model: {exc}") from None
 
@@ -196,6 +198,15 @@ class SpeculativeSource:
             return (f"eager, dynamic KV cache (transformers' assistant): its layer {layer.index} "
                     f"({layer.layer_type!r}, window {layer.window}) cannot be cropped in a static cache")
         return "eager, dynamic KV cache (transformers' assistant)"
+
+    def _refuse_stateful_target(self) -> None:
+        """A model that keeps a recurrent state (hybrid linear attention: Qwen3-Next, Mamba layers) cannot be
+        rolled back to the accepted tokens, so transformers refuses assisted generation on it; said here in one
+        line before any condition (it was an internal error at the first speculative condition)."""
+        if getattr(self.loaded.model, "_is_stateful", False):
+            raise UsageError(f"--speculative: {self.loaded.description['name']} keeps a recurrent state "
+                             f"({type(self.loaded.model).__name__} is stateful), which transformers' assisted "
+                             "generation cannot roll back to the accepted tokens; probe it without --speculative")
 
     def _refuse_uncroppable_target(self) -> None:
         """--compile: every form's verification rounds crop the target's static cache back; one that
