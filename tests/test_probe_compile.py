@@ -59,10 +59,10 @@ def test_the_compiled_mode_gives_the_eager_modes_bits(tmp_path, tiny_model_dir):
 
 @pytest.mark.slow  # a compiled probe of 3 conditions (29 s on a 2-core AVX2 host)
 def test_a_batch_shape_is_warmed_up_once_however_many_conditions_share_it(tmp_path, tiny_model_dir):
-    """--trials 2 runs batch size 2 twice (batch 1 has no fillers to rotate): the second condition of the
+    """--trials 2 runs batch size 3 twice (its middle row a filler; batch 1 has none to rotate): the second condition of the
     shape reuses its compiled graph, one warm-up per shape. (Without trials, as many shapes as
     conditions and as many warm-ups: the test above.)"""
-    config = ProbeConfig(prompt=PROMPT, model=ModelSpec(name=str(tiny_model_dir)), batch_sizes=(1, 2),
+    config = ProbeConfig(prompt=PROMPT, model=ModelSpec(name=str(tiny_model_dir)), batch_sizes=(1, 3),
                          max_new_tokens=2, kernels=("default",), trials=2, compile_backend="aot_eager",
                          out=str(tmp_path / "trials"))
     result = run_probe(config)

@@ -9,13 +9,24 @@ from nondet.probes.core.batch import build_batch
 from nondet.probes.core.conditions import Condition, plan_conditions, with_trials
 
 
-def test_every_batch_repeats_and_the_reference_runs_once():
-    plan = with_trials(plan_conditions((1, 2, 4), "ends", None, False, "default"), 3)
+def test_every_batch_with_a_filler_row_repeats_and_the_reference_runs_once():
+    plan = with_trials(plan_conditions((1, 3, 4), "ends", None, False, "default"), 3, fillers=5)
     ids = [c.condition_id for c in plan]
-    assert ids == ["default/bs1/ref", "default/bs2/ends", "default/bs4/ends", "default/bs2/ends/t2",
-                   "default/bs4/ends/t2", "default/bs2/ends/t3", "default/bs4/ends/t3"]
+    assert ids == ["default/bs1/ref", "default/bs3/ends", "default/bs4/ends", "default/bs3/ends/t2",
+                   "default/bs4/ends/t2", "default/bs3/ends/t3", "default/bs4/ends/t3"]
     assert [c.trial for c in plan] == [0, 0, 0, 1, 1, 2, 2] and plan[-1].label == "bs=4 pos=0,3 trial 3"
-    assert with_trials(plan[:3], 1) == plan[:3]
+    assert with_trials(plan[:3], 1, fillers=5) == plan[:3]
+
+
+def test_a_batch_that_would_repeat_itself_runs_once():
+    """bs 2 with --positions ends holds two targets and no filler; one filler text rotates into itself: a
+    repeat would be the same batch, counted as new runs (it was, 8 runs for 4 trials of bs 2)."""
+    plan = plan_conditions((1, 2, 3), "ends", None, False, "default")
+    assert [c.condition_id for c in with_trials(plan, 3, fillers=5)][3:] == ["default/bs3/ends/t2",
+                                                                            "default/bs3/ends/t3"]
+    assert with_trials(plan, 3, fillers=1) == plan  # the control above: five filler texts do repeat bs 3
+    ragged = plan_conditions((1, 3), "ends", None, True, "default")
+    assert any(c.fillers == "ragged" and c.trial for c in with_trials(ragged, 2, fillers=1))  # lengths rotate
 
 
 def test_a_later_trial_puts_other_fillers_around_the_same_target():
@@ -28,13 +39,20 @@ def test_a_later_trial_puts_other_fillers_around_the_same_target():
 
 
 def test_trials_add_runs_to_the_interval(tmp_path, tiny_model_dir):
-    done = cli_runner.run(["probe", "--model", str(tiny_model_dir), "-p", "one two three", "-b", "1,2",
+    done = cli_runner.run(["probe", "--model", str(tiny_model_dir), "-p", "one two three", "-b", "1,3",
                            "--trials", "4", "-n", "3", "--out", str(tmp_path / "r"), "--json"])
     assert done.returncode == 0, done.stderr
     mode = json.loads(done.stdout)["modes"]["default"]
-    assert mode["n_runs"] == 1 + 4 * 2 and mode["confidence"]["runs"] == 8  # ends: 2 rows a batch, 4 trials
+    assert mode["n_runs"] == 1 + 4 * 2 and mode["confidence"]["runs"] == 8  # ends: 2 targets a batch, 4 trials
     records = [json.loads(line) for line in (tmp_path / "r" / "conditions.jsonl").read_text().splitlines()]
     assert [r.get("trial", 0) for r in records] == [0, 0, 1, 2, 3]
+
+
+def test_trials_where_no_batch_has_a_filler_row_are_refused(tmp_path, tiny_model_dir):
+    done = cli_runner.run(["probe", "--model", str(tiny_model_dir), "-p", "one two three", "-b", "1,2",
+                           "--trials", "4", "-n", "3", "--out", str(tmp_path / "r")])
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "--trials repeats each batch with other requests in its filler rows" in done.stderr
 
 
 @pytest.mark.parametrize("args", [["--trials", "0"], ["--trials", "2", "--load", "continuous"]])

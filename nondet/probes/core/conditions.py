@@ -140,14 +140,24 @@ def condition_from_record(record: dict) -> Condition:
                      splits=tuple(record.get("splits", ())), trial=record.get("trial", 0))
 
 
-def with_trials(conditions: list[Condition], trials: int) -> list[Condition]:
-    """--trials N: every batch repeated N times in all (ids "<id>/t2" ...), each repeat with the fillers
-    rotated; the references (the prompt alone) run once."""
+def with_trials(conditions: list[Condition], trials: int, fillers: int) -> list[Condition]:
+    """--trials N: every batch with a filler row repeated N times in all (ids "<id>/t2" ...), each repeat with
+    the fillers rotated; the references (the prompt alone) run once. fillers: how many filler texts there are.
+    A batch whose rows are all targets, or one filler text of the target's length, would repeat itself: on
+    deterministic kernels the same bits again, counted as new runs in the flip rate's interval; it runs once."""
     from dataclasses import replace
 
     repeats = [replace(c, condition_id=f"{c.condition_id}/t{t + 1}", trial=t)
-               for t in range(1, trials) for c in conditions if not c.is_reference and not c.splits]
+               for t in range(1, trials) for c in conditions if _rotates(c, fillers)]
     return conditions + repeats
+
+
+def _rotates(c: Condition, fillers: int) -> bool:
+    """Does a later trial put other requests in this batch (core/batch.py: the rotation)?"""
+    if c.is_reference or c.splits:
+        return False
+    has_filler_row = any(k < 0 for k in c.row_prompts) if c.row_prompts else c.batch_size > len(c.positions)
+    return has_filler_row and (fillers > 1 or c.fillers == "ragged")  # ragged: the rotation changes lengths
 
 
 def plan_prefill(forms, lengths: list[int], kernels: str) -> list[Condition]:

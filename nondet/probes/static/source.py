@@ -11,6 +11,7 @@ StreamRecord whose prompt_id is that row's prompt: it is compared with that prom
 
 import time
 
+from nondet.errors import UsageError
 from nondet.probes.core import conditions as cond
 from nondet.probes.core.batch import batch_shape, tokenize_inputs
 from nondet.probes.core.chat import model_texts
@@ -183,9 +184,14 @@ def plan_static(config, placement: str, lengths: list[int]) -> list[cond.Conditi
     from nondet.probes.core.prefill import as_forms
 
     forms = as_forms(config.prefill)
-    return [x for mode in config.kernels
-            for x in cond.with_trials(_batches(config, placement, lengths, mode), config.trials)
+    plan = [x for mode in config.kernels
+            for x in cond.with_trials(_batches(config, placement, lengths, mode), config.trials, len(config.fillers))
             + cond.plan_prefill(forms, lengths, mode)]
+    if config.trials > 1 and not any(c.trial for c in plan):
+        raise UsageError("--trials repeats each batch with other requests in its filler rows; no batch here has "
+                         "one (every row a target, or a single filler text), so a repeat would be the same batch "
+                         "again; drop --trials, or use --positions last / a larger --batch-sizes")
+    return plan
 
 
 def _batches(config, placement: str, lengths: list[int], mode: str) -> list[cond.Condition]:
