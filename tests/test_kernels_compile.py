@@ -51,8 +51,23 @@ def test_compiled_under_the_mode_gives_the_eager_modes_bits_at_every_batch_size(
     with torch.no_grad(), batch_invariant(model=qwen3, traceable=True):
         for b in (1, 3, 4):
             assert torch.equal(compiled(ids[:b]).logits, qwen3(ids[:b]).logits), b
-        alone = compiled(ids[:1]).logits[0]
-        assert torch.equal(compiled(ids).logits[0], alone)  # and invariant: row 0 alone == in a batch of 4
+
+
+def test_compiled_under_the_mode_a_decode_step_is_batch_invariant_where_the_default_is_not(tmp_path):
+    """One token a row (a decode step's shape) through the compiled graph: row 0 alone == row 0 of 4 under the
+    mode. The control, on the same model and inputs: the compiled default differs (the injected norm splits
+    its sum by rows; this host's own kernels give a prefill the same bits alone and in a batch of 4)."""
+    from nondet.kernels.variant import inject_batch_variance
+
+    model = fm.load(fm.save_family("qwen3", tmp_path), torch.float32)
+    inject_batch_variance(model)
+    step = fm.prompts()[:, :1]
+    torch._dynamo.reset()
+    compiled = torch.compile(model.forward, backend="aot_eager", dynamic=False)
+    with torch.no_grad():
+        assert not torch.equal(compiled(step).logits[0], compiled(step[:1]).logits[0])  # the control
+        with batch_invariant(model=model, traceable=True):
+            assert torch.equal(compiled(step).logits[0], compiled(step[:1]).logits[0])
 
 
 def test_a_bf16_models_norms_read_their_input_once_with_the_eager_modes_bits(tmp_path):
