@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import family_models as fm
+from controls import mode
 from nondet.kernels import batch_invariant
 
 
@@ -66,7 +67,7 @@ def test_compiled_under_the_mode_a_decode_step_is_batch_invariant_where_the_defa
     compiled = torch.compile(model.forward, backend="aot_eager", dynamic=False)
     with torch.no_grad():
         assert not torch.equal(compiled(step).logits[0], compiled(step[:1]).logits[0])  # the control
-        with batch_invariant(model=model, traceable=True):
+        with mode(model=model, traceable=True):
             assert torch.equal(compiled(step).logits[0], compiled(step[:1]).logits[0])
 
 

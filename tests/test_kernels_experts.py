@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import family_models as fm
+from controls import mode, require_variance
 from nondet.kernels import batch_invariant, experts, router
 
 
@@ -28,16 +29,15 @@ def _routing(n_tokens, num_experts=8, k=2, seed=0):
 def test_a_token_gets_the_same_bits_alone_and_among_many(moe_dir, dtype):
     """Token 0 alone (every expert gets M = 0 or 1) vs among 37 tokens (M up to ~20 per expert). The control:
     transformers' own experts (grouped_mm) give token 0 other bits on the same inputs; where they do not (bf16
-    on the 2-core EPYC with AVX512-BF16), the case proves nothing on this host and is skipped."""
+    on the 2-core EPYC with AVX512-BF16), the case proves nothing on this host and is skipped (controls.py)."""
     module = _experts_module(fm.load(moe_dir, dtype))
     x = torch.randn(37, fm.HIDDEN, dtype=dtype)
     index, weights = _routing(37)
     with torch.no_grad():
         default_alone = module(x[:1], index[:1], weights[:1].to(dtype))
         default_many = module(x, index, weights.to(dtype))
-    if torch.equal(default_alone[0], default_many[0]):
-        pytest.skip(f"transformers' experts are already invariant for token 0 in {dtype} on this host")
-    with batch_invariant(ops={"experts"}):
+    require_variance(default_alone[0], default_many[0], f"transformers' experts, token 0 in {dtype}")
+    with mode(ops={"experts"}):
         alone = experts.experts_forward(module, x[:1], index[:1], weights[:1].to(dtype))
         many = experts.experts_forward(module, x, index, weights.to(dtype))
     assert torch.equal(alone[0], many[0])
