@@ -137,8 +137,9 @@ def _form(summary, kernels, name):
 
 def test_positive_control_default_kernels_bits_differ_from_plain_greedy(confirmed_run):
     summary, _ = confirmed_run
-    self4 = _form(summary, "default", "self:4")
-    assert self4["first_numeric_divergence"] is not None  # the k+1 chunk took the split norm
+    for name in ("ngram:4", "self:4", "draft:2"):  # every form the negative control below checks
+        form = _form(summary, "default", name)
+        assert form["first_numeric_divergence"] is not None, name  # a verification chunk took the split norm
     assert summary["modes"]["default"]["first_numeric_divergence"] is not None
 
 
