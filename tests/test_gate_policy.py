@@ -104,7 +104,9 @@ def test_every_kernels_mode_is_judged():
     ("max-distinct", "requirement 'max-distinct' needs a value, as in 'max-distinct = N'"),
     ("max-distinct = 0", "max-distinct must be >= 1, not 0"),
     ("max-distinct = 1.5", "max-distinct must be an integer, not 1.5"),
-    ("min-divergence-step = -1", "min-divergence-step must be >= 0, not -1"),
+    ("min-divergence-step = -1", "min-divergence-step must be >= 1, not -1"),
+    ("min-divergence-step = 0", "min-divergence-step must be >= 1, not 0"),  # no divergence is before step 0
+    ("max-flip-rate = 1", "max-flip-rate is a rate in (0, 1), not 1"),  # every run flipping would still pass
     ("max-logprob-diff = a lot", "requirement 'max-logprob-diff = a lot': 'a lot' is not a number"),
     ("identical = 1", "requirement 'identical' takes no value"),
 ])
@@ -157,4 +159,8 @@ def test_several_prompts_in_one_batch_are_each_judged_against_their_own_referenc
         bs2 = by_condition(evaluate(summary, flipped, policy))["default/bs2/rows"]
         assert not bs2.passed, policy
         assert "prompt 1 ('second')" in bs2.message and "at step 3 (run 3, row 1" in bs2.message, bs2.message
-    assert evaluate(summary, flipped, Policy("max-distinct", 2)).passed  # 2 per prompt: C and B
+    # 2 runs per prompt (the reference and one row) cannot give 3 completions: max-distinct = 2 could not fail
+    vacuous = evaluate(summary, flipped, Policy("max-distinct", 2))
+    assert not vacuous.passed and [c.condition_id for c in vacuous.failures] == ["max-distinct"]
+    assert vacuous.failures[0].message.startswith("max-distinct = 2 cannot fail here: default kernels ran at most "
+                                                  "2 run(s) per prompt")

@@ -96,7 +96,7 @@ def test_cli_malformed_line_from_the_config_file(tmp_path):
 def test_cli_gate_probes_the_jsonl_prompt_with_its_newlines(tmp_path, tiny_model_dir):
     jsonl(tmp_path / "p.jsonl", {"prompt": CODE})
     (tmp_path / "nondet.toml").write_text(f'model = {json.dumps(str(tiny_model_dir))}\nprompts-file = "p.jsonl"\n')
-    r = gate("-b", "1,2", "-n", "3", "--require", "min-divergence-step = 0", "--no-bisect", "--out", "run",
+    r = gate("-b", "1,2", "-n", "3", "--kernels", "batch-invariant", "--no-bisect", "--out", "run",
              cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-1500:]
     config = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
@@ -111,7 +111,7 @@ def test_cli_gate_probes_a_messages_line_as_a_chat(tmp_path, tiny_chat_model_dir
 
     jsonl(tmp_path / "p.jsonl", {"messages": MESSAGES})
     (tmp_path / "nondet.toml").write_text(f'model = {json.dumps(str(tiny_chat_model_dir))}\nprompts-file = "p.jsonl"\n')
-    r = gate("-b", "1,2", "-n", "3", "--require", "min-divergence-step = 0", "--no-bisect", "--out", "run",
+    r = gate("-b", "1,2", "-n", "3", "--kernels", "batch-invariant", "--no-bisect", "--out", "run",
              cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-1500:]
     assert json.loads((tmp_path / "run" / "config.json").read_text())["config"]["prompt"] == {"messages": MESSAGES}
@@ -150,7 +150,7 @@ def test_plugin_reads_a_prompts_file_with_newlines(tmp_path, tiny_model_dir):
     loaded = load_model(ModelSpec(str(tiny_model_dir)))
     f = jsonl(tmp_path / "p.jsonl", {"prompt": CODE})
     verdicts = assert_batch_invariant(loaded.model, loaded.tokenizer, prompts_file=f, batch_sizes=(1, 2),
-                                      max_new_tokens=2, require="min-divergence-step = 0")
+                                      max_new_tokens=2, kernels="batch-invariant")
     assert [v.name for v in verdicts] == [f"prompt {CODE!r}"]  # the whole prompt, newlines and all
 
 
@@ -176,6 +176,6 @@ def test_plugin_probes_a_messages_line_through_the_chat_template(tmp_path, tiny_
     loaded = load_model(ModelSpec(str(tiny_chat_model_dir)))
     f = jsonl(tmp_path / "p.jsonl", {"messages": MESSAGES})
     verdicts = assert_batch_invariant(loaded.model, loaded.tokenizer, prompts_file=f, batch_sizes=(1, 2),
-                                      max_new_tokens=2, require="min-divergence-step = 0")
+                                      max_new_tokens=2, kernels="batch-invariant")
     turns = "system: You answer briefly.\nuser: Why is the sky blue?\nOne sentence."
     assert [v.name for v in verdicts] == [f"prompt {turns[:60]!r}"]  # the turns, cut as every name is

@@ -14,7 +14,7 @@ import cli_runner
 
 CONFLICT = ("nondet: error: the model is given twice: 'a' as a positional argument and 'b' as --model; "
             "give --model DIR only\n")
-GATE_QUICK = ["-b", "1,2", "-n", "3", "--require", "min-divergence-step = 0", "--no-bisect", "--out", "run"]
+GATE_QUICK = ["-b", "1,2", "-n", "3", "--kernels", "batch-invariant", "--no-bisect", "--out", "run"]
 
 
 def nondet(*args, cwd: Path | None = None):

@@ -27,6 +27,10 @@ The requirements (rl takes identical and max-kl only; max-kl is rl's alone):
                               identical on rl means every sampled token's logprob
                               bit-identical (KL exactly 0)
 
+A check that could not have failed is a failure (gate/vacuous.py): nothing compared, a condition whose
+runs repeat the reference's computation, max-distinct = N over at most N runs; min-divergence-step = 0
+and max-flip-rate = 1 are refused when parsed.
+
 A failed condition's message names the first divergence and the branch tokens, e.g.
     first token divergence at step 93 (run 3, row 7): reference ' Queens' vs ' New'
 Pure Python on summary.json / streams.jsonl records; imports no torch.
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field
 from nondet.errors import UsageError
 from nondet.gate.prompts import per_prompt
 from nondet.gate.rl_policy import rl_message
+from nondet.gate.vacuous import MAX_DISTINCT, fail_unexercised, unexercised, unfailable_threshold
 from nondet.interval import runs_to_bound
 from nondet.verdict import partly_line
 
@@ -95,13 +100,13 @@ class Policy:
 
 
 def _check_value(require: str, value: float) -> None:
-    if require == "max-flip-rate":
-        if not 0 < value <= 1:
-            raise UsageError(f"max-flip-rate is a rate in (0, 1], not {value:g}")
+    if require == "max-flip-rate":  # 1 passes whatever the runs hold: a gate that cannot fail
+        if not 0 < value < 1:
+            raise UsageError(f"max-flip-rate is a rate in (0, 1), not {value:g}")
         return
     if require in ("max-distinct", "min-divergence-step") and value != int(value):
         raise UsageError(f"{require} must be an integer, not {value:g}")
-    lowest = 1 if require == "max-distinct" else 0
+    lowest = 1 if require in ("max-distinct", "min-divergence-step") else 0  # no divergence is before step 0
     if not value >= lowest:  # NaN too
         raise UsageError(f"{require} must be >= {lowest}, not {value:g}")
 
@@ -126,8 +131,8 @@ class Verdict:
     note: str = ""  # what the check could not see, e.g. a server that sent no logprobs
     passed: bool = field(init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "passed", all(c.passed for c in self.conditions))
+    def __post_init__(self) -> None:  # nothing compared passes nothing (gate/vacuous.py)
+        object.__setattr__(self, "passed", bool(self.conditions) and all(c.passed for c in self.conditions))
 
     @property
     def failures(self) -> list[ConditionResult]:
@@ -137,6 +142,9 @@ class Verdict:
     def message(self) -> str:
         """One line: met, or the first failing condition and its divergence."""
         policy = self.policy.describe() + (f"; {self.note}" if self.note else "")
+        if not self.conditions:
+            return (f"nothing compared ({policy}): no condition besides the reference ran, so no difference "
+                    "could have shown; run more than the reference (batch sizes above 1, --runs above 1)")
         if self.passed:
             against = "the sampler" if self.policy.axis == "rl" else "the reference"
             return f"policy met ({policy}): {len(self.conditions)} condition(s) agree with {against}"
@@ -161,6 +169,9 @@ def evaluate(summary: dict, streams: list[dict] | None = None, policy: Policy = 
         results = [_judge_flip_rate(name_, mode, policy.value) for name_, mode in summary["modes"].items()]
     else:
         results = [r for name_, mode in summary["modes"].items() for r in _judge_mode(name_, mode, streams, policy)]
+    results = fail_unexercised(results, unexercised(summary, policy.axis))
+    results += [ConditionResult(mode, MAX_DISTINCT, runs, None, None, False, message)
+                for mode, runs, message in unfailable_threshold(summary, policy.require, policy.value)]
     results += _coverage_failures(summary)
     note = f"compared at level {level}: logprob bits not checked" if blind else ""
     return Verdict(policy, name, tuple(results), run_dir, note)

@@ -103,7 +103,14 @@ class ContinuousSource:
 
     def summarize(self, streams: list[dict]) -> Summary:
         doc = summarize_modes(streams, self.loaded.tokenizer)
-        extra = {"load": self._load_summary()}
+        alone = _alone(streams)
+        load = {**self._load_summary(), "alone": alone}
+        if alone:  # said beside the verdict: these runs cannot show a difference
+            runs = sum(not s["is_reference"] for s in streams)
+            load["notes"] = [*load["notes"], f"{len(alone)} of {runs} run(s) had the target alone in the engine at "
+                             "every step (no other request shared one): they repeat the reference's computation "
+                             "and compare nothing (raise --rate or --filler-requests)"]
+        extra = {"load": load}
         if "batch-invariant" in self.config.kernels and not self.engine.invariant_attention_ok:
             # the mode's label must say what the engine kept (probes/core/kernel_coverage.py; the gate fails it)
             extra["kernel_coverage"] = {"coverage": PARTLY, "uncovered": [
@@ -175,3 +182,10 @@ def engine_kernels(mode: str, engine: ContinuousEngine):
     attention = invariant_attention(engine.model) if engine.invariant_attention_ok else contextlib.nullcontext()
     with batch_invariant(ops=[op for op in OP_CLASSES if op != "attention"]), attention:
         yield
+
+
+def _alone(streams: list[dict]) -> list[str]:
+    """Condition ids of runs whose target never shared an engine step with another request: they repeat
+    the reference's computation, so they compare nothing (the gate fails them: gate/vacuous.py)."""
+    return [s["condition_id"] for s in streams
+            if not s["is_reference"] and max(s.get("batch_requests") or [1]) <= 1]
