@@ -50,6 +50,13 @@ def test_one_logprob_bit_and_one_token_are_found(tmp_path):
     assert code == 1 and "first token divergence 2" in out
 
 
+def test_a_run_against_itself_is_refused(tmp_path):
+    a = _run_dir(tmp_path / "a", LPS, TOKS)
+    code, out = _compare(a, str(tmp_path / "." / "a"))  # the same directory, spelled otherwise
+    assert code == 2 and out == f"nondet: error: {a} and {tmp_path / '.' / 'a'} are the same run directory: it would " \
+                                 "equal itself; compare two runs of the probe (another machine's, or another day's)\n"
+
+
 def test_a_missing_run_directory_is_one_line_exit_4(tmp_path):
     code, out = _compare(_run_dir(tmp_path / "a", LPS, TOKS), str(tmp_path / "nowhere"))
     assert code == 4 and len(out.strip().splitlines()) == 1 and out.startswith("nondet: error: run directory not found")

@@ -31,12 +31,17 @@ def compare(
     Exit codes:
       0  every stream bitwise equal
       1  some stream differs, or has no twin in the other run
+      2  both arguments name the same run directory (it would equal itself)
       4  a run directory is missing or cannot be read
 
     Example:  nondet compare runs/h100 runs/h200
     """
+    from nondet.errors import UsageError
     from nondet.rundir.compare import compare_runs
 
+    if run_a.exists() and run_a.resolve() == run_b.resolve():
+        raise UsageError(f"{run_a} and {run_b} are the same run directory: it would equal itself; compare "
+                         "two runs of the probe (another machine's, or another day's)")
     result = compare_runs(str(run_a), str(run_b))
     width = _width()
     for line in result.lines():
