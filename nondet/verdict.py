@@ -38,6 +38,8 @@ def verdict(modes: dict[str, dict], level: str = "logprobs", subject: str | None
 
 
 def _mode_clause(name: str, m: dict) -> str:
+    if m["n_runs"] <= 1:  # the reference alone: no run could have differed
+        return f"{name}: nothing compared, only the reference ran (the prompt alone at batch size 1)"
     found = finding(m)
     if found == TOKENS:
         return (f"{name}: batch-variant, {m['distinct_completions']} distinct completions "
@@ -52,6 +54,8 @@ def _mode_clause(name: str, m: dict) -> str:
 def _prompts_clause(name: str, m: dict) -> str:
     """Several prompts: how many changed tokens, how many only bits."""
     n, flipped, bits = m["n_prompts"], m["prompts_diverged"], m["prompts_bits_differ"]
+    if m["n_runs"] <= n:  # each prompt's reference alone
+        return f"{name}: nothing compared, only the {n} prompts' references ran (each alone at batch size 1)"
     if flipped:
         return (f"{name}: batch-variant, tokens differ on {flipped} of {n} prompts (up to "
                 f"{m['distinct_completions']} distinct completions per prompt over {m['n_runs']} runs); "

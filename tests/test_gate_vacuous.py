@@ -70,3 +70,14 @@ def test_the_gate_with_only_the_reference_exits_1_and_the_probe_says_alone_runs(
                         str(tmp_path / "cb-fillers")), env=env, timeout=300)  # the control: fillers arrive
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "cb-fillers" / "summary.json").read_text())["load"]["alone"] == []
+
+
+def test_the_probes_verdict_says_nothing_was_compared_where_only_the_reference_ran():
+    from nondet.verdict import verdict
+
+    alone = {"n_runs": 1, "distinct_completions": 1, "first_token_divergence": None,
+             "first_numeric_divergence": None}
+    assert verdict({"default": alone}) == ("default kernels: nothing compared, only the reference ran (the prompt "
+                                           "alone at batch size 1)")
+    two = {**alone, "n_runs": 2}  # the control: a second run agreeing with the reference
+    assert verdict({"default": two}).startswith("default kernels: batch-invariant, 1 distinct completion over 2")
