@@ -81,3 +81,11 @@ def test_the_probes_verdict_says_nothing_was_compared_where_only_the_reference_r
                                            "alone at batch size 1)")
     two = {**alone, "n_runs": 2}  # the control: a second run agreeing with the reference
     assert verdict({"default": two}).startswith("default kernels: batch-invariant, 1 distinct completion over 2")
+
+
+def test_a_reference_that_ended_at_once_is_said_beside_the_verdict():
+    mode = _mode(["default/bs2/ends"])
+    mode["completions"] = [{"completion_id": 0, "tokens": [7]}]
+    verdict = evaluate({"modes": {"default": mode}})
+    assert verdict.passed and "only the prefill's next token was compared" in verdict.message
+    assert "prefill" not in evaluate({"modes": {"default": _mode(["default/bs2/ends"])}}).message  # two tokens

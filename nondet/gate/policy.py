@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from nondet.errors import UsageError
 from nondet.gate.prompts import per_prompt
 from nondet.gate.rl_policy import rl_message
-from nondet.gate.vacuous import MAX_DISTINCT, fail_unexercised, unexercised, unfailable_threshold
+from nondet.gate.vacuous import (MAX_DISTINCT, fail_unexercised, short_reference, unexercised,
+                                 unfailable_threshold)
 from nondet.interval import runs_to_bound
 from nondet.verdict import partly_line
 
@@ -173,8 +174,8 @@ def evaluate(summary: dict, streams: list[dict] | None = None, policy: Policy = 
     results += [ConditionResult(mode, MAX_DISTINCT, runs, None, None, False, message)
                 for mode, runs, message in unfailable_threshold(summary, policy.require, policy.value)]
     results += _coverage_failures(summary)
-    note = f"compared at level {level}: logprob bits not checked" if blind else ""
-    return Verdict(policy, name, tuple(results), run_dir, note)
+    notes = [f"compared at level {level}: logprob bits not checked" if blind else "", short_reference(summary)]
+    return Verdict(policy, name, tuple(results), run_dir, "; ".join(n for n in notes if n))
 
 
 def _judge_flip_rate(mode_name: str, mode: dict, limit: float) -> ConditionResult:

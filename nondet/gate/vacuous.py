@@ -7,6 +7,7 @@ A pass is evidence only where a difference could have shown. Three ways it canno
 - a threshold the runs cannot exceed: `max-distinct = N` with at most N runs per prompt, the reference
   included (thresholds that no run can exceed whatever it holds are refused when parsed: policy.py);
 - nothing compared at all (no condition besides the reference): Verdict says so itself.
+A weak check is said, not failed: a reference that ended after one token compared the prefill alone.
 Pure Python over summary.json (no torch).
 """
 
@@ -52,3 +53,15 @@ def unfailable_threshold(summary: dict, require: str, value: float | None) -> li
                                       f"{most} run(s) per prompt (the reference included), so at most {most} "
                                       "distinct completions; give a smaller N, or more runs (--runs, --batch-sizes)"))
     return found
+
+
+def short_reference(summary: dict) -> str:
+    """A note where a reference completion ended after one token (EOS at once): then only the prefill's next
+    token was compared, and a divergence that starts in decoding could not show."""
+    for mode in summary["modes"].values():
+        for view in per_prompt(mode):
+            ref = next((c for c in view["completions"] if c["completion_id"] == 0), None)
+            if ref is not None and len(ref["tokens"]) <= 1:
+                return (f"a reference completion ended after {len(ref['tokens'])} token(s): only the prefill's next "
+                        "token was compared, no decode step")
+    return ""
