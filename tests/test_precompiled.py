@@ -521,8 +521,7 @@ def test_a_second_probe_loads_every_step_and_gives_the_same_bits(tmp_path, tiny_
     # one trace per kernels mode served batch sizes 1, 2 and 3: a refusal would read "... (traced again: ...)"
     assert first["decode_path"]["precompiled"] == {m: {EVERY: "compiled and saved"} for m in modes}
     assert second["decode_path"]["precompiled"] == {m: {EVERY: "loaded"} for m in modes}
-    assert second_streams == first_streams
-    assert second["modes"]["batch-invariant"]["distinct_completions"] == 1
+    assert second_streams == first_streams  # (the mode's invariance is test_probe_compile's, with its control)
     # the mode's graphs were compiled by the first run only: the census reads their findings from its store
     census = second["compiled_graph_census"]
     assert census["graphs_inspected"] == 0 and census["graphs_from_store"] >= 1 and census["uncovered"] == []
