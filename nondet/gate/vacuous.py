@@ -59,7 +59,7 @@ def short_reference(summary: dict) -> str:
     """A note where a reference completion ended after one token (EOS at once): then only the prefill's next
     token was compared, and a divergence that starts in decoding could not show."""
     for mode in summary["modes"].values():
-        for view in per_prompt(mode):
+        for view in per_prompt(mode) if "completions" in mode else ():  # a flip-rate summary may hold none
             ref = next((c for c in view["completions"] if c["completion_id"] == 0), None)
             if ref is not None and len(ref["tokens"]) <= 1:
                 return (f"a reference completion ended after {len(ref['tokens'])} token(s): only the prefill's next "
