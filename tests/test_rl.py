@@ -16,11 +16,19 @@ PROMPTS = ("Tell me about Richard Feynman", "The history of the printing press",
            "A much longer prompt about the weather in Paris today")
 
 
+def _unread_by_the_sampler(kw: dict) -> tuple[str, ...]:
+    if kw.get("rollouts"):
+        return ("sampler_batch", "max_new_tokens", "exact_kl", "prompts")
+    if kw.get("endpoint"):
+        return ("sampler_batch", "exact_kl")
+    return ("sampler_batch",) if kw.get("load") == "continuous" else ()
+
+
 def config(model_dir, out, **kw) -> RLConfig:
     base = dict(model=ModelSpec(name=str(model_dir), inject_variance=True), prompts=PROMPTS, max_new_tokens=6,
                 sampler_batch=1, micro_batches=(1, 4), kernels=("default", "batch-invariant"), out=str(out))
-    if kw.get("load") == "continuous" or kw.get("rollouts") or kw.get("endpoint"):
-        base.pop("sampler_batch")  # nondet's batched calls do not sample there (rl/config.py refuses it)
+    for key in _unread_by_the_sampler(kw):  # rl/config.py refuses a sampler-side setting its sampler does not read
+        base.pop(key, None)
     return RLConfig(**{**base, **kw})
 
 

@@ -80,11 +80,19 @@ def write_rollouts(path, completions) -> str:
     return str(path)
 
 
+def _unread_by_the_sampler(kw: dict) -> tuple[str, ...]:
+    if kw.get("rollouts"):
+        return ("sampler_batch", "max_new_tokens", "exact_kl", "prompts")
+    if kw.get("endpoint"):
+        return ("sampler_batch", "exact_kl")
+    return ("sampler_batch",) if kw.get("load") == "continuous" else ()
+
+
 def config(model_dir, out, **kw) -> RLConfig:
     base = dict(model=ModelSpec(name=str(model_dir)), max_new_tokens=4, sampler_batch=4, micro_batches=(4,),
                 backward=False, exact_kl=False, out=str(out))
-    if kw.get("load") == "continuous" or kw.get("rollouts") or kw.get("endpoint"):
-        base.pop("sampler_batch")  # nondet's batched calls do not sample there (rl/config.py refuses it)
+    for key in _unread_by_the_sampler(kw):  # rl/config.py refuses a sampler-side setting its sampler does not read
+        base.pop(key, None)
     return RLConfig(**{**base, **kw})
 
 

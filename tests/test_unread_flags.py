@@ -88,11 +88,17 @@ def test_the_gate_refuses_a_key_no_axis_it_runs_reads(flags, refused):
     assert set(resolve(both, {}).axes) == {"batch", "speculative", "rl"}  # the control: an axis that reads it
 
 
-def test_rl_refuses_a_sampler_batch_its_sampler_does_not_take():
+@pytest.mark.parametrize("sampler, unread, message", [
+    ({"load": "continuous"}, {"sampler_batch": 2}, "--sampler-batch does not apply to --load continuous"),
+    ({"endpoint": "http://h"}, {"sampler_batch": 2, "exact_kl": False},
+     "--sampler-batch, --no-exact-kl do not apply to --endpoint (the server samples)"),
+    ({"rollouts": "r.jsonl"}, {"max_new_tokens": 4, "seed": 3, "exact_kl": False},
+     "--max-new-tokens, --seed, --no-exact-kl do not apply to --rollouts (nothing is sampled here)"),
+])
+def test_rl_refuses_a_sampler_setting_its_sampler_does_not_read(sampler, unread, message):
     from nondet.rl.config import RLConfig, validate
 
-    for other in ({"load": "continuous"}, {"endpoint": "http://h"}, {"rollouts": "r.jsonl"}):
-        with pytest.raises(UsageError, match="^--sampler-batch sizes nondet's batched generate calls"):
-            validate(RLConfig(sampler_batch=2, **other))
-        validate(RLConfig(**other))  # the control: the default is no choice
-    validate(RLConfig(sampler_batch=2))  # and nondet's own batched sampler takes it
+    with pytest.raises(UsageError, match=f"^{re.escape(message)}"):
+        validate(RLConfig(**sampler, **unread))
+    validate(RLConfig(**sampler))  # the control: the defaults are no choice
+    validate(RLConfig(**unread))  # and nondet's own batched sampler reads them all

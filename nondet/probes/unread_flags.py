@@ -76,15 +76,15 @@ def source_kind(config) -> str:
 def refuse_unread_flags(config) -> None:
     """A UsageError naming every given flag that the config's source would not read."""
     kind = source_kind(config)
-    unread = [flag for flag, path, readers in RULES if kind not in readers and _given(config, path)]
+    unread = [flag for flag, path, readers in RULES if kind not in readers and given(config, path)]
     if unread:
         one = len(unread) == 1
         raise UsageError(f"{', '.join(unread)} {'does' if one else 'do'} not apply to {SOURCE_TEXT[kind]}; "
                          f"drop {'it' if one else 'them'}")
 
 
-def _given(config, path: str) -> bool:
-    """Does the field at path differ from its dataclass default (the user set it)?"""
+def given(config, path: str) -> bool:
+    """Does the field at path of a config dataclass differ from its default (the user set it)?"""
     owner, name = config, path
     if "." in path:
         head, name = path.split(".")

@@ -55,11 +55,31 @@ def validate(config: RLConfig) -> None:
         raise UsageError(f"--load must be one of {', '.join(LOADS)}, not {config.load!r}")
     if config.load == "continuous" and (config.endpoint or config.rollouts):
         raise UsageError("--load continuous runs the sampler here; it does not combine with --endpoint or --rollouts")
-    if config.sampler_batch != RLConfig.sampler_batch and (config.load == "continuous" or config.endpoint
-                                                           or config.rollouts):
-        raise UsageError("--sampler-batch sizes nondet's batched generate calls; --load continuous, --endpoint and "
-                         "--rollouts sample otherwise: drop it")
+    _refuse_unread(config)
     if config.endpoint and config.rollouts:
         raise UsageError("give either --endpoint (a server samples) or --rollouts (exported samples), not both")
     if not config.rollouts and not all(isinstance(p, Chat) or p.strip() for p in config.prompts):
         raise UsageError("a prompt is empty; every line of --prompts needs text")
+
+
+# sampler-side flags and the samplers that read them: batched generate calls, the continuous engine, a
+# server (--endpoint), exported rollouts (nothing sampled here); given where not read, they are refused
+SAMPLER_RULES = (
+    ("--sampler-batch", "sampler_batch", ("batched",)),
+    ("--max-new-tokens", "max_new_tokens", ("batched", "continuous", "endpoint")),
+    ("--seed", "seed", ("batched", "continuous", "endpoint")),
+    ("--no-exact-kl", "exact_kl", ("batched", "continuous")),  # only an in-process sampler keeps distributions
+)
+
+
+def _refuse_unread(config: RLConfig) -> None:
+    from nondet.probes.unread_flags import given
+
+    sampler = ("rollouts" if config.rollouts else "endpoint" if config.endpoint else
+               "continuous" if config.load == "continuous" else "batched")
+    unread = [flag for flag, path, readers in SAMPLER_RULES if sampler not in readers and given(config, path)]
+    if unread:
+        what = {"rollouts": "--rollouts (nothing is sampled here)", "endpoint": "--endpoint (the server samples)",
+                "continuous": "--load continuous (the engine batches every prompt at once)"}[sampler]
+        raise UsageError(f"{', '.join(unread)} {'does' if len(unread) == 1 else 'do'} not apply to {what}; "
+                         f"drop {'it' if len(unread) == 1 else 'them'}")
