@@ -6,7 +6,7 @@ import json
 import pytest
 
 from nondet.probes.models.loading import ModelSpec, load_model
-from nondet.rl.config import RLConfig
+from nondet.rl.config import SAMPLER_RULES, RLConfig, sampler_kind
 from nondet.rl.run import run_rl
 from nondet.rundir import RunDir
 from nondet.rundir.reader import read_conditions, read_streams
@@ -16,19 +16,11 @@ PROMPTS = ("Tell me about Richard Feynman", "The history of the printing press",
            "A much longer prompt about the weather in Paris today")
 
 
-def _unread_by_the_sampler(kw: dict) -> tuple[str, ...]:
-    if kw.get("rollouts"):
-        return ("sampler_batch", "max_new_tokens", "exact_kl", "prompts")
-    if kw.get("endpoint"):
-        return ("sampler_batch", "exact_kl")
-    return ("sampler_batch",) if kw.get("load") == "continuous" else ()
-
-
 def config(model_dir, out, **kw) -> RLConfig:
     base = dict(model=ModelSpec(name=str(model_dir), inject_variance=True), prompts=PROMPTS, max_new_tokens=6,
                 sampler_batch=1, micro_batches=(1, 4), kernels=("default", "batch-invariant"), out=str(out))
-    for key in _unread_by_the_sampler(kw):  # rl/config.py refuses a sampler-side setting its sampler does not read
-        base.pop(key, None)
+    kind = sampler_kind(RLConfig(**kw))  # rl/config.py refuses a sampler-side setting its sampler does not read
+    base = {k: v for k, v in base.items() if all(k != path or kind in readers for _, path, readers in SAMPLER_RULES)}
     return RLConfig(**{**base, **kw})
 
 

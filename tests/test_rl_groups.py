@@ -10,7 +10,7 @@ from io import StringIO
 import pytest
 
 from nondet.probes.models.loading import ModelSpec
-from nondet.rl.config import RLConfig
+from nondet.rl.config import SAMPLER_RULES, RLConfig, sampler_kind
 from nondet.rl.groups import sample_groups, warning
 from nondet.rl.run import run_rl
 import cli_runner
@@ -80,19 +80,11 @@ def write_rollouts(path, completions) -> str:
     return str(path)
 
 
-def _unread_by_the_sampler(kw: dict) -> tuple[str, ...]:
-    if kw.get("rollouts"):
-        return ("sampler_batch", "max_new_tokens", "exact_kl", "prompts")
-    if kw.get("endpoint"):
-        return ("sampler_batch", "exact_kl")
-    return ("sampler_batch",) if kw.get("load") == "continuous" else ()
-
-
 def config(model_dir, out, **kw) -> RLConfig:
     base = dict(model=ModelSpec(name=str(model_dir)), max_new_tokens=4, sampler_batch=4, micro_batches=(4,),
                 backward=False, exact_kl=False, out=str(out))
-    for key in _unread_by_the_sampler(kw):  # rl/config.py refuses a sampler-side setting its sampler does not read
-        base.pop(key, None)
+    kind = sampler_kind(RLConfig(**kw))  # rl/config.py refuses a sampler-side setting its sampler does not read
+    base = {k: v for k, v in base.items() if all(k != path or kind in readers for _, path, readers in SAMPLER_RULES)}
     return RLConfig(**{**base, **kw})
 
 

@@ -69,14 +69,20 @@ SAMPLER_RULES = (
     ("--max-new-tokens", "max_new_tokens", ("batched", "continuous", "endpoint")),
     ("--seed", "seed", ("batched", "continuous", "endpoint")),
     ("--no-exact-kl", "exact_kl", ("batched", "continuous")),  # only an in-process sampler keeps distributions
+    ("--prompts", "prompts", ("batched", "continuous", "endpoint")),  # rollouts carry their own
 )
+
+
+def sampler_kind(config: RLConfig) -> str:
+    """Which sampler a config runs: exported rollouts, a server, the continuous engine, or batched generate."""
+    return ("rollouts" if config.rollouts else "endpoint" if config.endpoint else
+            "continuous" if config.load == "continuous" else "batched")
 
 
 def _refuse_unread(config: RLConfig) -> None:
     from nondet.probes.unread_flags import given
 
-    sampler = ("rollouts" if config.rollouts else "endpoint" if config.endpoint else
-               "continuous" if config.load == "continuous" else "batched")
+    sampler = sampler_kind(config)
     unread = [flag for flag, path, readers in SAMPLER_RULES if sampler not in readers and given(config, path)]
     if unread:
         what = {"rollouts": "--rollouts (nothing is sampled here)", "endpoint": "--endpoint (the server samples)",
