@@ -76,10 +76,16 @@ def source_kind(config) -> str:
 def refuse_unread_flags(config) -> None:
     """A UsageError naming every given flag that the config's source would not read."""
     kind = source_kind(config)
-    unread = [flag for flag, path, readers in RULES if kind not in readers and given(config, path)]
+    refuse_unread(config, RULES, kind, SOURCE_TEXT[kind])
+
+
+def refuse_unread(config, rules, kind: str, where: str) -> None:
+    """A UsageError naming every flag of `rules` ((flag, field path, kinds that read it)) given in config
+    while `kind` does not read it; where: what runs, as the message names it. nondet rl's sampler rules too."""
+    unread = [flag for flag, path, readers in rules if kind not in readers and given(config, path)]
     if unread:
         one = len(unread) == 1
-        raise UsageError(f"{', '.join(unread)} {'does' if one else 'do'} not apply to {SOURCE_TEXT[kind]}; "
+        raise UsageError(f"{', '.join(unread)} {'does' if one else 'do'} not apply to {where}; "
                          f"drop {'it' if one else 'them'}")
 
 

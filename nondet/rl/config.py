@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 from nondet.errors import UsageError
 from nondet.probes.models.loading import ModelSpec
+from nondet.probes.unread_flags import refuse_unread
 from nondet.prompt import Chat, Prompt
 
 PADDINGS = ("right", "left", "packed")  # how the trainer lays out a micro-batch: padded rows, or one packed row
@@ -79,13 +80,10 @@ def sampler_kind(config: RLConfig) -> str:
             "continuous" if config.load == "continuous" else "batched")
 
 
-def _refuse_unread(config: RLConfig) -> None:
-    from nondet.probes.unread_flags import given
+SAMPLER_TEXT = {"rollouts": "--rollouts (nothing is sampled here)", "endpoint": "--endpoint (the server samples)",
+                "continuous": "--load continuous (the engine batches every prompt at once)", "batched": "batched sampling"}
 
+
+def _refuse_unread(config: RLConfig) -> None:
     sampler = sampler_kind(config)
-    unread = [flag for flag, path, readers in SAMPLER_RULES if sampler not in readers and given(config, path)]
-    if unread:
-        what = {"rollouts": "--rollouts (nothing is sampled here)", "endpoint": "--endpoint (the server samples)",
-                "continuous": "--load continuous (the engine batches every prompt at once)"}[sampler]
-        raise UsageError(f"{', '.join(unread)} {'does' if len(unread) == 1 else 'do'} not apply to {what}; "
-                         f"drop {'it' if len(unread) == 1 else 'them'}")
+    refuse_unread(config, SAMPLER_RULES, sampler, SAMPLER_TEXT[sampler])

@@ -144,19 +144,11 @@ def compile_scope():
     own setting of Triton's folder included."""
     import torch._dynamo
 
-    from nondet.probes.core.cache_dir import cache_root, triton_cache
+    from nondet.probes.core.cache_dir import cache_root, env_default, triton_cache
 
-    before = os.environ.get(INDUCTOR_CACHE_ENV)
-    if _inductors_own(before):
-        os.environ[INDUCTOR_CACHE_ENV] = str(cache_root() / "inductor")
-    try:
-        with triton_cache(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):  # restores its variable
-            yield
-    finally:
-        if before is None:
-            os.environ.pop(INDUCTOR_CACHE_ENV, None)
-        else:
-            os.environ[INDUCTOR_CACHE_ENV] = before
+    inductor = env_default(INDUCTOR_CACHE_ENV, str(cache_root() / "inductor"), lambda v: not _inductors_own(v))
+    with inductor, triton_cache(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        yield
 
 
 def _inductors_own(value: str | None) -> bool:
