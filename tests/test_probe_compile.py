@@ -165,7 +165,7 @@ def test_cli_compile_with_inductor_prints_each_modes_path(tmp_path, default_mode
     assert any((Path(os.environ["NONDET_CACHE"]) / "inductor").iterdir())
     # last, the fix on the compiled path: evidence only where the compiled default kernels differed here
     require_divergence(summary["modes"]["default"], "the compiled demo with its injected norm at bs 2, 6 tokens")
-    mode = summary["modes"]["batch-invariant"]
+    mode = summary["modes"][FIX_KERNELS]  # --confirm ran both: NONDET_TEST_WITHOUT_MODE=1 reads the default's
     assert (mode["distinct_completions"], mode["first_numeric_divergence"]) == (1, None)
 
 

@@ -11,6 +11,7 @@ from nondet.errors import UsageError
 from nondet.kernels import cpu
 from nondet.probes.speculative.speculation import Speculation, parse_speculative
 import cli_runner
+from controls import FIX_KERNELS
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -144,13 +145,13 @@ def test_positive_control_default_kernels_bits_differ_from_plain_greedy(confirme
 
 
 def test_negative_control_batch_invariant_one_completion_identical_bits(confirmed_run):
-    summary, streams = confirmed_run
-    mode = summary["modes"]["batch-invariant"]
+    summary, streams = confirmed_run  # --confirm ran both: NONDET_TEST_WITHOUT_MODE=1 reads the default's here
+    mode = summary["modes"][FIX_KERNELS]
     assert (mode["distinct_completions"], mode["first_numeric_divergence"]) == (1, None)
     for name in ("ngram:4", "self:4", "draft:2"):
-        f = _form(summary, "batch-invariant", name)
+        f = _form(summary, FIX_KERNELS, name)
         assert (f["distinct_completions"], f["first_token_divergence"], f["first_numeric_divergence"]) == (1, None, None)
-    of_mode = [s for s in streams if s["kernels"] == "batch-invariant"]
+    of_mode = [s for s in streams if s["kernels"] == FIX_KERNELS]
     ref = next(s for s in of_mode if s["is_reference"])
     for s in of_mode:
         assert [(x["token"], x["logprob"], x["top"], x["margin"]) for x in s["steps"]] == \
