@@ -7,7 +7,7 @@ mode, with the ablation's fix and the batch-invariant confirmation; `tp_verdict(
 sentence, within each degree and across them; `replay_line` a bisect replay whose reference is not the
 probe's. `partly_line`,
 `injected_control_line` and `graph_census_line` word what the batch-invariant kernels covered (summary.json,
-the gate, the report); `confidence_line` how sure a mode's verdict is (its rate, interval and grade). `modes` is summary.json's
+the gate, the report); `confidence_line` how sure a mode's verdict is (its rate, interval and grade); `undrafted_line` a speculative form that drafted nothing. `modes` is summary.json's
 "modes": {kernels mode: the diff of its runs (probes/core/diff.py)}. No torch, no pandas.
 """
 
@@ -275,3 +275,13 @@ def sampler_line(name: str, causes: dict, sampler: str) -> str | None:
            }.get(sampler, "the requests drew different random numbers with equal seeds")
     return (f"{name}: {n} of {total} runs whose tokens differ had the reference's logits, bit for bit, at the "
             f"flip: the sampler chose another token, not the kernels; {fix}")
+
+
+def undrafted_line(form: dict) -> str | None:
+    """A speculative form (summary.json "speculative" by_form row) that drafted no token decoded as plain
+    greedy does, plus its drafter's cost: say so where its gain would be read (the gain is left empty)."""
+    if form.get("drafted", 1):
+        return None
+    return (f"{form['speculative']} ({form['kernels']} kernels) drafted no token in {form.get('rounds', 0)} "
+            "round(s): every token came from one-token decoding, so it measured no speculative gain and its "
+            "match with plain greedy compares nothing new; use a form that drafts (self:K) or more tokens")

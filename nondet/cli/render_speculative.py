@@ -4,6 +4,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nondet.fmt import fmt_fixed, fmt_percent, fmt_step, fmt_times
+from nondet.verdict import undrafted_line
 
 COLUMNS = ("form", "texts", "flips", "token", "bits", "accept", "tok/s", "plain", "gain", "round")
 CAPTION = ("texts: distinct completions of plain greedy and the form, worst prompt (1 = same tokens); flips: "
@@ -19,6 +20,8 @@ def print_speculative(summary: dict, console: Console) -> None:
         return
     for mode in dict.fromkeys(f["kernels"] for f in section["by_form"]):
         console.print(speculative_table(mode, [f for f in section["by_form"] if f["kernels"] == mode]))
+    for line in filter(None, map(undrafted_line, section["by_form"])):
+        console.print(f"[yellow]{line}[/yellow]", highlight=False)
 
 
 def speculative_table(mode: str, forms: list[dict]) -> Table:

@@ -4,6 +4,7 @@
 from nondet.fmt import fmt_fixed, fmt_percent, fmt_step, fmt_times
 from nondet.reports.blocks import Para, Section, Table
 from nondet.reports.tables import RunTables
+from nondet.verdict import undrafted_line
 
 HEADER = ["kernels", "form", "prompts", "distinct vs plain", "prompts diverged", "first token divergence",
           "first numeric divergence", "acceptance", "tokens/s speculative", "tokens/s plain", "speedup",
@@ -28,4 +29,6 @@ def speculative_sections(t: RunTables) -> list[Section]:
                  "tokens per round / round cost, a round's time (its drafts included) in plain greedy steps: the "
                  "kernels modes decode different streams, so compare their round costs for the kernels' price "
                  "alone."], kind="note")
-    return [Section("Speculative decoding", "speculative", [Table(HEADER, rows, [False, False] + [True] * 11), note])]
+    undrafted = [Para([line], kind="note") for line in filter(None, map(undrafted_line, section.get("by_form", [])))]
+    return [Section("Speculative decoding", "speculative",
+                    [Table(HEADER, rows, [False, False] + [True] * 11), *undrafted, note])]

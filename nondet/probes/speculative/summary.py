@@ -26,7 +26,9 @@ def _condition(ref: dict, run: dict) -> dict:
         "seconds": run.get("seconds"), "tokens_per_s": run.get("tokens_per_s"),
         "reference_tokens": len(ref["steps"]), "reference_seconds": ref.get("seconds"),
         "reference_tokens_per_s": ref.get("tokens_per_s"),
-        "speedup": _ratio(run.get("tokens_per_s"), ref.get("tokens_per_s")),
+        # No draft, no speculation: the run was plain decoding plus the drafter's overhead, so its
+        # tokens/s against plain greedy is not a speculative gain (None, and said where it is shown).
+        "speedup": _ratio(run.get("tokens_per_s"), ref.get("tokens_per_s")) if sum(run.get("drafted") or []) else None,
     }
 
 
@@ -42,8 +44,9 @@ def _form(rows: list[dict]) -> dict:
         "prompts_bits_differ": sum(r["first_numeric_divergence"] is not None for r in rows),
         "first_token_divergence": earliest(r["first_token_divergence"] for r in rows),
         "first_numeric_divergence": earliest(r["first_numeric_divergence"] for r in rows),
+        "drafted": drafted,
         "acceptance_rate": round(sum(r["accepted"] for r in rows) / drafted, 4) if drafted else None,
-        "tokens_per_s": tps, "reference_tokens_per_s": ref_tps, "speedup": _ratio(tps, ref_tps),
+        "tokens_per_s": tps, "reference_tokens_per_s": ref_tps, "speedup": _ratio(tps, ref_tps) if drafted else None,
         **_round_cost(rows),
     }
 
