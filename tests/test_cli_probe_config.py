@@ -37,7 +37,8 @@ def test_gate_builds_one_config_per_prompt():
     configs = probe_configs(settings, "out")
     assert [(c.prompt, c.out) for c in configs] == [("a", "out/prompt-1"), ("b", "out/prompt-2")]
     assert all(c.load.mode == "server" and c.load.rate == 2.0 for c in configs)
-    for unread in ({"batch-sizes": "1,8"}, {"threads": 2}):  # a server's batches and threads are its own
+    # a server's batches and threads are its own; sizes equal to the gate's default are a choice too
+    for unread in ({"batch-sizes": "1,8"}, {"batch-sizes": "1,8,16"}, {"threads": 2}):
         with pytest.raises(UsageError, match="do(es)? not apply to --endpoint"):
             probe_configs(resolve({"prompts": ["a"], "endpoint": "http://h", **unread}, {}), "out")
     one = probe_configs(resolve({}, {}), "out")

@@ -59,6 +59,7 @@ AXIS_KEYS = {  # axis -> the keys (file) or flags that name it
     "speculative": ("speculative", "speculative-forms"),
     "rl": ("rl", "max-kl"),
 }
+DEFAULT_BATCH_SIZES = (1, 8, 16)  # the demo model's tokens flip at bs 8/16 near step 93
 DEFAULT_FORMS = "ngram:4,self:4"  # prompt lookup and the model as its own draft
 PROMPT_KEYS = ("prompt", "prompts", "prompts-file")  # one of them per layer (flags: --prompt or --prompts)
 KEYS = ("model", *PROMPT_KEYS, "batch-sizes", "positions", "runs", "max-new-tokens", "kernels",
@@ -73,7 +74,9 @@ class GateSettings:
     # () = the probe's default prompt; each prompt is its own probe; a Chat (a prompts file's {"messages": ...}
     # line) is probed through the chat template
     prompts: tuple[Prompt, ...] = ()
-    batch_sizes: tuple[int, ...] = (1, 8, 16)  # the demo model's tokens flip at bs 8/16 near step 93
+    # None = not given: static batches take DEFAULT_BATCH_SIZES, and a source that reads no batch sizes (a
+    # server, the continuous engine) gets none, where sizes the user gave are refused for it
+    batch_sizes: tuple[int, ...] | None = None
     positions: str = "auto"  # target rows: auto = every row a target with several prompts (rows), else ends
     runs: int | None = None  # N target replays spread over the batches (overrides positions)
     max_new_tokens: int = 120  # long enough for the demo model's first token flip
@@ -285,11 +288,11 @@ def _prompt_list(key: str, value, from_flags: bool, label: _Labels) -> tuple[str
     raise UsageError(f"{label(key)} must be " + ("non-empty text" if key == "prompt" else "a list of non-empty strings"))
 
 
-def _batch_sizes(value, label: _Labels) -> tuple[int, ...]:
+def _batch_sizes(value, label: _Labels) -> tuple[int, ...] | None:
     from nondet.probes.core.conditions import parse_batch_sizes  # pure Python, no torch
 
     if value is None:
-        return GateSettings.batch_sizes
+        return None
     if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         value = ",".join(map(str, value))
     if not isinstance(value, str):
