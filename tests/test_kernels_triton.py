@@ -1,5 +1,6 @@
 """The Triton kernels on the CPU, under TRITON_INTERPRET=1: correct against the torch
-references on small irregular shapes, and row 0 bitwise equal across M.
+references on small irregular shapes, and row 0 bitwise equal across M, with controls: the same checks on
+launches whose reduction order follows the batch (a K chunk, a KV chunk, a row walk) fail.
 
 TRITON_INTERPRET must be set before triton is first imported, which another test may already
 have done in this process. So the outer test re-runs this file in a fresh interpreter with the
@@ -75,6 +76,8 @@ if not INNER:
         assert launches == [(tma, True), (tma, False), (tma, True), (tma, True), (pointer, None)]
 
 else:
+    from dataclasses import replace
+
     import torch
 
     from nondet.kernels import reference, triton_attention, triton_matmul, triton_rows
@@ -87,6 +90,22 @@ else:
     MM_CFG = MatmulConfig(block_m=16, block_n=16, block_k=16, k_chunk=32, group_m=2, num_warps=4, num_stages=1)
     ATT_CFG = AttentionConfig(block_m=16, block_n=16, kv_chunk=32, num_warps=4, num_stages=1)
     TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+    def row0_differs(fn, x, ms) -> list[int]:
+        """The row counts m at which fn(x[:m])'s row 0 has other bits than fn(x[:1])'s."""
+        row0 = fn(x[:1])[0]
+        return [m for m in ms if not torch.equal(fn(x[:m])[0], row0)]
+
+    def rows_in_blocks_from_batch_3(fn):
+        """fn with its rows walked in blocks of 16 from 3 rows on: a reduction order picked by the batch."""
+        def by_batch(rows):
+            whole = triton_rows.ROW_BLOCK_MAX
+            triton_rows.ROW_BLOCK_MAX = 16 if len(rows) >= 3 else whole
+            try:
+                return fn(rows)
+            finally:
+                triton_rows.ROW_BLOCK_MAX = whole
+        return by_batch
 
     def rel(out, ref):
         return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
@@ -115,9 +134,13 @@ else:
         torch.manual_seed(1)
         a = torch.randn(33, 70, dtype=dtype)  # K=70: three K chunks, the last one short
         b = torch.randn(70, 24, dtype=dtype)
-        row0 = triton_matmul.mm(a[:1], b, cfg=MM_CFG)[0]
-        for m in (*range(1, 10), 15, 16, 17, 32, 33):  # around the 16-row tile boundaries
-            assert torch.equal(triton_matmul.mm(a[:m], b, cfg=MM_CFG)[0], row0), m
+        ms = (*range(1, 10), 15, 16, 17, 32, 33)  # around the 16-row tile boundaries
+        assert row0_differs(lambda rows: triton_matmul.mm(rows, b, cfg=MM_CFG), a, ms) == []
+        # the control: the same check on a launch whose K chunk (its reduction order) follows M, the
+        # split-K defect, fails (in fp32: rounded to bf16, this reorder's 1-ulp fp32 changes vanish here)
+        by_m = lambda rows: triton_matmul.mm(rows.float(), b.float(),
+                                             cfg=MM_CFG if len(rows) < 16 else replace(MM_CFG, k_chunk=64))
+        assert row0_differs(by_m, a, ms) == [16, 17, 32, 33]
         # the two launch strategies give the same bits, not just close ones
         fused = triton_matmul.mm(a, b, cfg=MM_CFG, split=False)
         assert torch.equal(triton_matmul.mm(a, b, cfg=MM_CFG, split=True), fused)
@@ -175,12 +198,20 @@ else:
         torch.manual_seed(3)
         x = torch.randn(12, 61, dtype=torch.bfloat16)
         w = torch.randn(61, dtype=torch.bfloat16)
-        fns = [lambda t: triton_rows.rms_norm(t, w), lambda t: triton_rows.mean_last(t.float()), triton_rows.mean_sq,
-               lambda t: triton_rows.sum_last(t.float()),
-               lambda t: triton_rows.softmax(t), lambda t: triton_rows.layer_norm(t, w, w)[0]]
-        for fn in fns:
-            row0 = fn(x[:1])[0]
-            assert all(torch.equal(fn(x[:m])[0], row0) for m in (2, 3, 7, 12))
+        fns = [lambda t: triton_rows.rms_norm(t, w), triton_rows.mean_sq, lambda t: triton_rows.softmax(t),
+               lambda t: triton_rows.layer_norm(t, w, w)[0]]
+        for i, fn in enumerate(fns):
+            assert row0_differs(fn, x, (2, 3, 7, 12)) == [], i
+        # fp32 rows for the sums: a sum of 61 bf16 values is exact in fp32, so no order could change its bits.
+        # The control: the same kernel walking its rows in blocks of 16 from batch 3 on (a reduction order
+        # picked by the batch) fails the check. Under the interpreter that walk leaves rms_norm's and softmax's
+        # bits unchanged on this data, so their checks have no control here; tests/gpu checks them on a GPU.
+        torch.manual_seed(3)
+        x, w = torch.randn(12, 61), torch.randn(61)
+        for i, fn in enumerate([triton_rows.mean_last, triton_rows.sum_last,
+                                lambda t: triton_rows.layer_norm(t, w, w)[0]]):
+            assert row0_differs(fn, x, (2, 3, 7, 12)) == [], i
+            assert row0_differs(rows_in_blocks_from_batch_3(fn), x, (2, 3, 7, 12)) == [3, 7, 12], i
 
     def _qkv(b, h, kvh, q_len, s, d, dtype=torch.float32, seed=4):
         g = torch.Generator().manual_seed(seed)
@@ -229,6 +260,9 @@ else:
         solo = triton_attention.attention(q[:1], k[:1], v[:1], cfg=ATT_CFG)
         for b in (2, 5):
             assert torch.equal(triton_attention.attention(q[:b], k[:b], v[:b], cfg=ATT_CFG)[0], solo[0])
+            # the control: KV split in chunks by the batch's size (split-KV's defect) changes row 0's bits
+            by_b = replace(ATT_CFG, kv_chunk=16)
+            assert not torch.equal(triton_attention.attention(q[:b], k[:b], v[:b], cfg=by_b)[0], solo[0])
         # the same request behind 7 padding positions, in a batch of 2
         pad = 7
         kp = torch.cat([torch.randn(2, 2, pad, 16).to(k.dtype), k[:2]], dim=2)
