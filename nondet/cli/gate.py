@@ -219,7 +219,7 @@ def probe_configs(settings: "GateSettings", out: str | None, speculative: str | 
 def _batch_sizes(settings: "GateSettings", speculative: str | None, load) -> "tuple[int, ...] | None":
     """The batch sizes for a source that reads them (static batches); for a server or the continuous engine
     only sizes the user gave, which validate_config then refuses (the gate's own default is not a choice)."""
-    from nondet.gate.config import DEFAULT_BATCH_SIZES
+    from nondet.gate.config_values import DEFAULT_BATCH_SIZES
 
     if speculative:
         return None
