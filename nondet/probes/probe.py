@@ -8,6 +8,7 @@ records, each behind the Source interface (core/source.py); the run directory's 
 (rundir/writer.py) writes them, so a crash loses nothing already computed.
 """
 
+import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -245,8 +246,8 @@ def validate_config(config: ProbeConfig) -> None:
         raise UsageError(f"--load {config.load.mode} probes one prompt; pass --prompt TEXT")
     if config.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be >= 1")
-    if config.temperature < 0:
-        raise UsageError("--temperature must be >= 0")
+    if not (math.isfinite(config.temperature) and config.temperature >= 0):  # nan passes every comparison
+        raise UsageError(f"--temperature must be a number >= 0 (0: greedy), not {config.temperature}")
     _validate_sampler(config)
     for mode in config.kernels:
         if mode not in KERNEL_MODES:
@@ -254,9 +255,10 @@ def validate_config(config: ProbeConfig) -> None:
     if not config.fillers:
         raise UsageError("no filler prompts: the fillers file is empty")
     validate_load(config.load, config.temperature)
-    if config.budget is not None and (config.budget <= 0 or config.load.mode != "static" or config.speculative):
-        raise UsageError("--budget must be > 0 seconds and plans static batches only (no --load / --endpoint / "
-                         "--speculative)")
+    if config.budget is not None and not (math.isfinite(config.budget) and config.budget > 0):
+        raise UsageError(f"--budget must be a number of seconds > 0, not {config.budget}")
+    if config.budget is not None and (config.load.mode != "static" or config.speculative):
+        raise UsageError("--budget plans static batches only: drop --load / --endpoint / --speculative")
     if config.speculative:
         _validate_speculative(config)
     if config.kv_cache not in KV_CACHES or (config.kv_cache != "dynamic" and config.load.mode != "static"):
@@ -280,9 +282,11 @@ def validate_config(config: ProbeConfig) -> None:
         raise UsageError("--tp: every tensor-parallel degree must be an integer >= 1, e.g. --tp 1,2")
     if config.prefill:
         _validate_prefill(config)
-    if config.trials < 1 or (config.trials > 1 and (config.load.mode != "static" or config.tp or config.speculative)):
-        raise UsageError("--trials must be >= 1 and repeats static batches; against a server or the continuous "
-                         "engine --runs sets the number of replays under load")
+    if config.trials < 1:
+        raise UsageError(f"--trials must be >= 1, not {config.trials}")
+    if config.trials > 1 and (config.load.mode != "static" or config.tp or config.speculative):
+        raise UsageError("--trials repeats static batches (not --tp / --speculative); against a server or the "
+                         "continuous engine --runs sets the number of replays under load")
     from nondet.probes.static import workers
 
     workers.validate(config)

@@ -1,5 +1,6 @@
 """RLConfig: what `nondet rl` runs, frozen and written to config.json."""
 
+import math
 from dataclasses import dataclass, field
 
 from nondet.errors import UsageError
@@ -38,13 +39,18 @@ class RLConfig:
 
 def validate(config: RLConfig) -> None:
     """One-line UsageErrors (exit 2) for settings that cannot give the metrics."""
-    if config.temperature <= 0:
+    if config.temperature == 0:
         raise UsageError("--temperature 0 is greedy: there is no sampling distribution whose logprobs "
                          "sampler and trainer could compare; pass --temperature > 0 (RL samples at 1)")
-    if config.top_k < 0 or not 0 < config.top_p <= 1:
-        raise UsageError("--top-k must be >= 0 and --top-p in (0, 1]")
-    if config.max_new_tokens < 1 or config.sampler_batch < 1:
-        raise UsageError("--max-new-tokens and --sampler-batch must be >= 1")
+    if not (math.isfinite(config.temperature) and config.temperature > 0):  # nan passes every comparison
+        raise UsageError(f"--temperature must be a number > 0, not {config.temperature}")
+    if config.top_k < 0:
+        raise UsageError(f"--top-k must be >= 0 (0: off), not {config.top_k}")
+    if not 0 < config.top_p <= 1:  # False for nan too
+        raise UsageError(f"--top-p must be in (0, 1], not {config.top_p}")
+    for flag, value in (("--max-new-tokens", config.max_new_tokens), ("--sampler-batch", config.sampler_batch)):
+        if value < 1:
+            raise UsageError(f"{flag} must be >= 1, not {value}")
     if not config.micro_batches or min(config.micro_batches) < 1:
         raise UsageError("--micro-batch needs sizes >= 1, e.g. 1,4,8")
     if config.padding not in PADDINGS:
