@@ -10,10 +10,27 @@ def test_parse_batch_sizes_ranges_and_reference():
     assert parse_batch_sizes("1-4,8") == (1, 2, 3, 4, 8)
 
 
-@pytest.mark.parametrize("text", ["0", "2,0", "a", "", "-3"])
+@pytest.mark.parametrize("text", ["0", "2,0", "a", "", "-3", "1,,2", "1,8,"])
 def test_bad_batch_sizes(text):
     with pytest.raises(UsageError):
         parse_batch_sizes(text)
+
+
+def test_an_empty_entry_is_named():
+    with pytest.raises(UsageError, match=r"^--batch-sizes: an empty entry in '1,,2'"):
+        parse_batch_sizes("1,,2")
+    assert parse_batch_sizes(" 1, 2 ") == (1, 2)  # the control: spaces around sizes are fine
+
+
+def test_empty_batch_sizes_on_the_demo_model_are_not_its_default(monkeypatch):
+    from nondet.cli import probe_config
+    from nondet.probes.models import demo_model
+
+    monkeypatch.setattr(demo_model, "demo_kind", lambda: "trained")
+    assert probe_config.demo_defaults((), False, "", None)[2] == ""  # refused by the config's check
+    assert probe_config.demo_defaults((), False, None, None)[2] == demo_model.DEMO_BATCH_SIZES  # not given
+    with pytest.raises(UsageError, match="--batch-sizes is empty"):
+        probe_config.build_probe_config("probe", (), batch_sizes="")
 
 
 def test_plan_reference_first_and_ends():

@@ -105,4 +105,5 @@ def demo_defaults(targets: tuple[str, ...], chat: bool, batch_sizes: str | None,
 
     if demo_kind() != "trained":
         return targets, chat, batch_sizes, max_new_tokens
-    return DEMO_QUESTIONS, True, batch_sizes or DEMO_BATCH_SIZES, max_new_tokens or DEMO_MAX_NEW_TOKENS
+    return (DEMO_QUESTIONS, True, DEMO_BATCH_SIZES if batch_sizes is None else batch_sizes,  # -b '' is refused later
+            DEMO_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens)

@@ -79,7 +79,10 @@ class Condition:
 def parse_batch_sizes(text: str) -> tuple[int, ...]:
     """'1,2,4' or '1-8' or '1-32,64' -> sorted unique sizes; 1 is always included."""
     sizes: set[int] = set()
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    parts = [p.strip() for p in text.split(",")]
+    if "" in parts:  # '1,,2' or '1,8,': a size left out is a typo, not a request for fewer sizes
+        raise UsageError(f"--batch-sizes: an empty entry in {text!r}; give sizes like 1,2,8 or a range like 1-16")
+    for part in parts:
         try:
             lo, _, hi = part.partition("-")
             sizes.update(range(int(lo), int(hi or lo) + 1))
