@@ -69,7 +69,8 @@ def test_nondet_toml_wins_and_flags_win_over_it(tmp_path):
     ("batch_sizes = [1, 2]\n", "{path}: unknown key 'batch_sizes'; known keys: model, prompt, prompts, prompts-file, "
                                "batch-sizes, positions, runs, max-new-tokens, kernels, dtype, device, threads, workers, load, "
                                "endpoint, rate, concurrency, inject-variance, compile, cuda-graphs, prefix-cache, chunked-prefill, require, "
-                               "max-distinct, min-divergence-step, max-logprob-diff, speculative, speculative-forms, "
+                               "max-distinct, min-divergence-step, max-logprob-diff, max-flip-rate, speculative, "
+                               "speculative-forms, "
                                "rl, max-kl, micro-batch, sampler-batch"),
     ("batch-sizes = [1]\n", "{path}: batch-sizes needs a size > 1 (1 alone is only the reference)"),
     ("max-distinct = 2\nrequire = 'identical'\n", "{path}: give one requirement, not require and max-distinct"),
@@ -77,6 +78,7 @@ def test_nondet_toml_wins_and_flags_win_over_it(tmp_path):
     ("batch-sizes = '1-x'\n", "{path}: batch-sizes: '1-x' is not an integer or a range like 1-8"),
     ("prompts = ['ok', '']\n", "{path}: prompts must be a list of non-empty strings"),
     ("kernels = \n", "cannot parse {path}: Invalid value (at line 1, column 11)"),
+    ("max-flip-rate = 1\n", "{path}: max-flip-rate is a rate in (0, 1), not 1"),
 ])
 def test_bad_config_is_one_usage_error(tmp_path, text, message):
     path = tmp_path / "nondet.toml"
@@ -119,3 +121,20 @@ def test_bad_flags_are_named_as_flags(tmp_path, flags, message):
     with pytest.raises(UsageError) as err:
         resolve(flags, load_config(tmp_path / "nondet.toml"), tmp_path / "nondet.toml")
     assert str(err.value) == message
+
+
+def test_max_flip_rate_is_a_key_and_a_flag_as_the_other_thresholds(tmp_path):
+    path = tmp_path / "nondet.toml"
+    path.write_text("max-flip-rate = 0.01\n")
+    assert resolve({}, load_config(path), path).policy == Policy("max-flip-rate", 0.01)
+    assert resolve({"max-flip-rate": 0.05}, {}).policy == Policy("max-flip-rate", 0.05)
+    assert resolve({"require": "max-flip-rate = 0.05"}, {}).policy == Policy("max-flip-rate", 0.05)  # as before
+
+
+def test_a_config_file_that_is_not_utf8_is_one_usage_error(tmp_path):
+    path = tmp_path / "nondet.toml"
+    path.write_bytes(b"prompt = 'caf\xe9'\n")
+    with pytest.raises(UsageError, match=f"^cannot read config file {path}: not UTF-8 \\(byte 13\\)$"):
+        load_config(path)
+    path.write_bytes("prompt = 'café'\n".encode())
+    assert load_config(path) == {"prompt": "café"}  # the control: UTF-8

@@ -11,9 +11,16 @@ import typer
 
 from nondet.errors import NondetError, is_out_of_memory
 
+HELP = """Find, explain and prove the fix for batch-variance nondeterminism in LLM inference.
+
+Start with `nondet probe` (embedded demo model) or `nondet probe --model DIR`.
+
+Exit codes: 0 ok, 1 gate policy violated, 2 usage error, 3 could not run (model, memory, server),
+4 bad run directory, 5 bad server response, 70 internal error, 130 interrupted (Ctrl-C)."""
+
 app = typer.Typer(
     name="nondet",
-    help="Find, explain and prove the fix for batch-variance nondeterminism in LLM inference.",
+    help=HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -22,12 +29,7 @@ app = typer.Typer(
 
 @app.callback()
 def _root() -> None:
-    """Find, explain and prove the fix for batch-variance nondeterminism in LLM inference.
-
-    Start with `nondet probe` (embedded demo model) or `nondet probe --model DIR`.
-    Exit codes: 0 ok, 1 gate policy violated, 2 usage error, 3 could not run (model,
-    memory, server), 4 bad run directory, 5 bad server response, 70 internal error.
-    """
+    pass  # the app's help is HELP: typer shows the Typer's help, not this docstring
 
 
 def _register_commands() -> None:

@@ -45,6 +45,8 @@ def gate(
     min_divergence_step: Annotated[Optional[int], typer.Option(help="Allow token divergence only from step S on.")] = None,
     max_logprob_diff: Annotated[Optional[float], typer.Option(
         help="Same tokens, chosen-token logprobs within X of the reference.")] = None,
+    max_flip_rate: Annotated[Optional[float], typer.Option(
+        help="The 95% upper bound of the rate of runs whose tokens flip, below P (0 < P < 1).")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="bfloat16 | float16 | float32.")] = None,
     device: Annotated[Optional[str], typer.Option(help="torch device, e.g. cpu or cuda:0.")] = None,
     threads: o.ThreadsOpt = None,
@@ -94,8 +96,8 @@ def gate(
     built-in prompt) and checks every condition
     against the prompt alone at batch size 1. The requirement is ONE of:
     identical (default: same tokens, bit-identical logprobs), --max-distinct N,
-    --min-divergence-step S, --max-logprob-diff X, or --require
-    "max-flip-rate = P" (the 95% upper bound of the token flip rate below P).
+    --min-divergence-step S, --max-logprob-diff X, or --max-flip-rate P (the
+    95% upper bound of the token flip rate below P).
 
     Other axes, each under its own policy: --speculative FORMS judges each
     speculative form against plain greedy decoding (\[tool.nondet]
@@ -116,6 +118,9 @@ def gate(
       2  usage or configuration error (flag, nondet.toml, \[tool.nondet])
       3  could not run: model missing or not loadable, out of memory,
          server unreachable (--endpoint)
+      5  the server's answer was malformed (--endpoint)
+      70 internal error (a bug: NONDET_DEBUG=1 shows the traceback)
+      130 interrupted (Ctrl-C); the run directories keep what was written
 
     Examples:
       nondet gate --junit junit.xml             # demo model: exits 1
@@ -126,6 +131,7 @@ def gate(
       nondet gate --rl --micro-batch 1,4 --kernels batch-invariant
     """
     from nondet.gate.config import find_config, load_config, resolve
+    from nondet.gate.junit import check_junit_path
     from nondet.gate.run import GateOutputs, run_targets
 
     from nondet.cli.options import check_utf8
@@ -135,13 +141,16 @@ def gate(
              "prompts-file": str(prompts_file) if prompts_file else None, "batch-sizes": batch_sizes,
              "positions": positions, "runs": runs, "max-new-tokens": max_new_tokens, "kernels": kernels,
              "require": require, "max-distinct": max_distinct, "min-divergence-step": min_divergence_step,
-             "max-logprob-diff": max_logprob_diff, "dtype": dtype, "device": device, "threads": threads,
+             "max-logprob-diff": max_logprob_diff, "max-flip-rate": max_flip_rate, "dtype": dtype, "device": device,
+             "threads": threads,
              "workers": workers, "load": load, "endpoint": endpoint, "rate": rate, "concurrency": concurrency,
              "inject-variance": inject_variance, "speculative-forms": speculative, "rl": rl, "max-kl": max_kl,
              "micro-batch": micro_batch, "sampler-batch": sampler_batch, "compile": compile, "cuda-graphs": cuda_graphs,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill}
     source = config if config is not None else find_config(Path.cwd())
     settings = resolve(flags, load_config(source) if source else {}, source)
+    if junit:
+        check_junit_path(junit)
     outputs = GateOutputs(str(junit) if junit else None, bisect)
     targets = gate_targets(settings, str(out) if out else None)
     _check_contexts(targets)

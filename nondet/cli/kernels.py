@@ -32,6 +32,9 @@ def bench(
     Every section also checks, in the same run, that our kernels are bitwise batch-invariant.
 
     Example: nondet kernels bench --score --out bench.md
+
+    Exit codes: 0 done (a kernel that was not invariant shows in the table and in score=0), 2 no GPU or
+    a bad flag, 3 out of memory, 70 internal error, 130 interrupted.
     """
     sections = tuple(only) if only else SECTIONS
     unknown = sorted(set(sections) - set(SECTIONS))
@@ -71,6 +74,8 @@ def tune(
     kept only if its rows equal the shipped dispatch's in raw bits. Runs in about a minute.
 
     Example: nondet kernels tune && nondet kernels bench --score
+
+    Exit codes: 0 done, 2 no GPU or a bad flag, 3 out of memory, 70 internal error, 130 interrupted.
     """
     import torch
 
@@ -104,6 +109,9 @@ def coverage(
     logits are also compared with the default kernels'. Exits 3 when the mode would refuse the model.
 
     Example: nondet kernels coverage --model ./my-model --dtype float32
+
+    Exit codes: 0 the mode covers the model, 2 bad flag, 3 the model cannot load or the mode would refuse
+    it (an uncovered reduction), 70 internal error, 130 interrupted.
     """
     from nondet.cli.render_coverage import render_census
     from nondet.kernels.mode import census_of

@@ -164,6 +164,10 @@ def probe(
     Compiled, as deployed:  nondet probe --compile --confirm --device cuda
     Eager kernels in CUDA graphs:  nondet probe --cuda-graphs --confirm --device cuda
     Tensor parallelism:  nondet probe --tp 1,2 --batch-sizes 1,2,8 --confirm
+
+    Exit codes: 0 probed (whatever it found: `nondet gate` turns findings into 1), 2 usage error,
+    3 could not run (model, memory, server unreachable), 4 --resume of a bad run directory, 5 bad
+    server response (answers already received are kept), 70 internal error, 130 interrupted.
     """
     from nondet.cli.options import read_lines_file, read_targets
     from nondet.cli.probe_config import build_load_config, build_probe_config, check_context, demo_defaults

@@ -70,6 +70,9 @@ def rl(
     Rollouts:  nondet rl --model MODEL_DIR --rollouts rollouts.jsonl --temperature 1
     Server:    nondet rl --model MODEL_DIR --endpoint http://127.0.0.1:8000 --micro-batch 4
     Engine:    nondet rl --load continuous --confirm
+
+    Exit codes: 0 measured, 2 usage error (flags, prompts or rollouts file), 3 could not run (model,
+    memory, server unreachable), 5 bad server response, 70 internal error, 130 interrupted.
     """
     from nondet.errors import UsageError
     from nondet.probes.models.loading import ModelSpec

@@ -175,6 +175,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"cannot parse {path}: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 by its specification
+        raise UsageError(f"cannot read config file {path}: not UTF-8 (byte {exc.start})") from None
 
 
 def _where(source: Path | None) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 from nondet.errors import UsageError
 from nondet.gate.policy import Policy
 
-THRESHOLDS = ("max-distinct", "min-divergence-step", "max-logprob-diff")
+THRESHOLDS = ("max-distinct", "min-divergence-step", "max-logprob-diff", "max-flip-rate")
 AXIS_KEYS = {  # axis -> the keys (file) or flags that name it
     "batch": ("require", *THRESHOLDS),
     "speculative": ("speculative", "speculative-forms"),

@@ -5,11 +5,13 @@ text is untrusted: ElementTree escapes markup, and characters XML 1.0 cannot hol
 (control characters, lone surrogates) are written as \\xNN / \\uNNNN escapes first.
 """
 
+import os
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Sequence
 
+from nondet.errors import UsageError
 from nondet.gate.policy import ConditionResult, Verdict
 
 # Everything outside XML 1.0's Char production.
@@ -34,6 +36,19 @@ def junit_xml(verdicts: Sequence[Verdict], seconds: float = 0.0) -> str:
         root.append(_suite(verdict))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def check_junit_path(path: str | Path) -> None:
+    """UsageError now, before the gate runs, unless `path` can be written as a file: the JUnit file is written
+    after every probe, and a path that cannot take it would turn the verdict into an internal error."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"--junit {path} is a directory; pass a file path such as {path / 'junit.xml'}")
+    existing = next(p for p in path.parents if p.exists())  # write_junit makes the folders below it
+    if not existing.is_dir():
+        raise UsageError(f"--junit {path} lies under {existing}, which is not a directory; pass another path")
+    if not os.access(existing, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"--junit {path}: permission denied; pass another path")
 
 
 def write_junit(path: str | Path, verdicts: Sequence[Verdict], seconds: float = 0.0) -> Path:

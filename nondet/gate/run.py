@@ -103,7 +103,7 @@ def run_targets(targets: Sequence[GateTarget], outputs: GateOutputs = GateOutput
     started = time.perf_counter()
     result = GateResult([_gate_one(t, hooks) for t in targets])
     if outputs.junit:
-        write_junit(outputs.junit, result.verdicts, time.perf_counter() - started)
+        _write_junit(outputs.junit, result, hooks, time.perf_counter() - started)
     github.annotate(result.verdicts)
     hooks.on_judged(result.gated)
     for g in result.gated:  # diagnostics: they never change the verdict or the exit code
@@ -181,6 +181,16 @@ def _diagnose(what: str, result: GateResult, hooks: GateHooks, step, *args) -> s
     except Exception as exc:  # a diagnostic's own bug: the verdict was given; exit 1 must stay exit 1
         return _warn(f"{what} failed: {type(exc).__name__}: {exc} (NONDET_DEBUG=1 nondet bisect RUN_DIR "
                      "shows the traceback)", result, hooks)
+
+
+def _write_junit(path: str, result: GateResult, hooks: GateHooks, seconds: float) -> None:
+    """The JUnit file; one that cannot be written (its path was checked before the run, but a disk can fill or
+    turn read-only) is a warning: the verdict and its exit code stand."""
+    try:
+        write_junit(path, result.verdicts, seconds)
+    except OSError as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        _warn(f"cannot write the JUnit file {path}: {reason}; the gate's verdict stands", result, hooks)
 
 
 def _step_summary(result: GateResult, hooks: GateHooks) -> None:
