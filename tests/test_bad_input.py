@@ -305,6 +305,14 @@ def test_a_prompt_longer_than_the_context_is_exit_2(tmp_path, short_context_mode
     assert "; with --max-new-tokens 60 a request reaches " in stderr and "context of 64 tokens" in stderr
 
 
+def test_the_embedded_demo_model_is_checked_against_its_context_too(tmp_path, monkeypatch, capsys):
+    # NONDET_DEMO_MODEL=random in the tests: the random demo, context 4096; -n past it decoded on
+    code, stderr = cli(monkeypatch, capsys, "probe", "-n", "5000", "-b", "1,2", "--out", tmp_path / "r")
+    assert code == 2 and "; with --max-new-tokens 5000 a request reaches " in stderr
+    assert "context of 4096 tokens" in stderr and stderr.count("\n") == 1
+    assert not (tmp_path / "r").exists()
+
+
 def test_the_report_shortens_a_long_prompt():
     from nondet.reports.blocks import Model
     from nondet.reports.prompts import prompt_blocks

@@ -63,7 +63,10 @@ def convert(gguf: Path, out_dir: Path) -> None:
     plain.load_state_dict(loaded.state_dict())
     plain.generation_config = loaded.generation_config
     out_dir.mkdir(parents=True, exist_ok=True)
-    plain.save_pretrained(out_dir)
+    from nondet.probes.models.quiet import no_hf_progress_bars
+
+    with no_hf_progress_bars():
+        plain.save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(out_dir)
     (out_dir / "nondet-demo.json").write_text(json.dumps({"name": DEMO_NAME, "source": f"{PACKAGE}:{GGUF_FILE}",
                                                           "conversion": CONVERSION}, indent=1))
@@ -88,15 +91,16 @@ def demo_kind() -> str:
     return "trained" if wanted != "random" and available() else "random"
 
 
-def resolve_demo_dir() -> Path:
-    """The demo model's directory: the trained one, else the random one with a one-line note."""
+def resolve_demo_dir(note: bool = True) -> Path:
+    """The demo model's directory: the trained one, else the random one with a one-line note (note=False: a
+    check before the load, which prints it)."""
     import sys
 
     from nondet.probes.models.default_model import default_model_dir
 
     if demo_kind() == "trained":
         return demo_model_dir()
-    if os.environ.get("NONDET_DEMO_MODEL", "trained") != "random":
+    if note and os.environ.get("NONDET_DEMO_MODEL", "trained") != "random":
         print(f"nondet: the trained demo model needs `{INSTALL_HINT}` (scripts/setup.sh installs it); "
               "using the random-weight demo model", file=sys.stderr)
     return default_model_dir()

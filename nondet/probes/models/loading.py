@@ -109,21 +109,17 @@ def _from_pretrained(source: str, spec: ModelSpec):
     kwargs = {"dtype": getattr(torch, spec.dtype), "trust_remote_code": spec.trust_remote_code}
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
-    from transformers.utils import logging as hf_logging
+    from nondet.probes.models.quiet import no_hf_progress_bars
 
-    bars_were_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # our own progress bar is the only one on screen
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        with no_hf_progress_bars():
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         model = model.to(spec.device).eval()
     except (*_LOAD_ERRORS, *_weights_errors()) as exc:
         if is_out_of_memory(exc):  # torch.OutOfMemoryError on a GPU, a plain RuntimeError on CPU
             raise OutOfMemoryError(f"out of memory loading {source} on {spec.device}") from exc
         raise ModelLoadError(_load_failure(source, exc)) from exc
-    finally:
-        if bars_were_enabled:
-            hf_logging.enable_progress_bar()
     return model, tokenizer
 
 
@@ -171,13 +167,14 @@ def check_prompts_fit(spec: ModelSpec, prompts, max_new_tokens: int, chat: bool 
                       system: str | None = None) -> None:
     """UsageError when a prompt, with the tokens to generate, is longer than the model's context
     (max_position_embeddings): positions past it were never trained, and a long prompt runs for
-    minutes before anything fails. Reads the tokenizer and config only, before the weights load.
-    The embedded demo is skipped: its prompts fit, and resolving it twice would print its note twice."""
-    if spec.name is None:
-        return
+    minutes before anything fails. Reads the tokenizer and config only, before the weights load (the
+    embedded demo's too: -n 9000 on it decoded past its context; its directory resolved without the
+    random demo's note, which the load prints)."""
     from nondet.probes.core.chat import model_texts
+    from nondet.probes.models.demo_model import resolve_demo_dir
 
-    tokenizer, context = _tokenizer_and_context(_resolve_source(spec.name), spec.trust_remote_code)
+    source = _resolve_source(spec.name) if spec.name is not None else str(resolve_demo_dir(note=False))
+    tokenizer, context = _tokenizer_and_context(source, spec.trust_remote_code)
     if context is None:
         return
     for k, text in enumerate(model_texts(tokenizer, prompts, chat, system)):

@@ -30,12 +30,16 @@ def default_draft_dir(spec: DefaultModelSpec = DefaultModelSpec(), layers: int =
 
 def build_draft(model_dir: Path, layers: int, out_dir: Path) -> None:
     """The model in model_dir with only its first `layers` decoder layers, and its tokenizer."""
+    from nondet.probes.models.quiet import no_hf_progress_bars
+
+    with no_hf_progress_bars():  # a one-off build; the probe's own bar is the only one on screen
+        _build_draft(model_dir, layers, out_dir)
+
+
+def _build_draft(model_dir: Path, layers: int, out_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # a one-off build; the probe's own bar is the only one on screen
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
     config = model.config
     config.num_hidden_layers = layers
