@@ -24,7 +24,8 @@ def probe(
                           "allowed) or {\"messages\": [{\"role\": ..., \"content\": ...}, ...]} (a chat, always "
                           "sent through the chat template; text lines stay text unless --chat), when the first line "
                           "starts with { or \"; else plain text, one prompt a line. Each is swept and diffed against "
-                          "itself alone. Default without --prompt: 8 built-in prompts (static load).")] = None,
+                          "itself alone. Default without --prompt: the trained demo model's 4 chat questions, "
+                          "else 8 built-in prompts (static load).")] = None,
     batch_sizes: o.BatchSizesOpt = None,
     positions: Annotated[str, typer.Option(
         help="Target rows in each batch: auto (rows with several prompts, else ends) | ends (first and last) | "
