@@ -284,6 +284,28 @@ def test_a_model_folder_with_no_model_is_exit_3(tmp_path, monkeypatch, capsys):
            "directory save_pretrained wrote: config.json, the weights and the tokenizer\n")
 
 
+def test_a_model_folder_without_weights_or_tokenizer_says_which(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    shutil.copy(tiny_model_dir / "config.json", config_only)
+    code, stderr = _probe(monkeypatch, capsys, config_only, "--out", tmp_path / "r")
+    assert (code, stderr) == (3, f"nondet: error: cannot load model '{config_only}': it has no weights file "
+                                 "(model.safetensors or pytorch_model.bin) and no tokenizer file (tokenizer.json, "
+                                 "tokenizer.model or vocab.json); pass the directory save_pretrained wrote (the "
+                                 "model's and the tokenizer's)\n")
+    no_weights = shutil.copytree(tiny_model_dir, tmp_path / "no-weights")
+    for weights in no_weights.glob("*.safetensors"):
+        weights.unlink()
+    code, stderr = _probe(monkeypatch, capsys, no_weights, "--out", tmp_path / "r2")
+    assert code == 3 and "it has no weights file" in stderr and "tokenizer file" not in stderr
+
+
+def test_a_bad_attn_implementation_is_a_usage_error(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    code, stderr = _probe(monkeypatch, capsys, tiny_model_dir, "--attn-implementation", "foo", "--out", tmp_path / "r")
+    assert code == 2 and stderr.startswith("nondet: error: --attn-implementation foo: ") and stderr.count("\n") == 1
+    assert " …\n" in stderr or len(stderr) < 300  # shortened at a word, not mid-word
+
+
 @pytest.fixture
 def short_context_model(tmp_path, tiny_model_dir) -> Path:
     """tiny_model_dir's model, its context cut to 64 positions."""

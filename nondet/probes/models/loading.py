@@ -119,6 +119,9 @@ def _from_pretrained(source: str, spec: ModelSpec):
     except (*_LOAD_ERRORS, *_weights_errors()) as exc:
         if is_out_of_memory(exc):  # torch.OutOfMemoryError on a GPU, a plain RuntimeError on CPU
             raise OutOfMemoryError(f"out of memory loading {source} on {spec.device}") from exc
+        if spec.attn_implementation and "attn_implementation" in str(exc):  # the flag's value, not the model
+            raise UsageError(f"--attn-implementation {spec.attn_implementation}: {_shortened(_one_line(exc), 240)}"
+                             ) from exc
         raise ModelLoadError(_load_failure(source, exc)) from exc
     return model, tokenizer
 
@@ -136,13 +139,44 @@ def _weights_errors() -> tuple[type, ...]:
 
 
 def _load_failure(source: str, exc: Exception) -> str:
-    """One line: the broken weights file where one is found, else the library's message joined onto one
-    line (transformers' messages run over several, and their first alone stops mid-sentence)."""
-    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+    """One line: the broken weights file where one is found, the files a local directory lacks, else the
+    library's message joined onto one line (transformers' messages run over several, and their first alone
+    stops mid-sentence), shortened at a word."""
+    text = _one_line(exc)
     broken = next(filter(None, map(_safetensors_problem, sorted(Path(source).glob("*.safetensors")))), None)
     if broken:
-        return f"cannot load model {source!r}: {broken} ({type(exc).__name__}: {text[:200]})"
-    return f"cannot load model {source!r}: {text[:300]}"
+        return f"cannot load model {source!r}: {broken} ({type(exc).__name__}: {_shortened(text, 200)})"
+    missing = _missing_files(Path(source)) if Path(source).is_dir() else []
+    if missing:
+        return (f"cannot load model {source!r}: it has no {' and no '.join(missing)}; pass the directory "
+                "save_pretrained wrote (the model's and the tokenizer's)")
+    return f"cannot load model {source!r}: {_shortened(text, 300)}"
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
+def _shortened(text: str, limit: int) -> str:
+    """text, or its first words up to `limit` characters and an ellipsis (never a cut word)."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+
+
+# what save_pretrained writes: weights in one of these forms, a tokenizer in one of these files
+_WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.gguf")
+_TOKENIZER = ("tokenizer.json", "*.model", "vocab.json", "*.tiktoken")
+
+
+def _missing_files(directory: Path) -> list[str]:
+    """What a model directory lacks of what from_pretrained reads: weights, a tokenizer."""
+    missing = []
+    if not any(next(directory.glob(pattern), None) for pattern in _WEIGHTS):
+        missing.append("weights file (model.safetensors or pytorch_model.bin)")
+    if not any(next(directory.glob(pattern), None) for pattern in _TOKENIZER):
+        missing.append("tokenizer file (tokenizer.json, tokenizer.model or vocab.json)")
+    return missing
 
 
 def _safetensors_problem(path: Path) -> str | None:
