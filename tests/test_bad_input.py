@@ -84,6 +84,14 @@ def test_ctrl_c_during_gate_exits_130(tmp_path, tiny_model_dir):
     assert r.stderr == INTERRUPTED.format(out=out)
 
 
+def test_ctrl_c_during_rl_names_its_run_directory(tmp_path, tiny_model_dir):
+    out = tmp_path / "rl"
+    r = _interrupt(out, "rl", "--model", tiny_model_dir, "-n", "24", "--micro-batch", "1,2,4,8", "--confirm")
+    assert r.returncode == 130, r.stderr
+    assert r.stderr == (f"nondet: error: interrupted; what was already written stays in {out}, an unfinished run "
+                        "directory\n")
+
+
 def test_typer_hands_back_ctrl_c_and_exit_codes_as_return_values():
     """Outside standalone mode typer returns 130 for a KeyboardInterrupt and n for typer.Exit(n), and
     raises its Abort (a RuntimeError, not click's) for an end of input: what main() must turn into exit codes."""
@@ -103,7 +111,7 @@ def test_typer_hands_back_ctrl_c_and_exit_codes_as_return_values():
 
 
 @pytest.mark.parametrize("returned, code, stderr", [
-    (130, 130, "nondet: error: interrupted; results already written stay in the run directory\n"),
+    (130, 130, "nondet: error: interrupted (Ctrl-C)\n"),
     (4, 4, ""), (None, 0, ""), (0, 0, "")])
 def test_main_turns_the_apps_return_value_into_the_exit_code(monkeypatch, capsys, returned, code, stderr):
     import nondet.cli.app as cli_app

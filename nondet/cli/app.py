@@ -47,7 +47,9 @@ def _register_commands() -> None:
     reflow_commands(app)
 
 
-INTERRUPTED = "interrupted; results already written stay in the run directory"
+# a command that writes a run directory names it itself (probe, gate, rl raise Interrupted); this line is for
+# the others, which may have written nothing
+INTERRUPTED = "interrupted (Ctrl-C)"
 
 
 def run() -> None:

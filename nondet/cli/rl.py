@@ -1,6 +1,7 @@
 """`nondet rl`: sampler vs trainer logprobs of the same sampled tokens (true on-policy RL)."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -91,9 +92,16 @@ def rl(
         kernels=("default", "batch-invariant") if confirm else (kernels,), backward=not no_backward,
         exact_kl=not no_exact_kl,
         threads=threads, out=str(out) if out else None, argv=tuple(__import__("sys").argv[1:]))
+    from nondet.errors import Interrupted
+    from nondet.probes.probe import default_run_dir
     from nondet.rl.run import run_rl
 
-    result = run_rl(config)
+    config = replace(config, out=config.out or default_run_dir("rl"))  # named now: Ctrl-C's line says where
+    try:
+        result = run_rl(config)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; what was already written stays in {config.out}, an unfinished run "
+                          "directory") from None
     _write_report(result.run_dir)
     if json_output:
         print(json.dumps({"run_dir": str(result.run_dir), "seconds": round(result.seconds, 2), **result.summary},
