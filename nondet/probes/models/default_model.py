@@ -73,9 +73,9 @@ def build_default_model(spec: DefaultModelSpec, out_dir: Path) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = Qwen3ForCausalLM(config)
-    from nondet.probes.models.quiet import no_hf_progress_bars
+    from nondet.probes.models.quiet import quiet_loading
 
-    with no_hf_progress_bars():  # built once per cache; a failed command's error line stays its only line
+    with quiet_loading():  # built once per cache; a failed command's error line stays its only line
         model.to(getattr(torch, spec.dtype)).save_pretrained(out_dir)
     (out_dir / "nondet-default.json").write_text(json.dumps(asdict(spec), indent=1))
 

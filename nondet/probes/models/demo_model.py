@@ -63,9 +63,9 @@ def convert(gguf: Path, out_dir: Path) -> None:
     plain.load_state_dict(loaded.state_dict())
     plain.generation_config = loaded.generation_config
     out_dir.mkdir(parents=True, exist_ok=True)
-    from nondet.probes.models.quiet import no_hf_progress_bars
+    from nondet.probes.models.quiet import quiet_loading
 
-    with no_hf_progress_bars():
+    with quiet_loading():
         plain.save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(out_dir)
     (out_dir / "nondet-demo.json").write_text(json.dumps({"name": DEMO_NAME, "source": f"{PACKAGE}:{GGUF_FILE}",

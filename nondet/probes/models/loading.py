@@ -109,10 +109,10 @@ def _from_pretrained(source: str, spec: ModelSpec):
     kwargs = {"dtype": getattr(torch, spec.dtype), "trust_remote_code": spec.trust_remote_code}
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
-    from nondet.probes.models.quiet import no_hf_progress_bars
+    from nondet.probes.models.quiet import quiet_loading
 
     try:
-        with no_hf_progress_bars():
+        with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         model = model.to(spec.device).eval()
@@ -231,9 +231,12 @@ def _tokenizer_and_context(source: str, trust_remote_code: bool):
     """(tokenizer, the model's context length or None) from the model directory or hub id."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from nondet.probes.models.quiet import quiet_loading
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        with quiet_loading():
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except _LOAD_ERRORS as exc:
         raise ModelLoadError(_load_failure(source, exc)) from exc
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config

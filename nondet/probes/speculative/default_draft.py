@@ -30,9 +30,9 @@ def default_draft_dir(spec: DefaultModelSpec = DefaultModelSpec(), layers: int =
 
 def build_draft(model_dir: Path, layers: int, out_dir: Path) -> None:
     """The model in model_dir with only its first `layers` decoder layers, and its tokenizer."""
-    from nondet.probes.models.quiet import no_hf_progress_bars
+    from nondet.probes.models.quiet import quiet_loading
 
-    with no_hf_progress_bars():  # a one-off build; the probe's own bar is the only one on screen
+    with quiet_loading():  # a one-off build; the probe's own bar is the only one on screen
         _build_draft(model_dir, layers, out_dir)
 
 
