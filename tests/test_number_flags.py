@@ -38,3 +38,9 @@ def test_rl_names_the_one_setting_that_is_wrong(settings, said):
     with pytest.raises(UsageError, match=f"^{__import__('re').escape(said)}$"):
         validate(RLConfig(**settings))
     validate(RLConfig())  # the control: the defaults
+
+
+def test_rl_checks_its_endpoint_before_the_model_loads():
+    with pytest.raises(UsageError, match="^--endpoint 'http://127.0.0.1:99999': the port must be a number from 1"):
+        validate(RLConfig(endpoint="http://127.0.0.1:99999"))
+    validate(RLConfig(endpoint="http://127.0.0.1:8000"))  # the control

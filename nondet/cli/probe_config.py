@@ -41,7 +41,9 @@ def build_probe_config(command: str, prompts: "Sequence[Prompt]" = (), *, model:
         fields["speculative"], batch_sizes = _speculative(speculative, batch_sizes, prompts)
     return ProbeConfig(
         model=ModelSpec(model, dtype, device, attn_implementation, trust_remote_code, inject_variance),
-        batch_sizes=_batch_sizes(batch_sizes, prompts), out=str(out) if out else default_run_dir(command),
+        # --resume writes into the directory it finishes: no default of its own, so a given --out is refused
+        batch_sizes=_batch_sizes(batch_sizes, prompts),
+        out=str(out) if out else (None if load is not None and load.resume else default_run_dir(command)),
         argv=tuple(["nondet"] + sys.argv[1:]), **fields,
     )
 

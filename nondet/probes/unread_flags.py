@@ -15,9 +15,12 @@ from nondet.errors import UsageError
 IN_PROCESS = frozenset({"static", "tp", "speculative", "continuous"})
 SERVERS = frozenset({"server", "against", "server-prefix"})
 TRAFFIC = frozenset({"continuous", "server", "against"})  # sources that send filler requests around the target
+NEW_RUNS = IN_PROCESS | SERVERS  # every source but --resume, which sends the prompt its run directory stored
 
 # (flag as the CLI spells it, the field's path in ProbeConfig, the sources that read it)
 RULES: tuple[tuple[str, str, frozenset[str]], ...] = (
+    ("--prompt / --prompt-file / --prompts", "prompt", NEW_RUNS),  # several prompts set it too (the first)
+    ("--out", "out", NEW_RUNS),  # --resume writes into its own directory (the CLI gives it no default)
     ("--batch-sizes", "batch_sizes", frozenset({"static", "tp", "speculative"})),  # speculative: checked = 1
     ("--positions", "placement", frozenset({"static", "tp"})),
     ("--ragged", "ragged", frozenset({"static", "tp"})),

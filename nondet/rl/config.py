@@ -63,6 +63,10 @@ def validate(config: RLConfig) -> None:
     if config.load == "continuous" and (config.endpoint or config.rollouts):
         raise UsageError("--load continuous runs the sampler here; it does not combine with --endpoint or --rollouts")
     _refuse_unread(config)
+    if config.endpoint:  # a bad port is found here, not after the model's load
+        from nondet.probes.server.endpoint import parse_endpoint
+
+        parse_endpoint(config.endpoint)
     if config.endpoint and config.rollouts:
         raise UsageError("give either --endpoint (a server samples) or --rollouts (exported samples), not both")
     if not config.rollouts and not all(isinstance(p, Chat) or p.strip() for p in config.prompts):

@@ -4,6 +4,7 @@ Kept apart from ProbeConfig's other fields so the static probe's API stays as it
 one field of ProbeConfig (`config.load`) and lands in config.json with the rest.
 """
 
+import math
 from dataclasses import dataclass
 
 from nondet.errors import UsageError
@@ -36,14 +37,14 @@ class LoadConfig:
 def validate(load: LoadConfig, temperature: float) -> None:
     if load.mode not in LOAD_MODES:
         raise UsageError(f"--load must be one of static, continuous, not {load.mode!r}")
-    if load.rate is not None and load.rate <= 0:
-        raise UsageError("--rate must be > 0")
+    if load.rate is not None and not _positive(load.rate):
+        raise UsageError(f"--rate must be a number > 0, not {load.rate}")
     if load.concurrency is not None and load.concurrency < 1:
-        raise UsageError("--concurrency must be >= 1")
+        raise UsageError(f"--concurrency must be >= 1, not {load.concurrency}")
     if load.filler_requests is not None and load.filler_requests < 0:
-        raise UsageError("--filler-requests must be >= 0")
-    if load.timeout <= 0:
-        raise UsageError("--timeout must be > 0 seconds")
+        raise UsageError(f"--filler-requests must be >= 0, not {load.filler_requests}")
+    if not _positive(load.timeout):
+        raise UsageError(f"--timeout must be a number of seconds > 0, not {load.timeout}")
     if load.mode == "continuous" and temperature > 0:
         raise UsageError("--load continuous replays greedy decoding only; drop --temperature")
     if load.mode == "server" and not (load.endpoint or load.resume):
@@ -51,3 +52,21 @@ def validate(load: LoadConfig, temperature: float) -> None:
     if load.against is not None and (not load.endpoint or load.resume):
         raise UsageError("--against URL_B compares with --endpoint URL_A: give --endpoint, and no --resume "
                          "(an --against probe is rerun, not resumed)")
+    _validate_urls(load)
+
+
+def _positive(value: float) -> bool:
+    """> 0 and finite: nan passes every `<=` test, and an infinite rate or timeout is no setting a socket or a
+    Poisson process can take."""
+    return math.isfinite(value) and value > 0
+
+
+def _validate_urls(load: LoadConfig) -> None:
+    """Checked here, not on the first connection: a bad port was an internal error once the run had begun."""
+    from nondet.probes.server.endpoint import parse_endpoint, refuse_same_deployment
+
+    if load.endpoint is not None:
+        parse_endpoint(load.endpoint, "--endpoint")
+    if load.against is not None:
+        parse_endpoint(load.against, "--against")
+        refuse_same_deployment(load.endpoint, load.against)

@@ -8,7 +8,9 @@ distribution the trainer replays). The answers become sampler streams of kernels
 (the server's own kernels), which the trainer side pairs with every kernels mode, as rollouts.
 
 A server that returns no logprobs gives nothing to compare: one line, exit 5
-(ServerResponseError), before any trainer forward runs; streams already answered stay on disk.
+(ServerResponseError), before any trainer forward runs; streams already answered stay on disk. An
+answer without choices, or with logprobs of the wrong shape, is read as `nondet probe` reads it
+(server/responses.py): the same exit 5 and the same words.
 """
 
 from nondet.errors import ServerResponseError
@@ -50,7 +52,7 @@ class RLServerSamplerSource:
         model = served_model(client)
         for i, ids in enumerate(self.prompt_ids):
             tokens, logprobs = sampled(client.post("/v1/completions", self._payload(i, ids, model)).body,
-                                       self.config.endpoint)
+                                       client.url("/v1/completions"), self.config.endpoint)
             emit(StreamRecord(
                 run_id=next(self.run_ids), condition_id=CONDITION_ID, kernels=EXTERNAL, position=None,
                 is_reference=True, prompt_id=i, prompt_tokens=len(ids), finish="length",
@@ -85,18 +87,17 @@ def served_model(client) -> str | None:
     return models[0] if models else None
 
 
-def sampled(body: dict, endpoint: str) -> tuple[list[int], list[float]]:
-    """(token ids, their logprobs) of a completion answer; ServerResponseError (exit 5) when unusable."""
-    choice = (body.get("choices") or [{}])[0] if isinstance(body, dict) else {}
-    lp = choice.get("logprobs") if isinstance(choice, dict) else None
-    values = lp.get("token_logprobs") if isinstance(lp, dict) else None
-    if not values or any(v is None for v in values):
+def sampled(body: dict, where: str, endpoint: str) -> tuple[list[int], list[float]]:
+    """(token ids, their logprobs) of a completion answer; ServerResponseError (exit 5) when unusable.
+    where: the URL answered; an answer without choices[0].text or with malformed logprobs is refused as
+    `nondet probe` refuses it (responses.py), not as one without logprobs, which it is not."""
+    from nondet.probes.server.responses import parse_completion
+
+    tokens = parse_completion(body, chat=False, where=where).tokens
+    if not tokens or any(value is None for _piece, value, _top in tokens):
         raise ServerResponseError(f"the server at {endpoint} returned no logprobs: nondet rl needs the sampler's "
                                   "logprob of every sampled token (vLLM returns them; `transformers serve` does not)")
-    tokens = [_token_id(t, endpoint) for t in lp.get("tokens") or []]
-    if len(tokens) != len(values):
-        raise ServerResponseError(f"the server at {endpoint} returned {len(tokens)} tokens but {len(values)} logprobs")
-    return tokens, [float(v) for v in values]
+    return [_token_id(piece, endpoint) for piece, _value, _top in tokens], [value for _piece, value, _top in tokens]
 
 
 def _token_id(token, endpoint: str) -> int:

@@ -18,9 +18,9 @@ import socket
 import time
 from dataclasses import dataclass
 from typing import Callable
-from urllib.parse import urlsplit
 
-from nondet.errors import ServerResponseError, ServerUnreachableError, UsageError
+from nondet.errors import ServerResponseError, ServerUnreachableError
+from nondet.probes.server.endpoint import parse_endpoint
 
 DROP_HEADERS = {"date", "content-length", "content-type", "connection", "set-cookie", "x-request-id",
                 "transfer-encoding", "www-authenticate", "authorization"}
@@ -53,11 +53,8 @@ class Client:
     def __init__(self, settings: ClientSettings, on_failed_attempt: Callable[[str], None] | None = None):
         self.settings = settings
         self.on_failed_attempt = on_failed_attempt or (lambda _detail: None)
-        parts = urlsplit(settings.endpoint.rstrip("/"))
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"--endpoint must be an http(s) URL like http://127.0.0.1:8000, not {settings.endpoint!r}")
-        self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port
-        self._base = parts.path[:-3] if parts.path.endswith("/v1") else parts.path
+        parts = parse_endpoint(settings.endpoint)  # a UsageError for a bad URL (checked with the config too)
+        self._scheme, self._host, self._port, self._base = parts.scheme, parts.host, parts.port, parts.base
         self._key = os.environ.get(settings.api_key_env) or None
 
     def url(self, path: str) -> str:

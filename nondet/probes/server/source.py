@@ -317,10 +317,16 @@ def _client_settings(load: LoadConfig) -> ClientSettings:
 def _local_tokenizer(name: str | None):
     if name is None:
         return None
+    from pathlib import Path
+
     from transformers import AutoTokenizer
 
+    local = Path(name).expanduser()
+    looks_local = name.startswith((".", "/", "~")) or local.exists()  # as --model tells a directory from a hub id
+    if looks_local and not local.is_dir():  # else the hub's "Repo id must be in the form..." says nothing of it
+        raise ModelLoadError(f"tokenizer directory not found: {name}")
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(str(local) if local.is_dir() else name)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load tokenizer {name!r}: {str(exc).strip().splitlines()[0][:300]}") from None
 
