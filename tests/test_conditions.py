@@ -10,10 +10,16 @@ def test_parse_batch_sizes_ranges_and_reference():
     assert parse_batch_sizes("1-4,8") == (1, 2, 3, 4, 8)
 
 
-@pytest.mark.parametrize("text", ["0", "2,0", "a", "", "-3", "1,,2", "1,8,"])
+@pytest.mark.parametrize("text", ["0", "2,0", "a", "", "-3", "1,,2", "1,8,", "1,100000000000", "1-5000"])
 def test_bad_batch_sizes(text):
     with pytest.raises(UsageError):
         parse_batch_sizes(text)
+
+
+def test_a_huge_sweep_is_named():
+    with pytest.raises(UsageError, match=r"^--batch-sizes: at most 1024 sizes of at most 65536 rows, not 2 up to 10"):
+        parse_batch_sizes("1,100000000000")
+    assert parse_batch_sizes("1-1024")[-1] == 1024 and parse_batch_sizes("1,65536")[-1] == 65536  # the controls
 
 
 def test_an_empty_entry_is_named():

@@ -28,6 +28,8 @@ from nondet.errors import UsageError
 PLACEMENTS = ("ends", "first", "last", "all", "rows", "padded")
 ROW_PLACEMENTS = ("rows", "padded")  # every row a target (several prompts share a batch)
 AUTO = "auto"  # rows with several prompts (and no --runs), else ends
+MAX_BATCH_SIZE = 65536  # beyond any serving engine's batch: 1,100000000000 reached the allocator (exit 3)
+MAX_SIZES = 1024  # a sweep of more generate calls per prompt than this is a typo ("1-100000")
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,9 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
             raise UsageError(f"--batch-sizes: {part!r} is not an integer or a range like 1-8") from None
     if not sizes or min(sizes) < 1:
         raise UsageError("--batch-sizes: every batch size must be an integer >= 1")
+    if max(sizes) > MAX_BATCH_SIZE or len(sizes) > MAX_SIZES:  # a typo, not a sweep: refused before any load
+        raise UsageError(f"--batch-sizes: at most {MAX_SIZES} sizes of at most {MAX_BATCH_SIZE} rows, not "
+                         f"{len(sizes)} up to {max(sizes)}")
     return tuple(sorted(sizes | {1}))
 
 
