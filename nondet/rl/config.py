@@ -64,7 +64,7 @@ def validate(config: RLConfig) -> None:
         raise UsageError("--load continuous runs the sampler here; it does not combine with --endpoint or --rollouts")
     _refuse_unread(config)
     if config.endpoint:  # a bad port is found here, not after the model's load
-        from nondet.probes.server.endpoint import parse_endpoint
+        from nondet.probes.core.endpoint import parse_endpoint
 
         parse_endpoint(config.endpoint)
     if config.endpoint and config.rollouts:

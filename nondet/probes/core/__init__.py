@@ -15,6 +15,7 @@
     pieces.py          one token's text, bytes that are not UTF-8 kept visible
     source.py          the Source interface the probe loop drives; step_record
     load_config.py     the load settings of a probe (static, continuous, server)
+    endpoint.py        --endpoint / --against URLs: checked with the config, compared as deployments
     arrivals.py        seeded Poisson arrival schedules (continuous and server fillers)
     diff.py            streams against their reference; diff_prompts.py several prompts merged
     summarize.py       streams -> summary.json's modes

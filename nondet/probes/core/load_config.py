@@ -63,7 +63,7 @@ def _positive(value: float) -> bool:
 
 def _validate_urls(load: LoadConfig) -> None:
     """Checked here, not on the first connection: a bad port was an internal error once the run had begun."""
-    from nondet.probes.server.endpoint import parse_endpoint, refuse_same_deployment
+    from nondet.probes.core.endpoint import parse_endpoint, refuse_same_deployment
 
     if load.endpoint is not None:
         parse_endpoint(load.endpoint, "--endpoint")

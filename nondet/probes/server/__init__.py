@@ -4,7 +4,6 @@
     against.py          two deployments of one model compared (`--against URL_B`)
     against_summary.py  summary.json "against": per side and across
     client.py           HTTP on the standard library: bounded retries, one-line errors
-    endpoint.py         --endpoint / --against URLs: checked with the config, compared as deployments
     responses.py        parse a completion answer: text, finish reason, logprobs
     compare.py          the level at which a server's answers can be compared
     engines.py          which serving engine a server is

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from nondet.errors import ServerResponseError, ServerUnreachableError
-from nondet.probes.server.endpoint import parse_endpoint
+from nondet.probes.core.endpoint import parse_endpoint
 
 DROP_HEADERS = {"date", "content-length", "content-type", "connection", "set-cookie", "x-request-id",
                 "transfer-encoding", "www-authenticate", "authorization"}
