@@ -15,6 +15,7 @@ TABLE_ROWS = 12  # differing modules shown per step; bisect_modules.csv holds th
 
 @app.command("bisect")
 def bisect(
+    ctx: typer.Context,
     run_dir: Annotated[Optional[Path], typer.Argument(
         metavar="RUN_DIR",
         help="A run directory written by `nondet probe`. Omitted: run a probe first (options below).")] = None,
@@ -59,33 +60,55 @@ def bisect(
     position whose logits give sampled token s. --condition names a trainer condition.
     Writes bisect.json, bisect_modules.csv and ablation.json into the run directory.
 
+    With RUN_DIR, the probe's own model, prompt and settings are replayed: the options of the
+    probe run first (--model, --prompt, -b, -n, --dtype, ...) are refused. The run directory is
+    checked (finished, writable, every record readable) before the model loads.
+
+    Exit codes:
+      0  bisected (the result is printed and written into the run directory)
+      2  usage error (a flag, or a flag that does not apply with RUN_DIR)
+      3  could not run: the model missing or not loadable, out of memory,
+         or a tensor-parallel worker died (--tp runs)
+      4  bad run directory: missing, a file, unfinished, malformed,
+         read-only, or with no divergent condition;
+         also a result that could not be saved (printed first)
+      70 internal error (a bug: NONDET_DEBUG=1 shows the traceback)
+      130 interrupted (Ctrl-C: the run directory keeps what was written)
+
     Example:  nondet bisect nondet-runs/20261122-031500-probe --condition bs8/ends
               nondet bisect RUN_DIR --condition spec/self4
               nondet bisect RL_RUN_DIR --condition trainer/mb4/right
     """
-    from nondet.errors import UsageError
+    from nondet.errors import RunDirError, UsageError
     from nondet.probes.bisect import BisectConfig
+    from nondet.probes.bisect.bisect import ResultNotSaved
+    from nondet.probes.bisect.inputs import check_inputs, check_run_dir
 
     if max_steps is not None and max_steps < 1:
         raise UsageError("--max-steps must be >= 1")
-    if run_dir is not None and any(v is not None for v in (model, prompt, prompt_file, out)):
-        raise UsageError("--model, --prompt, --prompt-file and --out apply only without RUN_DIR "
-                         "(bisect reloads the probe's model and prompt from RUN_DIR/config.json)")
     if run_dir is not None:
-        from nondet.rundir import RunDir
-        from nondet.rundir.reader import require_finished
-
-        require_finished(RunDir(run_dir))  # an interrupted probe's streams are no basis for a bisect
+        _refuse_probe_options(ctx, model, prompt, prompt_file, out)
+        check_run_dir(run_dir)  # before any work: finished, writable, config.json whole
     if run_dir is None:
         run_dir = _probe_first(prompt, prompt_file, json_output, model=model, dtype=dtype, device=device,
                                attn_implementation=attn_implementation, trust_remote_code=trust_remote_code,
                                inject_variance=inject_variance, batch_sizes=batch_sizes,
                                max_new_tokens=max_new_tokens, threads=threads, out=out)
     config = BisectConfig(str(run_dir), condition, position, max_steps, ablation)
-    result = _run_with_status(config, quiet=json_output)
+    run = _replay_of(config.run_dir)
+    check_inputs(config, chooses=_chooses(run))  # every record, before the model loads
+    try:
+        result = _run_with_status(run, config, quiet=json_output)
+    except ResultNotSaved as exc:  # minutes of replay: shown, even where they cannot be kept
+        _show(exc.result, json_output)
+        raise RunDirError(f"{exc}; the result above was not saved") from exc
+    _show(result, json_output)
     from nondet.cli.probe import write_report_if_available
 
     write_report_if_available(result.run_dir)
+
+
+def _show(result, json_output: bool) -> None:
     if json_output:
         print(json.dumps({"run_dir": str(result.run_dir), **result.bisect}, indent=1))
         return
@@ -98,6 +121,26 @@ def bisect(
     print_partial(result.run_dir, console)
     console.print(f"run directory: {result.run_dir}")
     console.print(f"wall time: {result.seconds:.1f} s")
+
+
+# options that shape the probe run first without RUN_DIR; with it, the probe's own settings are replayed
+PROBE_SETTINGS = ("batch_sizes", "max_new_tokens", "dtype", "device", "attn_implementation", "trust_remote_code",
+                  "inject_variance", "threads")
+
+
+def _refuse_probe_options(ctx: typer.Context, model, prompt, prompt_file, out) -> None:
+    """With RUN_DIR, an option of the probe run first would be ignored: refused instead, by name. Given is
+    what click did not take from the default (--dtype bfloat16 typed out counts as given too)."""
+    from nondet.errors import UsageError
+
+    if any(v is not None for v in (model, prompt, prompt_file, out)):
+        raise UsageError("--model, --prompt, --prompt-file and --out apply only without RUN_DIR "
+                         "(bisect reloads the probe's model and prompt from RUN_DIR/config.json)")
+    given = [p.opts[0] for p in ctx.command.params if p.name in PROBE_SETTINGS and _given(ctx, p.name)]
+    if given:
+        names = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
+        raise UsageError(f"{names} {'applies' if len(given) == 1 else 'apply'} only without RUN_DIR (bisect "
+                         "replays the probe with its own settings, from RUN_DIR/config.json)")
 
 
 def _probe_first(prompt, prompt_file, quiet: bool, *, model, batch_sizes, max_new_tokens, **options) -> Path:
@@ -122,18 +165,35 @@ def _probe_first(prompt, prompt_file, quiet: bool, *, model, batch_sizes, max_ne
     return result.run_dir
 
 
-def _run_with_status(config, quiet: bool):
-    """run_bisect with a status line on stderr naming the stage (none with --json)."""
-    from rich.console import Console
+def _given(ctx: typer.Context, name: str) -> bool:
+    # by the source's name: typer vendors its own click, whose ParameterSource is not click's
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
+
+def _replay_of(run_dir: str):
+    """The bisect of the run directory's kind: an rl run's sampler vs trainer, a --tp run's replay on a worker
+    group at the condition's degree, else a probe run's static batch or speculative rounds."""
     from nondet.probes.bisect_probe import run_bisect
     from nondet.probes.rl.bisect import is_rl_run, run_rl_bisect
     from nondet.probes.tp.bisect import is_tensor_parallel, run_tp_bisect
 
-    if is_rl_run(config.run_dir):  # an rl run: sampler vs trainer
-        run = run_rl_bisect
-    else:  # a --tp run replays on a worker group at the condition's degree
-        run = run_tp_bisect if is_tensor_parallel(config.run_dir) else run_bisect
+    if is_rl_run(run_dir):
+        return run_rl_bisect
+    return run_tp_bisect if is_tensor_parallel(run_dir) else run_bisect
+
+
+def _chooses(run) -> bool:
+    """Does this bisect pick its target with probes/bisect/choose.py (a probe run's)?"""
+    from nondet.probes.bisect_probe import run_bisect
+
+    return run is run_bisect
+
+
+def _run_with_status(run, config, quiet: bool):
+    """run(config) with a status line on stderr naming the stage (none with --json)."""
+    from rich.console import Console
+
     if quiet:
         return run(config)
     with Console(stderr=True).status("bisect") as status:

@@ -31,15 +31,19 @@ def compare(
     Exit codes:
       0  every stream bitwise equal
       1  some stream differs, or has no twin in the other run
-      2  both arguments name the same run directory (it would equal itself)
-      4  a run directory is missing or cannot be read
+      2  usage error: a bad flag, or both arguments name the same run
+         directory (it would equal itself)
+      4  bad run directory: missing, a file, unfinished, malformed, or with a
+         record cut off (a comparison needs every record)
+      70 internal error (a bug: NONDET_DEBUG=1 shows the traceback)
+      130 interrupted (Ctrl-C: compare writes nothing)
 
     Example:  nondet compare runs/h100 runs/h200
     """
     from nondet.errors import UsageError
     from nondet.rundir.compare import compare_runs
 
-    if run_a.exists() and run_a.resolve() == run_b.resolve():
+    if run_a.is_dir() and run_a.resolve() == run_b.resolve():  # a file given twice: "is a file", exit 4
         raise UsageError(f"{run_a} and {run_b} are the same run directory: it would equal itself; compare "
                          "two runs of the probe (another machine's, or another day's)")
     result = compare_runs(str(run_a), str(run_b))

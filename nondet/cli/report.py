@@ -17,6 +17,14 @@ def report(
     report.html is self-contained: open it in any browser or attach it to a bug. report.md
     suits a PR comment or a CI step summary. Needs no GPU and no torch. Prints both paths.
 
+    Exit codes:
+      0  report written
+      2  usage error (a bad flag)
+      4  bad run directory: missing, a file, unfinished, malformed, or
+         read-only (checked before the report is drawn)
+      70 internal error (a bug: NONDET_DEBUG=1 shows the traceback)
+      130 interrupted (Ctrl-C)
+
     Example:  nondet report runs/feynman
     """
     from nondet.reports import write_report

@@ -10,8 +10,9 @@ streams exist (a run of 6 tokens against one of 8). Reads files only: no torch.
 from collections import Counter
 from dataclasses import dataclass
 
-from nondet.rundir.files import RunDir
-from nondet.rundir.reader import has_header, read_fingerprint, read_header, read_streams, require_finished
+from nondet.rundir.files import CONDITIONS, RunDir
+from nondet.rundir.reader import (has_header, read_conditions, read_fingerprint, read_header, read_streams,
+                                  read_summary, require_finished)
 
 # fingerprint.json settings that can change a stream's bits. Threads are left out: the mode's bits do
 # not follow them, and the default kernels' differences are what a comparison is there to find.
@@ -48,7 +49,7 @@ class Comparison:
 def compare_runs(run_a: str, run_b: str) -> Comparison:
     """RunDirError (exit 4, never "differs") for a run that is missing, unfinished, torn or malformed."""
     for run in (run_a, run_b):
-        require_finished(RunDir(run))
+        _require_whole(RunDir(run))
     a, b = _keyed(run_a), _keyed(run_b)
     differing, equal = [], 0
     for key, steps in a.items():
@@ -64,6 +65,15 @@ def compare_runs(run_a: str, run_b: str) -> Comparison:
     differing += [f"{_name(k)}: not in {run_a}" for k in b if k not in a]
     return Comparison(differing, equal, len(a), environment_differences(run_a, run_b),
                       probe_differences(run_a, run_b))
+
+
+def _require_whole(rd: RunDir) -> None:
+    """Finished, and every file a verdict rests on whole: summary.json read and checked (a cut-off one is a
+    damaged run, not an "equal" one), conditions.jsonl without a torn record (streams: in _keyed)."""
+    require_finished(rd)
+    read_summary(rd)
+    if rd.exists(CONDITIONS):
+        read_conditions(rd, whole=True)
 
 
 def environment_differences(run_a: str, run_b: str) -> list[str]:

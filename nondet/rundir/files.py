@@ -33,6 +33,9 @@ REPORT_HTML = "report.html"  # `nondet report`, self-contained
 FIGURES = "figures"  # `nondet report`: the folder of report.md's PNGs
 RUN_FILES = (CONFIG, FINGERPRINT, CONDITIONS, STREAMS, SUMMARY, BISECT, BISECT_MODULES, ABLATION, GATE,
              REPORT_MD, REPORT_HTML, FIGURES)
+# torn records already warned about, as (path, line, file size): one command reads a file more than once
+# (bisect checks it, replays from it, then reports it), and a torn record is one warning line, not one a read
+_WARNED: set[tuple[str, int, int]] = set()
 
 
 class RunDir:
@@ -52,6 +55,9 @@ class RunDir:
 
     def require(self) -> None:
         """Raise RunDirError unless the directory exists."""
+        if self.path.is_file():  # "not found" would send the user looking for a path that is there
+            raise RunDirError(f"{self.path} is a file, not a run directory (pass the directory `nondet probe` "
+                              "wrote)")
         if not self.path.is_dir():
             raise RunDirError(f"run directory not found: {self.path} (create one with `nondet probe`)")
 
@@ -104,6 +110,10 @@ class RunDir:
         if whole:
             raise RunDirError(f"{where}: record cut off mid-write (the run was interrupted or the file "
                               "truncated); this needs the whole run directory")
+        seen = (os.path.abspath(self.file(name)), line, self.file(name).stat().st_size)
+        if seen in _WARNED:
+            return
+        _WARNED.add(seen)
         warnings.warn(PartialRunWarning(f"{where}: record cut off mid-write, left out; what is read from "
                                         f"{self.path} is partial"), stacklevel=3)
 
@@ -120,6 +130,14 @@ class RunDir:
         except json.JSONDecodeError:
             return text.count("\n") + 1
         return None
+
+    def blank(self, name: str) -> bool:
+        """True for a file holding nothing but whitespace; read only up to its first other byte."""
+        with open(self.file(name), "rb") as f:
+            while chunk := f.read(1 << 16):
+                if chunk.strip():
+                    return False
+        return True
 
     def cut_torn_tail(self, name: str) -> None:
         """Drop a torn last line, so records appended after it (a resumed run) start on a line of their own."""

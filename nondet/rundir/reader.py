@@ -35,6 +35,17 @@ def require_finished(rd: RunDir) -> None:
     if started and not rd.exists(SUMMARY):
         raise RunDirError(f"{rd.path}: unfinished run (no summary.json: it was interrupted, killed, or is still "
                           f"running); {_next_step(rd)}")
+    if has_streams(rd) and rd.blank(STREAMS):
+        _require_no_runs_counted(rd)
+
+
+def _require_no_runs_counted(rd: RunDir) -> None:
+    """A finished run whose streams.jsonl is empty lost its streams (a copy cut short, a full disk): every
+    verdict read from it would contradict its own summary.json, which counts the runs."""
+    counted = sum(mode["n_runs"] for mode in read_summary(rd).modes.values())
+    if counted:
+        raise RunDirError(f"{rd.file(STREAMS)} is empty, but {SUMMARY} counts {counted} runs; the streams were "
+                          "lost (copy the run directory again, or run the probe again)")
 
 
 def _next_step(rd: RunDir) -> str:
@@ -47,8 +58,9 @@ def _next_step(rd: RunDir) -> str:
     return f"finish it with `nondet probe --resume {rd.path}`" if resumable else "run it again"
 
 
-def read_conditions(rd: RunDir) -> list[ConditionRecord]:
-    return _records(rd, CONDITIONS, ConditionRecord, whole=False)
+def read_conditions(rd: RunDir, whole: bool = False) -> list[ConditionRecord]:
+    """whole: a torn last record is an error (a comparison of two runs), not a warning and a partial read."""
+    return _records(rd, CONDITIONS, ConditionRecord, whole)
 
 
 def read_streams(rd: RunDir, whole: bool = False) -> list[StreamRecord]:
@@ -71,6 +83,19 @@ def torn_records(rd: RunDir) -> str:
 
 def read_summary(rd: RunDir) -> Summary:
     return from_json(Summary, rd.read_json(SUMMARY), str(rd.file(SUMMARY)))
+
+
+def check_records(rd: RunDir) -> None:
+    """Read every record of a finished run's config.json, fingerprint.json, conditions.jsonl, summary.json
+    and streams.jsonl, as the report reads them (well under a second for a probe's): bisect would otherwise
+    find a bad one only after minutes of model load and replay."""
+    if has_header(rd):
+        read_header(rd)
+    read_fingerprint(rd)
+    if rd.exists(CONDITIONS):  # a run without one is refused where conditions are needed (bisect's choice)
+        read_conditions(rd)
+    read_summary(rd)
+    read_streams(rd)
 
 
 def read_fingerprint(rd: RunDir) -> dict | None:

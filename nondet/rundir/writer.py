@@ -12,7 +12,7 @@ import os
 import threading
 from pathlib import Path
 
-from nondet.errors import UsageError
+from nondet.errors import RunDirError, UsageError
 from nondet.rundir.files import (ABLATION, BISECT, BISECT_MODULES, CONDITIONS, CONFIG, FIGURES, FINGERPRINT, GATE,
                                  REPORT_HTML, REPORT_MD, STREAMS, SUMMARY, RunDir)
 from nondet.rundir.records import FORMAT_VERSION, ConditionRecord, Header, StreamRecord, Summary, to_json
@@ -41,6 +41,28 @@ def check_writable(path: Path) -> None:
         raise UsageError(f"--out {path} {what}; pass a directory path")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"--out {path}: cannot write into {existing} (permission denied); pass another path")
+
+
+WRITES = {"report": f"{REPORT_MD}, {REPORT_HTML} and {FIGURES}/",  # what each later stage writes (for messages)
+          "bisect": f"{BISECT}, {BISECT_MODULES} and {ABLATION}"}
+
+
+def require_writable(rd: RunDir, stage: str) -> None:
+    """RunDirError (exit 4) unless this process may write into an existing run directory: a later stage
+    (report, bisect: WRITES) writes its files there, and finding that out after its work loses the work.
+    Root may write anywhere but on a read-only mount, which os.access reports too."""
+    if os.access(rd.path, os.W_OK | os.X_OK):
+        return
+    why = "a read-only file system" if _read_only_mount(rd.path) else "permission denied"
+    raise RunDirError(f"cannot write into {rd.path}: read-only ({why}); `nondet {stage}` writes {WRITES[stage]} "
+                      "there: copy the run directory somewhere writable and run it on the copy")
+
+
+def _read_only_mount(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 class RunWriter:

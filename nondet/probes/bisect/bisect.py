@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from nondet.errors import RunDirError
 from nondet.probes.bisect.ablation import Ablation
 from nondet.probes.bisect.agreement import numeric_agreement
 from nondet.probes.bisect.choose import Target
@@ -126,5 +127,18 @@ def module_rows(ls: Lockstep) -> list[dict]:
     return [{k: row[k] for k in MODULE_FIELDS} for step in sorted(ls.rows) for row in ls.rows[step]]
 
 
+class ResultNotSaved(RunDirError):
+    """The replay finished but its files could not be written (a disk filled, the directory turned
+    read-only): the result travels with the error, so the CLI shows it instead of losing minutes of replay."""
+
+    def __init__(self, message: str, result: BisectResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
 def write_result(rd: RunDir, result: dict, rows: list[dict]) -> None:
-    write_bisect(rd, result, rows, MODULE_FIELDS)
+    try:
+        write_bisect(rd, result, rows, MODULE_FIELDS)
+    except OSError as exc:
+        raise ResultNotSaved(f"cannot write bisect's result into {rd.path}: {exc.strerror or exc}",
+                             BisectResult(rd.path, result, rows, result.get("seconds", 0.0))) from exc

@@ -9,9 +9,12 @@ bisected.
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from nondet.errors import RunDirError, UsageError
 from nondet.probes.core.conditions import Condition, condition_from_record
+from nondet.rundir.files import CONDITIONS, SUMMARY
+from nondet.rundir.shapes import DICT, INT, LIST, OPT_INT, STR, check_fields
 
 REPLAYABLE = ("static", "speculative")  # condition loads bisect can rebuild and replay
 
@@ -30,8 +33,9 @@ class Target:
 def choose_target(conditions: list[dict], summary: dict, where: str, wanted: str | None = None,
                   position: int | None = None) -> Target:
     by_id = {c["condition_id"]: c for c in conditions}
-    runs = [(mode, r) for mode, m in summary["modes"].items() for r in m["runs"]]
+    runs = [(mode, r) for mode, m in _modes(summary, where).items() for r in m["runs"]]
     divergent = [(mode, r) for mode, r in runs if _diverges(r)]
+    _require_conditions(divergent, by_id, where)
     if wanted is not None:
         divergent = _only(wanted, divergent, by_id, where)
     divergent = _static(divergent, by_id, where)
@@ -43,14 +47,47 @@ def choose_target(conditions: list[dict], summary: dict, where: str, wanted: str
     mode, run = min(divergent, key=lambda mr: _rank(mr, by_id))
     prompt_id = run.get("prompt_id", 0)
     return Target(_condition(by_id[run["condition_id"]]), run["position"], run["run_id"],
-                  _reference_run_id(summary["modes"][mode], prompt_id), run["first_token_divergence"],
-                  run["first_numeric_divergence"], prompt_id)
+                  _reference_run_id(summary["modes"][mode], prompt_id, f"{_summary(where)}, mode {mode!r}"),
+                  run["first_token_divergence"], run["first_numeric_divergence"], prompt_id)
 
 
-def _reference_run_id(mode: dict, prompt_id: int) -> int:
+def _modes(summary, where: str) -> dict:
+    """summary.json's modes, checked as far as the choice reads them, with the reader's own checks: valid
+    JSON of the wrong shape (a list, a run without its run_id) is exit 4 naming the field, as in `nondet
+    report`, not an internal error."""
+    check_fields(_summary(where), summary, {"modes": DICT}, {})
+    for name, mode in summary["modes"].items():
+        at = f"{_summary(where)}, mode {name!r}"
+        check_fields(at, mode, {"runs": LIST}, {"reference_run_id": INT, "prompts": LIST})
+        for i, run in enumerate(mode["runs"]):
+            check_fields(f"{at}, run {i}", run, RUN_FIELDS, {"prompt_id": INT})
+    return summary["modes"]
+
+
+RUN_FIELDS = {"run_id": INT, "condition_id": STR, "position": OPT_INT, "first_token_divergence": OPT_INT,
+              "first_numeric_divergence": OPT_INT}  # what the choice reads of a summary.json run
+
+
+def _summary(where: str) -> str:
+    return str(Path(where) / SUMMARY)
+
+
+def _require_conditions(divergent: list, by_id: dict, where: str) -> None:
+    """Each divergent run's condition must be on record: bisect rebuilds its batch from it. A conditions.jsonl
+    cut short (a torn last line, a copy cut off) loses some: refused by name, not a KeyError later."""
+    for _, r in divergent:
+        if r["condition_id"] not in by_id:
+            raise RunDirError(f"{Path(where) / CONDITIONS}: no record of condition {r['condition_id']!r} (run "
+                              f"{r['run_id']} diverged in it); the file was cut off or edited: run the probe again")
+
+
+def _reference_run_id(mode: dict, prompt_id: int, where: str) -> int:
     """The reference run of the run's own prompt (a probe of several prompts has one per prompt)."""
-    return next((p["reference_run_id"] for p in mode.get("prompts") or [] if p["prompt_id"] == prompt_id),
-                mode["reference_run_id"])
+    found = next((p.get("reference_run_id") for p in mode.get("prompts") or []
+                  if isinstance(p, dict) and p.get("prompt_id") == prompt_id), mode.get("reference_run_id"))
+    if not isinstance(found, int):
+        raise RunDirError(f"{where}: no reference_run_id for prompt {prompt_id}; bisect compares with that run")
+    return found
 
 
 def _diverges(run: dict) -> bool:
