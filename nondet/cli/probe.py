@@ -192,6 +192,9 @@ def probe(
         compile_backend="inductor" if compile else None, cuda_graphs=cuda_graphs, chat=chat, system=system,
         allow_uncovered=allow_uncovered, prefill=parse_prefill(prefix_cache, chunked_prefill),
     )
+    from nondet.probes.probe import validate_config
+
+    validate_config(config)  # the flags' own checks first: the context check reads prompts through the tokenizer
     check_context(config)
     result = run_keeping_streams(config, quiet=json_output)
     write_report_if_available(result.run_dir)
