@@ -120,7 +120,7 @@ def gate(
          server unreachable (--endpoint)
       5  the server's answer was malformed (--endpoint)
       70 internal error (a bug: NONDET_DEBUG=1 shows the traceback)
-      130 interrupted (Ctrl-C); the run directories keep what was written
+      130 interrupted (Ctrl-C: the run directories keep what was written)
 
     Examples:
       nondet gate --junit junit.xml             # demo model: exits 1
