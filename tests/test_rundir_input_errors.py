@@ -314,3 +314,22 @@ def test_help_lists_the_exit_codes(monkeypatch, capsys, command, codes):
     assert code == 0
     listed = out.split("Exit codes:")[1].split("Example")[0]
     assert re.findall(r"^\W*(\d+) ", listed, flags=re.M) == codes
+
+
+def test_a_folder_of_other_files_is_not_written_into(tmp_path):
+    from nondet.errors import UsageError
+    from nondet.rundir.writer import refuse_a_used_run_dir
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    with pytest.raises(UsageError, match=rf"^--out {re.escape(str(mine))} holds other files \(notes.txt\), not a run "
+                                         "directory; pass a new or empty folder$"):
+        refuse_a_used_run_dir(str(mine))
+    # the controls: a new folder, an empty one, a refused start's leftovers, hidden files
+    refuse_a_used_run_dir(str(tmp_path / "new"))
+    started = tmp_path / "started"
+    started.mkdir()
+    (started / "config.json").write_text("{}")
+    (started / ".DS_Store").write_text("")
+    refuse_a_used_run_dir(str(started))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nondet.errors import RunDirError, UsageError
 from nondet.rundir.files import (ABLATION, BISECT, BISECT_MODULES, CONDITIONS, CONFIG, FIGURES, FINGERPRINT, GATE,
-                                 REPORT_HTML, REPORT_MD, STREAMS, SUMMARY, RunDir)
+                                 REPORT_HTML, REPORT_MD, RUN_FILES, STREAMS, SUMMARY, RunDir)
 from nondet.rundir.records import FORMAT_VERSION, ConditionRecord, Header, StreamRecord, Summary, to_json
 
 
@@ -29,6 +29,18 @@ def refuse_a_used_run_dir(path, hint: str = "pass a new --out, or remove it") ->
     check_writable(Path(path))
     if RunDir(path).exists(STREAMS):
         raise UsageError(f"{path} already holds a run; {hint}")
+    others = _other_files(Path(path))
+    if others:  # the user's own folder: the run's files would land among them
+        raise UsageError(f"--out {path} holds other files ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}"
+                         "), not a run directory; pass a new or empty folder")
+
+
+def _other_files(path: Path) -> list[str]:
+    """Names in an existing folder that no run writes (hidden ones aside): a run directory left by a refused
+    start (config.json alone) is reused, a folder of the user's is not written into."""
+    if not path.is_dir():
+        return []
+    return sorted(p.name for p in path.iterdir() if p.name not in RUN_FILES and not p.name.startswith("."))
 
 
 def check_writable(path: Path) -> None:
@@ -40,7 +52,8 @@ def check_writable(path: Path) -> None:
         what = "is a file" if existing == path else f"lies under {existing}, which is not a directory"
         raise UsageError(f"--out {path} {what}; pass a directory path")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {path}: cannot write into {existing} (permission denied); pass another path")
+        why = "a read-only file system" if _read_only_mount(existing) else "permission denied"
+        raise UsageError(f"--out {path}: cannot write into {existing} ({why}); pass another path")
 
 
 WRITES = {"report": f"{REPORT_MD}, {REPORT_HTML} and {FIGURES}/",  # what each later stage writes (for messages)
