@@ -94,3 +94,19 @@ def _child(argv: list[str], env: dict, cwd: str | None, out: str, err: str) -> N
 def _read(path: str) -> str:
     with open(path, encoding="utf-8", errors="replace") as f:
         return f.read()
+
+
+def in_process(monkeypatch, capsys, *args) -> tuple[int, str, str]:
+    """`nondet ARGS` in the test's own process, through main()'s error boundary: (exit code, stdout, stderr).
+    For fast checks of one-line errors; run() where a call must not touch the test's process."""
+    from nondet.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["nondet", *map(str, args)])
+    monkeypatch.delenv("NONDET_DEBUG", raising=False)
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err

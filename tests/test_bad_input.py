@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+import cli_runner  # noqa: E402
 from report_fixtures import write_run  # noqa: E402
 
 from nondet.errors import PartialRunWarning, RunDirError  # noqa: E402
@@ -25,16 +26,8 @@ INTERRUPTED = "nondet: error: interrupted; streams already written stay in {out}
 
 def cli(monkeypatch, capsys, *args) -> tuple[int, str]:
     """Run `nondet ARGS` in this process: (exit code, stderr)."""
-    from nondet.cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["nondet", *map(str, args)])
-    monkeypatch.delenv("NONDET_DEBUG", raising=False)
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err
+    code, _, err = cli_runner.in_process(monkeypatch, capsys, *args)
+    return code, err
 
 
 def unfinished(path) -> str:

@@ -11,8 +11,8 @@ import errno
 import json
 import os
 import re
-import sys
 
+import cli_runner
 import pytest
 from report_fixtures import write_run
 
@@ -20,18 +20,7 @@ from nondet.rundir import RunDir
 
 
 def cli(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    """`nondet ARGS` in this process: (exit code, stdout, stderr)."""
-    from nondet.cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["nondet", *map(str, args)])
-    monkeypatch.delenv("NONDET_DEBUG", raising=False)
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return cli_runner.in_process(monkeypatch, capsys, *args)
 
 
 def error(message: str) -> str:
