@@ -138,8 +138,9 @@ def test_malformed_answer_of_side_b_exits_5_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_two_real_transformers_serve_deployments(tmp_path, tiny_model_dir):
     """A: transformers serve without continuous batching; B: the same model with it; C: another
-    model's weights (the positive control: a deployment that truly differs). transformers serve
-    returns no logprobs, so texts are compared, tokenized with the model's tokenizer."""
+    model's weights (the positive control: a deployment that truly differs); D: A's twin, a second
+    server with A's model and settings (the negative control; A against itself is refused). transformers
+    serve returns no logprobs, so texts are compared, tokenized with the model's tokenizer."""
     from model_fixtures import save_qwen3
     from serve_fixtures import transformers_serve
 
@@ -148,19 +149,20 @@ def test_two_real_transformers_serve_deployments(tmp_path, tiny_model_dir):
     other = save_qwen3(tmp_path / "other", build_tokenizer(512), hidden=64, layers=2, heads=4, kv_heads=2, seed=7)
     with transformers_serve(tiny_model_dir, tmp_path / "a", continuous=False) as a, \
             transformers_serve(tiny_model_dir, tmp_path / "b", continuous=True) as b, \
-            transformers_serve(other, tmp_path / "c", continuous=False) as c:
+            transformers_serve(other, tmp_path / "c", continuous=False) as c, \
+            transformers_serve(tiny_model_dir, tmp_path / "d", continuous=False) as d:
         def probe(url_a, url_b, name):
             load = LoadConfig(mode="server", endpoint=url_a, against=url_b, tokenizer=str(tiny_model_dir), rate=8.0)
             return run_probe(ProbeConfig(max_new_tokens=16, runs=2, out=str(tmp_path / name), load=load)).summary
 
-        settings, weights, itself = probe(a, b, "cb"), probe(a, c, "weights"), probe(a, a, "itself")
+        settings, weights, itself = probe(a, b, "cb"), probe(a, c, "weights"), probe(a, d, "twin")
     for summary in (settings, weights, itself):
         section = summary["against"]
         assert section["compare_level"] == "tokenizer" and section["across"]["logprobs_na"]
         assert [s["n_runs"] for s in section["sides"]] == [3, 3]
     fp = json.loads((tmp_path / "cb" / "fingerprint.json").read_text())
     assert [fp["load"]["sides"][s]["server"]["completion_headers"]["server"] for s in "AB"] == ["uvicorn"] * 2
-    # positive control: other weights leave A's answer at once; negative: A against itself does not
+    # positive control: other weights leave A's answer at once; negative: A against its twin does not
     assert weights["against"]["across"]["first_token_divergence"] is not None
     assert weights["against"]["across"]["distinct_completions"] >= 2
     assert itself["against"]["across"]["first_token_divergence"] is None
