@@ -160,3 +160,13 @@ def _handler(stub: StubServer):
             self.wfile.write(payload)
 
     return Handler
+
+
+def send_json(handler: BaseHTTPRequestHandler, obj) -> None:
+    """A 200 answer of `obj` as JSON, for the tests' own one-off servers."""
+    raw = json.dumps(obj).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(raw)))
+    handler.end_headers()
+    handler.wfile.write(raw)

@@ -216,6 +216,8 @@ class _IdsStub:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+        from stub_server import send_json
+
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
@@ -230,12 +232,7 @@ class _IdsStub:
                 self._send({"choices": [{"index": 0, "text": "", "finish_reason": "length", "logprobs": lp}]})
 
             def _send(self, obj):
-                raw = json.dumps(obj).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
+                send_json(self, obj)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import cli_runner
+from stub_server import send_json
 from nondet.errors import ModelLoadError, ServerResponseError, UsageError
 from nondet.probes.core.load_config import LoadConfig
 from nondet.probes.probe import ProbeConfig, run_probe, validate_config
@@ -80,12 +81,7 @@ def _handler(server: Server):
             self._send(server.reply(json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
 
         def _send(self, obj: dict) -> None:
-            raw = json.dumps(obj).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
+            send_json(self, obj)
 
     return Handler
 
