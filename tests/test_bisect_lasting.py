@@ -175,7 +175,7 @@ def test_bisect_json_keeps_origin_and_adds_lasting(described):
 def test_cli_names_both_and_tables_the_lasting_step(described):
     from rich.console import Console
 
-    from nondet.cli.bisect import print_bisect
+    from nondet.cli.render_bisect import print_bisect
 
     b, rows = described
     console = Console(record=True, width=1000)

@@ -10,7 +10,7 @@ from io import StringIO
 import pytest
 from rich.console import Console
 
-from nondet.cli.bisect import MODULE_COLUMNS, NARROW_MODULE_COLUMNS, _modules_table, _table_steps
+from nondet.cli.render_bisect import MODULE_COLUMNS, NARROW_MODULE_COLUMNS, _modules_table, _table_steps
 from nondet.cli.compare import fold
 from nondet.cli.fit import natural_width
 from nondet.cli.render import print_probe_summary
@@ -133,7 +133,7 @@ def test_bisect_at_80_columns(bisect_run):
 
 def test_bisect_tables_keep_their_full_headers_where_they_fit(bisect_run):
     """At 200 columns (a wide terminal; a log without COLUMNS gets 140) the full tables, as before."""
-    from nondet.cli.bisect import print_bisect
+    from nondet.cli.render_bisect import print_bisect
 
     _, run = bisect_run
     b = json.loads((run / "bisect.json").read_text())
