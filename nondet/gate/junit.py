@@ -13,6 +13,7 @@ from typing import Sequence
 
 from nondet.errors import UsageError
 from nondet.gate.policy import ConditionResult, Verdict
+from nondet.rundir.writer import unwritable
 
 # Everything outside XML 1.0's Char production.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -47,7 +48,7 @@ def check_junit_path(path: str | Path) -> None:
     existing = next(p for p in path.parents if p.exists())  # write_junit makes the folders below it
     if not existing.is_dir():
         raise UsageError(f"--junit {path} lies under {existing}, which is not a directory; pass another path")
-    if not os.access(existing, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    if unwritable(existing) or (path.exists() and not os.access(path, os.W_OK)):
         raise UsageError(f"--junit {path}: permission denied; pass another path")
 
 

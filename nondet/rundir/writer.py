@@ -51,8 +51,8 @@ def check_writable(path: Path) -> None:
     if not existing.is_dir():
         what = "is a file" if existing == path else f"lies under {existing}, which is not a directory"
         raise UsageError(f"--out {path} {what}; pass a directory path")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        why = "a read-only file system" if _read_only_mount(existing) else "permission denied"
+    why = unwritable(existing)
+    if why:
         raise UsageError(f"--out {path}: cannot write into {existing} ({why}); pass another path")
 
 
@@ -64,11 +64,19 @@ def require_writable(rd: RunDir, stage: str) -> None:
     """RunDirError (exit 4) unless this process may write into an existing run directory: a later stage
     (report, bisect: WRITES) writes its files there, and finding that out after its work loses the work.
     Root may write anywhere but on a read-only mount, which os.access reports too."""
-    if os.access(rd.path, os.W_OK | os.X_OK):
+    why = unwritable(rd.path)
+    if not why:
         return
-    why = "a read-only file system" if _read_only_mount(rd.path) else "permission denied"
     raise RunDirError(f"cannot write into {rd.path}: read-only ({why}); `nondet {stage}` writes {WRITES[stage]} "
                       "there: copy the run directory somewhere writable and run it on the copy")
+
+
+def unwritable(directory: Path) -> str | None:
+    """Why this process may not create files in an existing directory ("a read-only file system",
+    "permission denied"), or None where it may."""
+    if os.access(directory, os.W_OK | os.X_OK):
+        return None
+    return "a read-only file system" if _read_only_mount(directory) else "permission denied"
 
 
 def _read_only_mount(path: Path) -> bool:
