@@ -88,12 +88,17 @@ def check_device(device: str) -> None:
                          f"({parsed.type}:0..{parsed.type}:{count - 1})")
 
 
+def is_local_path(name: str) -> bool:
+    """A local directory, not a hub id: a path written as one (./, /, ~) or one that exists."""
+    return name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
+
+
 def _resolve_source(name: str | None) -> str:
     if name is None:
         from nondet.probes.models.demo_model import resolve_demo_dir
 
         return str(resolve_demo_dir())
-    looks_local = name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
+    looks_local = is_local_path(name)
     if looks_local and not Path(name).expanduser().is_dir():
         raise ModelLoadError(f"model directory not found: {name}")
     if looks_local and not (Path(name).expanduser() / "config.json").is_file():

@@ -321,9 +321,10 @@ def _local_tokenizer(name: str | None):
 
     from transformers import AutoTokenizer
 
+    from nondet.probes.models.loading import is_local_path
+
     local = Path(name).expanduser()
-    looks_local = name.startswith((".", "/", "~")) or local.exists()  # as --model tells a directory from a hub id
-    if looks_local and not local.is_dir():  # else the hub's "Repo id must be in the form..." says nothing of it
+    if is_local_path(name) and not local.is_dir():  # else the hub's "Repo id must be in the form..." says nothing of it
         raise ModelLoadError(f"tokenizer directory not found: {name}")
     try:
         return AutoTokenizer.from_pretrained(str(local) if local.is_dir() else name)
