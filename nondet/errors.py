@@ -64,6 +64,11 @@ class RunDirError(NondetError):
     exit_code = 4
 
 
+class NothingToBisect(RunDirError):
+    """Every run of a finished probe matched its reference: nothing diverged, so nothing to bisect. A good run,
+    not a bad one: the CLI prints the line and exits 0 (a RunDirError for library callers that catch those)."""
+
+
 class ServerResponseError(NondetError):
     """A live server answered with an HTTP error or a malformed body."""
 

@@ -38,12 +38,23 @@ def _probe_dir(tmp_path, divergent: bool):
     return rd.path
 
 
-def test_no_divergent_condition(tmp_path):
+def test_no_divergent_condition_is_a_verdict_not_an_error(tmp_path):
+    """An invariant probe run is a good run: one line on stdout, exit 0, nothing written; --json says the same.
+    Its control: the same directory with one divergent run goes past the choice (and stops at a later check
+    of a field this minimal summary lacks), so the early exit is the verdict's, not every directory's."""
     path = _probe_dir(tmp_path, divergent=False)
     r = nondet("bisect", str(path))
-    assert r.returncode == 4
-    assert r.stderr.strip() == (f"nondet: error: {path}: no condition diverged from its reference "
-                                "(every run is bit-identical); nothing to bisect")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.strip() == (f"nothing to bisect: {path}: no condition diverged from its reference "
+                                "(every run is bit-identical)")
+    assert not (path / "bisect.json").exists()
+    r = nondet("bisect", str(path), "--json")
+    assert r.returncode == 0
+    assert json.loads(r.stdout) == {"bisected": False, "reason": f"{path}: no condition diverged from its "
+                                                                 "reference (every run is bit-identical)"}
+    control = _probe_dir(tmp_path / "divergent", divergent=True)
+    r = nondet("bisect", str(control))
+    assert r.returncode == 4 and "nothing to bisect" not in r.stdout + r.stderr
 
 
 def test_bad_condition(tmp_path):

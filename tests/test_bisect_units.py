@@ -153,7 +153,9 @@ def test_choose_several_prompts_takes_the_runs_own_reference():
 def test_choose_nothing_divergent():
     from nondet.probes.bisect.choose import choose_target
 
-    with pytest.raises(RunDirError, match="nothing to bisect"):
+    from nondet.errors import NothingToBisect
+
+    with pytest.raises(NothingToBisect, match="no condition diverged"):
         choose_target(CONDITIONS, _summary([_run(0, "default/bs1/ref", 0, None, None)]), "RUN")
 
 
@@ -280,3 +282,30 @@ def test_rotary_is_a_cache_input_and_unknown_attention_is_conservative():
     for step in (v, judge(4, _step()), v):
         t.add(step, flip=False)
     assert t.result()["silent_steps"] == 1 and t.transients == []
+
+
+def _tp_stream(run_id: int, condition_id: str, logprob: float, reference: bool = False) -> dict:
+    steps = [{"token": 5, "logprob": -0.5}, {"token": 6, "logprob": logprob}]
+    return {"run_id": run_id, "condition_id": condition_id, "kernels": "default", "tp": 2, "position": 0,
+            "tp_reference": reference, "steps": steps}
+
+
+def test_tp_choice_of_an_invariant_run_is_nothing_to_bisect_and_a_flag_that_picks_nothing_is_usage():
+    """A TP run whose every condition matches the prompt alone at its degree is NothingToBisect (exit 0 in the
+    CLI); --condition naming a run that matched is a usage error. Control: one run's last logprob moved is
+    chosen, with its step."""
+    from nondet.errors import NothingToBisect, UsageError
+    from nondet.probes.tp.bisect import choose_tp_target
+
+    conditions = [{"condition_id": "tp2/bs1/ref", "kernels": "default", "batch_size": 1, "positions": [0],
+                   "fillers": "none"},
+                  {"condition_id": "tp2/bs4/first", "kernels": "default", "batch_size": 4, "positions": [0],
+                   "fillers": "same-length"}]
+    same = [_tp_stream(0, "tp2/bs1/ref", -1.25, reference=True), _tp_stream(1, "tp2/bs4/first", -1.25)]
+    with pytest.raises(NothingToBisect, match="no run diverged"):
+        choose_tp_target(conditions, same, "RUN")
+    with pytest.raises(UsageError, match="--condition / --position as given"):
+        choose_tp_target(conditions, same, "RUN", wanted="bs4/first")
+    moved = [same[0], _tp_stream(1, "tp2/bs4/first", -1.5)]
+    target, degree = choose_tp_target(conditions, moved, "RUN")
+    assert (target.run_id, target.probe_numeric_step, target.probe_flip_step, degree) == (1, 1, None, 2)

@@ -63,12 +63,12 @@ def bisect(
     checked (finished, writable, every record readable) before the model loads.
 
     Exit codes:
-      0  bisected (the result is printed and written into the run directory)
+      0  bisected (the result is printed and written into the run directory), or nothing
+         to bisect: every run of the probe matched its reference (said in one line)
       2  usage error (a flag, or a flag that does not apply with RUN_DIR)
       3  could not run: the model missing or not loadable, out of memory,
          or a tensor-parallel worker died (--tp runs)
-      4  bad run directory: missing, a file, unfinished, malformed,
-         read-only, or with no divergent condition;
+      4  bad run directory: missing, a file, unfinished, malformed or read-only;
          also a result that could not be saved (printed first)
       70 internal error (a bug: NONDET_DEBUG=1 shows the traceback)
       130 interrupted (Ctrl-C: the run directory keeps what was written)
@@ -77,7 +77,7 @@ def bisect(
               nondet bisect RUN_DIR --condition spec/self4
               nondet bisect RL_RUN_DIR --condition trainer/mb4/right
     """
-    from nondet.errors import RunDirError, UsageError
+    from nondet.errors import NothingToBisect, RunDirError, UsageError
     from nondet.probes.bisect import BisectConfig
     from nondet.probes.bisect.bisect import ResultNotSaved
     from nondet.probes.bisect.inputs import check_inputs, check_run_dir
@@ -94,9 +94,12 @@ def bisect(
                                max_new_tokens=max_new_tokens, threads=threads, out=out)
     config = BisectConfig(str(run_dir), condition, position, max_steps, ablation)
     run = _replay_of(config.run_dir)
-    check_inputs(config, chooses=_chooses(run))  # every record, before the model loads
     try:
+        check_inputs(config, chooses=_chooses(run))  # every record, before the model loads
         result = _run_with_status(run, config, quiet=json_output)
+    except NothingToBisect as exc:  # an invariant run: its verdict, not an error
+        _show_nothing(str(exc), json_output)
+        return
     except ResultNotSaved as exc:  # minutes of replay: shown, even where they cannot be kept
         _show(exc.result, json_output)
         raise RunDirError(f"{exc}; the result above was not saved") from exc
@@ -104,6 +107,16 @@ def bisect(
     from nondet.cli.probe import write_report_if_available
 
     write_report_if_available(result.run_dir)
+
+
+def _show_nothing(reason: str, json_output: bool) -> None:
+    """The one line of a probe run with no divergence (stdout, or a JSON object with --json)."""
+    if json_output:
+        import json
+
+        print(json.dumps({"bisected": False, "reason": reason}))
+    else:
+        print(f"nothing to bisect: {reason}")
 
 
 def _show(result, json_output: bool) -> None:

@@ -11,7 +11,7 @@ bisected.
 from dataclasses import dataclass
 from pathlib import Path
 
-from nondet.errors import RunDirError, UsageError
+from nondet.errors import NothingToBisect, RunDirError, UsageError
 from nondet.probes.core.conditions import Condition, condition_from_record
 from nondet.rundir.files import CONDITIONS, SUMMARY
 from nondet.rundir.shapes import DICT, INT, LIST, OPT_INT, STR, check_fields
@@ -42,8 +42,7 @@ def choose_target(conditions: list[dict], summary: dict, where: str, wanted: str
     if position is not None:
         divergent = _at(position, divergent)
     if not divergent:
-        raise RunDirError(f"{where}: no condition diverged from its reference (every run is bit-identical); "
-                          "nothing to bisect")
+        raise NothingToBisect(f"{where}: no condition diverged from its reference (every run is bit-identical)")
     mode, run = min(divergent, key=lambda mr: _rank(mr, by_id))
     prompt_id = run.get("prompt_id", 0)
     return Target(_condition(by_id[run["condition_id"]]), run["position"], run["run_id"],

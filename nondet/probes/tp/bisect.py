@@ -17,7 +17,7 @@ difference in the sum with equal partials names the collective. The ablation add
 
 import time
 
-from nondet.errors import RunDirError, UsageError
+from nondet.errors import NothingToBisect, UsageError
 from nondet.probes.bisect.bisect import (BisectConfig, BisectResult, describe, module_rows, replay_cache,
                                         replay_horizon, write_result)
 from nondet.probes.bisect.choose import Target
@@ -74,10 +74,11 @@ def choose_tp_target(conditions: list[dict], streams: list[dict], where: str, wa
         flip, numeric = first_token_divergence(ref, s), first_numeric_divergence(ref, s)
         if flip is not None or numeric is not None:
             found.append((s, ref, flip, numeric))
+    if not found and (wanted or position is not None):  # the runs asked for: a flag that picks nothing
+        raise UsageError(f"{where}: no run diverged from the prompt alone at its own TP degree with --condition / "
+                         "--position as given")
     if not found:
-        raise RunDirError(f"{where}: no run diverged from the prompt alone at its own TP degree"
-                          f"{' (with --condition / --position as given)' if wanted or position is not None else ''}; "
-                          "nothing to bisect")
+        raise NothingToBisect(f"{where}: no run diverged from the prompt alone at its own TP degree")
     s, ref, flip, numeric = min(found, key=lambda f: (f[0]["kernels"] != "default", f[2] is None, f[2] or 0,
                                                        f[3] or 0, -f[0]["tp"],
                                                        by_id[f[0]["condition_id"]]["batch_size"], f[0]["run_id"]))
