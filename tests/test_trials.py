@@ -53,6 +53,29 @@ def test_trials_where_no_batch_has_a_filler_row_are_refused(tmp_path, tiny_model
                            "--trials", "4", "-n", "3", "--out", str(tmp_path / "r")])
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "--trials repeats each batch with other requests in its filler rows" in done.stderr
+    # refused once the tokenizer had loaded and the header was written: no run directory is left behind,
+    # and a folder the user made stays (empty)
+    assert not (tmp_path / "r").exists()
+    (tmp_path / "mine").mkdir()
+    done = cli_runner.run(["probe", "--model", str(tiny_model_dir), "-p", "one two three", "-b", "1,2",
+                           "--trials", "4", "-n", "3", "--out", str(tmp_path / "mine")])
+    assert done.returncode == 2 and list((tmp_path / "mine").iterdir()) == []
+
+
+def test_a_refused_start_discards_the_header_only_where_no_condition_ran(tmp_path):
+    """RunWriter.discard_unstarted: the header's files (and the folder it made) go; control: a directory that
+    holds a condition record keeps every file."""
+    from nondet.rundir import RunDir
+    from nondet.rundir.writer import RunWriter, new_header
+
+    for ran in (False, True):
+        writer = RunWriter(RunDir(tmp_path / f"run-{ran}"))
+        writer.write_header(new_header("probe", {}, []), {})
+        if ran:
+            writer.run_dir.append_jsonl("conditions.jsonl", {"condition_id": "default/bs1/ref"})
+        writer.discard_unstarted()
+        kept = sorted(p.name for p in writer.run_dir.path.iterdir()) if writer.run_dir.path.exists() else None
+        assert kept == (["conditions.jsonl", "config.json", "fingerprint.json"] if ran else None)
 
 
 @pytest.mark.parametrize("args, said", [(["--trials", "0"], "--trials must be >= 1, not 0"),

@@ -133,7 +133,11 @@ def run_probe(config: ProbeConfig, on_condition: OnCondition | None = None, on_p
     try:
         with numerics_scope(config.threads):
             writer = _open(source, config)
-            run_streams(source, writer, on_condition)
+            try:
+                run_streams(source, writer, on_condition)
+            except UsageError:  # refused before any condition ran (e.g. --trials with no filler row)
+                writer.discard_unstarted()
+                raise
             streams = [to_json(s) for s in read_streams(writer.run_dir)]  # resumed ones included
             summary = writer.write_summary(label_summary(source.summarize(streams), read_fingerprint(writer.run_dir)))
     finally:

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from nondet.errors import UsageError
 from nondet.probes.core.corpus import DEMO_PROMPTS
 from nondet.probes.models.loading import load_model
 from nondet.probes.core.numerics import numerics_scope
@@ -54,7 +55,11 @@ def run_rl(config: RLConfig, on_condition: OnCondition | None = None, loaded=Non
         sampler = sampler_source(config, rollouts, loaded, run_ids)
         writer = RunWriter(RunDir(config.out or default_run_dir("rl")))
         writer.write_header(new_header("rl", asdict(config), config.argv), sampler.open().fingerprint)
-        sampled = run_streams(sampler, writer, on_condition)
+        try:
+            sampled = run_streams(sampler, writer, on_condition)
+        except UsageError:  # refused before a condition ran: no run directory left behind
+            writer.discard_unstarted()
+            raise
         trainer = RLTrainerSource(config, loaded, run_ids, sequences_by_mode(sampled, config.kernels),
                                   getattr(sampler, "distributions", None))  # in-process only: the exact KL
         trainer.open()

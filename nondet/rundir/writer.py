@@ -90,6 +90,7 @@ class RunWriter:
     def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
         self._lock = threading.Lock()
+        self._created = False  # write_header made the folder (discard_unstarted may remove it)
         self._reopen()
         self._conditions = {c.get("condition_id") for c in self._existing(CONDITIONS)}
 
@@ -102,6 +103,7 @@ class RunWriter:
         self.run_dir.file(SUMMARY).unlink(missing_ok=True)
 
     def write_header(self, header: Header, fingerprint: dict) -> None:
+        self._created = not self.run_dir.path.exists()  # discard_unstarted removes only a folder it made
         try:
             self.run_dir.path.mkdir(parents=True, exist_ok=True)
             self.run_dir.write_json(CONFIG, to_json(header))
@@ -109,6 +111,17 @@ class RunWriter:
             raise UsageError(f"cannot write the run directory {self.run_dir.path}: "
                              f"{exc.strerror or exc}; pass another --out") from None
         self.run_dir.write_json(FINGERPRINT, fingerprint)
+
+    def discard_unstarted(self) -> None:
+        """A start refused after the header was written (a usage error found once the model and tokenizer
+        loaded): no condition ran, so the header's two files go, and the folder if this run made it; a
+        directory holding any condition or stream is left as it is."""
+        if self.run_dir.exists(CONDITIONS) or self.run_dir.exists(STREAMS):
+            return
+        for name in (CONFIG, FINGERPRINT):
+            self.run_dir.file(name).unlink(missing_ok=True)
+        if self._created and not any(self.run_dir.path.iterdir()):
+            self.run_dir.path.rmdir()
 
     def append_to_header(self, key: str, entry: dict) -> None:
         """Add an entry to a list field of config.json (e.g. "resumes"), keeping the rest."""
