@@ -97,8 +97,13 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
 
 
+def debug_enabled() -> bool:
+    """NONDET_DEBUG=1: tracebacks and the libraries' own warnings are shown."""
+    return os.environ.get("NONDET_DEBUG") == "1"
+
+
 def debug_traceback(exc: BaseException) -> None:
     """Under NONDET_DEBUG=1, the whole traceback of a failure the run goes on from (a compile that fell back,
     a trace done again): what the run keeps of it is one line, and the cause can be deep inside torch."""
-    if os.environ.get("NONDET_DEBUG") == "1":
+    if debug_enabled():
         traceback.print_exception(exc, file=sys.stderr)

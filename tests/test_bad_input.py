@@ -301,6 +301,34 @@ def test_a_model_folder_without_weights_or_tokenizer_says_which(tmp_path, tiny_m
     assert code == 3 and "it has no weights file" in stderr and "tokenizer file" not in stderr
 
 
+def test_weights_that_leave_parameters_random_are_exit_3_in_one_line(tmp_path, tiny_model_dir):
+    """transformers fills a parameter the checkpoint lacks with random values and goes on (a config.json of
+    another architecture: every layer). Refused by name, and transformers' load report (a table) is not
+    printed before the line. Cases: one tensor dropped from the weights; config.json's model_type changed to
+    bert. Control: the untouched checkpoint passes the same check."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from nondet.probes.models.loading import check_weights_loaded
+
+    partial = shutil.copytree(tiny_model_dir, tmp_path / "partial")
+    weights = load_file(partial / "model.safetensors")
+    del weights["model.norm.weight"]
+    save_file(weights, partial / "model.safetensors", metadata={"format": "pt"})
+    other = shutil.copytree(tiny_model_dir, tmp_path / "other")
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "bert"}))
+    for model, said in ((partial, "1 parameter(s) of Qwen3ForCausalLM (model_type 'qwen3' in config.json) are not "
+                                  "in its weights (e.g. model.norm.weight)"),
+                        (other, "parameter(s) of BertLMHeadModel (model_type 'bert' in config.json)")):
+        done = cli_runner.run(["probe", "--model", str(model), "-b", "1,2", "-n", "2", "--out", str(tmp_path / "r")])
+        assert done.returncode == 3 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(f"nondet: error: cannot load model '{model}': ") and said in done.stderr
+        assert not (tmp_path / "r").exists()
+    _, info = AutoModelForCausalLM.from_pretrained(tiny_model_dir, output_loading_info=True)
+    check_weights_loaded(str(tiny_model_dir), None, info)  # the control: nothing missing, no error
+
+
 def test_a_bad_attn_implementation_is_a_usage_error(tmp_path, tiny_model_dir, monkeypatch, capsys):
     code, stderr = _probe(monkeypatch, capsys, tiny_model_dir, "--attn-implementation", "foo", "--out", tmp_path / "r")
     assert code == 2 and stderr.startswith("nondet: error: --attn-implementation foo: ") and stderr.count("\n") == 1

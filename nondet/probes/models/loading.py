@@ -119,7 +119,8 @@ def _from_pretrained(source: str, spec: ModelSpec):
     try:
         with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
-            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+            model, info = AutoModelForCausalLM.from_pretrained(source, output_loading_info=True, **kwargs)
+        check_weights_loaded(source, model, info)
         model = model.to(spec.device).eval()
     except (*_LOAD_ERRORS, *_weights_errors()) as exc:
         if is_out_of_memory(exc):  # torch.OutOfMemoryError on a GPU, a plain RuntimeError on CPU
@@ -129,6 +130,19 @@ def _from_pretrained(source: str, spec: ModelSpec):
                              ) from exc
         raise ModelLoadError(_load_failure(source, exc)) from exc
     return model, tokenizer
+
+
+def check_weights_loaded(source: str, model, info: dict) -> None:
+    """Every parameter the architecture has must come from the checkpoint. transformers initialises the
+    missing ones at random and goes on (a config.json whose model_type names another architecture than
+    the weights': every layer random), so the probe would diagnose random numbers, not the model."""
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        model_type = getattr(getattr(model, "config", None), "model_type", "?")
+        raise ModelLoadError(
+            f"cannot load model {source!r}: {len(missing)} parameter(s) of {type(model).__name__} (model_type "
+            f"{model_type!r} in config.json) are not in its weights (e.g. {missing[0]}), and would run on random "
+            "values; check that config.json belongs to these weights")
 
 
 _LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, ImportError, MemoryError)

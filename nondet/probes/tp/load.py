@@ -10,8 +10,8 @@ from_pretrained needs tp_plan passed in.
 
 from pathlib import Path
 
-from nondet.errors import ModelLoadError, OutOfMemoryError, UsageError, is_out_of_memory
-from nondet.probes.models.loading import LoadedModel, ModelSpec, inject, injects_variance
+from nondet.errors import ModelLoadError, OutOfMemoryError, is_out_of_memory
+from nondet.probes.models.loading import LoadedModel, ModelSpec, check_weights_loaded, inject, injects_variance
 
 
 def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
@@ -27,7 +27,8 @@ def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
         kwargs.update(tp_kwargs(degree))
     try:
         tokenizer = load_tokenizer(source, spec)
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        model, info = AutoModelForCausalLM.from_pretrained(source, output_loading_info=True, **kwargs)
+        check_weights_loaded(source, model, info)
         model = (model if degree > 1 else model.to(device)).eval()
     except (OSError, ValueError, KeyError, RuntimeError, ImportError, MemoryError) as exc:
         if is_out_of_memory(exc):
