@@ -85,7 +85,6 @@ def _coverage_note(t: RunTables) -> list[Para]:
     """What the batch-invariant kernels covered (the op census): partly invariant runs, and the demo's
     injected control, whose fix under the mode is by construction."""
     coverage = t.summary.get("kernel_coverage") or {}
-    notes = []
     lines = []
     if coverage.get("coverage") == "partly invariant":
         lines.append(partly_line(coverage.get("uncovered") or []) + "; agreement under them proves nothing about "
@@ -130,7 +129,18 @@ def _model_note(t: RunTables) -> list[Para]:
         parts += [" ", Code(str(model["injected_variance"])), " was made batch-variant on purpose (a positive "
                   "control: its reduction changes strategy with the number of rows, as a split-reduction kernel "
                   "does on a busy GPU server); without it (--no-inject-variance) only this host's own kernels vary."]
+    if model.get("generation_defaults_ignored"):
+        sentence = defaults_not_applied(model["generation_defaults_ignored"])
+        parts += [" " + sentence[:1].upper() + sentence[1:]]
     return [Para(parts, kind="note")]
+
+
+def defaults_not_applied(ignored: dict) -> str:
+    """One sentence on the model's generation_config.json settings the probe did not apply (fingerprint
+    model.generation_defaults_ignored: probes/core/generation_defaults.py)."""
+    settings = ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in ignored.items())
+    return (f"its generation_config.json sets {settings}, not applied: nondet decodes the model's own logits "
+            "(greedy), as bisect and the RL trainer read them; a server that applies them decodes other tokens.")
 
 
 def _decode_path_note(t: RunTables) -> list[Para]:

@@ -14,6 +14,7 @@ from nondet.errors import OutOfMemoryError, is_out_of_memory
 from nondet.probes.core.batch import Batch, build_batch
 from nondet.probes.core.conditions import Condition
 from nondet.probes.core.deferred_stop import deferred_stop_check, defers_stop
+from nondet.probes.core.generation_defaults import without_model_defaults
 from nondet.probes.core.kernels_mode import COMPILED_CALLS, kernels_mode
 from nondet.probes.core.recorder import StepRecorder
 from nondet.probes.core.routing_trace import RoutingTrace
@@ -127,7 +128,7 @@ def generate(model, tokenizer, batch: Batch, settings: DecodeSettings, recorder:
             # criteria of their own (bisect's forcing, warm-up, speculative rounds) keep the per-step wait,
             # since those would see the extra step generate undoes
             defer = defers_stop(device, assisted=assist is not None) and not after and not stopping
-            with deferred_stop_check(defer) as deferred:
+            with deferred_stop_check(defer) as deferred, without_model_defaults(model):
                 out = model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,

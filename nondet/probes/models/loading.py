@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nondet.errors import ModelLoadError, OutOfMemoryError, UsageError, is_out_of_memory
+from nondet.probes.core.generation_defaults import ignored_defaults
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -40,6 +41,8 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     model, tokenizer = _from_pretrained(source, spec)
     _ensure_pad_token(tokenizer)
     description = _describe(model, spec)
+    if ignored_defaults(model):  # its generation_config.json's settings, which the probe does not apply
+        description["generation_defaults_ignored"] = ignored_defaults(model)
     if injects_variance(spec):
         description["injected_variance"] = inject(model)
     return LoadedModel(model, tokenizer, description)

@@ -11,6 +11,7 @@ from_pretrained needs tp_plan passed in.
 from pathlib import Path
 
 from nondet.errors import ModelLoadError, OutOfMemoryError, is_out_of_memory
+from nondet.probes.core.generation_defaults import ignored_defaults
 from nondet.probes.models.loading import LoadedModel, ModelSpec, check_weights_loaded, inject, injects_variance
 
 
@@ -35,6 +36,8 @@ def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
             raise OutOfMemoryError(f"out of memory loading {source} at --tp {degree} on {device}") from exc
         raise ModelLoadError(f"cannot load model {source!r} at --tp {degree}: {_first_line(exc)}") from exc
     description = _describe(model, spec, device, degree)
+    if ignored_defaults(model):
+        description["generation_defaults_ignored"] = ignored_defaults(model)
     if injects_variance(spec):
         description["injected_variance"] = inject(model)
     return LoadedModel(model, tokenizer, description)
