@@ -13,6 +13,7 @@ from pathlib import Path
 from nondet.errors import ModelLoadError, OutOfMemoryError, is_out_of_memory
 from nondet.probes.core.generation_defaults import ignored_defaults
 from nondet.probes.models.loading import LoadedModel, ModelSpec, check_weights_loaded, inject, injects_variance
+from nondet.probes.models.quiet import quiet_loading
 
 
 def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
@@ -27,8 +28,9 @@ def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
     if degree > 1:
         kwargs.update(tp_kwargs(degree))
     try:
-        tokenizer = load_tokenizer(source, spec)
-        model, info = AutoModelForCausalLM.from_pretrained(source, output_loading_info=True, **kwargs)
+        with quiet_loading():
+            tokenizer = load_tokenizer(source, spec)
+            model, info = AutoModelForCausalLM.from_pretrained(source, output_loading_info=True, **kwargs)
         check_weights_loaded(source, model, info)
         model = (model if degree > 1 else model.to(device)).eval()
     except (OSError, ValueError, KeyError, RuntimeError, ImportError, MemoryError) as exc:
