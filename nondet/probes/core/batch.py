@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from nondet.errors import UsageError
 from nondet.probes.core.conditions import Condition
+from nondet.probes.core.chat import prompt_ids
 
 
 @dataclass
@@ -24,17 +25,18 @@ class Batch:
 
 
 def tokenize_inputs(tokenizer, prompt: str, fillers) -> tuple[list[int], list[list[int]]]:
-    """Token ids of the target and of each filler text (no special tokens).
+    """Token ids of the target and of each filler text, each as its own request (chat.prompt_ids: plain text
+    with the tokenizer's BOS where it adds one, a chat-formatted prompt as rendered).
 
     Fillers that tokenize to nothing are dropped; with none left the target fills the batch.
     Probe, bisect and the in-memory probe all build their batches from this, so bisect
     rebuilds exactly the batch the probe ran.
     """
-    target = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    target = prompt_ids(tokenizer, prompt)
     if not target:  # an empty prompt, or a tokenizer saved without its vocabulary (generate would crash)
         raise UsageError(f"the prompt {prompt[:40]!r} tokenizes to no tokens; give a non-empty prompt, or check "
                          "that the model directory holds its tokenizer's vocabulary (tokenizer.json)")
-    ids = [tokenizer(f, add_special_tokens=False)["input_ids"] for f in fillers]
+    ids = [prompt_ids(tokenizer, f) for f in fillers]
     return target, [f for f in ids if f] or [target]
 
 

@@ -266,7 +266,9 @@ def _own_length(model) -> None:
 
 def eos_ids(model, tokenizer) -> list[int]:
     """The ids that end a completion: the generation config's, else the tokenizer's."""
-    eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None or eos == []:  # id 0 is an EOS (GPT-NeoX / Pythia, StarCoder, MPT): test None, not falsiness
+        eos = tokenizer.eos_token_id
     if eos is None:
         return []
     return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]

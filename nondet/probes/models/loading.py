@@ -226,7 +226,7 @@ def check_prompts_fit(spec: ModelSpec, prompts, max_new_tokens: int, chat: bool 
     minutes before anything fails. Reads the tokenizer and config only, before the weights load (the
     embedded demo's too: -n 9000 on it decoded past its context; its directory resolved without the
     random demo's note, which the load prints)."""
-    from nondet.probes.core.chat import model_texts
+    from nondet.probes.core.chat import model_texts, prompt_ids
     from nondet.probes.models.demo_model import resolve_demo_dir
 
     source = _resolve_source(spec.name) if spec.name is not None else str(resolve_demo_dir(note=False))
@@ -234,7 +234,7 @@ def check_prompts_fit(spec: ModelSpec, prompts, max_new_tokens: int, chat: bool 
     if context is None:
         return
     for k, text in enumerate(model_texts(tokenizer, prompts, chat, system)):
-        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        n = len(prompt_ids(tokenizer, text))
         if n + max_new_tokens > context:
             raise UsageError(_too_long("the prompt" if len(prompts) == 1 else f"prompt p{k}", n, max_new_tokens,
                                        context))

@@ -1,0 +1,87 @@
+"""Model directories as real Hugging Face repos ship them, which the tests' models built in code do not: an EOS id
+of 0, a BOS the tokenizer adds, a chat template that raises, a pad id past the vocabulary, a config.json that
+leaves checkpoint tensors unused, fillers longer than the context."""
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import pytest
+
+import cli_runner
+
+
+def test_an_eos_id_of_0_is_an_eos():
+    """GPT-NeoX / Pythia, StarCoder and MPT end text with id 0; `config or tokenizer` read it as none. Control: a
+    generation config without one falls back to the tokenizer's."""
+    from nondet.probes.core.replay import eos_ids
+
+    tokenizer = SimpleNamespace(eos_token_id=7)
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=0))
+    assert eos_ids(model, tokenizer) == [0]
+    model.generation_config.eos_token_id = [0, 3]
+    assert eos_ids(model, tokenizer) == [0, 3]
+    model.generation_config.eos_token_id = None
+    assert eos_ids(model, tokenizer) == [7]
+
+
+def _bos_tokenizer(add_bos: bool = True):
+    """A small BPE tokenizer whose tokenizer.json prepends <|bos|> to every text, as Llama-3's does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|pad|>", "<|eos|>", "<|bos|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(["one two three four five six seven"] * 20, trainer=trainer)
+    if add_bos:
+        bpe.post_processor = processors.TemplateProcessing(single="<|bos|> $A", special_tokens=[
+            ("<|bos|>", bpe.token_to_id("<|bos|>"))])
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<|pad|>", eos_token="<|eos|>", bos_token="<|bos|>")
+
+
+def test_plain_prompts_and_fillers_get_the_bos_the_tokenizer_adds_and_templated_text_none_more():
+    """`tokenizer(prompt)`, pipelines and a server's /v1/completions feed the model its BOS; the probe fed none.
+    Control: a chat-rendered text already holds it and gets no second one; a tokenizer that adds none, none."""
+    from nondet.probes.core.batch import tokenize_inputs
+    from nondet.probes.core.chat import TemplatedText, prompt_ids
+
+    tokenizer = _bos_tokenizer()
+    bos = tokenizer.bos_token_id
+    target, fillers = tokenize_inputs(tokenizer, "one two three", ["four five"])
+    assert target == tokenizer("one two three")["input_ids"] and target[0] == bos
+    assert fillers[0][0] == bos
+    rendered = TemplatedText("<|bos|>one two")
+    assert prompt_ids(tokenizer, rendered) == tokenizer("<|bos|>one two", add_special_tokens=False)["input_ids"]
+    assert prompt_ids(tokenizer, rendered).count(bos) == 1
+    plain = _bos_tokenizer(add_bos=False)
+    assert tokenize_inputs(plain, "one two three", ())[0] == plain("one two three", add_special_tokens=False)["input_ids"]
+
+
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\\n' + message['content'] "
+    "+ '<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}")
+
+
+def test_a_chat_template_that_refuses_the_messages_is_a_usage_error(tmp_path, tiny_model_dir):
+    """Gemma's template raises on a system turn (Mistral's on roles that do not alternate): exit 2 in one line,
+    not an internal error. Control: the same template renders a user turn."""
+    from nondet.errors import UsageError
+    from nondet.probes.core.chat import TemplatedText, chat_text
+
+    tokenizer = _bos_tokenizer()
+    tokenizer.chat_template = GEMMA_TEMPLATE
+    with pytest.raises(UsageError, match="refused these messages: System role not supported; drop --system"):
+        chat_text(tokenizer, "hi", system="be brief")
+    rendered = chat_text(tokenizer, "hi")
+    assert isinstance(rendered, TemplatedText) and rendered.startswith("<|bos|><start_of_turn>user")
+    model = shutil.copytree(tiny_model_dir, tmp_path / "gemma-template")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": GEMMA_TEMPLATE}))
+    done = cli_runner.run(["probe", "--model", str(model), "-p", "one two", "--chat", "--system", "be brief",
+                           "-b", "1,2", "-n", "2", "--out", str(tmp_path / "r")])
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "the model's chat template refused these messages: System role not supported" in done.stderr
