@@ -85,3 +85,26 @@ def test_a_chat_template_that_refuses_the_messages_is_a_usage_error(tmp_path, ti
                            "-b", "1,2", "-n", "2", "--out", str(tmp_path / "r")])
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "the model's chat template refused these messages: System role not supported" in done.stderr
+
+
+def test_ragged_fillers_and_rl_prompts_are_checked_against_the_context(tmp_path, tiny_model_dir):
+    """--ragged puts fillers up to 2x the prompt in its batches, and rl never checked its prompts: past a
+    learned-position model's context both were an IndexError (exit 70). Both refused before the model loads, exit 2.
+    Control: the same prompt and -n without --ragged fit and run."""
+    from nondet.probes.core.batch import longest_ragged_row
+
+    assert [longest_ragged_row(10, b) for b in (1, 2, 3, 5, 64)] == [10, 10, 18, 20, 20]
+    model = shutil.copytree(tiny_model_dir, tmp_path / "short")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 20}))
+    prompt = "one two three"  # 8 tokens: 16 with -n 8 fit; a 1.75x filler at batch size 3 reaches 22
+    args = ["--model", str(model), "-p", prompt, "-n", "8"]
+    ragged = cli_runner.run(["probe", *args, "-b", "1,3", "--ragged", "--out", str(tmp_path / "r1")])
+    assert ragged.returncode == 2 and ragged.stderr.startswith("nondet: error: with --ragged, a filler row beside "
+                                                               "the prompt"), ragged.stderr
+    (tmp_path / "prompts.txt").write_text(prompt + "\n")
+    rl = cli_runner.run(["rl", "--model", str(model), "--prompts", str(tmp_path / "prompts.txt"), "-n", "30",
+                         "--micro-batch", "1", "--out", str(tmp_path / "r2")])
+    assert rl.returncode == 2 and "longer than the model's context of 20 tokens" in rl.stderr, rl.stderr
+    plain = cli_runner.run(["probe", *args, "-b", "1,3", "--out", str(tmp_path / "r3")])
+    assert plain.returncode == 0, plain.stderr

@@ -54,7 +54,8 @@ def check_context(config: "ProbeConfig") -> None:
     from nondet.probes.models.loading import check_prompts_fit
 
     if config.load.mode != "server":
-        check_prompts_fit(config.model, config.targets, config.max_new_tokens, config.chat, config.system)
+        check_prompts_fit(config.model, config.targets, config.max_new_tokens, config.chat, config.system,
+                          ragged_batch=max(config.batch_sizes or (0,)) if config.ragged else 0)
 
 
 def build_load_config(load: str = "static", endpoint: str | None = None, resume: str | Path | None = None,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from nondet.errors import UsageError
 from nondet.probes.core.corpus import DEMO_PROMPTS
-from nondet.probes.models.loading import load_model
+from nondet.probes.models.loading import check_prompts_fit, load_model
 from nondet.probes.core.numerics import numerics_scope
 from nondet.probes.probe import OnCondition, default_run_dir, run_streams
 from nondet.probes.rl.continuous import RLContinuousSamplerSource
@@ -44,6 +44,8 @@ def run_rl(config: RLConfig, on_condition: OnCondition | None = None, loaded=Non
     """Run both sides the config describes and write the run directory; loaded: a LoadedModel to reuse."""
     config = config if config.prompts or config.rollouts else replace(config, prompts=DEMO_PROMPTS)
     validate(config)
+    if config.prompts:  # before the weights load: a sequence past the context is refused in a second
+        check_prompts_fit(config.model, config.prompts, config.max_new_tokens)
     refuse_a_used_run_dir(config.out)
     rollouts = read_rollouts(config.rollouts) if config.rollouts else None
     started = time.perf_counter()

@@ -91,10 +91,19 @@ def fit_length(tokens: list[int], length: int) -> list[int]:
     return repeated[:length]
 
 
+_RAGGED_FACTORS = (0.5, 1.75, 0.75, 2.0, 1.25)  # filler lengths, x the target's
+
+
 def _ragged_length(target_len: int, filler_index: int) -> int:
     # Alternate shorter and longer than the target, so the target row is padded too.
-    factors = (0.5, 1.75, 0.75, 2.0, 1.25)
-    return max(1, round(target_len * factors[filler_index % len(factors)]))
+    return max(1, round(target_len * _RAGGED_FACTORS[filler_index % len(_RAGGED_FACTORS)]))
+
+
+def longest_ragged_row(target_len: int, batch_size: int) -> int:
+    """The longest row of a ragged batch of this size around a target of target_len tokens (its fillers are
+    at most batch_size - 1): what must fit the model's context with the tokens to generate."""
+    fillers = range(min(batch_size - 1, len(_RAGGED_FACTORS)))
+    return max([target_len, *(_ragged_length(target_len, i) for i in fillers)])
 
 
 def _left_pad(rows: list[list[int]], pad_id: int, targets: tuple[int, ...]) -> Batch:

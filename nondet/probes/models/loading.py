@@ -220,12 +220,13 @@ def _safetensors_problem(path: Path) -> str | None:
 
 
 def check_prompts_fit(spec: ModelSpec, prompts, max_new_tokens: int, chat: bool = False,
-                      system: str | None = None) -> None:
+                      system: str | None = None, ragged_batch: int = 0) -> None:
     """UsageError when a prompt, with the tokens to generate, is longer than the model's context
     (max_position_embeddings): positions past it were never trained, and a long prompt runs for
     minutes before anything fails. Reads the tokenizer and config only, before the weights load (the
     embedded demo's too: -n 9000 on it decoded past its context; its directory resolved without the
     random demo's note, which the load prints)."""
+    from nondet.probes.core.batch import longest_ragged_row
     from nondet.probes.core.chat import model_texts, prompt_ids
     from nondet.probes.models.demo_model import resolve_demo_dir
 
@@ -235,9 +236,15 @@ def check_prompts_fit(spec: ModelSpec, prompts, max_new_tokens: int, chat: bool 
         return
     for k, text in enumerate(model_texts(tokenizer, prompts, chat, system)):
         n = len(prompt_ids(tokenizer, text))
+        which = "the prompt" if len(prompts) == 1 else f"prompt p{k}"
         if n + max_new_tokens > context:
-            raise UsageError(_too_long("the prompt" if len(prompts) == 1 else f"prompt p{k}", n, max_new_tokens,
-                                       context))
+            raise UsageError(_too_long(which, n, max_new_tokens, context))
+        longest = longest_ragged_row(n, ragged_batch) if ragged_batch else n
+        if longest + max_new_tokens > context:  # --ragged: filler rows up to 2x the prompt share its batch
+            raise UsageError(f"with --ragged, a filler row beside {which} ({n} tokens) is {longest} tokens at batch "
+                             f"size {ragged_batch}; with --max-new-tokens {max_new_tokens} it reaches "
+                             f"{longest + max_new_tokens}, longer than the model's context of {context} tokens; "
+                             "drop --ragged, or shorten the prompt or -n")
 
 
 def _too_long(which: str, n: int, new: int, context: int) -> str:
