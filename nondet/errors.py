@@ -58,6 +58,31 @@ class WorkerError(NondetError):
     exit_code = 3
 
 
+class NonFiniteLogitsError(NondetError):
+    """A recorded row's logits held NaN or +inf at a decode step: the model's numerics broke there (most often
+    activations overflowing float16), so that step's token and logprob measure nothing, and every run would
+    "agree" on the same garbage. The message names the step, the batch row, the model dtype where known and
+    what to try. (-inf is not this: it is a masked vocabulary entry.)"""
+
+    exit_code = 3
+
+    def __init__(self, step: int | None, row: int | None, dtype: str | None = None) -> None:
+        where = " at a recorded step" if step is None else f" at decode step {step}"
+        where += "" if row is None else f", batch row {row}"
+        super().__init__(f"the model's logits are NaN or +inf{where}{self._hint(dtype)}")
+        self.step, self.row, self.dtype = step, row, dtype
+
+    @staticmethod
+    def _hint(dtype) -> str:
+        """What to try: float16's range is the usual cause; in a wider dtype it is the weights or the model code."""
+        name = None if dtype is None else str(dtype).removeprefix("torch.")
+        if name == "float16":
+            return " (model dtype float16): its activations overflow float16; try --dtype bfloat16 or float32"
+        if name is None:
+            return ": most often the model's activations overflow float16; try --dtype bfloat16 or float32"
+        return f" (model dtype {name}): check the weights for NaN or inf, or try --dtype float32"
+
+
 class RunDirError(NondetError):
     """A run directory is missing, incomplete or malformed."""
 
@@ -81,9 +106,16 @@ class Interrupted(NondetError):
     exit_code = 130
 
 
-class PartialRunWarning(UserWarning):
-    """A run directory was read in part (a record cut off mid-write was left out); the CLI shows it as
-    one `nondet: warning:` line, a library caller as a Python warning."""
+class NondetWarning(UserWarning):
+    """A warning the CLI shows as one `nondet: warning:` line; a library caller sees a Python warning."""
+
+
+class PartialRunWarning(NondetWarning):
+    """A run directory was read in part (a record cut off mid-write was left out)."""
+
+
+class UnusedWeightsWarning(NondetWarning):
+    """The checkpoint holds tensors the model config.json builds does not use (a config of another size)."""
 
 
 _OOM_MESSAGES = ("can't allocate memory", "out of memory")  # torch CPU allocator; CUDA/HIP/MPS allocators

@@ -108,3 +108,38 @@ def test_ragged_fillers_and_rl_prompts_are_checked_against_the_context(tmp_path,
     assert rl.returncode == 2 and "longer than the model's context of 20 tokens" in rl.stderr, rl.stderr
     plain = cli_runner.run(["probe", *args, "-b", "1,3", "--out", str(tmp_path / "r3")])
     assert plain.returncode == 0, plain.stderr
+
+
+def test_checkpoint_tensors_the_model_does_not_use_are_a_warning_line(tmp_path, tiny_model_dir, recwarn):
+    """A config.json of fewer layers than the weights (another size's) ran a smaller model, exit 0, with
+    transformers' load report muted: now one `nondet: warning:` line names it (the run goes on: some checkpoints
+    carry tensors no model reads). Control: a checkpoint whose every tensor is used warns nothing."""
+    from transformers import AutoModelForCausalLM
+
+    from nondet.probes.models.loading import check_weights_loaded
+
+    model = shutil.copytree(tiny_model_dir, tmp_path / "fewer-layers")
+    config = json.loads((model / "config.json").read_text())
+    smaller = {**config, "num_hidden_layers": 1, "layer_types": config["layer_types"][:1]}
+    (model / "config.json").write_text(json.dumps(smaller))
+    done = cli_runner.run(["probe", "--model", str(model), "-p", "one two", "-b", "1,2", "-n", "2",
+                           "--out", str(tmp_path / "r")])
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if line.startswith("nondet: warning:")]
+    assert len(warned) == 1 and "tensor(s) of the weights are not used by Qwen3ForCausalLM (e.g. model.layers.1." \
+        in warned[0], done.stderr
+    _, info = AutoModelForCausalLM.from_pretrained(tiny_model_dir, output_loading_info=True)
+    check_weights_loaded(str(tiny_model_dir), None, info)
+    assert not [w for w in recwarn if "not used" in str(w.message)]
+
+
+def test_a_config_json_whose_fields_contradict_each_other_is_exit_3(tmp_path, tiny_model_dir):
+    """huggingface_hub's strict config validation raises its own exception class, none of the builtin ones: it was
+    an internal error (exit 70). Control: the fields made consistent again load (the test above)."""
+    model = shutil.copytree(tiny_model_dir, tmp_path / "contradicting")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))  # layer_types still 2
+    done = cli_runner.run(["probe", "--model", str(model), "-p", "one two", "-b", "1,2", "-n", "2",
+                           "--out", str(tmp_path / "r")])
+    assert done.returncode == 3 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"nondet: error: cannot load model '{model}': ") and "layer_types" in done.stderr

@@ -102,16 +102,16 @@ def _exit_with(code) -> None:
 
 
 def _show_partial_run_warnings() -> None:
-    """A PartialRunWarning (rundir: a torn record left out) is one `nondet: warning:` line on stderr;
-    every other warning shows as Python shows it."""
+    """A NondetWarning (a torn record left out, checkpoint tensors a model does not use) is one `nondet:
+    warning:` line on stderr; every other warning shows as Python shows it."""
     import warnings
 
-    from nondet.errors import PartialRunWarning
+    from nondet.errors import NondetWarning
 
     shown = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, PartialRunWarning):
+        if issubclass(category, NondetWarning):
             print(f"nondet: warning: {message}", file=sys.stderr)
         else:
             shown(message, category, filename, lineno, file, line)

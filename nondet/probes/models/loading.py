@@ -5,10 +5,11 @@ as a user's model. Errors become one-line ModelLoadError / UsageError.
 """
 
 import functools
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from nondet.errors import ModelLoadError, OutOfMemoryError, UsageError, is_out_of_memory
+from nondet.errors import ModelLoadError, OutOfMemoryError, UnusedWeightsWarning, UsageError, is_out_of_memory
 from nondet.probes.core.generation_defaults import ignored_defaults
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -125,7 +126,7 @@ def _from_pretrained(source: str, spec: ModelSpec):
             model, info = AutoModelForCausalLM.from_pretrained(source, output_loading_info=True, **kwargs)
         check_weights_loaded(source, model, info)
         model = model.to(spec.device).eval()
-    except (*_LOAD_ERRORS, *_weights_errors()) as exc:
+    except load_errors() as exc:
         if is_out_of_memory(exc):  # torch.OutOfMemoryError on a GPU, a plain RuntimeError on CPU
             raise OutOfMemoryError(f"out of memory loading {source} on {spec.device}") from exc
         if spec.attn_implementation and "attn_implementation" in str(exc):  # the flag's value, not the model
@@ -146,18 +147,35 @@ def check_weights_loaded(source: str, model, info: dict) -> None:
             f"cannot load model {source!r}: {len(missing)} parameter(s) of {type(model).__name__} (model_type "
             f"{model_type!r} in config.json) are not in its weights (e.g. {missing[0]}), and would run on random "
             "values; check that config.json belongs to these weights")
+    unused = sorted(info.get("unexpected_keys") or ())
+    if unused:  # transformers drops them: a config.json of fewer layers runs a smaller model than the weights'
+        warnings.warn(UnusedWeightsWarning(
+            f"{source}: {len(unused)} tensor(s) of the weights are not used by {type(model).__name__} (e.g. "
+            f"{unused[0]}); if config.json belongs to another size of this model, the probe runs a different one"),
+            stacklevel=2)
 
 
-_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, ImportError, MemoryError)
+_BUILTIN_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, ImportError, MemoryError)
 
 
-def _weights_errors() -> tuple[type, ...]:
-    """safetensors' own error (a truncated or corrupt file) is none of the builtin ones."""
+def load_errors() -> tuple[type, ...]:
+    """What a failed model or tokenizer load raises: the builtin kinds, and the libraries' own that are none of
+    them: safetensors' (a truncated or corrupt file), huggingface_hub's strict config validation (a config.json
+    whose fields contradict each other, e.g. num_hidden_layers against layer_types)."""
+    errors = list(_BUILTIN_LOAD_ERRORS)
     try:
         from safetensors import SafetensorError
+
+        errors.append(SafetensorError)
     except ImportError:
-        return ()
-    return (SafetensorError,)
+        pass
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+
+        errors.append(StrictDataclassError)
+    except ImportError:  # a huggingface_hub before strict dataclasses
+        pass
+    return tuple(errors)
 
 
 def _load_failure(source: str, exc: Exception) -> str:
@@ -266,7 +284,7 @@ def _tokenizer_and_context(source: str, trust_remote_code: bool):
         with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
             config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except _LOAD_ERRORS as exc:
+    except load_errors() as exc:
         raise ModelLoadError(_load_failure(source, exc)) from exc
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     return tokenizer, getattr(text_config, "max_position_embeddings", None)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from nondet.errors import ModelLoadError, OutOfMemoryError, is_out_of_memory
 from nondet.probes.core.generation_defaults import ignored_defaults
-from nondet.probes.models.loading import LoadedModel, ModelSpec, check_weights_loaded, inject, injects_variance
+from nondet.probes.models.loading import (LoadedModel, ModelSpec, check_weights_loaded, inject, injects_variance,
+                                          load_errors)
 from nondet.probes.models.quiet import quiet_loading
 
 
@@ -33,7 +34,7 @@ def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
             model, info = AutoModelForCausalLM.from_pretrained(source, output_loading_info=True, **kwargs)
         check_weights_loaded(source, model, info)
         model = (model if degree > 1 else model.to(device)).eval()
-    except (OSError, ValueError, KeyError, RuntimeError, ImportError, MemoryError) as exc:
+    except load_errors() as exc:
         if is_out_of_memory(exc):
             raise OutOfMemoryError(f"out of memory loading {source} at --tp {degree} on {device}") from exc
         raise ModelLoadError(f"cannot load model {source!r} at --tp {degree}: {_first_line(exc)}") from exc

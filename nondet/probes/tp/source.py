@@ -219,7 +219,7 @@ def _tokenizer_and_config(spec):
     from transformers import AutoConfig
 
     from nondet.errors import ModelLoadError
-    from nondet.probes.models.loading import check_device
+    from nondet.probes.models.loading import check_device, load_errors
     from nondet.probes.models.quiet import quiet_loading
     from nondet.probes.tp.load import load_tokenizer, model_source
 
@@ -229,7 +229,7 @@ def _tokenizer_and_config(spec):
         with quiet_loading():
             tokenizer = load_tokenizer(source, spec)
             config = AutoConfig.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
-    except (OSError, ValueError, KeyError, ImportError) as exc:
+    except load_errors() as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"cannot load model {source!r}: {first[:300]}") from exc
     return tokenizer, config
