@@ -143,3 +143,24 @@ def test_a_config_json_whose_fields_contradict_each_other_is_exit_3(tmp_path, ti
                            "--out", str(tmp_path / "r")])
     assert done.returncode == 3 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"nondet: error: cannot load model '{model}': ") and "layer_types" in done.stderr
+
+
+def test_a_pad_id_past_the_embedding_table_pads_with_one_inside():
+    """A [PAD] added without resizing the embeddings (some Llama-2 fine-tunes) made padded batches raise
+    IndexError (exit 70): pad positions are masked, so the EOS pads instead (else id 0). Control: a pad id inside
+    the table is kept."""
+    import torch
+
+    from nondet.probes.models.loading import pad_inside_vocabulary
+
+    tokenizer = _bos_tokenizer()
+    rows = len(tokenizer)
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    assert tokenizer.pad_token_id == rows  # one past the table
+    model = SimpleNamespace(get_input_embeddings=lambda: torch.nn.Embedding(rows, 2))
+    pad_inside_vocabulary(tokenizer, model)
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id < rows
+    inside = _bos_tokenizer()
+    kept = inside.pad_token_id
+    pad_inside_vocabulary(inside, model)
+    assert inside.pad_token_id == kept

@@ -40,7 +40,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     check_device(spec.device)
     source = _resolve_source(spec.name)
     model, tokenizer = _from_pretrained(source, spec)
-    _ensure_pad_token(tokenizer)
+    _ensure_pad_token(tokenizer, model)
     description = _describe(model, spec)
     if ignored_defaults(model):  # its generation_config.json's settings, which the probe does not apply
         description["generation_defaults_ignored"] = ignored_defaults(model)
@@ -290,11 +290,29 @@ def _tokenizer_and_context(source: str, trust_remote_code: bool):
     return tokenizer, getattr(text_config, "max_position_embeddings", None)
 
 
-def _ensure_pad_token(tokenizer) -> None:
+def _ensure_pad_token(tokenizer, model=None) -> None:
     # Left padding keeps every prompt's last token in the last column (needed for ragged).
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    pad_inside_vocabulary(tokenizer, model)
+
+
+def pad_inside_vocabulary(tokenizer, model) -> None:
+    """A [PAD] added to the tokenizer without resizing the embeddings (some Llama-2 fine-tunes) has an id past
+    the embedding table: a padded batch raised IndexError. Pad positions are masked, so any id inside does: the
+    EOS where it is inside, else 0."""
+    rows = _embedding_rows(model)
+    pad = tokenizer.pad_token_id
+    if rows is None or pad is None or 0 <= pad < rows:
+        return
+    eos = tokenizer.eos_token_id
+    tokenizer.pad_token_id = eos if eos is not None and 0 <= eos < rows else 0
+
+
+def _embedding_rows(model) -> int | None:
+    embeddings = getattr(model, "get_input_embeddings", lambda: None)() if model is not None else None
+    return getattr(embeddings, "num_embeddings", None)
 
 
 def _describe(model, spec: ModelSpec) -> dict:

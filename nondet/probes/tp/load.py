@@ -13,7 +13,7 @@ from pathlib import Path
 from nondet.errors import ModelLoadError, OutOfMemoryError, is_out_of_memory
 from nondet.probes.core.generation_defaults import ignored_defaults
 from nondet.probes.models.loading import (LoadedModel, ModelSpec, check_weights_loaded, inject, injects_variance,
-                                          load_errors)
+                                          load_errors, pad_inside_vocabulary)
 from nondet.probes.models.quiet import quiet_loading
 
 
@@ -33,6 +33,7 @@ def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
             tokenizer = load_tokenizer(source, spec)
             model, info = AutoModelForCausalLM.from_pretrained(source, output_loading_info=True, **kwargs)
         check_weights_loaded(source, model, info)
+        pad_inside_vocabulary(tokenizer, model)
         model = (model if degree > 1 else model.to(device)).eval()
     except load_errors() as exc:
         if is_out_of_memory(exc):
