@@ -5,6 +5,7 @@ A stream is a dict with "run_id", "condition_id", "position", "is_reference" and
 (each step: "token", "logprob" as float.hex, "margin" as float.hex, "piece").
 """
 
+import math
 from collections import Counter
 from typing import Callable
 
@@ -28,11 +29,21 @@ def first_token_divergence(ref: dict, run: dict) -> int | None:
 
 
 def first_numeric_divergence(ref: dict, run: dict) -> int | None:
-    """First step where the chosen token's logprob bits (or the token) differ."""
+    """First step where the chosen token's logprob bits (or the token) differ. A NaN logprob is never the
+    same bits as another, itself included (as NaN != NaN): the recorders refuse non-finite logits, and if one
+    still reaches here, 'nan' == 'nan' must not read as a bit-identical run."""
     for i, (x, y) in enumerate(zip(ref["steps"], run["steps"])):
-        if x["token"] != y["token"] or x["logprob"] != y["logprob"]:
+        if x["token"] != y["token"] or x["logprob"] != y["logprob"] or _is_nan(x["logprob"]):
             return i
     return first_token_divergence(ref, run)
+
+
+def _is_nan(bits: str | None) -> bool:
+    """A logprob as float.hex ('nan' for NaN) or None (the source gave none) -> is it NaN."""
+    try:
+        return math.isnan(float.fromhex(bits))
+    except (TypeError, ValueError):  # None, or a string that is no float.hex: not a NaN
+        return False
 
 
 def versus_reference(ref: dict, run: dict) -> dict:

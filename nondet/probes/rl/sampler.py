@@ -36,10 +36,12 @@ class SamplerBatch:
 class SampleRecorder:
     """A logits processor: each row samples its own token; the step's logprob is recorded."""
 
-    def __init__(self, seeds: list[int], processing: Processing, keep_distributions: bool = False) -> None:
+    def __init__(self, seeds: list[int], processing: Processing, keep_distributions: bool = False,
+                 model_dtype=None) -> None:
         import torch
 
         self.processing = processing
+        self.model_dtype = model_dtype  # named in a NonFiniteLogitsError's message when the caller knows it
         self.generators = [torch.Generator().manual_seed(s) for s in seeds]
         self.steps: dict[int, list[dict]] = {r: [] for r in range(len(seeds))}
         self.keep = keep_distributions  # the exact KL needs every step's whole processed distribution
@@ -55,8 +57,7 @@ class SampleRecorder:
         import torch
 
         logprobs = processed_logprobs(scores, self.processing)
-        chosen = [int(torch.multinomial(logprobs[r].exp().cpu(), 1, generator=g)) for r, g in
-                  enumerate(self.generators)]
+        chosen = [self._sample(logprobs[r].exp().cpu(), r, g) for r, g in enumerate(self.generators)]
         held = logprobs.detach().float().cpu() if self.keep else None  # one device->host copy a step
         for row, token in enumerate(chosen):
             self.steps[row].append({"token": token, "logprob": float(logprobs[row, token]).hex()})
@@ -65,6 +66,18 @@ class SampleRecorder:
         forced = torch.full_like(scores, float("-inf"))
         forced[torch.arange(scores.shape[0]), chosen] = 0.0  # generate's argmax takes the sampled token
         return forced
+
+    def _sample(self, probs, row: int, generator) -> int:
+        """One row's token from its probabilities (on the host). A NaN or +inf logit leaves NaN probabilities,
+        which torch.multinomial would reject with an internal error: refused here, on the host copy sampling
+        makes anyway (no extra device sync)."""
+        import torch
+
+        from nondet.errors import NonFiniteLogitsError
+
+        if bool(probs.isnan().any()):
+            raise NonFiniteLogitsError(len(self.steps[row]), row, self.model_dtype)
+        return int(torch.multinomial(probs, 1, generator=generator))
 
 
 class RLSamplerSource:
