@@ -4,7 +4,7 @@ Exit codes (also in the README):
   1  policy violated (nondet gate only)
   2  usage or configuration error (bad flag values, empty prompt, unreadable file)
   3  could not run: model missing or not loadable, a model the batch-invariant mode cannot
-     cover, out of memory, server unreachable,
+     cover, the model's logits NaN or +inf, out of memory, server unreachable,
      a tensor-parallel worker died
   4  bad run directory (missing or malformed files)
   5  server answered, but with an unusable response (HTTP error, malformed JSON)

@@ -100,6 +100,23 @@ def test_rl_refuses_nan_logits_in_its_sampler(overflow_model_dir, tmp_path):
     assert control.returncode == 0, control.stdout + control.stderr
 
 
+def test_rl_continuous_and_the_modes_census_name_the_nan_logits_too(overflow_model_dir, tmp_path):
+    """The continuous engine's sampler (torch.multinomial on NaN: exit 70) and the batch-invariant mode's census
+    ("changes the logits by up to nan ... refuses this model": blamed on the mode) say what it is. Controls: the
+    same runs in bfloat16 exit 0."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(f"{PROMPT}\n")
+    cases = (["rl", "--model", overflow_model_dir, "--prompts", prompts, "-n", "4", "--micro-batch", "1",
+              "--no-backward", "--load", "continuous"],
+             ["probe", "--model", overflow_model_dir, "-p", PROMPT, "-n", "4", "-b", "1,2", "--kernels",
+              "batch-invariant"])
+    for k, case in enumerate(cases):
+        r = nondet(*case, "--dtype", "float16", "--out", tmp_path / f"f16-{k}")
+        assert r.returncode == 3 and "logits are NaN or +inf" in one_error_line(r), r.stdout + r.stderr
+        control = nondet(*case, "--dtype", "bfloat16", "--out", tmp_path / f"bf16-{k}")
+        assert control.returncode == 0, control.stdout + control.stderr
+
+
 # -- the batched recorder -----------------------------------------------------------------------------------
 
 

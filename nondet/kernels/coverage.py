@@ -7,6 +7,8 @@ would keep its batch variance while the mode claimed invariance, so `check` rais
 UnsupportedModel, one line naming the first such module and what is missing.
 """
 
+import math
+
 import torch
 
 from nondet.kernels import experts
@@ -63,6 +65,10 @@ def verify(model, mode_scope, compiled: bool = False, allow_uncovered: bool = Fa
     if missing and not allow_uncovered:
         first = missing[0]
         raise UnsupportedModel(refusal_line(first.module or found.model_class, first.op, len(missing) - 1))
+    if math.isnan(found.max_logit_diff):  # the model's own logits are NaN (census._largest_diff): not the mode's doing
+        from nondet.errors import NonFiniteLogitsError
+
+        raise NonFiniteLogitsError(None, None, str(next(model.parameters()).dtype))
     if not found.agrees():
         raise UnsupportedModel(f"the batch-invariant mode changes {found.model_class}'s logits by up to "
                                f"{found.max_logit_diff:.3g} (rounding allows {found.tolerance:.3g}): a kernel "

@@ -41,12 +41,16 @@ class EngineSampler:
     def __call__(self, module, args, out):
         import torch
 
+        from nondet.errors import NonFiniteLogitsError
+
         logits = out.logits  # [1, rows, vocab]: the rows the engine keeps (logits_indices)
         assert logits.shape[1] == len(self.rows), "one kept logits row per request predicting a token"
         logprobs = processed_logprobs(logits[0].float(), self.processing)  # [rows, vocab] fp32
         held = logprobs.detach().cpu()
         forced = torch.full_like(logits, float("-inf"))
         for r, i in enumerate(self.rows):
+            if bool(held[r].isnan().any()):  # NaN / +inf logits: torch.multinomial would raise an internal error
+                raise NonFiniteLogitsError(len(self.steps[i]), r)
             token = int(torch.multinomial(held[r].exp(), 1, generator=self.generators[i]))
             self.steps[i].append({"token": token, "logprob": float(held[r, token]).hex()})
             if self.keep:

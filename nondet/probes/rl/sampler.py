@@ -123,7 +123,7 @@ class RLSamplerSource:
         c, model, tok = self.config, self.loaded.model, self.loaded.tokenizer
         batch = left_padded([self.prompt_ids[i] for i in plan.prompt_ids], pad_id(tok))
         recorder = SampleRecorder([c.seed + i for i in plan.prompt_ids], Processing(c.temperature, c.top_k, c.top_p),
-                                  keep_distributions=c.exact_kl)
+                                  keep_distributions=c.exact_kl, model_dtype=getattr(model, "dtype", None))
         with kernels_mode(plan.kernels, model):
             generate(model, tok, batch, DecodeSettings(c.max_new_tokens, c.temperature, c.seed), recorder)
         eos = eos_ids(model, tok)
