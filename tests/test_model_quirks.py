@@ -164,3 +164,13 @@ def test_a_pad_id_past_the_embedding_table_pads_with_one_inside():
     kept = inside.pad_token_id
     pad_inside_vocabulary(inside, model)
     assert inside.pad_token_id == kept
+
+
+def test_a_stream_that_ends_at_eos_is_finished_by_eos():
+    """streams.jsonl's finish was "length" for every stream, an EOS-ended one too (a server's says "stop"). Control:
+    a stream cut by -n stays "length"."""
+    from nondet.probes.core.replay import finish_reason
+
+    assert finish_reason([5, 9, 2], [2]) == "eos"
+    assert finish_reason([5, 9, 4], [2]) == "length"
+    assert finish_reason([], [2]) == "empty"

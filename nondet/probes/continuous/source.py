@@ -18,7 +18,7 @@ from nondet.probes.core.batch import tokenize_inputs
 from nondet.probes.core.kernel_coverage import PARTLY
 from nondet.probes.core.numerics import fingerprint
 from nondet.probes.core.pieces import token_piece
-from nondet.probes.core.replay import eos_ids
+from nondet.probes.core.replay import eos_ids, finish_reason
 from nondet.probes.core.source import Emit, Opened, Planned, step_record
 from nondet.probes.core.summarize import summarize_modes
 from nondet.probes.models.loading import load_model
@@ -128,7 +128,7 @@ class ContinuousSource:
         return StreamRecord(
             run_id=self.run_ids - 1, condition_id=planned.condition_id, kernels=planned.kernels,
             position=trace.position or 0, is_reference=plan.run == 0, prompt_tokens=len(self.target),
-            finish="length" if tokens else "empty", text=tok.decode(tokens),
+            finish=finish_reason(tokens, eos_ids(self.loaded.model, tok)), text=tok.decode(tokens),
             steps=[step_record(s, token_piece(tok, s["token"])) for s in trace.steps],
             extra={"load": "continuous", "engine_steps": trace.engine_steps,
                    "batch_requests": trace.batch_requests, "batch_tokens": trace.batch_tokens})

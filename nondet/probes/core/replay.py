@@ -266,13 +266,20 @@ def _own_length(model) -> None:
 
 
 def eos_ids(model, tokenizer) -> list[int]:
-    """The ids that end a completion: the generation config's, else the tokenizer's."""
-    eos = getattr(model.generation_config, "eos_token_id", None)
+    """The ids that end a completion: the generation config's, else the tokenizer's (model None: the tokenizer's)."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos is None or eos == []:  # id 0 is an EOS (GPT-NeoX / Pythia, StarCoder, MPT): test None, not falsiness
         eos = tokenizer.eos_token_id
     if eos is None:
         return []
     return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+
+
+def finish_reason(tokens: list[int], eos: list[int]) -> str:
+    """A stream's StreamRecord.finish: "eos" where its last token ends text, "length" where -n cut it, "empty"."""
+    if not tokens:
+        return "empty"
+    return "eos" if tokens[-1] in eos else "length"
 
 
 def truncate_at_eos(steps: list[dict], eos: list[int]) -> list[dict]:

@@ -13,7 +13,7 @@ batch-invariant ops inside the engine (attention per request where its path allo
 """
 
 from nondet.probes.core.pieces import token_piece
-from nondet.probes.core.replay import eos_ids
+from nondet.probes.core.replay import eos_ids, finish_reason
 from nondet.probes.core.source import Emit, Planned
 from nondet.probes.rl.processed import Processing, processed_logprobs
 from nondet.probes.rl.sampler import RLSamplerSource
@@ -108,10 +108,11 @@ class RLContinuousSamplerSource(RLSamplerSource):
 
     def _stream(self, mode: str, i: int, steps: list[dict]) -> StreamRecord:
         tok = self.loaded.tokenizer
+        tokens = [s["token"] for s in steps]
         return StreamRecord(
             run_id=next(self.run_ids), condition_id=condition_id(mode), kernels=mode, position=i,
             is_reference=True, prompt_id=i, prompt_tokens=len(self.prompt_ids[i]),
-            finish="length" if steps else "empty", text=tok.decode([s["token"] for s in steps]),
+            finish=finish_reason(tokens, eos_ids(self.loaded.model, tok)), text=tok.decode(tokens),
             steps=[StepRecord(token=s["token"], piece=token_piece(tok, s["token"]), logprob=s["logprob"])
                    for s in steps],
             extra={"side": "sampler", "prompt_ids": self.prompt_ids[i], "load": "continuous"})

@@ -20,7 +20,7 @@ from nondet.probes.core.chat import prompt_token_ids
 from nondet.probes.core.kernels_mode import kernels_mode
 from nondet.probes.core.numerics import fingerprint
 from nondet.probes.core.pieces import token_piece
-from nondet.probes.core.replay import DecodeSettings, eos_ids, generate, truncate_at_eos
+from nondet.probes.core.replay import DecodeSettings, eos_ids, finish_reason, generate, truncate_at_eos
 from nondet.probes.core.source import Emit, Opened, Planned
 from nondet.probes.rl.processed import Processing, processed_logprobs
 from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord, Summary
@@ -142,11 +142,12 @@ class RLSamplerSource:
 
     def _stream(self, plan: SamplerBatch, row: int, prompt_id: int, steps: list[dict]) -> StreamRecord:
         tok = self.loaded.tokenizer
+        tokens = [s["token"] for s in steps]
         return StreamRecord(
             run_id=next(self.run_ids), condition_id=f"{plan.kernels}/sampler/bs{self.config.sampler_batch}/b{plan.index}",
             kernels=plan.kernels, position=row, is_reference=True, prompt_id=prompt_id,
-            prompt_tokens=len(self.prompt_ids[prompt_id]), finish="length" if steps else "empty",
-            text=tok.decode([s["token"] for s in steps]),
+            prompt_tokens=len(self.prompt_ids[prompt_id]), finish=finish_reason(tokens, eos_ids(self.loaded.model, tok)),
+            text=tok.decode(tokens),
             steps=[StepRecord(token=s["token"], piece=token_piece(tok, s["token"]), logprob=s["logprob"])
                    for s in steps],
             extra={"side": "sampler", "prompt_ids": self.prompt_ids[prompt_id]})

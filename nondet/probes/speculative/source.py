@@ -36,7 +36,8 @@ from nondet.probes.core.kernels_mode import COMPILED_CALLS, kernels_mode
 from nondet.probes.core.numerics import fingerprint
 from nondet.probes.core.pieces import token_piece
 from nondet.probes.core.recorder import step_record
-from nondet.probes.core.replay import Assist, DecodeSettings, assisted_cache_len, eos_ids, generate, truncate_at_eos
+from nondet.probes.core.replay import (Assist, DecodeSettings, assisted_cache_len, eos_ids, finish_reason, generate,
+                                      truncate_at_eos)
 from nondet.probes.core.source import Emit, Opened, Planned
 from nondet.probes.core.source import step_record as to_step_record
 from nondet.probes.core.static_caches import Uncroppable, uncroppable_layer
@@ -254,6 +255,7 @@ class SpeculativeSource:
     def _stream(self, planned: Planned, prompt_id: int, form: Speculation | None, ids: list[int],
                 steps: list[dict], rounds: "RoundLog", seconds: float) -> StreamRecord:
         tok = self.loaded.tokenizer
+        tokens = [s["token"] for s in steps]
         self.run_ids += 1
         round_of = rounds.round_of_steps()
         records = [to_step_record({**s, "round": round_of[i]} if form else s, token_piece(tok, s["token"]))
@@ -264,7 +266,7 @@ class SpeculativeSource:
             extra.update(drafted=rounds.drafted, accepted=rounds.accepted(), acceptance_rate=rounds.rate())
         return StreamRecord(run_id=self.run_ids - 1, condition_id=planned.condition_id, kernels=planned.kernels,
                             position=0, is_reference=form is None, prompt_id=prompt_id, prompt_tokens=len(ids),
-                            finish="length" if steps else "empty", text=tok.decode([s["token"] for s in steps]),
+                            finish=finish_reason(tokens, eos_ids(self.loaded.model, tok)), text=tok.decode(tokens),
                             steps=records, extra=extra)
 
 

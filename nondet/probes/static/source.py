@@ -18,7 +18,7 @@ from nondet.probes.core.chat import model_texts
 from nondet.probes.core.compiled import census_store
 from nondet.probes.core.numerics import fingerprint
 from nondet.probes.core.pieces import token_piece
-from nondet.probes.core.replay import DecodeSettings, replay_condition
+from nondet.probes.core.replay import DecodeSettings, eos_ids, finish_reason, replay_condition
 from nondet.probes.core.source import Emit, Opened, Planned, step_record
 from nondet.probes.core.summarize import as_summary, sampling_section, summarize_modes
 from nondet.probes.models.loading import load_model
@@ -170,11 +170,12 @@ class StaticSource:
     def _stream(self, condition: cond.Condition, row: int, steps: list[dict], prompt_id: int,
                 prompt_tokens: int) -> StreamRecord:
         tok = self.loaded.tokenizer
+        tokens = [s["token"] for s in steps]
         self.run_ids += 1
         return StreamRecord(
             run_id=self.run_ids - 1, condition_id=condition.condition_id, kernels=condition.kernels, position=row,
             is_reference=condition.is_reference, prompt_id=prompt_id, prompt_tokens=prompt_tokens,
-            finish="length" if steps else "empty", text=tok.decode([s["token"] for s in steps]),
+            finish=finish_reason(tokens, eos_ids(self.loaded.model, tok)), text=tok.decode(tokens),
             steps=[step_record(s, token_piece(tok, s["token"])) for s in steps],
             extra={"prefill": condition.prefill} if condition.prefill else {})
 

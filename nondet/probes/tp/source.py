@@ -17,7 +17,7 @@ import dataclasses
 from nondet.probes.core import conditions as cond
 from nondet.probes.core.batch import tokenize_inputs
 from nondet.probes.core.pieces import token_piece
-from nondet.probes.core.replay import DecodeSettings
+from nondet.probes.core.replay import DecodeSettings, eos_ids, finish_reason
 from nondet.probes.core.source import Emit, Opened, Planned, step_record
 from nondet.probes.core.summarize import as_summary, summarize_modes
 from nondet.probes.static.source import condition_record, plan_static
@@ -144,12 +144,13 @@ class TensorParallelSource:
     def _stream(self, condition: cond.Condition, degree: int, row: int, steps: list[dict],
                 prompt_id: int) -> StreamRecord:
         tok = self.tokenizer
+        tokens = [s["token"] for s in steps]
         self.run_ids += 1
         return StreamRecord(
             run_id=self.run_ids - 1, condition_id=condition.condition_id, kernels=condition.kernels, position=row,
             is_reference=condition.is_reference and degree == self.degrees[0], prompt_id=prompt_id,
-            prompt_tokens=len(self.inputs[prompt_id][0]), finish="length" if steps else "empty",
-            text=tok.decode([s["token"] for s in steps]),
+            prompt_tokens=len(self.inputs[prompt_id][0]), finish=finish_reason(tokens, eos_ids(None, tok)),
+            text=tok.decode(tokens),
             steps=[step_record(s, token_piece(tok, s["token"])) for s in steps],
             extra={"tp": degree, "tp_reference": condition.is_reference})
 
