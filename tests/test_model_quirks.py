@@ -174,3 +174,34 @@ def test_a_stream_that_ends_at_eos_is_finished_by_eos():
     assert finish_reason([5, 9, 2], [2]) == "eos"
     assert finish_reason([5, 9, 4], [2]) == "length"
     assert finish_reason([], [2]) == "empty"
+
+
+def test_a_checkpoint_saved_in_another_dtype_is_named(tmp_path, tiny_model_dir):
+    """The default --dtype bfloat16 casts a float16 checkpoint silently: the verdict is the bf16 model's. Named in
+    the terminal, the report and fingerprint.json. Control: the same checkpoint probed in float16 names nothing."""
+    model = shutil.copytree(tiny_model_dir, tmp_path / "half")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "dtype": "float16"}))
+    for dtype, noted in (("bfloat16", True), ("float16", False)):
+        out = tmp_path / dtype
+        done = cli_runner.run(["probe", "--model", str(model), "-p", "one two", "-b", "1,2", "-n", "2",
+                               "--dtype", dtype, "--out", str(out)])
+        assert done.returncode == 0, done.stderr
+        said = " ".join(done.stdout.split())
+        assert ("its checkpoint is float16, probed in bfloat16 (--dtype float16 probes it as shipped)" in said) == noted
+        fingerprint = json.loads((out / "fingerprint.json").read_text())["model"]
+        assert fingerprint.get("checkpoint_dtype") == ("float16" if noted else None)
+
+
+def test_a_model_with_its_own_code_names_the_flag_that_runs_it(tmp_path, tiny_model_dir):
+    """transformers' refusal says `trust_remote_code=True`, its Python argument; the user's flag is
+    --trust-remote-code. Control: the same directory without auto_map loads (the other tests here)."""
+    model = shutil.copytree(tiny_model_dir, tmp_path / "own-code")
+    config = json.loads((model / "config.json").read_text())
+    auto_map = {"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "x-model", "auto_map": auto_map}))
+    done = cli_runner.run(["probe", "--model", str(model), "-p", "one two", "-b", "1,2", "-n", "2",
+                           "--out", str(tmp_path / "r")])
+    assert (done.returncode, done.stderr) == (3, f"nondet: error: cannot load model '{model}': it runs its own Python "
+                                                 "code (auto_map in config.json); read it, then pass "
+                                                 "--trust-remote-code to run it\n")

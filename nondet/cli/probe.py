@@ -224,13 +224,15 @@ def probe(
 def print_model_note(run_dir, console) -> None:
     """Which model the numbers came from when it was not the user's: the demo, and the variance
     built into it on purpose (a reader must not take that for this host's kernels)."""
-    from nondet.reports.content import defaults_not_applied
+    from nondet.reports.content import defaults_not_applied, dtype_note
     from nondet.rundir import RunDir
     from nondet.rundir.reader import read_fingerprint
 
     model = (read_fingerprint(RunDir(run_dir)) or {}).get("model") or {}
     if model.get("generation_defaults_ignored"):
         console.print(f"model: {defaults_not_applied(model['generation_defaults_ignored'])}")
+    if model.get("checkpoint_dtype"):
+        console.print(f"model: {dtype_note(model)}")
     if not model.get("embedded_default"):
         return
     line = f"model: the demo model {model.get('name')} ({'trained' if model.get('demo') == 'trained' else 'random weights'})"

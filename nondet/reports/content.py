@@ -129,10 +129,17 @@ def _model_note(t: RunTables) -> list[Para]:
         parts += [" ", Code(str(model["injected_variance"])), " was made batch-variant on purpose (a positive "
                   "control: its reduction changes strategy with the number of rows, as a split-reduction kernel "
                   "does on a busy GPU server); without it (--no-inject-variance) only this host's own kernels vary."]
-    if model.get("generation_defaults_ignored"):
-        sentence = defaults_not_applied(model["generation_defaults_ignored"])
-        parts += [" " + sentence[:1].upper() + sentence[1:]]
+    ignored = model.get("generation_defaults_ignored")
+    notes = ([defaults_not_applied(ignored)] if ignored else []) + ([dtype_note(model)] if model.get("checkpoint_dtype")
+                                                                   else [])
+    parts += [" " + note[:1].upper() + note[1:] for note in notes]
     return [Para(parts, kind="note")]
+
+
+def dtype_note(model: dict) -> str:
+    """One sentence when the weights were saved in another dtype than the probe ran (fingerprint model)."""
+    return (f"its checkpoint is {model['checkpoint_dtype']}, probed in {model.get('dtype', '?')} (--dtype "
+            f"{model['checkpoint_dtype']} probes it as shipped).")
 
 
 def defaults_not_applied(ignored: dict) -> str:

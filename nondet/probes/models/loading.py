@@ -42,6 +42,9 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     model, tokenizer = _from_pretrained(source, spec)
     _ensure_pad_token(tokenizer, model)
     description = _describe(model, spec)
+    shipped = checkpoint_dtype(source)
+    if shipped and shipped != spec.dtype:  # e.g. a float16 checkpoint probed in the default bfloat16
+        description["checkpoint_dtype"] = shipped
     if ignored_defaults(model):  # its generation_config.json's settings, which the probe does not apply
         description["generation_defaults_ignored"] = ignored_defaults(model)
     if injects_variance(spec):
@@ -190,6 +193,9 @@ def _load_failure(source: str, exc: Exception) -> str:
     if missing:
         return (f"cannot load model {source!r}: it has no {' and no '.join(missing)}; pass the directory "
                 "save_pretrained wrote (the model's and the tokenizer's)")
+    if "trust_remote_code=True" in text:  # transformers names its argument, not our flag
+        return (f"cannot load model {source!r}: it runs its own Python code (auto_map in config.json); read it, "
+                "then pass --trust-remote-code to run it")
     return f"cannot load model {source!r}: {_shortened(text, 300)}"
 
 
@@ -288,6 +294,19 @@ def _tokenizer_and_context(source: str, trust_remote_code: bool):
         raise ModelLoadError(_load_failure(source, exc)) from exc
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     return tokenizer, getattr(text_config, "max_position_embeddings", None)
+
+
+def checkpoint_dtype(source: str) -> str | None:
+    """The dtype config.json says the weights were saved in ("float16", ...), before a load casts them; None
+    where it says none or cannot be read."""
+    from transformers import PretrainedConfig
+
+    try:
+        config, _ = PretrainedConfig.get_config_dict(source)
+    except Exception:  # noqa: BLE001 - a note only: the load itself reports what is wrong
+        return None
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return str(dtype).removeprefix("torch.") if isinstance(dtype, str) else None
 
 
 def _ensure_pad_token(tokenizer, model=None) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from nondet.errors import ModelLoadError, OutOfMemoryError, is_out_of_memory
 from nondet.probes.core.generation_defaults import ignored_defaults
-from nondet.probes.models.loading import (LoadedModel, ModelSpec, check_weights_loaded, inject, injects_variance,
-                                          load_errors, pad_inside_vocabulary)
+from nondet.probes.models.loading import (LoadedModel, ModelSpec, check_weights_loaded, checkpoint_dtype, inject,
+                                          injects_variance, load_errors, pad_inside_vocabulary)
 from nondet.probes.models.quiet import quiet_loading
 
 
@@ -40,6 +40,9 @@ def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
             raise OutOfMemoryError(f"out of memory loading {source} at --tp {degree} on {device}") from exc
         raise ModelLoadError(f"cannot load model {source!r} at --tp {degree}: {_first_line(exc)}") from exc
     description = _describe(model, spec, device, degree)
+    shipped = checkpoint_dtype(source)
+    if shipped and shipped != spec.dtype:
+        description["checkpoint_dtype"] = shipped
     if ignored_defaults(model):
         description["generation_defaults_ignored"] = ignored_defaults(model)
     if injects_variance(spec):
