@@ -205,3 +205,19 @@ def test_a_model_with_its_own_code_names_the_flag_that_runs_it(tmp_path, tiny_mo
     assert (done.returncode, done.stderr) == (3, f"nondet: error: cannot load model '{model}': it runs its own Python "
                                                  "code (auto_map in config.json); read it, then pass "
                                                  "--trust-remote-code to run it\n")
+
+
+def test_a_config_that_stores_flash_attention_takes_the_flag_that_moves_it(tmp_path, tiny_model_dir):
+    """A config.json saved on a GPU may store `_attn_implementation: flash_attention_2`: transformers keeps it over
+    from_pretrained's argument, so on a host without flash-attn even `--attn-implementation sdpa` failed. Now the
+    flag wins, and without it the error names the flag. Control: the run with the flag decodes."""
+    model = shutil.copytree(tiny_model_dir, tmp_path / "flash")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "_attn_implementation": "flash_attention_2"}))
+    case = ["probe", "--model", str(model), "-p", "one two", "-b", "1,2", "-n", "2"]
+    plain = cli_runner.run([*case, "--out", str(tmp_path / "r1")])
+    if plain.returncode == 0:
+        pytest.skip("flash-attn is installed here: the stored implementation loads")
+    assert plain.returncode == 3 and plain.stderr.endswith("; pass --attn-implementation sdpa\n"), plain.stderr
+    moved = cli_runner.run([*case, "--attn-implementation", "sdpa", "--out", str(tmp_path / "r2")])
+    assert moved.returncode == 0, moved.stderr

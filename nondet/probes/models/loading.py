@@ -126,6 +126,8 @@ def _from_pretrained(source: str, spec: ModelSpec):
     try:
         with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
+            if spec.attn_implementation:
+                kwargs["config"] = _config_with_attention(source, spec)
             model, info = AutoModelForCausalLM.from_pretrained(source, output_loading_info=True, **kwargs)
         check_weights_loaded(source, model, info)
         model = model.to(spec.device).eval()
@@ -156,6 +158,17 @@ def check_weights_loaded(source: str, model, info: dict) -> None:
             f"{source}: {len(unused)} tensor(s) of the weights are not used by {type(model).__name__} (e.g. "
             f"{unused[0]}); if config.json belongs to another size of this model, the probe runs a different one"),
             stacklevel=2)
+
+
+def _config_with_attention(source: str, spec: ModelSpec):
+    """The model's config with --attn-implementation set on it: a config.json that stores its own
+    `_attn_implementation` (flash_attention_2, saved on a GPU) wins over from_pretrained's argument (transformers
+    5.24), so the flag could not move a model off an attention this host lacks."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
+    config._attn_implementation = spec.attn_implementation
+    return config
 
 
 _BUILTIN_LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, ImportError, MemoryError)
@@ -193,6 +206,10 @@ def _load_failure(source: str, exc: Exception) -> str:
     if missing:
         return (f"cannot load model {source!r}: it has no {' and no '.join(missing)}; pass the directory "
                 "save_pretrained wrote (the model's and the tokenizer's)")
+    if "has been toggled on, but it cannot be used" in text:  # config.json's _attn_implementation, absent here
+        what, why = text.split(", but", 1)[0], text.split("error:", 1)[-1].strip().rstrip(".")
+        return (f"cannot load model {source!r}: {_shortened(what, 80)} (config.json's _attn_implementation), and "
+                f"this host cannot run it ({_shortened(why, 120)}); pass --attn-implementation sdpa")
     if "trust_remote_code=True" in text:  # transformers names its argument, not our flag
         return (f"cannot load model {source!r}: it runs its own Python code (auto_map in config.json); read it, "
                 "then pass --trust-remote-code to run it")
