@@ -81,7 +81,13 @@ def register() -> None:
 
 
 def select(model, implementation: str) -> None:
-    """Point the model (and its sub-models) at an attention implementation."""
+    """Point the model (and its sub-models) at an attention implementation. A model that does not call attention
+    through the interface (Falcon) keeps its own, with a transformers warning per call, silenced here: its SDPA
+    calls reach the mode's aten override instead, and the op census checks what ran either way."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
         model.set_attn_implementation(implementation)
     except (AttributeError, ValueError):
@@ -89,3 +95,5 @@ def select(model, implementation: str) -> None:
             config = getattr(module, "config", None)
             if config is not None and hasattr(config, "_attn_implementation_internal"):
                 config._attn_implementation_internal = implementation
+    finally:
+        hf_logging.set_verbosity(verbosity)
