@@ -61,7 +61,7 @@ def rl(
 
     The sampler draws completions of each prompt (batched, per-request seeds) and records
     each sampled token's logprob over the processed distribution (temperature, top-k, top-p).
-    The trainer teacher-forces prompt + completion in micro-batches (train mode, dropout 0,
+    The trainer teacher-forces prompt + completion in micro-batches (train mode, nothing random:
     autograd on, backward), replaying the same processing. Per micro-batch size: fraction of
     bit-identical logprobs, |dlogp|, importance ratios outside 1 +- eps, KL estimators k1/k2/k3,
     and the exact KL(sampler || trainer) over the whole processed distributions (in-process).

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from nondet.errors import UsageError
+from nondet.probes.core.chat import prompt_token_ids
 from nondet.probes.core.corpus import DEMO_PROMPTS
 from nondet.probes.models.loading import check_prompts_fit, load_model
 from nondet.probes.core.numerics import numerics_scope
@@ -23,7 +24,7 @@ from nondet.probes.rl.continuous import RLContinuousSamplerSource
 from nondet.probes.rl.rollouts import RolloutsSource
 from nondet.probes.rl.sampler import RLSamplerSource
 from nondet.probes.rl.server import RLServerSamplerSource
-from nondet.probes.rl.trainer import RLTrainerSource, Sequence
+from nondet.probes.rl.trainer import RLTrainerSource, Sequence, check_forward, repeated
 from nondet.rl.config import RLConfig, validate
 from nondet.rl.rollouts import check_vocabulary, read_rollouts
 from nondet.rl.summary import rl_summary
@@ -53,6 +54,9 @@ def run_rl(config: RLConfig, on_condition: OnCondition | None = None, loaded=Non
         loaded = loaded or load_model(config.model)
         if rollouts:
             check_vocabulary(rollouts, loaded.model.get_input_embeddings().num_embeddings, config.rollouts)
+        # before the sampler's minutes: a random train-mode forward or a model packing cannot hold is refused now
+        check_forward(loaded.model, repeated(_prompt_tokens(config, rollouts, loaded.tokenizer)), config.padding,
+                      config.kernels)
         run_ids = itertools.count()
         sampler = sampler_source(config, rollouts, loaded, run_ids)
         writer = RunWriter(RunDir(config.out or default_run_dir("rl")))
@@ -68,6 +72,13 @@ def run_rl(config: RLConfig, on_condition: OnCondition | None = None, loaded=Non
         run_streams(trainer, writer, on_condition)
         summary = write_summary(writer, config)
     return RLResult(writer.run_dir.path, summary, time.perf_counter() - started)
+
+
+def _prompt_tokens(config: RLConfig, rollouts, tokenizer) -> list[int]:
+    """The run's prompt token ids, one list (the rollouts' own where given)."""
+    if rollouts:
+        return [t for r in rollouts for t in r.prompt_ids]
+    return [t for p in config.prompts for t in prompt_token_ids(tokenizer, p)]
 
 
 def sampler_source(config: RLConfig, rollouts, loaded, run_ids):

@@ -4,24 +4,29 @@ Per kernels mode and micro-batch size, one condition: the sequences the sampler 
 the rollouts) in micro-batches, padded right or left (position ids from the mask, as
 trainers pass them) or packed (the micro-batch's sequences concatenated into one row, position
 ids restarting per sequence, attention kept within each sequence: packed.py),
-`model.train()` with every dropout set to 0 and autograd on. The
+in train mode (`model.train()`, as a training step runs it) with nothing random left in it
+(train_mode.py: drop rates 0, still-random modules in eval mode, else refused) and autograd on. The
 logits that predicted each sampled token go through the sampler's processed distribution
 (the same temperature and truncation, probes/rl/processed.py) and the sampled
 token's logprob is kept as float.hex. Then loss = -mean(logprob) and `loss.backward()`
 runs under the same kernels; the condition record says whether every gradient was finite.
 Where the sampler kept its processed distributions (in-process), each token's exact
 KL(sampler || trainer) is computed here and stored per stream (extra "kl", float.hex).
+
+Before any condition (`open`), one short sequence of the run checks the forward: train mode is
+made random-free once per model (train_mode.py), and `--padding packed` is refused where the model
+lets packed sequences see each other (packed.py).
 """
 
-import contextlib
 import itertools
 from dataclasses import dataclass
 
 from nondet.probes.core.kernels_mode import kernels_mode
 from nondet.probes.core.source import Emit, Opened, Planned
 from nondet.probes.rl.kl import exact_kl
-from nondet.probes.rl.packed import packed
+from nondet.probes.rl.packed import packed, refuse_leaky_packing
 from nondet.probes.rl.processed import Processing, processed_logprobs
+from nondet.probes.rl.train_mode import PROBE_LEN, training
 from nondet.rundir.records import ConditionRecord, StepRecord, StreamRecord, Summary
 
 
@@ -53,7 +58,12 @@ class RLTrainerSource:
     def open(self) -> Opened:
         from nondet.probes.core.numerics import fingerprint
 
+        self._check_forward()
         return Opened(fingerprint(self.loaded.description, ",".join(self.config.kernels)))
+
+    def _check_forward(self) -> None:
+        """Before any condition (run.py checks as much before sampling, on the prompts)."""
+        check_forward(self.loaded.model, probe_tokens(self.sequences), self.config.padding, self.config.kernels)
 
     def attach(self, writer) -> None:
         pass
@@ -196,24 +206,24 @@ def grad_summary(grads: list[dict | None]) -> dict:
             "grad_norm_max": max(g["norm"] for g in done)}
 
 
-@contextlib.contextmanager
-def training(model):
-    """model.train() with every dropout probability 0 (what RL logprob recomputation wants); restored after."""
-    saved = []
-    was_training = model.training
-    for module in model.modules():
-        for name in ("p", "attention_dropout", "dropout"):
-            value = getattr(module, name, None)
-            if isinstance(value, float) and value:
-                saved.append((module, name, value))
-                setattr(module, name, 0.0)
-    model.train()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-        for module, name, value in saved:
-            setattr(module, name, value)
+def check_forward(model, tokens: list[int], padding: str, kernels: tuple[str, ...]) -> None:
+    """The train-mode forward made random-free (refused where it cannot be), and packed rows keeping sequences
+    apart on this model (else --padding packed is refused); both on a short sequence of the run's own tokens."""
+    if not tokens:
+        return  # nothing to teacher-force
+    with training(model, tokens[:PROBE_LEN]):
+        if padding == "packed":
+            refuse_leaky_packing(model, tokens, kernels)
+
+
+def probe_tokens(sequences: dict[str, list[Sequence]], n: int = 12) -> list[int]:
+    """n ids of the run's own sequences (real tokens of the model's vocabulary), repeated where they are fewer."""
+    return repeated([t for seqs in sequences.values() for s in seqs for t in s.prompt + s.completion], n)
+
+
+def repeated(tokens: list[int], n: int = 12) -> list[int]:
+    """n ids from tokens, repeated where they are fewer ([] from none)."""
+    return (tokens * n)[:n] if tokens else []
 
 
 def pad_token(tokenizer) -> int:
