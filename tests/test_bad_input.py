@@ -309,7 +309,7 @@ def test_weights_that_leave_parameters_random_are_exit_3_in_one_line(tmp_path, t
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
-    from nondet.probes.models.loading import check_weights_loaded
+    from nondet.probes.models.load_checks import check_weights_loaded
 
     partial = shutil.copytree(tiny_model_dir, tmp_path / "partial")
     weights = load_file(partial / "model.safetensors")

@@ -116,7 +116,7 @@ def test_checkpoint_tensors_the_model_does_not_use_are_a_warning_line(tmp_path, 
     carry tensors no model reads). Control: a checkpoint whose every tensor is used warns nothing."""
     from transformers import AutoModelForCausalLM
 
-    from nondet.probes.models.loading import check_weights_loaded
+    from nondet.probes.models.load_checks import check_weights_loaded
 
     model = shutil.copytree(tiny_model_dir, tmp_path / "fewer-layers")
     config = json.loads((model / "config.json").read_text())

@@ -51,7 +51,7 @@ def build_probe_config(command: str, prompts: "Sequence[Prompt]" = (), *, model:
 def check_context(config: "ProbeConfig") -> None:
     """An in-process probe's prompts must fit the model's context with -n new tokens: refused now, in a
     second, not after the sweep ran them (a server's model is the server's to check)."""
-    from nondet.probes.models.loading import check_prompts_fit
+    from nondet.probes.models.context import check_prompts_fit
 
     if config.load.mode != "server":
         check_prompts_fit(config.model, config.targets, config.max_new_tokens, config.chat, config.system,

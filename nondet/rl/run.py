@@ -17,7 +17,8 @@ from pathlib import Path
 from nondet.errors import UsageError
 from nondet.probes.core.chat import prompt_token_ids
 from nondet.probes.core.corpus import DEMO_PROMPTS
-from nondet.probes.models.loading import check_prompts_fit, load_model
+from nondet.probes.models.context import check_prompts_fit
+from nondet.probes.models.loading import load_model
 from nondet.probes.core.numerics import numerics_scope
 from nondet.probes.probe import OnCondition, default_run_dir, run_streams
 from nondet.probes.rl.continuous import RLContinuousSamplerSource

@@ -2,7 +2,7 @@
 weights", "Writing model shards") and warnings (its load report, "model of type X", config checks), and
 huggingface_hub's retry warnings (ten "Retrying in Ns" lines before an unreachable hub's one error line).
 The probe's bar is the only one on screen, and a failed command's error line its only line: what matters
-of those warnings is checked here and said in one line (loading.check_weights_loaded: parameters the
+of those warnings is checked here and said in one line (load_checks.check_weights_loaded: parameters the
 checkpoint lacks). NONDET_DEBUG=1 keeps the warnings. Everything restored on exit."""
 
 import contextlib

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from nondet.errors import ModelLoadError, OutOfMemoryError, is_out_of_memory
 from nondet.probes.core.generation_defaults import ignored_defaults
-from nondet.probes.models.loading import (LoadedModel, ModelSpec, check_weights_loaded, checkpoint_dtype, inject,
-                                          injects_variance, load_errors, pad_inside_vocabulary)
+from nondet.probes.models.load_checks import check_weights_loaded, load_errors
+from nondet.probes.models.loading import (LoadedModel, ModelSpec, checkpoint_dtype, inject, injects_variance,
+                                          pad_inside_vocabulary)
 from nondet.probes.models.quiet import quiet_loading
 
 

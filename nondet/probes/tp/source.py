@@ -220,7 +220,8 @@ def _tokenizer_and_config(spec):
     from transformers import AutoConfig
 
     from nondet.errors import ModelLoadError
-    from nondet.probes.models.loading import check_device, load_errors
+    from nondet.probes.models.load_checks import load_errors
+    from nondet.probes.models.loading import check_device
     from nondet.probes.models.quiet import quiet_loading
     from nondet.probes.tp.load import load_tokenizer, model_source
 
