@@ -65,3 +65,15 @@ def test_sampling_streams_group_by_tokens_not_by_condition():
     assert m["distinct_completions"] == 2
     by_cond = {c["condition_id"]: c for c in m["conditions"]}
     assert by_cond["b"]["distinct_completions"] == 2 and by_cond["b"]["first_token_divergence"] == 1
+
+
+def test_a_whole_completion_is_shown_as_its_streams_text_where_pieces_cannot_spell_it():
+    """A server's pieces may be `token_id:N` (vLLM --return-tokens-as-token-ids) or half a UTF-8 character: a
+    completion's text is the text its stream recorded, not its pieces joined. Control: a stream without a text
+    still joins its pieces, and a given decoder wins."""
+    ref, other = stream(0, [1, 2, 3], ref=True), stream(1, [1, 2, 4])
+    ref["text"] = " a b c"
+    texts = {c["tokens"][-1]: c["text"] for c in summarize([ref, other])["completions"]}
+    assert texts == {3: " a b c", 4: "<1><2><4>"}
+    decoded = summarize([ref, other], decode=lambda tokens: "|".join(map(str, tokens)))["completions"]
+    assert sorted(c["text"] for c in decoded) == ["1|2|3", "1|2|4"]

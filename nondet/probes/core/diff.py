@@ -167,5 +167,8 @@ def earliest(values) -> int | None:
 
 
 def _join_pieces(streams: list[dict]) -> Decode:
+    """Text of token ids without a tokenizer (a server's runs): a whole completion is the text its stream
+    recorded (the server's own: a piece may be `token_id:N` or half a UTF-8 character), a prefix its pieces."""
     pieces = {st["token"]: st.get("piece", "") for s in streams for st in s["steps"]}
-    return lambda tokens: "".join(pieces.get(t, "") for t in tokens)
+    texts = {tokens_of(s): s["text"] for s in streams if isinstance(s.get("text"), str)}
+    return lambda tokens: texts.get(tuple(tokens)) or "".join(pieces.get(t, "") for t in tokens)
