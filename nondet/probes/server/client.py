@@ -1,7 +1,9 @@
 """A small OpenAI-compatible HTTP client on the standard library: bounded retries, one-line errors.
 
 Connection errors, HTTP 429 and 5xx are retried (a greedy completion has no side effects, so
-sending it again is safe) with exponential backoff, a bounded number of times. A timeout is
+sending it again is safe) with exponential backoff, a bounded number of times; where a 429 or 5xx
+says `Retry-After: SECONDS`, the wait is that long instead (at most MAX_RETRY_AFTER or --timeout):
+a rate limiter answers 429 again to a client that comes back sooner. A timeout is
 not: the server may still be working on the request, and a resend only adds to its load.
 Other 4xx answers and malformed JSON are not retried either. Every failure ends as one line:
 ServerUnreachableError (exit 3) when the server could not be reached or did not answer in
@@ -22,6 +24,7 @@ from typing import Callable
 from nondet.errors import ServerResponseError, ServerUnreachableError
 from nondet.probes.core.endpoint import parse_endpoint
 
+MAX_RETRY_AFTER = 30.0  # seconds: the longest Retry-After honoured; a longer one is waited this long
 DROP_HEADERS = {"date", "content-length", "content-type", "connection", "set-cookie", "x-request-id",
                 "transfer-encoding", "www-authenticate", "authorization"}
 
@@ -44,9 +47,10 @@ class Reply:
 
 
 class _Retryable(Exception):
-    def __init__(self, kind: str, detail: str):
+    def __init__(self, kind: str, detail: str, retry_after: float | None = None):
         super().__init__(detail)
         self.kind = kind  # "connection" | "timeout" | "status" | "truncated"
+        self.retry_after = retry_after  # seconds the server asked to wait (Retry-After), None if it did not
 
 
 class Client:
@@ -67,16 +71,26 @@ class Client:
         return self._request("POST", path, payload)
 
     def _request(self, method: str, path: str, payload: dict | None) -> Reply:
-        attempts = self.settings.retries + 1
+        attempts, waited = self.settings.retries + 1, 0.0
         for attempt in range(1, attempts + 1):
             try:
                 return self._once(method, path, payload, attempt)
             except _Retryable as failure:
                 self.on_failed_attempt(str(failure))
                 if attempt == attempts or failure.kind == "timeout":
-                    raise self._final_error(path, failure, attempts) from None
-                time.sleep(self.settings.backoff * 2 ** (attempt - 1))
+                    raise self._final_error(path, failure, attempts, waited) from None
+                pause = self._pause(failure, attempt)
+                time.sleep(pause)
+                waited += pause if failure.retry_after is not None else 0.0
         raise AssertionError("unreachable")
+
+    def _pause(self, failure: _Retryable, attempt: int) -> float:
+        """The server's Retry-After where it gave one (capped: a probe should not sit idle for minutes, and the
+        attempts stay bounded; never below the backoff, so "Retry-After: 0" is no busy loop), else the backoff."""
+        backoff = self.settings.backoff * 2 ** (attempt - 1)
+        if failure.retry_after is None:
+            return backoff
+        return max(backoff, min(failure.retry_after, MAX_RETRY_AFTER, self.settings.timeout))
 
     def _once(self, method: str, path: str, payload: dict | None, attempt: int) -> Reply:
         started = time.perf_counter()
@@ -90,7 +104,7 @@ class Client:
         except (OSError, http.client.HTTPException) as exc:
             raise _Retryable("connection", _describe(exc)) from None
         if status == 429 or status >= 500:
-            raise _Retryable("status", f"HTTP {status}: {_snippet(raw)}")
+            raise _Retryable("status", f"HTTP {status}: {_snippet(raw)}", _retry_after(headers))
         if status >= 400:
             raise ServerResponseError(f"{self.url(path)} answered HTTP {status}: {_snippet(raw)}{self._key_hint(status)}")
         return Reply(self._json(path, raw), headers, time.perf_counter() - started, attempt)
@@ -130,9 +144,11 @@ class Client:
         state = "is not set" if self._key is None else "was sent"
         return f" (the API key from ${self.settings.api_key_env} {state}; --api-key-env names the variable)"
 
-    def _final_error(self, path: str, failure: _Retryable, attempts: int) -> Exception:
+    def _final_error(self, path: str, failure: _Retryable, attempts: int, waited: float = 0.0) -> Exception:
         attempts = 1 if failure.kind == "timeout" else attempts
         where, tries = self.url(path), f"{attempts} attempt{'s' if attempts > 1 else ''}"
+        if waited:  # so a reader knows the server's Retry-After was honoured, and for how long
+            tries += f", {waited:g} s waited as its Retry-After asked"
         if failure.kind == "status":
             return ServerResponseError(f"{where} answered {failure} ({tries})")
         if failure.kind == "truncated":
@@ -156,6 +172,16 @@ def _describe(exc: Exception) -> str:
     if isinstance(exc, socket.gaierror):
         return "host name not found"
     return (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).strip()
+
+
+def _retry_after(headers: dict[str, str]) -> float | None:
+    """Retry-After in its seconds form; None where absent or an HTTP date (then the usual backoff applies)."""
+    value = headers.get("retry-after", "").strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds < float("inf") else None
 
 
 def _snippet(raw: bytes, limit: int = 200) -> str:

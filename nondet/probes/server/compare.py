@@ -1,8 +1,8 @@
 """Turn a server's completion into diffable steps, at the best level the answers allow.
 
 - "logprobs": the server returned per-token logprobs. One step per server token; its id is
-  the server's token id when the piece reads "token_id:N" (vLLM's return_tokens_as_token_ids),
-  otherwise a stable 31-bit hash of the piece. `logprob` is the server's value, stored exactly;
+  token_id's: from what the server says identifies the token (its bytes, its id, its piece).
+  `logprob` is the server's value, stored exactly;
   `margin` is top1 - top2 logprob, which equals the logit margin.
 - "tokenizer": text only, tokenized here with the tokenizer given by --tokenizer.
 - "text": text only, no tokenizer: one step per word (a run of non-space characters with the
@@ -27,9 +27,11 @@ def lowest(levels) -> str:
     return max(levels, key=LEVELS.index)
 
 
-def steps_at(level: str, text: str, tokens: list | None, tokenizer) -> list[dict]:
+def steps_at(level: str, text: str, tokens: list | None, tokenizer, ids: list | None = None) -> list[dict]:
+    """ids: per token [its id, [its tops' ids]] as responses.py reads them; None: ids from the pieces."""
     if level == "logprobs":
-        return [_logprob_step(piece, value, top) for piece, value, top in tokens]
+        ids = ids or [[piece_id(t[0]), [piece_id(p) for p, _ in t[2]]] for t in tokens]
+        return [_logprob_step(piece, value, top, i) for (piece, value, top), i in zip(tokens, ids)]
     if level == "tokenizer":
         from nondet.probes.core.pieces import token_piece
 
@@ -38,17 +40,39 @@ def steps_at(level: str, text: str, tokens: list | None, tokenizer) -> list[dict
     return [_plain_step(piece_id(w), w) for w in _WORDS.findall(text)]
 
 
+def token_id(piece: str, raw: bytes | None = None, server_id: int | None = None) -> int:
+    """A server token's id, from what the server says identifies it. Byte-fallback tokens (Llama-2, Mistral)
+    all read "\ufffd" as pieces, so the piece alone would make different tokens one.
+    - "token_id:N": N (vLLM's return_tokens_as_token_ids; any bytes given are those of the label);
+    - bytes where given: hashed as a piece's UTF-8 is, so the same token keeps one id whether a server
+      sends its bytes or not (--against across engines);
+    - the server's id where the piece lost the token's bytes ("\ufffd" in it): ids are per tokenizer, so
+      only where the piece says nothing (llama.cpp sends bytes beside its ids anyway);
+    - else the piece."""
+    if piece.startswith("token_id:") and piece[9:].isdigit():
+        return int(piece[9:])
+    if raw is not None:
+        return _hash(raw)
+    if server_id is not None and "\ufffd" in piece:
+        return server_id
+    return piece_id(piece)
+
+
 def piece_id(piece: str) -> int:
     if piece.startswith("token_id:") and piece[9:].isdigit():
         return int(piece[9:])
-    digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=4).digest()
-    return int.from_bytes(digest, "big") >> 1
+    return _hash(piece.encode("utf-8", "surrogatepass"))
 
 
-def _logprob_step(piece: str, value: float | None, top: list) -> dict:
+def _hash(raw: bytes) -> int:
+    """A stable 31-bit id of a token's bytes."""
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=4).digest(), "big") >> 1
+
+
+def _logprob_step(piece: str, value: float | None, top: list, ids: list) -> dict:
     margin = top[0][1] - top[1][1] if len(top) >= 2 else None
-    return {"token": piece_id(piece), "piece": piece, "logprob": _hex(value),
-            "top": [[piece_id(p), _hex(v)] for p, v in top], "margin": _hex(margin)}
+    return {"token": ids[0], "piece": piece, "logprob": _hex(value),
+            "top": [[i, _hex(v)] for (_, v), i in zip(top, ids[1])], "margin": _hex(margin)}
 
 
 def _plain_step(token: int, piece: str) -> dict:

@@ -124,7 +124,7 @@ class PrefixServerSource:
         """cached: None for the cold request (the pair's reference); else the warming request's prompt
         tokens, the cached prefix's length as the server counts it (0 where it reports no usage)."""
         level = compare.level_of(completion.tokens, self.tokenizer)
-        steps = compare.steps_at(level, completion.text, completion.tokens, self.tokenizer)
+        steps = compare.steps_at(level, completion.text, completion.tokens, self.tokenizer, completion.ids)
         self.run_ids += 1
         extra = {"load": "server", "compare_level": level, "server_tokens": completion.tokens,
                  "request_index": self.run_ids - 1, "seconds": round(seconds, 3)}

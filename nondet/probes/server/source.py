@@ -165,7 +165,7 @@ class ServerSource:
 
     def _stream(self, index: int, reply, completion) -> StreamRecord:
         level = compare.level_of(completion.tokens, self.tokenizer)
-        steps = compare.steps_at(level, completion.text, completion.tokens, self.tokenizer)
+        steps = compare.steps_at(level, completion.text, completion.tokens, self.tokenizer, completion.ids)
         side = {} if self.side.lone else {"side": self.side.name, "endpoint": self.config.load.endpoint}
         return StreamRecord(
             run_id=self.side.first_run_id + index, condition_id=self.side.ids()[index != 0], kernels="default",
