@@ -30,9 +30,11 @@ class Answer:
 
 class StubServer:
     def __init__(self, mode: str = "ok", drop_after: int | None = None, hang_seconds: float = 10.0,
-                 fail_first: int = 0, answer: Answer = Answer(), engine: str | None = None):
+                 fail_first: int = 0, answer: Answer = Answer(), engine: str | None = None,
+                 answered_model: str = "stub-model"):
         self.mode, self.drop_after, self.hang_seconds, self.fail_first = mode, drop_after, hang_seconds, fail_first
         self.answer, self.engine = answer, engine
+        self.answered_model = answered_model  # the "model" of each answer (/v1/models lists "stub-model")
         self.answered = 0  # completions answered with 200
         self.received: list[dict] = []  # completion request bodies, in arrival order
         self.resets: list[int] = []  # llama.cpp slot erases: how many completions had arrived before each
@@ -123,7 +125,8 @@ def _handler(stub: StubServer):
             action = stub.decide(body)
             if action.startswith(("ok:", "nologprobs:")):
                 kind, n = action.split(":")
-                answer = words_as_prompt_tokens(completion_body(int(n), body, stub.answer), body)
+                answer = {**words_as_prompt_tokens(completion_body(int(n), body, stub.answer), body),
+                          "model": stub.answered_model}
                 if stub.engine == "llama.cpp":
                     answer = as_llama_cpp(answer)
                 if kind == "nologprobs":

@@ -117,3 +117,21 @@ def test_resume_of_a_static_run_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"command": "probe", "config": {"load": {"mode": "static"}}}))
     with pytest.raises(RunDirError, match="not a server probe"):
         run_probe(ProbeConfig(load=LoadConfig(mode="server", resume=str(tmp_path))))
+
+
+def test_the_model_that_answered_is_kept_and_named_where_it_is_not_the_listed_one(tmp_path):
+    """An alias answered by a dated snapshot, or a llama.cpp server answering with whatever it loaded: the answer's
+    `model` was recorded nowhere. Now in fingerprint.json (load.server.answered_model) and each stream, and one warning
+    line where it is not the listed model. Control: a server answering as the model it lists warns nothing."""
+    for answered, warns in (("other-model-v2", True), ("stub-model", False)):
+        out = tmp_path / answered
+        with StubServer(answered_model=answered) as stub:
+            r = nondet("probe", "--endpoint", stub.url, "--runs", "2", "--out", str(out))
+        assert r.returncode == 0, r.stderr
+        said = [line for line in r.stderr.splitlines() if line.startswith("nondet: warning:")]
+        assert said == ([f"nondet: warning: the server answered as model '{answered}', not 'stub-model' as listed; "
+                         "fingerprint.json keeps both"] if warns else [])
+        fingerprint = json.loads((out / "fingerprint.json").read_text())
+        assert fingerprint["load"]["server"]["answered_model"] == answered
+        streams = [json.loads(line) for line in (out / "streams.jsonl").read_text().splitlines()]
+        assert {s["answered_model"] for s in streams} == {answered}

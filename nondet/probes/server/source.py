@@ -15,10 +15,11 @@ ServerSource per side, with their own condition ids, run ids and fingerprint ent
 
 import threading
 import time
+import warnings
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
-from nondet.errors import ModelLoadError, NondetError, RunDirError, ServerResponseError, UsageError
+from nondet.errors import ModelLoadError, NondetError, NondetWarning, RunDirError, ServerResponseError, UsageError
 from nondet.probes.core import arrivals
 from nondet.probes.core.load_config import LoadConfig
 from nondet.probes.core.source import Emit, Opened, Planned, step_record
@@ -174,6 +175,7 @@ class ServerSource:
             extra={"request_index": index, "load": "server", "compare_level": level, **side,
                    "server_tokens": completion.tokens,
                    "request_id": reply.headers.get("x-request-id") or reply.body.get("id"),
+                   "answered_model": reply.body.get("model") if isinstance(reply.body.get("model"), str) else None,
                    "seconds": round(reply.seconds, 3), "attempts": reply.attempts})
 
     def _add_identity(self, fp: dict, reply) -> None:
@@ -353,8 +355,14 @@ def add_reply_identity(load: dict, model: dict | None, reply) -> None:
         load["server"]["engine"] = engine_of(load["server"].get("owned_by", []), reply.headers)
     if isinstance(reply.body.get("system_fingerprint"), str) and reply.body["system_fingerprint"]:
         load["server"]["system_fingerprint"] = reply.body["system_fingerprint"]  # llama.cpp: its build
-    if model is not None and not model["name"] and isinstance(reply.body.get("model"), str):
-        model["name"] = reply.body["model"]
+    answered = reply.body.get("model") if isinstance(reply.body.get("model"), str) else None
+    if answered:  # what served the answer: an alias's snapshot, or whatever a llama.cpp server loaded
+        load["server"]["answered_model"] = answered
+    if model is not None and not model["name"] and answered:
+        model["name"] = answered
+    elif model is not None and answered and answered != model["name"]:
+        warnings.warn(NondetWarning(f"the server answered as model {answered!r}, not {model['name']!r} as listed; "
+                                    "fingerprint.json keeps both"), stacklevel=2)
 
 
 def _first_per_index(streams: list[dict]) -> list[dict]:
