@@ -28,7 +28,53 @@ class Answer:
     logprobs: tuple[float, ...] = (-0.5,) * len(WORDS)  # each token's logprob (JSON numbers, exact)
 
 
-class StubServer:
+class LocalServer:
+    """An HTTP server on 127.0.0.1 and a free port, serving from a daemon thread while entered."""
+
+    def __init__(self, handler_class) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler_class)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class AnsweringServer(LocalServer):
+    """A one-off OpenAI-compatible server for a test: /v1/models lists "stub-model", and each POST is answered
+    `reply(body)`, a JSON body (200) or (status, headers, body). Subclasses define reply."""
+
+    def __init__(self) -> None:
+        super().__init__(_answering_handler(self))
+
+    def reply(self, body: dict):
+        raise NotImplementedError
+
+
+def _answering_handler(server: AnsweringServer):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # quiet
+            pass
+
+        def do_GET(self) -> None:
+            send_json(self, {"object": "list", "data": [{"id": "stub-model"}]})
+
+        def do_POST(self) -> None:
+            answer = server.reply(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            if isinstance(answer, tuple):
+                send_json(self, answer[2], *answer[:2])
+            else:
+                send_json(self, answer)
+
+    return Handler
+
+
+class StubServer(LocalServer):
     def __init__(self, mode: str = "ok", drop_after: int | None = None, hang_seconds: float = 10.0,
                  fail_first: int = 0, answer: Answer = Answer(), engine: str | None = None,
                  answered_model: str = "stub-model"):
@@ -41,18 +87,11 @@ class StubServer:
         self.auth: list[str | None] = []  # Authorization header of each completion request
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self) -> "StubServer":
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        return self
+        super().__init__(_handler(self))
 
     def __exit__(self, *exc) -> None:
-        self.stopping.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.stopping.set()  # a held ("hang") request lets go before the server shuts down
+        super().__exit__(*exc)
 
     def decide(self, body: dict) -> str:
         """What to do with one completion request."""
@@ -165,11 +204,11 @@ def _handler(stub: StubServer):
     return Handler
 
 
-def send_json(handler: BaseHTTPRequestHandler, obj) -> None:
-    """A 200 answer of `obj` as JSON, for the tests' own one-off servers."""
+def send_json(handler: BaseHTTPRequestHandler, obj, status: int = 200, headers: dict | None = None) -> None:
+    """An answer of `obj` as JSON (status and extra headers as given), for the tests' own one-off servers."""
     raw = json.dumps(obj).encode()
-    handler.send_response(200)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(raw)))
+    handler.send_response(status)
+    for k, v in {"Content-Type": "application/json", "Content-Length": str(len(raw)), **(headers or {})}.items():
+        handler.send_header(k, v)
     handler.end_headers()
     handler.wfile.write(raw)

@@ -7,13 +7,12 @@ import math
 import os
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 import cli_runner
-from stub_server import send_json
+from stub_server import AnsweringServer
 from nondet.errors import ModelLoadError, ServerResponseError, UsageError
 from nondet.probes.core.load_config import LoadConfig
 from nondet.probes.probe import ProbeConfig, run_probe, validate_config
@@ -41,23 +40,13 @@ def chat(content) -> dict:
 GOOD_CHAT = [{"token": p, "logprob": -0.5, "top_logprobs": [{"token": p, "logprob": -0.5}]} for p in PIECES]
 
 
-class Server:
+class Server(AnsweringServer):
     """A local OpenAI-compatible server: the n-th completion request for PROMPT (n = 1, 2, ... in arrival order)
     is answered `answer(n)`, the fillers well formed; every_request: every completion request is PROMPT's."""
 
     def __init__(self, answer, every_request: bool = False):
         self.answer, self.every_request, self.targets, self.lock = answer, every_request, 0, threading.Lock()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self) -> "Server":
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__()
 
     def reply(self, body: dict) -> dict:
         asked = body.get("prompt") or " ".join(m.get("content", "") for m in body.get("messages", []))
@@ -67,23 +56,6 @@ class Server:
             self.targets += 1
             n = self.targets
         return self.answer(n)
-
-
-def _handler(server: Server):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:  # quiet
-            pass
-
-        def do_GET(self) -> None:
-            self._send({"object": "list", "data": [{"id": "stub-model"}]})
-
-        def do_POST(self) -> None:
-            self._send(server.reply(json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
-
-        def _send(self, obj: dict) -> None:
-            send_json(self, obj)
-
-    return Handler
 
 
 def server_config(url: str, out: Path, **load) -> ProbeConfig:

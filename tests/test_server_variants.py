@@ -2,15 +2,13 @@
 beside its control: byte-fallback tokens told apart by their bytes or ids, a zero-token completion, a reasoning
 model's null content, a 429 with Retry-After, an HTTP 200 error body."""
 
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from stub_server import send_json
+from stub_server import AnsweringServer
 from nondet.errors import ServerResponseError
 from nondet.probes.core.load_config import LoadConfig
 from nondet.probes.probe import ProbeConfig, run_probe
@@ -44,23 +42,13 @@ def bytes_of(last: int) -> list:
     return [list(b"It"), [0xE2], [0x80], [last], list(b"s")]
 
 
-class Server:
+class Server(AnsweringServer):
     """The n-th completion request for PROMPT (n = 1 the reference, 2... the copies) is answered answer(n): a body,
     or (status, headers, body); fillers get answer(1)."""
 
     def __init__(self, answer):
         self.answer, self.targets, self.times, self.lock = answer, 0, [], threading.Lock()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self) -> "Server":
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__()
 
     def reply(self, body: dict):
         asked = body.get("prompt") or " ".join(m.get("content", "") for m in body.get("messages", []))
@@ -70,29 +58,6 @@ class Server:
                 return self.answer(1)
             self.targets += 1
             return self.answer(self.targets)
-
-
-def _handler(server: Server):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:  # quiet
-            pass
-
-        def do_GET(self) -> None:
-            send_json(self, {"object": "list", "data": [{"id": "stub-model"}]})
-
-        def do_POST(self) -> None:
-            answer = server.reply(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            if not isinstance(answer, tuple):
-                return send_json(self, answer)
-            status, headers, body = answer
-            raw = json.dumps(body).encode()
-            self.send_response(status)
-            for k, v in {"Content-Type": "application/json", "Content-Length": str(len(raw)), **headers}.items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(raw)
-
-    return Handler
 
 
 def probe(url: str, out: Path, chat_api: bool = False, runs: int = 3) -> dict:
