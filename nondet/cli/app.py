@@ -4,12 +4,11 @@ Command modules register themselves here; this file imports no torch, so `nondet
 stays fast. Heavy imports happen inside each command's function body.
 """
 
-import os
 import sys
 
 import typer
 
-from nondet.errors import NondetError, is_out_of_memory
+from nondet.errors import NondetError, debug_enabled, is_out_of_memory
 
 HELP = """Find, explain and prove the fix for batch-variance nondeterminism in LLM inference.
 
@@ -124,7 +123,7 @@ def _handle_click_exception(exc: Exception) -> int | None:
     show = getattr(exc, "show", None)
     exit_code = getattr(exc, "exit_code", None)
     if callable(show) and isinstance(exit_code, int):
-        if os.environ.get("NONDET_DEBUG") == "1":
+        if debug_enabled():
             raise exc
         show()
         return exit_code
@@ -139,7 +138,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _fail(message: str, code: int) -> None:
-    if os.environ.get("NONDET_DEBUG") == "1" and sys.exc_info()[1] is not None:
+    if debug_enabled() and sys.exc_info()[1] is not None:
         _show_whole_chain(sys.exc_info()[1])
         raise
     print(f"nondet: error: {message}", file=sys.stderr)

@@ -39,16 +39,24 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     check_device(spec.device)
     source = resolve_source(spec.name)
     model, tokenizer = _from_pretrained(source, spec)
-    _ensure_pad_token(tokenizer, model)
-    description = _describe(model, spec)
-    shipped = checkpoint_dtype(source)
-    if shipped and shipped != spec.dtype:  # e.g. a float16 checkpoint probed in the default bfloat16
-        description["checkpoint_dtype"] = shipped
-    if ignored_defaults(model):  # its generation_config.json's settings, which the probe does not apply
-        description["generation_defaults_ignored"] = ignored_defaults(model)
+    ensure_pad_token(tokenizer, model)
+    description = {**_describe(model, spec), **model_notes(model, source, spec)}
     if injects_variance(spec):
         description["injected_variance"] = inject(model)
     return LoadedModel(model, tokenizer, description)
+
+
+def model_notes(model, source: str, spec: ModelSpec) -> dict:
+    """The description's notes on how the probe runs the model it loaded (every loader's): the checkpoint's own
+    dtype where the probe runs another, and its generation_config.json settings the probe does not apply."""
+    notes = {}
+    shipped = checkpoint_dtype(source)
+    if shipped and shipped != spec.dtype:  # e.g. a float16 checkpoint probed in the default bfloat16
+        notes["checkpoint_dtype"] = shipped
+    ignored = ignored_defaults(model)
+    if ignored:
+        notes["generation_defaults_ignored"] = ignored
+    return notes
 
 
 def injects_variance(spec: ModelSpec) -> bool:
@@ -164,8 +172,9 @@ def checkpoint_dtype(source: str) -> str | None:
     return str(dtype).removeprefix("torch.") if isinstance(dtype, str) else None
 
 
-def _ensure_pad_token(tokenizer, model=None) -> None:
-    # Left padding keeps every prompt's last token in the last column (needed for ragged).
+def ensure_pad_token(tokenizer, model=None) -> None:
+    """Left padding, a pad token (the EOS, else unk, where the tokenizer has none), inside the model's embedding
+    table where the model is given. Left padding keeps every prompt's last token in the last column (ragged)."""
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token

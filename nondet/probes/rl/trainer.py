@@ -13,9 +13,9 @@ runs under the same kernels; the condition record says whether every gradient wa
 Where the sampler kept its processed distributions (in-process), each token's exact
 KL(sampler || trainer) is computed here and stored per stream (extra "kl", float.hex).
 
-Before any condition (`open`), one short sequence of the run checks the forward: train mode is
-made random-free once per model (train_mode.py), and `--padding packed` is refused where the model
-lets packed sequences see each other (packed.py).
+check_forward, which rl/run.py calls once the model loads (before the sampler), checks the forward on one
+short sequence of the run's tokens: train mode is made random-free once per model (train_mode.py), and
+`--padding packed` is refused where the model lets packed sequences see each other (packed.py).
 """
 
 import itertools
@@ -58,12 +58,7 @@ class RLTrainerSource:
     def open(self) -> Opened:
         from nondet.probes.core.numerics import fingerprint
 
-        self._check_forward()
         return Opened(fingerprint(self.loaded.description, ",".join(self.config.kernels)))
-
-    def _check_forward(self) -> None:
-        """Before any condition (run.py checks as much before sampling, on the prompts)."""
-        check_forward(self.loaded.model, probe_tokens(self.sequences), self.config.padding, self.config.kernels)
 
     def attach(self, writer) -> None:
         pass
@@ -214,11 +209,6 @@ def check_forward(model, tokens: list[int], padding: str, kernels: tuple[str, ..
     with training(model, tokens[:PROBE_LEN]):
         if padding == "packed":
             refuse_leaky_packing(model, tokens, kernels)
-
-
-def probe_tokens(sequences: dict[str, list[Sequence]], n: int = 12) -> list[int]:
-    """n ids of the run's own sequences (real tokens of the model's vocabulary), repeated where they are fewer."""
-    return repeated([t for seqs in sequences.values() for s in seqs for t in s.prompt + s.completion], n)
 
 
 def repeated(tokens: list[int], n: int = 12) -> list[int]:

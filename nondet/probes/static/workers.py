@@ -22,7 +22,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from nondet.errors import ModelLoadError, NondetError, OutOfMemoryError, UsageError, WorkerError
+from nondet.errors import ModelLoadError, NondetError, OutOfMemoryError, UsageError, WorkerError, debug_enabled
 from nondet.probes.core.child_process import start_without_sigint, stop_processes, usable_cores
 
 AUTO = "auto"  # --workers auto: the number auto_workers.py picks for the host
@@ -197,7 +197,7 @@ def helper_main(job: HelperJob, pipe) -> None:
     try:
         _decode_claims(job, pipe)
     except BaseException as exc:  # noqa: BLE001 - the parent turns it into one line
-        if os.environ.get("NONDET_DEBUG") == "1":
+        if debug_enabled():
             import traceback
 
             traceback.print_exc()

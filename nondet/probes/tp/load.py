@@ -11,10 +11,9 @@ from_pretrained needs tp_plan passed in.
 from pathlib import Path
 
 from nondet.errors import ModelLoadError, OutOfMemoryError, is_out_of_memory
-from nondet.probes.core.generation_defaults import ignored_defaults
 from nondet.probes.models.load_checks import check_weights_loaded, load_errors
-from nondet.probes.models.loading import (LoadedModel, ModelSpec, checkpoint_dtype, inject, injects_variance,
-                                          pad_inside_vocabulary)
+from nondet.probes.models.loading import (LoadedModel, ModelSpec, ensure_pad_token, inject, injects_variance,
+                                          model_notes)
 from nondet.probes.models.quiet import quiet_loading
 
 
@@ -34,18 +33,13 @@ def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
             tokenizer = load_tokenizer(source, spec)
             model, info = AutoModelForCausalLM.from_pretrained(source, output_loading_info=True, **kwargs)
         check_weights_loaded(source, model, info)
-        pad_inside_vocabulary(tokenizer, model)
+        ensure_pad_token(tokenizer, model)
         model = (model if degree > 1 else model.to(device)).eval()
     except load_errors() as exc:
         if is_out_of_memory(exc):
             raise OutOfMemoryError(f"out of memory loading {source} at --tp {degree} on {device}") from exc
         raise ModelLoadError(f"cannot load model {source!r} at --tp {degree}: {_first_line(exc)}") from exc
-    description = _describe(model, spec, device, degree)
-    shipped = checkpoint_dtype(source)
-    if shipped and shipped != spec.dtype:
-        description["checkpoint_dtype"] = shipped
-    if ignored_defaults(model):
-        description["generation_defaults_ignored"] = ignored_defaults(model)
+    description = {**_describe(model, spec, device, degree), **model_notes(model, source, spec)}
     if injects_variance(spec):
         description["injected_variance"] = inject(model)
     return LoadedModel(model, tokenizer, description)
@@ -79,9 +73,7 @@ def load_tokenizer(source: str, spec: ModelSpec):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code)
-    tokenizer.padding_side = "left"  # every prompt's last token in the last column
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    ensure_pad_token(tokenizer)
     return tokenizer
 
 

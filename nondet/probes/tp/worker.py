@@ -12,6 +12,7 @@ outlives a parent that was killed.
 import os
 import traceback
 
+from nondet.errors import debug_enabled
 from nondet.probes.core.child_process import one_line, quiet, watch_parent
 from nondet.probes.tp.job import FAIL_ENV, Job
 
@@ -23,7 +24,7 @@ def main(rank: int, job: Job, pipe) -> None:
     try:
         _run(rank, job, pipe)
     except BaseException as exc:  # noqa: BLE001 - the parent turns it into one line and stops the group
-        if os.environ.get("NONDET_DEBUG") == "1":
+        if debug_enabled():
             traceback.print_exc()
         pipe.send(("error", rank, type(exc).__name__, one_line(exc)))
         pipe.close()
