@@ -133,11 +133,7 @@ def run_probe(config: ProbeConfig, on_condition: OnCondition | None = None, on_p
     try:
         with numerics_scope(config.threads):
             writer = _open(source, config)
-            try:
-                run_streams(source, writer, on_condition)
-            except UsageError:  # refused before any condition ran (e.g. --trials with no filler row)
-                writer.discard_unstarted()
-                raise
+            run_streams(source, writer, on_condition)
             streams = [to_json(s) for s in read_streams(writer.run_dir)]  # resumed ones included
             summary = writer.write_summary(label_summary(source.summarize(streams), read_fingerprint(writer.run_dir)))
     finally:
@@ -153,13 +149,18 @@ def run_streams(source: Source, writer: RunWriter | None, on_condition: OnCondit
     def emit(record) -> None:
         streams.append(writer.append_stream(record) if writer else to_json(record))
 
-    plan = source.plan()
-    for index, planned in enumerate(plan):
-        if on_condition:
-            on_condition(planned, index, len(plan))
-        record = source.replay(planned, emit)
-        if writer:
-            writer.append_condition(record)
+    try:
+        plan = source.plan()
+        for index, planned in enumerate(plan):
+            if on_condition:
+                on_condition(planned, index, len(plan))
+            record = source.replay(planned, emit)
+            if writer:
+                writer.append_condition(record)
+    except UsageError:  # refused once the model loaded (e.g. --trials with no filler row): where no condition
+        if writer:      # ran yet, no run directory is left behind (discard_unstarted keeps one that has any)
+            writer.discard_unstarted()
+        raise
     return streams
 
 

@@ -14,7 +14,6 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from nondet.errors import UsageError
 from nondet.probes.core.chat import prompt_token_ids
 from nondet.probes.core.corpus import DEMO_PROMPTS
 from nondet.probes.models.context import check_prompts_fit
@@ -62,11 +61,7 @@ def run_rl(config: RLConfig, on_condition: OnCondition | None = None, loaded=Non
         sampler = sampler_source(config, rollouts, loaded, run_ids)
         writer = RunWriter(RunDir(config.out or default_run_dir("rl")))
         writer.write_header(new_header("rl", asdict(config), config.argv), sampler.open().fingerprint)
-        try:
-            sampled = run_streams(sampler, writer, on_condition)
-        except UsageError:  # refused before a condition ran: no run directory left behind
-            writer.discard_unstarted()
-            raise
+        sampled = run_streams(sampler, writer, on_condition)
         trainer = RLTrainerSource(config, loaded, run_ids, sequences_by_mode(sampled, config.kernels),
                                   getattr(sampler, "distributions", None))  # in-process only: the exact KL
         trainer.open()

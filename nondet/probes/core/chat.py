@@ -12,6 +12,7 @@ probe sends `chat_messages` as they are.
 """
 
 from nondet.errors import UsageError
+from nondet.probes.core.child_process import one_line
 from nondet.prompt import Chat, Prompt, as_prompt
 
 
@@ -34,7 +35,7 @@ def chat_text(tokenizer, prompt: Prompt, system: str | None = None) -> str:
         text = tokenizer.apply_chat_template(chat_messages(prompt, system), tokenize=False, add_generation_prompt=True)
     except Exception as exc:  # noqa: BLE001 - the template is the model's code (jinja2's TemplateError and
         # what its raise_exception raises: Gemma's "System role not supported", Mistral's alternating roles)
-        raise UsageError(f"the model's chat template refused these messages: {_first_line(exc)}"
+        raise UsageError(f"the model's chat template refused these messages: {one_line(exc, 200)}"
                          f"{'; drop --system' if system and 'system' in str(exc).lower() else ''}") from exc
     return TemplatedText(text)
 
@@ -47,11 +48,6 @@ def prompt_ids(tokenizer, text: str) -> list[int]:
     """Token ids of one prompt as the model reads it: a TemplatedText as rendered, plain text with the special
     tokens the tokenizer's default call adds (a BOS), as `tokenizer(prompt)` gives."""
     return tokenizer(text, add_special_tokens=not isinstance(text, TemplatedText))["input_ids"]
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
 def model_text(tokenizer, prompt, chat: bool = False, system: str | None = None) -> str:

@@ -37,9 +37,10 @@ def quiet() -> None:
     hf_logging.disable_progress_bar()
 
 
-def one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """The exception's first line, at most `limit` characters (its type's name where it says nothing)."""
     text = str(exc).strip().splitlines()
-    return text[0][:400] if text else type(exc).__name__
+    return text[0][:limit] if text else type(exc).__name__
 
 
 def stop_processes(processes, grace: float) -> None:

@@ -11,6 +11,7 @@ from_pretrained needs tp_plan passed in.
 from pathlib import Path
 
 from nondet.errors import ModelLoadError, OutOfMemoryError, is_out_of_memory
+from nondet.probes.core.child_process import one_line
 from nondet.probes.models.load_checks import check_weights_loaded, load_errors
 from nondet.probes.models.loading import (LoadedModel, ModelSpec, ensure_pad_token, inject, injects_variance,
                                           model_notes)
@@ -38,7 +39,7 @@ def load_tp_model(spec: ModelSpec, degree: int, device: str) -> LoadedModel:
     except load_errors() as exc:
         if is_out_of_memory(exc):
             raise OutOfMemoryError(f"out of memory loading {source} at --tp {degree} on {device}") from exc
-        raise ModelLoadError(f"cannot load model {source!r} at --tp {degree}: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"cannot load model {source!r} at --tp {degree}: {one_line(exc, 300)}") from exc
     description = {**_describe(model, spec, device, degree), **model_notes(model, source, spec)}
     if injects_variance(spec):
         description["injected_variance"] = inject(model)
@@ -85,8 +86,3 @@ def _describe(model, spec: ModelSpec, device: str, degree: int) -> dict:
             "params_per_rank": sum(p.numel() for p in model.parameters()), "dtype": spec.dtype, "device": device,
             "attn_implementation": getattr(cfg, "_attn_implementation", None), "tp_degree": degree,
             "tp_plan": "auto" if degree > 1 else None}
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
