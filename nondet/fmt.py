@@ -79,8 +79,22 @@ def fmt_prefill_form(form: dict) -> str:
 
 
 def prefill_order(form: dict) -> tuple:
-    """Sort key of prefill entries: the prefixes first, then the chunk sizes, each by size."""
-    return form["kind"] != "prefix", form["size"]
+    """Sort key of prefill entries: the prefixes first, then the chunk sizes, each by size. A server's prefix
+    of unknown length ("25%", ..., "all": its share of the prompt's text) sorts after the token counts, by share,
+    so a run that mixes the two (usage reported for some requests only) still sorts."""
+    size = form["size"]
+    if isinstance(size, str):
+        share = size.rstrip("%")
+        return form["kind"] != "prefix", 1, 100.0 if size == "all" else float(share) if _is_number(share) else 101.0
+    return form["kind"] != "prefix", 0, size
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def saved_steps_note(steps: dict) -> str:

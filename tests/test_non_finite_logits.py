@@ -61,17 +61,18 @@ def one_error_line(r) -> str:
 
 
 @pytest.mark.parametrize("extra", [[], ["--temperature", "0.7"], ["--temperature", "0.7", "--sampler", "shared"],
-                                   ["--load", "continuous"]],
-                         ids=["greedy", "sampled", "shared-sampler", "continuous"])
+                                   ["--load", "continuous"], ["--speculative", "ngram:2"]],
+                         ids=["greedy", "sampled", "shared-sampler", "continuous", "speculative"])
 def test_probe_refuses_nan_logits_and_runs_the_same_model_in_bfloat16(overflow_model_dir, tmp_path, extra):
-    batches = [] if "--load" in extra else ["-b", "1,2"]  # the continuous engine takes no batch sizes
-    case = ["probe", "--model", overflow_model_dir, "-p", PROMPT, "-n", "4", *batches, *extra]
+    one_row = "--load" in extra or "--speculative" in extra  # the continuous engine and speculation take no batch sizes
+    case = ["probe", "--model", overflow_model_dir, "-p", PROMPT, "-n", "4", *([] if one_row else ["-b", "1,2"]),
+            *extra]
     r = nondet(*case, "--dtype", "float16", "--out", tmp_path / "f16")
     assert r.returncode == 3, r.stdout + r.stderr
     line = one_error_line(r)
     assert "logits are NaN or +inf" in line and "--dtype bfloat16" in line
-    if "--load" not in extra:  # the batched recorder knows where: the first step of the reference's row
-        assert "decode step 0, batch row 0" in line
+    # every path knows where: the first step of the reference's row (a later step: test_non_finite_steps.py)
+    assert "decode step 0, batch row 0 (model dtype float16)" in line
     control = nondet(*case, "--dtype", "bfloat16", "--out", tmp_path / "bf16")
     assert control.returncode == 0, control.stdout + control.stderr
 

@@ -23,7 +23,7 @@ from nondet.probes.core.numerics import numerics_scope
 from nondet.probes.core.replay import DecodeSettings
 from nondet.probes.models.loading import ModelSpec, load_model
 from nondet.probes.speculative.bisect import speculative_part, speculative_replayer
-from nondet.probes.static.bisect import probe_prompts, static_replayer
+from nondet.probes.static.bisect import probed_prompts, static_replayer
 from nondet.rundir import RunDir
 from nondet.rundir.files import CONFIG
 from nondet.rundir.reader import read_condition_dicts, read_header_dict, read_stream_dicts, read_summary_dict
@@ -82,10 +82,10 @@ def _replayer_of(loaded, probe: dict, target: Target, streams: list[dict], setti
     """The replay of the target's condition: a static batch, or a speculative run's rounds."""
     mode = target.condition.kernels
     if target.condition.load == "speculative":
-        prompt = probe_prompts(probe, loaded.tokenizer)[target.prompt_id]
+        prompt = probed_prompts(probe, loaded.tokenizer, streams)[0][target.prompt_id]
         return speculative_replayer(loaded, prompt, _stream(streams, target.run_id), settings.max_new_tokens,
                                     lambda ops: kernel_scope(mode, baseline + (ops or ()), loaded.model))
-    return static_replayer(loaded, probe, target, settings, baseline)
+    return static_replayer(loaded, probe, target, streams, settings, baseline)
 
 
 def _stream(streams: list[dict], run_id: int) -> dict:

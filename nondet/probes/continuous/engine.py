@@ -133,7 +133,9 @@ class ContinuousEngine:
         processor.update_batch()
         if state is not None and row is not None and state.generated_len() > before:
             logits = self._logits[-1][0, row:row + 1].float()  # [1, vocab] fp32, as generate scores it
-            trace.steps.append(step_record(logits, int(state.generated_tokens[-1])))
+            # non-finite: named at the target's step and its row among this step's logits
+            trace.steps.append(step_record(logits, int(state.generated_tokens[-1]), step=len(trace.steps), row=row,
+                                           model_dtype=self.model.dtype))
             trace.batch_requests.append(len(batch))
             trace.batch_tokens.append(int(processor.inputs_and_outputs.total_seqlen_q))
             trace.position = trace.position if trace.position is not None else _index(batch, TARGET_ID)

@@ -23,7 +23,8 @@ def prefill_section(streams: list[dict], forms: tuple[str, ...] = ()) -> dict:
 
 def _condition(ref: dict, run: dict) -> dict:
     kind, _, size = run["prefill"].partition(":")
-    return {**versus_reference(ref, run), "kind": kind, "size": int(size), "prompt_tokens": run.get("prompt_tokens")}
+    size = int(size) if size.isdigit() else size  # "25%": a server's prefix of unknown length (server/prefix.py)
+    return {**versus_reference(ref, run), "kind": kind, "size": size, "prompt_tokens": run.get("prompt_tokens")}
 
 
 def _form(rows: list[dict]) -> dict:

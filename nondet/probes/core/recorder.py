@@ -154,17 +154,19 @@ def _as_record(token: int, logprob: float, top_ids: list, top_lp: list, margin: 
             "margin": margin.hex()}
 
 
-def step_record(logits_row, token: int) -> dict:
+def step_record(logits_row, token: int, step: int | None = None, row: int | None = None,
+                model_dtype=None) -> dict:
     """logits_row: [1, vocab] fp32 -> token, exact logprob, top-5, top1-top2 logit margin.
 
     The per-row path: the speculative source records raw logits with it, and the test holds
-    StepRecorder's batched records to it bit for bit."""
+    StepRecorder's batched records to it bit for bit. step (0-based decode step), row (batch row) and
+    model_dtype only name where, in the NonFiniteLogitsError of a row that is not finite."""
     import torch
 
-    # the continuous and speculative sources record through here: refused as StepRecorder refuses (the step
-    # is the caller's to know; one more sync beside this function's own float() reads)
+    # the continuous and speculative sources record through here: refused as StepRecorder refuses (they pass
+    # the step and row they know; one more sync beside this function's own float() reads)
     if bool(non_finite_rows(logits_row)[0]):
-        raise NonFiniteLogitsError(None, None)
+        raise NonFiniteLogitsError(step, row, model_dtype)
     logprobs = torch.log_softmax(logits_row, dim=-1)[0]
     top_logits, top_ids = torch.topk(logits_row[0], TOP_K + 1)
     top = [[int(i), float(logprobs[i]).hex()] for i in top_ids[:TOP_K].tolist()]

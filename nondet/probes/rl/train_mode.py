@@ -20,6 +20,14 @@ nn.Dropout modules: floats a module keeps (gpt_bigcode's `attn_dropout` = config
   3. where they never do (randomness that eval mode keeps), the model is refused in one line naming
      the module (UnsupportedModelError, exit 3), rather than its noise reported as variance.
 
+A module that keeps a LayerDrop rate (`layerdrop`: OPT's decoder) runs its own code in eval mode
+too, its layers in train mode. Some transformers versions draw LayerDrop's number in train mode
+whatever the rate (OPT: `if self.training: torch.rand([])` per layer); at rate 0 `rand < 0` never
+skips a layer, so the bits are train mode's, but the draw is an aten::rand the mode's op census
+refuses. OPT's decoder reads `self.training` for LayerDrop alone (some versions also to warn that
+gradient checkpointing drops the cache), and a dropout an owner applies itself has rate 0 here, as in
+eval mode: eval mode there leaves the same computation without the draw.
+
 The modules found are kept per model object, so every trainer condition and bisect replay takes
 them without running the search again.
 """
@@ -53,7 +61,7 @@ def train_mode(model, quiet: tuple[str, ...] = ()):
     was_training = model.training
     saved = zero_drop_rates(model)
     model.train()
-    for name in quiet:
+    for name in (*quiet, *layerdrop_owners(model)):
         model.get_submodule(name).training = False  # this module's code only; train() set its children
     try:
         yield
@@ -72,6 +80,12 @@ def zero_drop_rates(model) -> list[tuple[object, str, object]]:
                 saved.append((owner, name, value))
                 setattr(owner, name, type(value)(0))
     return saved
+
+
+def layerdrop_owners(model) -> tuple[str, ...]:
+    """Modules that keep a LayerDrop rate (zeroed by zero_drop_rates): their own code runs in eval mode, so
+    no LayerDrop number is drawn (the module docstring says why that is train mode's computation)."""
+    return tuple(name for name, module in model.named_modules() if "layerdrop" in vars(module))
 
 
 def configs(model) -> list:

@@ -5,7 +5,10 @@ sending it again is safe) with exponential backoff, a bounded number of times; w
 says `Retry-After: SECONDS`, the wait is that long instead (at most MAX_RETRY_AFTER or --timeout):
 a rate limiter answers 429 again to a client that comes back sooner. A timeout is
 not: the server may still be working on the request, and a resend only adds to its load.
-Other 4xx answers and malformed JSON are not retried either. Every failure ends as one line:
+Other 4xx answers and malformed JSON are not retried either. --timeout bounds a request as a whole
+(connecting, sending, and reading the status line, headers and full body), not each socket read: a
+server that trickles its answer a byte at a time fails when the time is up, as one that hangs does.
+Every failure ends as one line:
 ServerUnreachableError (exit 3) when the server could not be reached or did not answer in
 time, ServerResponseError (exit 5) when it answered with an error, garbage or a truncated body.
 
@@ -13,7 +16,9 @@ The API key is read from the environment variable named by `api_key_env` when th
 created, kept in memory only, and never appears in messages, headers returned or records.
 """
 
+import functools
 import http.client
+import io
 import json
 import os
 import socket
@@ -32,7 +37,9 @@ DROP_HEADERS = {"date", "content-length", "content-type", "connection", "set-coo
 @dataclass(frozen=True)
 class ClientSettings:
     endpoint: str  # base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)
-    timeout: float = 600.0  # seconds per blocking socket operation (as OpenAI's client): a hung server fails after this
+    # seconds for one whole request: connect, send, and read the full answer; a deadline, not a per-read socket
+    # timeout, so a server that hangs or trickles its answer a byte at a time fails after this
+    timeout: float = 600.0
     retries: int = 2  # extra attempts after a retryable failure
     backoff: float = 0.5  # first wait between attempts; doubles each time
     api_key_env: str = "OPENAI_API_KEY"
@@ -110,10 +117,17 @@ class Client:
         return Reply(self._json(path, raw), headers, time.perf_counter() - started, attempt)
 
     def _exchange(self, method: str, path: str, payload: dict | None) -> tuple[int, dict, bytes]:
+        """(status, headers, body) of one request, all of it by a deadline settings.timeout away: connecting waits
+        that long at most, sending what was left after it, and each read of the answer what is left then
+        (TimeoutError once nothing is)."""
+        deadline = time.monotonic() + self.settings.timeout
         cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
         conn = cls(self._host, self._port, timeout=self.settings.timeout)
+        conn.response_class = functools.partial(_DeadlineResponse, deadline=deadline)
         try:
             body = None if payload is None else json.dumps(payload).encode()
+            conn.connect()
+            conn.sock.settimeout(_left(deadline))
             conn.request(method, self._base + path, body=body, headers=self._headers(body is not None))
             response = conn.getresponse()
             raw = response.read()
@@ -157,6 +171,45 @@ class Client:
         if failure.kind == "timeout":
             return ServerUnreachableError(f"{where}: {failure}; the server hangs or is overloaded (--timeout)")
         return ServerUnreachableError(f"cannot reach {where}: {failure} ({tries}); is the server running?")
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    """http.client's response, its status line, headers and body read through a _DeadlineReader."""
+
+    def __init__(self, sock, *args, deadline: float, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        # the socket's file HTTPResponse made, nothing read from it yet; kept, as it holds the socket open after
+        # http.client closes the connection early (an answer that ends the connection)
+        self.fp = io.BufferedReader(_DeadlineReader(self.fp.detach(), sock, deadline))
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's bytes, each receive waiting only for what is left until the deadline: a per-read timeout alone
+    lets a server that sends a byte every few seconds hold the request forever."""
+
+    def __init__(self, raw, sock, deadline: float):
+        self._raw, self._sock, self._deadline = raw, sock, deadline  # raw: the socket's own file (socket.SocketIO)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int | None:
+        self._sock.settimeout(_left(self._deadline))
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        try:
+            self._raw.close()
+        finally:
+            super().close()
+
+
+def _left(deadline: float) -> float:
+    """Seconds until the deadline (time.monotonic); TimeoutError, as a socket's, once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the request's deadline passed")
+    return left
 
 
 def public_headers(headers: dict[str, str]) -> dict[str, str]:

@@ -9,7 +9,10 @@ left in its cache. Each pair, sent one request at a time (nothing else in flight
 
 The warming request is the first quarter, half or three quarters of the prompt (cut at a space),
 and the whole prompt; its answer's usage.prompt_tokens is the cached prefix's length in the
-server's tokens. How a cold state is made (the report says which):
+server's tokens. A server that reports no usage leaves that length unknown: the run is then labelled
+with the fraction of the prompt's text sent ("prefix:25%", ..., "prefix:all"), so the four stay four
+rows (in order: "all" sorts after the percentages), and the load notes say so.
+How a cold state is made (the report says which):
 - reset: the engine's cache reset between pairs (vLLM POST /reset_prefix_cache, SGLang POST
   /flush_cache, llama.cpp POST /slots/0?action=erase), the target's text unchanged;
 - unique prefix: where no reset is known or it is refused, every pair's prompt starts with its own
@@ -74,7 +77,8 @@ class PrefixServerSource:
             emit(self._stream(k, planned.condition_id, *self._complete(self.prompts[k]), None))
         else:
             warming, _ = self._complete(_cut(self.prompts[k], fraction), max_tokens=1)
-            emit(self._stream(k, planned.condition_id, *self._complete(self.prompts[k]), warming.prompt_tokens or 0))
+            cached = _fraction_label(fraction) if warming.prompt_tokens is None else warming.prompt_tokens
+            emit(self._stream(k, planned.condition_id, *self._complete(self.prompts[k]), cached))
         return ConditionRecord(planned.condition_id, "default", 1, [0], "none", planned.label, load="server",
                                prompt_id=k, extra={"prefix_cache": state, "prefix_fraction": fraction})
 
@@ -84,9 +88,14 @@ class PrefixServerSource:
         doc = diff_answers(streams, self.tokenizer)
         section = prefill_section(streams)
         section["cold"] = self.cold_words()
+        notes = [f"prefix cache: cold by {self.cold_words()}; warm after a request of the prompt's first part"]
+        uncounted = {f"prefix:{_fraction_label(f)}" for f in FRACTIONS}  # a warm run's "prefill" without usage
+        if any(s.get("prefill") in uncounted for s in streams):
+            notes.append("prefix cache: the server reported no usage.prompt_tokens for the warming requests, so each "
+                         "cached length is the fraction of the prompt's text they sent (25%, 50%, 75%, all), "
+                         "not a token count")
         load = {"mode": "server", "compare_level": doc["compare_level"], "endpoint": self.config.load.endpoint,
-                "notes": [f"prefix cache: cold by {self.cold_words()}; warm after a request of the prompt's first "
-                          "part"]}
+                "notes": notes}
         return Summary(doc["modes"], doc["verdict"], extra={"load": load, "prefill": section})
 
     def close(self) -> None:
@@ -120,9 +129,10 @@ class PrefixServerSource:
                                                                    max_tokens or self.config.max_new_tokens))
         return parse_completion(reply.body, self.config.load.chat, self.client.url(_path(self.config.load))), reply.seconds
 
-    def _stream(self, k: int, condition_id: str, completion, seconds: float, cached: int | None) -> StreamRecord:
+    def _stream(self, k: int, condition_id: str, completion, seconds: float, cached: int | str | None) -> StreamRecord:
         """cached: None for the cold request (the pair's reference); else the warming request's prompt
-        tokens, the cached prefix's length as the server counts it (0 where it reports no usage)."""
+        tokens, the cached prefix's length as the server counts it, or where it reports no usage the
+        fraction of the prompt's text the warming request sent (_fraction_label)."""
         level = compare.level_of(completion.tokens, self.tokenizer)
         steps = compare.steps_at(level, completion.text, completion.tokens, self.tokenizer, completion.ids)
         self.run_ids += 1
@@ -134,6 +144,11 @@ class PrefixServerSource:
                             is_reference=cached is None, prompt_id=k, prompt_tokens=completion.prompt_tokens,
                             finish=completion.finish, text=completion.text,
                             steps=[step_record(s, s.get("piece", "")) for s in steps], extra=extra)
+
+
+def _fraction_label(fraction: float) -> str:
+    """A warming request's length where the server counts no tokens: its share of the prompt's text ("25%", "all")."""
+    return "all" if fraction >= 1.0 else f"{fraction:.0%}"
 
 
 def _cut(prompt: str, fraction: float) -> str:

@@ -5,6 +5,9 @@
 one object per token, and so does llama.cpp's server (`llama-server`) on /v1/completions too. Servers that ignore the `logprobs` field (transformers serve) return
 none; then only the text is compared. Logprobs of the wrong shape (a string where a list belongs,
 a number where an object does) are a malformed answer, exit 5, as an answer without a text is.
+"choices[0]" here is the choice whose `index` is 0 (the request asks for one completion), wherever
+it stands in the list: a server that answers several is read at that one, and none with index 0 (or
+an index that is not a number) is a malformed answer too.
 """
 
 from dataclasses import dataclass
@@ -39,16 +42,39 @@ def parse_completion(body: dict, chat: bool, where: str) -> ServerCompletion:
 
 
 def _choice_text(body: dict, chat: bool, where: str) -> tuple[dict, object]:
-    """choices[0] and its text (None where a chat answer's content is null); a body without them is refused,
-    naming the server's own error where it sent one (some servers answer HTTP 200 with {"error": ...})."""
-    try:
-        choice = body["choices"][0]
-        return choice, choice["message"]["content"] if chat else choice["text"]
-    except (KeyError, IndexError, TypeError):
-        if body.get("error"):
-            raise ServerResponseError(f"{where} answered an error: {_error_message(body['error'])}") from None
-        field = "choices[0].message.content" if chat else "choices[0].text"
-        raise ServerResponseError(f"{where} answered JSON without {field}") from None
+    """The choice with index 0 and its text (None where a chat answer's content is null); a body without them is
+    refused, naming the server's own error where it sent one (some servers answer HTTP 200 with {"error": ...})."""
+    choices = body.get("choices")
+    if isinstance(choices, list) and choices:
+        choice = _index_zero(choices, where)
+        try:
+            return choice, choice["message"]["content"] if chat else choice["text"]
+        except (KeyError, TypeError):
+            pass
+    if body.get("error"):
+        raise ServerResponseError(f"{where} answered an error: {_error_message(body['error'])}")
+    field = "choices[0].message.content" if chat else "choices[0].text"
+    raise ServerResponseError(f"{where} answered JSON without {field}")
+
+
+def _index_zero(choices: list, where: str):
+    """The choice whose `index` is 0: the request asks for one completion (n left at 1), so a server that answers
+    several, or lists them out of order, is read at that one; none with index 0, or an index that is no number,
+    is a malformed answer. A lone choice without an `index` (some servers leave it out) is the completion."""
+    if len(choices) == 1 and not (isinstance(choices[0], dict) and "index" in choices[0]):
+        return choices[0]
+    for k, choice in enumerate(choices):
+        if not isinstance(choice, dict):
+            raise _malformed(where, f"choices[{k}] is {_json_type(choice)}, not an object", "choices")
+        if "index" not in choice:
+            raise _malformed(where, f"choices[{k}] has no index beside {len(choices) - 1} other choices", "choices")
+        if not _is_int(choice["index"]):
+            raise _malformed(where, f"choices[{k}].index is {_json_type(choice['index'])}, not a number", "choices")
+    zero = [choice for choice in choices if choice["index"] == 0]
+    if len(zero) != 1:
+        raise _malformed(where, f"{len(zero)} of {len(choices)} choices have index 0; one completion was asked for",
+                         "choices")
+    return zero[0]
 
 
 def _error_message(error, limit: int = 200) -> str:
@@ -138,7 +164,11 @@ def _entry_id(entry: dict, field: str, where: str) -> int:
 
 
 def _is_byte(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 256
+    return _is_int(value) and 0 <= value < 256
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _logprobs(choice: dict, where: str) -> dict:
@@ -169,8 +199,8 @@ def _piece(entry: dict, field: str, where: str) -> str:
     return piece
 
 
-def _malformed(where: str, what: str) -> ServerResponseError:
-    return ServerResponseError(f"{where} answered malformed logprobs ({what})")
+def _malformed(where: str, what: str, part: str = "logprobs") -> ServerResponseError:
+    return ServerResponseError(f"{where} answered malformed {part} ({what})")
 
 
 def _json_type(value) -> str:

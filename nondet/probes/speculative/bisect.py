@@ -129,7 +129,7 @@ class _Reference:
                 for point, tensor in collect.take():
                     self.record(step, point, tensor)
                 token = int(logits[0].argmax())
-                out.append(step_record(logits[:1], token))
+                out.append(step_record(logits[:1], token, step=step, row=0))
                 self.ids.append(token)
         return out
 
@@ -169,7 +169,7 @@ class _Verify:
             token = int(logits[i].argmax())
             if token != self.tokens[first + i]:
                 self.flips.add(first + i)
-            out.append(step_record(logits[i:i + 1], token))
+            out.append(step_record(logits[i:i + 1], token, step=first + i, row=0))
         return out
 
     def _feed(self, points: list[tuple[Point, object]], start: int, end: int, first: int, kept: int) -> None:

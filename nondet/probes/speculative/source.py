@@ -163,7 +163,8 @@ class SpeculativeSource:
             out = generate(model, tokenizer, batch, settings, None, stopping=[rounds], assist=assist)
             seconds = time.perf_counter() - started
             tokens = out.sequences[0, len(ids):].tolist()
-            steps = [step_record(row[:1].float(), t) for row, t in zip(out.logits, tokens)]
+            steps = [step_record(row[:1].float(), t, step=i, row=0, model_dtype=model.dtype)  # batch size 1
+                     for i, (row, t) in enumerate(zip(out.logits, tokens))]
         return truncate_at_eos(steps, eos_ids(model, tokenizer)), rounds, seconds
 
     @contextlib.contextmanager

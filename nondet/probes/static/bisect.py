@@ -1,8 +1,9 @@
 """The static batch's bisect side: rebuild a probe's condition and replay it in lockstep.
 
 The reference (the prompt alone) and the divergent batch are built exactly as the probe built
-them (core/batch.py), then decoded together step by step with hooks on every module
-(bisect/lockstep.py) under the condition's kernels, or with chosen op classes made invariant.
+them (core/batch.py; a run probed before plain prompts got their BOS without it: bisect/probed_prompts.py),
+then decoded together step by step with hooks on every module (bisect/lockstep.py) under the
+condition's kernels, or with chosen op classes made invariant.
 """
 
 import dataclasses
@@ -10,14 +11,16 @@ import dataclasses
 from nondet.probes.bisect.bisect import kernel_scope
 from nondet.probes.bisect.choose import Target
 from nondet.probes.bisect.lockstep import Lockstep, run_lockstep
+from nondet.probes.bisect.probed_prompts import as_probed
 from nondet.probes.core.batch import Batch, build_batch, tokenize_inputs
 from nondet.probes.core.conditions import Condition
 from nondet.probes.core.replay import DecodeSettings
 
 
-def static_replayer(loaded, probe: dict, target: Target, settings: DecodeSettings, baseline: tuple[str, ...]):
+def static_replayer(loaded, probe: dict, target: Target, streams: list[dict], settings: DecodeSettings,
+                    baseline: tuple[str, ...]):
     """The replay of the target's static condition against its prompt alone."""
-    ref, div = _batches(loaded.tokenizer, probe, target)
+    ref, div = _batches(loaded.tokenizer, probe, target, streams)
     return _replayer(loaded, ref, div, target.position, settings, target.condition.kernels, baseline)
 
 
@@ -29,14 +32,20 @@ def probe_prompts(probe: dict, tokenizer) -> list[str]:
                        probe.get("system"))
 
 
-def _batches(tokenizer, probe: dict, target: Target) -> tuple[Batch, Batch]:
+def probed_prompts(probe: dict, tokenizer, streams: list[dict]) -> tuple[list[str], list[str]]:
+    """The probe's prompts and fillers as it tokenized them: without special tokens where its streams'
+    prompt_tokens show a run probed before plain prompts got their BOS (bisect/probed_prompts.py)."""
+    return as_probed(tokenizer, probe_prompts(probe, tokenizer), list(probe["fillers"]), streams)
+
+
+def _batches(tokenizer, probe: dict, target: Target, streams: list[dict]) -> tuple[Batch, Batch]:
     """The reference (prompt alone) and the divergent batch exactly as the probe built it
     (all its target rows too: when sampling, each target samples with the probe's seed)."""
-    texts = probe_prompts(probe, tokenizer)
-    ids, fillers = tokenize_inputs(tokenizer, texts[target.prompt_id], probe["fillers"])
+    texts, filler_texts = probed_prompts(probe, tokenizer, streams)
+    ids, fillers = tokenize_inputs(tokenizer, texts[target.prompt_id], filler_texts)
     pad = tokenizer.pad_token_id
     reference = build_batch(Condition("bisect/ref", target.condition.kernels, 1, (0,), "none"), ids, fillers, pad)
-    every = [tokenize_inputs(tokenizer, t, probe["fillers"])[0] for t in texts] if target.condition.row_prompts else None
+    every = [tokenize_inputs(tokenizer, t, filler_texts)[0] for t in texts] if target.condition.row_prompts else None
     return reference, build_batch(target.condition, ids, fillers, pad, prompts=every)
 
 

@@ -49,7 +49,7 @@ def run_tp_bisect(config: BisectConfig, on_stage=None) -> BisectResult:
     settings = DecodeSettings(replay_horizon(config, probe, target), probe["temperature"], probe["seed"],
                               **replay_cache(probe))
     stage(f"loading model at --tp {degree}")
-    main, ablation, tokenizer = _replay_in_group(config, probe, spec, target, degree, settings, stage)
+    main, ablation, tokenizer = _replay_in_group(config, probe, streams, spec, target, degree, settings, stage)
     result = describe(target, main, tokenizer, ablation, config.baseline)
     result.update(reproduced(main.reference, streams, target.reference_run_id))  # the degree's prompt alone
     result["replay"] = replay_record(settings, probe)
@@ -92,8 +92,8 @@ def _picked(stream: dict, wanted: str | None, position: int | None) -> bool:
             and (position is None or stream["position"] == position))
 
 
-def _replay_in_group(config: BisectConfig, probe: dict, spec: ModelSpec, target: Target, degree: int,
-                     settings: DecodeSettings, stage):
+def _replay_in_group(config: BisectConfig, probe: dict, streams: list[dict], spec: ModelSpec, target: Target,
+                     degree: int, settings: DecodeSettings, stage):
     """(main Lockstep, Ablation or None, tokenizer): the replays on a worker group of the degree."""
     from nondet.kernels.mode import EXTRA_CLASSES, OP_CLASSES
     from nondet.probes.tp.group import WorkerGroup, free_port
@@ -101,7 +101,7 @@ def _replay_in_group(config: BisectConfig, probe: dict, spec: ModelSpec, target:
     from nondet.probes.tp.load import load_tokenizer, model_source
 
     tokenizer = load_tokenizer(model_source(spec.name), spec)
-    reference, divergent = _batches(tokenizer, probe, target)
+    reference, divergent = _batches(tokenizer, probe, target, streams)
     classes = tuple(c for c in OP_CLASSES + EXTRA_CLASSES
                     if c not in config.baseline and c not in ("experts", "router"))  # TP models here are dense
     task = BisectTask(reference, divergent, target.position, target.condition.kernels, tuple(config.baseline),
@@ -119,16 +119,16 @@ def _replay_in_group(config: BisectConfig, probe: dict, spec: ModelSpec, target:
     return result["main"], result["ablation"], tokenizer
 
 
-def _batches(tokenizer, probe: dict, target: Target) -> tuple[Batch, Batch]:
-    """The prompt alone and the divergent batch exactly as the probe built them."""
-    from nondet.probes.core.chat import model_texts
+def _batches(tokenizer, probe: dict, target: Target, streams: list[dict]) -> tuple[Batch, Batch]:
+    """The prompt alone and the divergent batch exactly as the probe built them (a run probed before plain
+    prompts got their BOS: without it, bisect/probed_prompts.py)."""
+    from nondet.probes.static.bisect import probed_prompts
 
-    texts = model_texts(tokenizer, probe.get("prompts") or [probe["prompt"]], probe.get("chat", False),
-                        probe.get("system"))
-    ids, fillers = tokenize_inputs(tokenizer, texts[target.prompt_id], probe["fillers"])
+    texts, filler_texts = probed_prompts(probe, tokenizer, streams)
+    ids, fillers = tokenize_inputs(tokenizer, texts[target.prompt_id], filler_texts)
     pad = tokenizer.pad_token_id
     reference = build_batch(Condition("bisect/ref", target.condition.kernels, 1, (0,), "none"), ids, fillers, pad)
-    every = [tokenize_inputs(tokenizer, t, probe["fillers"])[0] for t in texts] if target.condition.row_prompts else None
+    every = [tokenize_inputs(tokenizer, t, filler_texts)[0] for t in texts] if target.condition.row_prompts else None
     if target.condition.fillers == "ragged" and not ids:
         raise UsageError("the target prompt tokenized to nothing")
     return reference, build_batch(target.condition, ids, fillers, pad, prompts=every)
