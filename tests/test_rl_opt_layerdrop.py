@@ -1,7 +1,7 @@
 """OPT's LayerDrop in the RL trainer's train-mode forward (probes/rl/train_mode.py).
 
-Some transformers versions draw LayerDrop's number in OPTDecoder's train-mode forward whatever the rate
-(`if self.training: torch.rand([])`, once per layer; the version installed here guards it with
+transformers 5.17 (the floor pyproject allows) draws LayerDrop's number in OPTDecoder's train-mode forward
+whatever the rate (`if self.training: torch.rand([])`, once per layer; 5.24 guards it with
 `self.layerdrop > 0.0`). At rate 0 the draw skips nothing, but the batch-invariant mode's op census saw an
 aten::rand and refused OPT for `nondet rl` ("model.decoder: aten::rand is not covered ..."). The tests put
 that unguarded draw back (`unguarded_layerdrop`) and take each census afresh (census._CACHE emptied: a

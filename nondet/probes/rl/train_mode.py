@@ -21,8 +21,8 @@ nn.Dropout modules: floats a module keeps (gpt_bigcode's `attn_dropout` = config
      the module (UnsupportedModelError, exit 3), rather than its noise reported as variance.
 
 A module that keeps a LayerDrop rate (`layerdrop`: OPT's decoder) runs its own code in eval mode
-too, its layers in train mode. Some transformers versions draw LayerDrop's number in train mode
-whatever the rate (OPT: `if self.training: torch.rand([])` per layer); at rate 0 `rand < 0` never
+too, its layers in train mode. transformers 5.17 draws LayerDrop's number in train mode whatever
+the rate (OPT: `if self.training: torch.rand([])` per layer; 5.24 only above rate 0); at rate 0 `rand < 0` never
 skips a layer, so the bits are train mode's, but the draw is an aten::rand the mode's op census
 refuses. OPT's decoder reads `self.training` for LayerDrop alone (some versions also to warn that
 gradient checkpointing drops the cache), and a dropout an owner applies itself has rate 0 here, as in
