@@ -65,11 +65,16 @@ mkdir -p "$OUT"
 # the tree first; a PYTHONPATH the caller set (e.g. a pip install --target folder) after it
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=160 NONDET_CACHE=${NONDET_CACHE:-/tmp/nondet-cache}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.log"
+# the device image sets PYTHONDONTWRITEBYTECODE=1, so every process compiled torch's and transformers' modules from
+# source again: 9.7-9.9 s of imports where an installed environment (pip writes the bytecode) takes 4.9-5.6 s
+# (docs/benchmarks.md, 2026-12-01 11:28); timings here are an installed environment's: bytecode written, once
+unset PYTHONDONTWRITEBYTECODE
 if [ -f .device-wheels/VERSION ]; then  # a newer transformers carried as wheels (scripts/device/wheels.sh)
   python3 -m pip install -q --no-index --find-links .device-wheels "transformers==$(cat .device-wheels/VERSION)" \
     > "$OUT/wheels.log" 2>&1 || echo "carried transformers not installed: see $OUT/wheels.log"
 fi
-python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
+python3 -c "import torch, triton, transformers, transformers.generation.utils, nondet.probes.probe
+print('torch', torch.__version__, 'triton', triton.__version__,
 'transformers', transformers.__version__)" | tee -a "$OUT/device.log"
 
 quiet() { grep -v Writing; }  # transformers' save messages
