@@ -51,6 +51,7 @@ def test_without_usage_the_four_fractions_stay_four_rows_in_order(tmp_path):
     text = (tmp_path / "r" / "report.md").read_text()
     at = [text.index(f"prefix {size} cached") for size in ("25%", "50%", "75%", "all")]
     assert at == sorted(at)
+    assert "Prefix cache: " + NO_USAGE in text  # the load's notes are in the report, as on the terminal
 
 
 def test_with_usage_the_rows_are_token_counts_as_before(tmp_path):
@@ -59,6 +60,9 @@ def test_with_usage_the_rows_are_token_counts_as_before(tmp_path):
     sizes = [f["size"] for f in summary["prefill"]["by_form"]]
     assert len(sizes) == 4 and all(isinstance(s, int) and s > 0 for s in sizes) and sizes == sorted(sizes)
     assert not any(NO_USAGE in note for note in summary["load"]["notes"])
+    assert cli_runner.run(["report", str(tmp_path / "r")]).returncode == 0
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "Prefix cache: cold by" in text and NO_USAGE not in text  # control: the note only where it holds
 
 
 # -- 2: the choice with index 0 ---------------------------------------------------------------------------------

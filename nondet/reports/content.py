@@ -30,7 +30,7 @@ MAX_TREE_NODES = 30                      # branch points drawn before the tree i
 def build_report(t: RunTables) -> Report:
     sections = [
         Section("Verdict", "verdict", [_verdict(t), *_confidence_note(t), *_coverage_note(t), *_gate_note(t),
-                                       *_model_note(t), *_decode_path_note(t)]),
+                                       *_model_note(t), *_load_notes(t), *_decode_path_note(t)]),
         Section("Prompts", "prompts", prompt_blocks(t.config.get("config") or {})),
         Section("Conditions", "conditions", _conditions(t)),
         *speculative_sections(t),
@@ -134,6 +134,15 @@ def _model_note(t: RunTables) -> list[Para]:
                                                                    else [])
     parts += [" " + note[:1].upper() + note[1:] for note in notes]
     return [Para(parts, kind="note")]
+
+
+def _load_notes(t: RunTables) -> list[Para]:
+    """The load's caveats, as the terminal prints them after its tables (summary.json load.notes: a server's
+    comparison level, a prefix cache's cold state and counted lengths, a continuous engine's runs alone)."""
+    load = t.summary.get("load") or {}
+    return [Para(["Load (", Code(str(load.get("mode", "?"))), "): ", note[:1].upper() + note[1:]
+                  + ("" if note.endswith(".") else ".")], kind="note")
+            for note in load.get("notes") or []]
 
 
 def dtype_note(model: dict) -> str:
