@@ -25,10 +25,6 @@ record token 0 and logprob 'nan' every step, the same in every condition. That i
 measurement: each step also keeps a per-row flag (on the device, no sync), read when the steps are
 converted, and the sampler checks the probabilities it already copied to the host; both raise
 NonFiniteLogitsError. -inf entries are masked vocabulary, a valid distribution, and pass.
-
-Greedy on a GPU with `--cuda-graphs` (graphed=True), the same fields are recorded by one CUDA graph per call
-into buffers on the device (core/graphed_steps.py): one copy and one replay a step instead of a dozen launches,
-the same kernels and so the same bits; a graph that cannot be recorded leaves the call eager.
 """
 
 from nondet.errors import NonFiniteLogitsError
@@ -39,11 +35,9 @@ SAMPLERS = ("per-request", "shared")  # each request its own seeded generator | 
 
 class StepRecorder:
     def __init__(self, target_rows, batch_size: int, temperature: float, seed: int,
-                 filler_seed_offset: int = 1, sampler: str = "per-request", model_dtype=None, graphed: bool = False):
+                 filler_seed_offset: int = 1, sampler: str = "per-request", model_dtype=None):
         import torch
 
-        self.graphed = graphed and temperature == 0  # greedy on a GPU: each step from one CUDA graph (graphed_steps.py)
-        self._graph = None  # its GraphedSteps, made at the first step on a CUDA device
         self.target_rows = tuple(target_rows)
         self.temperature = temperature
         self.model_dtype = model_dtype  # named in a NonFiniteLogitsError's message when the caller knows it
@@ -63,7 +57,7 @@ class StepRecorder:
     @property
     def steps(self) -> dict[int, list[dict]]:
         """{target row: [step dict, ...]}: the pending tensors converted to exact bits now."""
-        if self._pending or (self._graph is not None and self._graph.count):
+        if self._pending:
             self._flush()
         return self._steps
 
@@ -71,22 +65,17 @@ class StepRecorder:
         """Forget the steps past the first `steps`: generate ran them and then undid them (a stop check
         read a step late, core/deferred_stop.py), so they are not in the tokens it returned."""
         del self._pending[max(0, steps - self._converted()):]  # an undone step is not recorded: never checked
-        if self._graph is not None:
-            self._graph.keep_first(steps - self._converted())
         for row, kept in self.steps.items():
             self._steps[row] = kept[:steps]
 
     def __call__(self, input_ids, scores):
         import torch
 
-        if self.graphed and graphable(scores):
-            self._record_graphed(scores)
-            if self.graphed:  # else the graph could not be recorded: this step and the rest eager
-                return scores
         chosen = self._choose(scores)
         if self._rows is None:
             self._rows = torch.tensor(self.target_rows, device=scores.device)
-        self._pending.append(self._fields(scores, chosen))
+        logits = scores.index_select(0, self._rows).float()
+        self._pending.append((*gather_step(logits, chosen[self._rows]), non_finite_rows(logits)))
         if self.generators is None and self.shared is None:
             return scores
         forced = torch.full_like(scores, float("-inf"))
@@ -122,52 +111,11 @@ class StepRecorder:
         """How many steps are already converted to records (every target row has as many)."""
         return len(self._steps[self.target_rows[0]]) if self.target_rows else 0
 
-    def _record_graphed(self, scores) -> None:
-        """Greedy: the step's fields from the recorder's CUDA graph into its buffers (converted when full)."""
-        if self._graph is None:
-            from nondet.probes.core.graphed_steps import GraphedSteps
-
-            self._rows = self._rows_on(scores.device)
-            graph = GraphedSteps(self._greedy_fields)
-            try:
-                graph.record(scores)
-            except RuntimeError as exc:  # a step CUDA cannot record (a host sync): eager from here, as before
-                from nondet.errors import debug_traceback
-
-                debug_traceback(exc)
-                self.graphed = False
-                return
-            self._graph = graph
-            return
-        if self._graph.full():
-            self._flush()
-        self._graph.record(scores)
-
-    def _greedy_fields(self, scores) -> tuple:
-        """scores [B, vocab] -> the target rows' fields when the choice is the argmax (what the graph records)."""
-        import torch
-
-        return self._fields(scores, torch.argmax(scores, dim=-1))
-
-    def _fields(self, scores, chosen) -> tuple:
-        """scores [B, vocab], chosen [B] -> the target rows' (tokens, logprob, top ids, top logprobs, margin,
-        non-finite flag), on the scores' device."""
-        logits = scores.index_select(0, self._rows).float()
-        return (*gather_step(logits, chosen[self._rows]), non_finite_rows(logits))
-
-    def _rows_on(self, device):
-        import torch
-
-        return torch.tensor(self.target_rows, device=device)
-
     def _flush(self) -> None:
         """Every pending step of every target row -> step dicts, one stack and one copy per field."""
         import torch
 
-        if self._graph is not None:
-            fields = [f.cpu().tolist() for f in self._graph.held()]  # each [steps, R(, 5)]
-        else:
-            fields = [torch.stack(f).cpu().tolist() for f in zip(*self._pending)]
+        fields = [torch.stack(f).cpu().tolist() for f in zip(*self._pending)]  # each [steps, R(, 5)]
         self._pending = []
         self._check_flags(fields[-1])
         for tokens, logprob, top_ids, top_lp, margin, _ in zip(*fields):
@@ -180,11 +128,6 @@ class StepRecorder:
             if any(per_row):
                 raise NonFiniteLogitsError(self._converted() + offset, self.target_rows[per_row.index(True)],
                                            self.model_dtype)
-
-
-def graphable(scores) -> bool:
-    """Whether a step's logits can go through a CUDA graph (graphed_steps.py): on a CUDA device."""
-    return scores.is_cuda
 
 
 def non_finite_rows(logits):

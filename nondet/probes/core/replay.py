@@ -51,8 +51,7 @@ class DecodeSettings:
 
 def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings) -> dict[int, list[dict]]:
     """Run generate on the batch; {target row: [step record, ...]} truncated after EOS."""
-    # --cuda-graphs: the recorder's own step from a CUDA graph too (greedy; core/graphed_steps.py)
-    recorder = new_recorder(batch, settings, getattr(model, "dtype", None), graphed=settings.cuda_graphs)
+    recorder = new_recorder(batch, settings, getattr(model, "dtype", None))
     trace = RoutingTrace(model, batch.target_rows, len(batch.input_ids))
     with trace:  # a mixture of experts: each target token's experts, per step (nothing on a dense model)
         generate(model, tokenizer, batch, settings, recorder)
@@ -66,11 +65,11 @@ def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings)
     return {row: truncate_at_eos(steps, eos) for row, steps in steps_of.items()}
 
 
-def new_recorder(batch: Batch, settings: DecodeSettings, model_dtype=None, graphed: bool = False) -> StepRecorder:
+def new_recorder(batch: Batch, settings: DecodeSettings, model_dtype=None) -> StepRecorder:
     """The recorder of the batch's target rows (each target samples with the same seed); model_dtype: named in
-    the message of logits that are not finite; graphed: its greedy steps replayed from a CUDA graph on a GPU."""
+    the message of logits that are not finite."""
     return StepRecorder(batch.target_rows, len(batch.input_ids), settings.temperature, settings.seed,
-                        sampler=settings.sampler, model_dtype=model_dtype, graphed=graphed)
+                        sampler=settings.sampler, model_dtype=model_dtype)
 
 
 @dataclass(frozen=True)
