@@ -199,6 +199,19 @@ def prefill_error(model, ids: torch.Tensor, scope) -> float:
     return ((ours - ref).norm() / ref.norm()).item()
 
 
+class Noisy(torch.nn.Module):
+    """A module with noise in eval mode too, nothing the RL trainer can switch off (its refusal's control; the
+    refusal names the class, Noisy)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        out = self.inner(x)
+        return out + 1e-3 * torch.randn_like(out)
+
+
 class BatchVariantNorm(torch.nn.Module):
     """The positive control: wraps the model's final norm; with more than one row in the call its
     output is rescaled by a sum of squares taken as 8 bf16 partial sums (the split strategy a

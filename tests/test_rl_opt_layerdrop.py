@@ -98,21 +98,9 @@ def test_control_the_same_draw_outside_a_layerdrop_owner_is_still_refused(opt_di
     assert str(e.value).startswith("model.decoder.layers.0: aten::rand is not covered by the batch-invariant mode")
 
 
-class Noisy(torch.nn.Module):
-    """Noise in eval mode too: nothing the trainer can switch off."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x):
-        out = self.inner(x)
-        return out + 1e-3 * torch.randn_like(out)
-
-
 def test_control_noise_eval_mode_keeps_is_still_refused(opt_dir, unguarded_layerdrop):
     model = fm.load(opt_dir, torch.float32)
-    model.model.decoder.layers[1].fc2 = Noisy(model.model.decoder.layers[1].fc2)
+    model.model.decoder.layers[1].fc2 = fm.Noisy(model.model.decoder.layers[1].fc2)
     with pytest.raises(UnsupportedModelError) as e, training(model, IDS):
         pass
     assert "\n" not in str(e.value) and "model.decoder.layers.1.fc2 (Noisy)" in str(e.value)

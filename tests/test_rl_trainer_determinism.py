@@ -96,24 +96,12 @@ def test_phimoe_keeps_its_routing_threshold_and_drops_gumbel_sampling():
     assert torch.equal(trainer, forward(model))  # == eval mode, the sampler's forward
 
 
-class Noisy(torch.nn.Module):
-    """Noise in eval mode too: nothing the trainer can switch off."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x):
-        out = self.inner(x)
-        return out + 1e-3 * torch.randn_like(out)
-
-
 def test_randomness_eval_mode_keeps_is_refused_in_one_line(tmp_path, tokenizer):
     model = fm.load(fm.save_family("llama", tmp_path / "llama", tokenizer), torch.float32)
     with training(model, IDS[:8]):  # negative control: the plain model passes
         pass
     model = fm.load(tmp_path / "llama", torch.float32)  # a fresh model object: the search runs again
-    model.model.layers[1].mlp.down_proj = Noisy(model.model.layers[1].mlp.down_proj)
+    model.model.layers[1].mlp.down_proj = fm.Noisy(model.model.layers[1].mlp.down_proj)
     with pytest.raises(UnsupportedModelError) as e:
         with training(model, IDS[:8]):
             pass
