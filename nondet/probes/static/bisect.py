@@ -8,6 +8,7 @@ condition's kernels, or with chosen op classes made invariant.
 
 import dataclasses
 
+from nondet.errors import UsageError
 from nondet.probes.bisect.bisect import kernel_scope
 from nondet.probes.bisect.choose import Target
 from nondet.probes.bisect.lockstep import Lockstep, run_lockstep
@@ -20,7 +21,7 @@ from nondet.probes.core.replay import DecodeSettings
 def static_replayer(loaded, probe: dict, target: Target, streams: list[dict], settings: DecodeSettings,
                     baseline: tuple[str, ...]):
     """The replay of the target's static condition against its prompt alone."""
-    ref, div = _batches(loaded.tokenizer, probe, target, streams)
+    ref, div = probed_batches(loaded.tokenizer, probe, target, streams)
     return _replayer(loaded, ref, div, target.position, settings, target.condition.kernels, baseline)
 
 
@@ -38,11 +39,14 @@ def probed_prompts(probe: dict, tokenizer, streams: list[dict]) -> tuple[list[st
     return as_probed(tokenizer, probe_prompts(probe, tokenizer), list(probe["fillers"]), streams)
 
 
-def _batches(tokenizer, probe: dict, target: Target, streams: list[dict]) -> tuple[Batch, Batch]:
+def probed_batches(tokenizer, probe: dict, target: Target, streams: list[dict]) -> tuple[Batch, Batch]:
     """The reference (prompt alone) and the divergent batch exactly as the probe built it
-    (all its target rows too: when sampling, each target samples with the probe's seed)."""
+    (all its target rows too: when sampling, each target samples with the probe's seed); the static
+    source's and each tensor-parallel rank's (tp/bisect.py)."""
     texts, filler_texts = probed_prompts(probe, tokenizer, streams)
     ids, fillers = tokenize_inputs(tokenizer, texts[target.prompt_id], filler_texts)
+    if target.condition.fillers == "ragged" and not ids:
+        raise UsageError("the target prompt tokenized to nothing")
     pad = tokenizer.pad_token_id
     reference = build_batch(Condition("bisect/ref", target.condition.kernels, 1, (0,), "none"), ids, fillers, pad)
     every = [tokenize_inputs(tokenizer, t, filler_texts)[0] for t in texts] if target.condition.row_prompts else None

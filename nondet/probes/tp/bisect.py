@@ -22,8 +22,7 @@ from nondet.probes.bisect.bisect import (BisectConfig, BisectResult, describe, m
                                         replay_horizon, write_result)
 from nondet.probes.bisect.choose import Target
 from nondet.probes.bisect.reproduced import replay_record, reproduced
-from nondet.probes.core.batch import Batch, build_batch, tokenize_inputs
-from nondet.probes.core.conditions import Condition, condition_from_record
+from nondet.probes.core.conditions import condition_from_record
 from nondet.probes.core.diff import first_numeric_divergence, first_token_divergence
 from nondet.probes.core.replay import DecodeSettings
 from nondet.probes.models.loading import ModelSpec
@@ -101,7 +100,9 @@ def _replay_in_group(config: BisectConfig, probe: dict, streams: list[dict], spe
     from nondet.probes.tp.load import load_tokenizer, model_source
 
     tokenizer = load_tokenizer(model_source(spec.name), spec)
-    reference, divergent = _batches(tokenizer, probe, target, streams)
+    from nondet.probes.static.bisect import probed_batches
+
+    reference, divergent = probed_batches(tokenizer, probe, target, streams)
     classes = tuple(c for c in OP_CLASSES + EXTRA_CLASSES
                     if c not in config.baseline and c not in ("experts", "router"))  # TP models here are dense
     task = BisectTask(reference, divergent, target.position, target.condition.kernels, tuple(config.baseline),
@@ -117,18 +118,3 @@ def _replay_in_group(config: BisectConfig, probe: dict, streams: list[dict], spe
     finally:
         group.close()
     return result["main"], result["ablation"], tokenizer
-
-
-def _batches(tokenizer, probe: dict, target: Target, streams: list[dict]) -> tuple[Batch, Batch]:
-    """The prompt alone and the divergent batch exactly as the probe built them (a run probed before plain
-    prompts got their BOS: without it, bisect/probed_prompts.py)."""
-    from nondet.probes.static.bisect import probed_prompts
-
-    texts, filler_texts = probed_prompts(probe, tokenizer, streams)
-    ids, fillers = tokenize_inputs(tokenizer, texts[target.prompt_id], filler_texts)
-    pad = tokenizer.pad_token_id
-    reference = build_batch(Condition("bisect/ref", target.condition.kernels, 1, (0,), "none"), ids, fillers, pad)
-    every = [tokenize_inputs(tokenizer, t, filler_texts)[0] for t in texts] if target.condition.row_prompts else None
-    if target.condition.fillers == "ragged" and not ids:
-        raise UsageError("the target prompt tokenized to nothing")
-    return reference, build_batch(target.condition, ids, fillers, pad, prompts=every)
