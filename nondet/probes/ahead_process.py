@@ -1,5 +1,7 @@
 """The second process of probes/static/compile_ahead.py: a later kernels mode's first condition decoded, so
-that its compiled decode step is saved under NONDET_CACHE while the probe that started it runs the first mode.
+that its compiled decode step is saved under NONDET_CACHE while the probe that started it runs the first mode;
+under `--cuda-graphs`, the mode's conditions warmed up alone, last first, so that their Triton binaries are in
+the on-disk cache when the probe reaches them.
 
     python -m nondet.probes.ahead_process CONFIG_FILE      (the probe's config, as compile_ahead wrote it)
 
@@ -29,7 +31,10 @@ def main(argv: list[str]) -> int:
     try:
         with numerics_scope(config.threads):
             source.open()
-            run_streams(source, None)
+            if config.cuda_graphs:
+                warm_up_from_the_end(source)
+            else:
+                run_streams(source, None)
     except NondetError as exc:
         print(f"{type(exc).__name__}: {exc}")
         return exc.exit_code
@@ -37,6 +42,13 @@ def main(argv: list[str]) -> int:
         source.close()
     (Path(argv[0]).parent / FINISHED).write_text(repr(time.time()))
     return 0
+
+
+def warm_up_from_the_end(source) -> None:
+    """Each batch shape's warm-up, the probe's last first: the probe begins with the first, so the two meet
+    in the middle rather than compile the same binaries side by side."""
+    for planned in reversed(source.plan()):
+        source.warm_up(planned)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,15 @@ weights (the second process holds its own copy while it compiles). NONDET_COMPIL
 compiles share the cores and the gain was 4%: docs/benchmarks.md). A second process that fails, or has
 not finished after WAIT_S, leaves the mode to compile here, as without it; summary.json's decode_path
 "compiled_ahead" says per mode what happened.
+
+Under `--cuda-graphs` nothing is traced; what a cold probe compiles is the mode's Triton binaries, a tile per
+matmul M range and prompt length (on an H200 the mode's warm-ups took 5.1x the default's from an empty cache,
+0.5x warm: docs/benchmarks.md, 2026-12-01). There the second process runs the mode's warm-ups alone, every
+batch shape of the probe in the reverse of the probe's order (KernelsAhead), and leaves the binaries in
+Triton's on-disk cache under NONDET_CACHE, where the probe's own launches find them. The probe does not wait
+for it: a kernel not yet there is compiled here as without it (the same source and options give the same
+binary), so the second process can only take work off the probe. It is stopped at the probe's end if still
+running. Binaries, not numbers, are what it hands over, and a binary is the same wherever it was compiled.
 """
 
 import json
@@ -55,6 +64,8 @@ class Helper:
     process: subprocess.Popen
     folder: Path
     started: float  # time.time() when it was started (the clock FINISHED is written in: two processes read it)
+    binaries: bool = False  # --cuda-graphs: it warms up the mode's shapes for their Triton binaries, not waited for
+    beside: float | None = None  # time.time() when the probe began the mode with it still running (--cuda-graphs)
 
 
 class CompileAhead:
@@ -68,7 +79,7 @@ class CompileAhead:
     def start(self, config, model, in_memory: bool = False) -> None:
         """A second process per later kernels mode of `config` (a ProbeConfig), where it pays (why_not).
         in_memory: the probe was handed `model` (probe_model), which a second process cannot load."""
-        later = config.kernels[1:]
+        later = kernels_ahead(config) if config.cuda_graphs else config.kernels[1:]
         reason = why_not(config, model, in_memory) if later else "one kernels mode"
         if reason is not None:
             self.outcomes.update({mode: f"not started: {reason}" for mode in later})
@@ -76,11 +87,12 @@ class CompileAhead:
         for mode in later:
             folder = Path(tempfile.mkdtemp(prefix="nondet-ahead-"))
             argument = folder / SETTINGS
-            argument.write_text(json.dumps(asdict(helper_config(config, mode))))
+            settings = warm_up_config(config, mode) if config.cuda_graphs else helper_config(config, mode)
+            argument.write_text(json.dumps(asdict(settings)))
             with open(folder / LOG, "wb") as log:
                 process = subprocess.Popen(_command(argument), stdout=log, stderr=subprocess.STDOUT,
                                            env=_helper_env())
-            self.helpers[mode] = Helper(mode, process, folder, time.time())
+            self.helpers[mode] = Helper(mode, process, folder, time.time(), binaries=config.cuda_graphs)
 
     def waits_for(self, mode: str) -> bool:
         """Whether a second process of this mode's is still to be waited for (or stopped)."""
@@ -92,9 +104,13 @@ class CompileAhead:
         this mode's step is most likely saved too, and the second process would only load it as well,
         later than this one (on an H200 a warm probe waited 10-15 s for it); where it is not saved after
         all, it is compiled here, as without a second process."""
-        helper = self.helpers.pop(mode, None)
-        if helper is None:
+        helper = self.helpers.get(mode)
+        if helper is None or helper.beside is not None:
             return
+        if helper.binaries:
+            self._beside(helper)
+            return
+        del self.helpers[mode]
         if cache_warm:
             _stop(helper)
             self.outcomes[mode] = "stopped: the earlier kernels modes' steps were loaded (a warm cache)"
@@ -114,11 +130,28 @@ class CompileAhead:
             self.outcomes[mode] = f"second process failed (exit {code}: {_last_line(helper)}): compiled here"
         shutil.rmtree(helper.folder, ignore_errors=True)
 
+    def _beside(self, helper: Helper) -> None:
+        """--cuda-graphs, the mode about to begin: not waited for. Where the second process is done, say so;
+        else it goes on beside the mode (compile_ahead's docstring) and close() says what it did."""
+        code = helper.process.poll()
+        if code is None:
+            helper.beside = time.time()
+            return
+        del self.helpers[helper.mode]
+        self.outcomes[helper.mode] = _binaries_outcome(helper, code, beside=None)
+        shutil.rmtree(helper.folder, ignore_errors=True)
+
     def close(self) -> None:
-        """Stop every second process not waited for (the probe ended early: an error, Ctrl-C)."""
+        """Stop every second process still running: one whose mode never began (the probe ended early: an
+        error, Ctrl-C), or one that ran beside its mode (--cuda-graphs) and is done or no longer of use."""
         for helper in self.helpers.values():
+            if helper.beside is None:
+                _stop(helper)
+                self.outcomes[helper.mode] = "stopped: the probe ended before its mode ran"
+                continue
+            code = helper.process.poll()
+            self.outcomes[helper.mode] = _binaries_outcome(helper, code, beside=helper.beside)
             _stop(helper)
-            self.outcomes[helper.mode] = "stopped: the probe ended before its mode ran"
         self.helpers.clear()
 
     def as_summary(self) -> dict:
@@ -134,7 +167,7 @@ def why_not(config, model, in_memory: bool = False) -> str | None:
         return f"{ENV}=0"
     if in_memory:
         return "a model handed over in memory (a second process loads the model from disk)"
-    if not precompiled.enabled():
+    if not config.cuda_graphs and not precompiled.enabled():
         return f"saved steps off ({precompiled.ENV}={os.environ.get(precompiled.ENV)})"
     if config.prefill or config.speculative or config.tp:
         return "the compiled step of another axis"
@@ -165,6 +198,33 @@ def helper_config(config, mode: str):
     read); no run directory."""
     return replace(config, prompt=config.targets[0], prompts=(), batch_sizes=(1,), placement="auto", runs=None,
                    trials=1, ragged=False, kernels=(mode,), out=None, argv=())
+
+
+def kernels_ahead(config) -> tuple[str, ...]:
+    """--cuda-graphs: the kernels modes whose Triton binaries a second process compiles; the default kernels
+    (cuBLAS, SDPA) compile nothing. The first mode too, where it is the batch-invariant one: the second
+    process starts from the other end of the plan."""
+    return tuple(mode for mode in config.kernels if mode != "default")
+
+
+def warm_up_config(config, mode: str):
+    """--cuda-graphs: the second process's probe, every condition of `mode` as the probe plans them (each batch
+    shape is a binary's M range and a prompt length), warmed up and not decoded (ahead_process.py); no run
+    directory, no --workers, no --budget (its plan is the probe's whole plan)."""
+    return replace(config, kernels=(mode,), out=None, argv=(), workers=1, budget=None)
+
+
+def _binaries_outcome(helper: Helper, code: int | None, beside: float | None) -> str:
+    """What a --cuda-graphs second process did, in words (summary.json decode_path.compiled_ahead)."""
+    took = _finished(helper)
+    if code == 0 and took is not None:
+        where = ("before the mode began" if beside is None
+                 else f"{max(0.0, helper.started + took - beside):.1f} s of it beside the mode")
+        return f"kernels compiled by a second process in {took:.1f} s ({where})"
+    if code is None:
+        return (f"kernels compiled by a second process beside the mode; stopped at the probe's end, "
+                f"{time.time() - helper.started:.1f} s after its start")
+    return f"second process failed (exit {code}: {_last_line(helper)}): kernels compiled here"
 
 
 def _command(argument: Path) -> list[str]:

@@ -52,9 +52,7 @@ class ConditionDecoder:
             return run(self.settings)
         compiled = replace(self.settings, compile_backend=self.compile_backend)
         with self._scope(mode):
-            if self.paths.compiles(mode) and (shape is None or (mode, shape) not in self.warmed):
-                self.paths.warm_up(mode, lambda: self._warm(mode, run, compiled))
-                self.warmed.add((mode, shape))
+            self._warm_once(mode, run, compiled, shape)
             eager = replace(self.settings, kv_cache="static", cuda_graphs=False)
             chosen = compiled if self.paths.compiles(mode) else eager
             started = time.perf_counter()
@@ -63,6 +61,21 @@ class ConditionDecoder:
         if self.graphs is not None:
             refuse_uncovered_graphs(self.graphs, self.settings.allow_uncovered)
         return rows
+
+    def warm_only(self, mode: str, run, shape: tuple | None = None) -> None:
+        """The condition's warm-up and nothing else (a second process's work, compile_ahead.py: under
+        `--cuda-graphs` it leaves the mode's Triton binaries in the on-disk cache for the probe)."""
+        if self.paths is None:
+            return
+        compiled = replace(self.settings, compile_backend=self.compile_backend)
+        with self._scope(mode):
+            self._warm_once(mode, run, compiled, shape)
+
+    def _warm_once(self, mode: str, run, compiled: DecodeSettings, shape: tuple | None) -> None:
+        """The warm-up call of the condition's shape, unless one of the same mode and shape ran already."""
+        if self.paths.compiles(mode) and (shape is None or (mode, shape) not in self.warmed):
+            self.paths.warm_up(mode, lambda: self._warm(mode, run, compiled))
+            self.warmed.add((mode, shape))
 
     def _scope(self, mode: str):
         """Around a condition: the compiled path's caches, graph census and saved steps' mode; the CUDA-graph

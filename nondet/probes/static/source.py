@@ -53,7 +53,7 @@ class StaticSource:
                                   allow_uncovered=c.allow_uncovered, sampler=c.sampler)
         store = census_store(self.loaded.model) if c.compile_backend else None
         self.decoder = ConditionDecoder(settings, c.compile_backend, self.loaded.model.device.type, store)
-        if c.compile_backend:  # later kernels modes' steps compiled by second processes meanwhile
+        if c.compile_backend or c.cuda_graphs:  # later kernels modes compiled by second processes meanwhile
             self.decoder.ahead = CompileAhead()
             self.decoder.ahead.start(c, self.loaded.model, in_memory)
         env["decode_path"] = self.decoder.label(c.kv_cache)
@@ -127,8 +127,8 @@ class StaticSource:
         """Each prompt's token count (rows groups prompts of equal length)."""
         return [len(target) for target, _ in self.inputs]
 
-    def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
-        condition: cond.Condition = planned.plan
+    def _runner(self, condition: cond.Condition):
+        """The condition's decoding call `run(settings, warm)` and its batch shape (core/batch.batch_shape)."""
         target, fillers = self.inputs[condition.prompt_id]
         prompts = [ids for ids, _ in self.inputs]
 
@@ -136,7 +136,17 @@ class StaticSource:
             return replay_condition(self.loaded.model, self.loaded.tokenizer, condition, target, fillers,
                                     settings, prompts, warm)
 
-        shape = batch_shape(condition, target, fillers, prompts)
+        return run, batch_shape(condition, target, fillers, prompts)
+
+    def warm_up(self, planned: Planned) -> None:
+        """The condition's warm-up alone (a second process's work: probes/static/compile_ahead.py)."""
+        run, shape = self._runner(planned.plan)
+        self.decoder.warm_only(planned.plan.kernels, run, shape)
+
+    def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
+        condition: cond.Condition = planned.plan
+        prompts = [ids for ids, _ in self.inputs]
+        run, shape = self._runner(condition)
 
         def decode_here() -> dict[int, list[dict]]:
             return self.decoder.decode(condition.kernels, run, shape)

@@ -1,0 +1,141 @@
+"""`--cuda-graphs`: a second process compiles the mode's Triton binaries beside the probe (probes/static/compile_ahead.py).
+
+It warms up every batch shape of the mode, last first, and is not waited for. The lifecycle cases use stand-in
+processes; the warm-ups use the real static source on the compiled path (aot_eager on the CPU: CUDA graphs need a
+GPU, where tests/gpu/test_cuda_graphs_gpu.py runs the whole probe with it and without it, the same bits).
+"""
+
+import subprocess
+import sys
+from dataclasses import replace
+
+from nondet.probes import ahead_process
+from nondet.probes.core import precompiled
+from nondet.probes.static import compile_ahead
+
+PROMPT = "Tell me about Richard Feynman"
+MODE = "batch-invariant"
+
+
+def _config(model_dir, **fields):
+    from nondet.probes.models.loading import ModelSpec
+    from nondet.probes.probe import ProbeConfig
+
+    fields = {"kernels": ("default", MODE), **fields}
+    return ProbeConfig(prompt=PROMPT, model=ModelSpec(name=str(model_dir)), batch_sizes=(1, 2, 4), max_new_tokens=3,
+                       out="run", **fields)
+
+
+def test_the_second_process_plans_every_shape_of_its_mode(tiny_model_dir):
+    config = _config(tiny_model_dir, cuda_graphs=True, prompts=("Second prompt",), workers=2, budget=60.0,
+                     argv=("probe",))
+    helper = compile_ahead.warm_up_config(config, MODE)
+    assert helper.kernels == (MODE,) and helper.out is None and helper.argv == ()
+    assert helper.workers == 1 and helper.budget is None  # the whole plan, in its own process
+    assert (helper.targets, helper.batch_sizes, helper.max_new_tokens) == (config.targets, (1, 2, 4), 3)
+    assert helper.cuda_graphs and helper.placement == config.placement
+    assert compile_ahead.kernels_ahead(config) == (MODE,)  # the default kernels compile nothing
+    assert compile_ahead.kernels_ahead(replace(config, kernels=(MODE,))) == (MODE,)
+    assert compile_ahead.kernels_ahead(replace(config, kernels=("default",))) == ()
+
+
+def test_saved_steps_off_do_not_stop_it(tiny_model_dir, monkeypatch):
+    config = _config(tiny_model_dir, cuda_graphs=True)
+    model = type("M", (), {"device": type("D", (), {"type": "cuda"})()})()
+    monkeypatch.setenv(compile_ahead.ENV, "1")
+    monkeypatch.setenv(precompiled.ENV, "0")
+    assert compile_ahead.why_not(config, model) is None  # no saved step is involved
+    assert compile_ahead.why_not(replace(config, cuda_graphs=False), model) == f"saved steps off ({precompiled.ENV}=0)"
+
+
+def test_the_warm_ups_run_last_first_and_decode_nothing(tiny_model_dir, monkeypatch, tmp_path):
+    from nondet.probes.static.source import StaticSource
+
+    monkeypatch.setenv(compile_ahead.ENV, "0")
+    monkeypatch.setenv("NONDET_CACHE", str(tmp_path / "cache"))
+    source = StaticSource(_config(tiny_model_dir, kernels=(MODE,), compile_backend="aot_eager"))
+    source.open()
+    try:
+        shapes = []
+        warm_only = source.decoder.warm_only
+        monkeypatch.setattr(source.decoder, "warm_only",
+                            lambda mode, run, shape=None: (shapes.append(shape), warm_only(mode, run, shape)))
+        ahead_process.warm_up_from_the_end(source)
+        plan = source.plan()
+    finally:
+        source.close()
+    planned = [source._runner(p.plan)[1] for p in plan]
+    assert shapes == planned[::-1] and len(set(shapes)) >= 3  # every condition, the probe's last first
+    entry = source.decoder.paths.modes[MODE]
+    assert entry.warm_ups == len(set(shapes))  # one warm-up a shape: the references share batch 1's
+    assert entry.conditions == 0  # nothing decoded
+    # control: the probe's own loop on the same source decodes every condition
+    again = StaticSource(_config(tiny_model_dir, kernels=(MODE,), compile_backend="aot_eager"))
+    from nondet.probes.probe import run_streams
+
+    again.open()
+    try:
+        streams = run_streams(again, None)
+    finally:
+        again.close()
+    assert again.decoder.paths.modes[MODE].conditions == len(plan) and streams
+
+
+def _helper(tmp_path, code: str, started: float | None = None) -> compile_ahead.Helper:
+    folder = tmp_path / f"helper-{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    (folder / compile_ahead.LOG).write_text("")
+    finished = folder / compile_ahead.FINISHED
+    code = code.replace("FINISHED", repr(str(finished)))
+    process = subprocess.Popen([sys.executable, "-c", code])
+    now = compile_ahead.time.time() if started is None else started
+    return compile_ahead.Helper(MODE, process, folder, now, binaries=True)
+
+
+WRITES_FINISHED = "import time; open(FINISHED, 'w').write(repr(time.time()))"
+
+
+def test_one_done_before_the_mode_is_reported_and_removed(tmp_path):
+    ahead = compile_ahead.CompileAhead()
+    helper = ahead.helpers[MODE] = _helper(tmp_path, WRITES_FINISHED)
+    helper.process.wait()
+    ahead.wait(MODE, cache_warm=True)  # a warm cache does not stop it: it is done
+    outcome = ahead.as_summary()[MODE]
+    assert outcome.startswith("kernels compiled by a second process in ") and outcome.endswith("(before the mode began)")
+    assert not ahead.helpers and not helper.folder.exists()
+
+
+def test_one_still_running_is_not_waited_for_and_goes_on_beside_the_mode(tmp_path):
+    ahead = compile_ahead.CompileAhead()
+    helper = ahead.helpers[MODE] = _helper(tmp_path, "import time; time.sleep(1.5); " + WRITES_FINISHED)
+    started = compile_ahead.time.time()
+    ahead.wait(MODE, cache_warm=False)
+    assert compile_ahead.time.time() - started < 1.0 and helper.process.poll() is None  # not waited for
+    ahead.wait(MODE, cache_warm=False)  # the mode's next warm-up: still nothing to wait for
+    assert ahead.helpers[MODE] is helper and helper.beside is not None
+    helper.process.wait()
+    ahead.close()
+    outcome = ahead.as_summary()[MODE]
+    assert outcome.startswith("kernels compiled by a second process in ") and "s of it beside the mode)" in outcome
+    assert not helper.folder.exists()
+
+
+def test_one_unfinished_at_the_end_is_stopped(tmp_path):
+    ahead = compile_ahead.CompileAhead()
+    helper = ahead.helpers[MODE] = _helper(tmp_path, "import time; time.sleep(60)")
+    ahead.wait(MODE, cache_warm=False)
+    ahead.close()
+    assert helper.process.poll() is not None and not helper.folder.exists()
+    assert ahead.as_summary()[MODE].startswith("kernels compiled by a second process beside the mode; stopped at "
+                                               "the probe's end, ")
+
+
+def test_one_that_failed_says_so(tmp_path):
+    ahead = compile_ahead.CompileAhead()
+    helper = _helper(tmp_path, "import sys; print('ModelLoadError: model directory not found'); sys.exit(3)")
+    helper.process.wait()
+    helper.folder.joinpath(compile_ahead.LOG).write_text("ModelLoadError: model directory not found\n")
+    ahead.helpers[MODE] = helper
+    ahead.wait(MODE, cache_warm=False)
+    assert ahead.as_summary() == {MODE: "second process failed (exit 3: ModelLoadError: model directory not found): "
+                                        "kernels compiled here"}
