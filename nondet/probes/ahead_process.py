@@ -12,11 +12,14 @@ CONFIG_FILE: when it ended, which the probe's wait cannot tell where it came lat
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 from nondet.errors import NondetError
+
+NICE = 10  # the --cuda-graphs second process's scheduling priority, below the probe's
 
 
 def main(argv: list[str]) -> int:
@@ -27,6 +30,8 @@ def main(argv: list[str]) -> int:
     from nondet.probes.static.source import StaticSource
 
     config = from_stored(ProbeConfig, json.loads(Path(argv[0]).read_text()))
+    if config.cuda_graphs:  # not waited for: it takes what the probe leaves of the host (Triton's compiler is threaded)
+        os.nice(NICE)
     source = StaticSource(config)
     try:
         with numerics_scope(config.threads):

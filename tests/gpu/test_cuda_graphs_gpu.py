@@ -129,63 +129,74 @@ def test_a_sliding_window_cache_decodes_eager_and_says_why(tmp_path):
     assert graphs == _family_probe(tmp_path, "gemma2", kv_cache="static")[1]
 
 
-def _ahead_probe(gpu_model_dir, out):
-    from nondet.probes.models.loading import ModelSpec
-    from nondet.probes.probe import ProbeConfig
 
-    return ProbeConfig(model=ModelSpec(name=str(gpu_model_dir), device="cuda"), batch_sizes=(1, 2, 4, 8),
-                       max_new_tokens=STEPS, kernels=("default", "batch-invariant"), cuda_graphs=True, out=str(out))
+def _cli_probe(gpu_model_dir, out, **env) -> dict:
+    """`nondet probe --cuda-graphs --confirm` in a process of its own (Triton's compiled kernels of this one, in
+    memory, would hide what it compiles), with `env` added; its streams by run id."""
+    import os
+    import subprocess
+    import sys
+
+    from nondet.rundir import RunDir
+    from nondet.rundir.reader import read_streams
+
+    argv = ["probe", "--model", str(gpu_model_dir), "--device", "cuda", "--confirm", "-b", "1,2,4,8", "-n",
+            str(STEPS), "-p", "Tell me about Richard Feynman", "--cuda-graphs", "--out", str(out)]
+    done = subprocess.run([sys.executable, "-m", "nondet", *argv], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return {s.run_id: s.steps for s in read_streams(RunDir(out), whole=True)}
 
 
 def _binaries(folder) -> set:
-    """Triton's on-disk cache: a folder per compiled kernel."""
+    """Triton's on-disk cache: a folder per compiled kernel (and per launcher)."""
     return {p.name for p in folder.iterdir()} if folder.exists() else set()
 
 
-def test_the_second_process_leaves_every_binary_the_probe_needs(gpu_model_dir, tmp_path, monkeypatch):
-    """The second process of `--cuda-graphs` (compile_ahead.py), run to its end in an empty Triton cache: the probe
+def test_the_second_process_leaves_every_binary_the_probe_needs(gpu_model_dir, tmp_path):
+    """The second process of `--cuda-graphs` (compile_ahead.py) run to its end in an empty Triton cache: the probe
     after it compiles no kernel of its own. Control: the same probe from an empty cache compiles some. The bits
-    of the binaries loaded and of those compiled here are the same."""
+    of the binaries loaded and of those compiled in the probe are the same."""
     import json
     import subprocess
     from dataclasses import asdict
 
-    from nondet.probes.probe import run_probe
+    from nondet.probes.models.loading import ModelSpec
+    from nondet.probes.probe import ProbeConfig
     from nondet.probes.static import compile_ahead
-    from nondet.rundir import RunDir
-    from nondet.rundir.reader import read_streams
 
-    monkeypatch.setenv(compile_ahead.ENV, "0")  # the probes start none of their own
     runs = {}
     for name in ("ahead", "control"):
         triton_dir = tmp_path / f"triton-{name}"
-        monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_dir))
-        monkeypatch.setenv("NONDET_CACHE", str(tmp_path / f"cache-{name}"))
-        config = _ahead_probe(gpu_model_dir, tmp_path / f"run-{name}")
+        env = {"TRITON_CACHE_DIR": str(triton_dir), "NONDET_CACHE": str(tmp_path / f"cache-{name}"),
+               compile_ahead.ENV: "0"}  # the probes start no second process of their own
         if name == "ahead":
+            config = ProbeConfig(model=ModelSpec(name=str(gpu_model_dir), device="cuda"), batch_sizes=(1, 2, 4, 8),
+                                 max_new_tokens=STEPS, kernels=("default", "batch-invariant"), cuda_graphs=True,
+                                 prompt="Tell me about Richard Feynman")
             settings = tmp_path / compile_ahead.SETTINGS
             settings.write_text(json.dumps(asdict(compile_ahead.warm_up_config(config, "batch-invariant"))))
-            done = subprocess.run(compile_ahead._command(settings), env=compile_ahead._helper_env(),
-                                  capture_output=True, text=True, timeout=600)
-            assert done.returncode == 0, done.stdout + done.stderr
+            done = subprocess.run(compile_ahead._command(settings), env={**compile_ahead._helper_env(), **env},
+                                  capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
             assert (tmp_path / compile_ahead.FINISHED).exists()
         before = _binaries(triton_dir)
-        run_probe(config)
-        runs[name] = (before, _binaries(triton_dir) - before)
-        runs[name] += ({s.run_id: s.steps for s in read_streams(RunDir(config.out), whole=True)},)
-    assert runs["ahead"][0] and not runs["ahead"][1]  # every binary was the second process's
+        streams = _cli_probe(gpu_model_dir, tmp_path / f"run-{name}", **env)
+        runs[name] = (before, _binaries(triton_dir) - before, streams)
+    assert runs["ahead"][0] and not runs["ahead"][1], runs["ahead"][1]  # every binary was the second process's
     assert not runs["control"][0] and runs["control"][1]  # control: the probe compiles its own
     assert runs["ahead"][2] == runs["control"][2]
 
 
-def test_the_probe_starts_the_second_process_and_says_what_it_did(gpu_model_dir, tmp_path, monkeypatch):
-    from nondet.probes.probe import run_probe
+def test_the_probe_starts_the_second_process_and_says_what_it_did(gpu_model_dir, tmp_path):
+    import json
+
     from nondet.probes.static import compile_ahead
 
-    monkeypatch.setenv(compile_ahead.ENV, "1")  # forced: the test host may have fewer cores than it asks for
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
-    monkeypatch.setenv("NONDET_CACHE", str(tmp_path / "cache"))
-    summary = run_probe(_ahead_probe(gpu_model_dir, tmp_path / "run")).summary
+    # forced on: the test host may have fewer cores than it asks for
+    _cli_probe(gpu_model_dir, tmp_path / "run", TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               NONDET_CACHE=str(tmp_path / "cache"), **{compile_ahead.ENV: "1"})
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     outcome = summary["decode_path"]["compiled_ahead"]
     assert list(outcome) == ["batch-invariant"] and outcome["batch-invariant"].startswith(
         "kernels compiled by a second process "), outcome

@@ -119,6 +119,8 @@ class ConditionDecoder:
         doc = {}
         if self.paths is not None:
             doc["decode_path"] = self.paths.as_summary()
+            if self.ahead is not None:
+                self.ahead.close()  # every condition ran: a second process still running beside its mode is done with
             if self.ahead is not None and self.ahead.outcomes:
                 doc["decode_path"]["compiled_ahead"] = self.ahead.as_summary()
         if self.graphs is not None:
