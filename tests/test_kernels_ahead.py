@@ -1,4 +1,4 @@
-"""`--cuda-graphs`: a second process compiles the mode's Triton binaries beside the probe (probes/static/compile_ahead.py).
+"""`--cuda-graphs`: a second process compiles the mode's Triton binaries beside the probe (probes/static/kernels_ahead.py).
 
 It warms up every batch shape of the mode, last first, and is not waited for. The lifecycle cases use stand-in
 processes; the warm-ups use the real static source on the compiled path (aot_eager on the CPU: CUDA graphs need a
@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from nondet.probes import ahead_process
 from nondet.probes.core import precompiled
-from nondet.probes.static import compile_ahead
+from nondet.probes.static import compile_ahead, kernels_ahead
 
 PROMPT = "Tell me about Richard Feynman"
 MODE = "batch-invariant"
@@ -29,14 +29,14 @@ def _config(model_dir, **fields):
 def test_the_second_process_plans_every_shape_of_its_mode(tiny_model_dir):
     config = _config(tiny_model_dir, cuda_graphs=True, prompts=("Second prompt",), workers=2, budget=60.0,
                      argv=("probe",))
-    helper = compile_ahead.warm_up_config(config, MODE)
+    helper = kernels_ahead.warm_up_config(config, MODE)
     assert helper.kernels == (MODE,) and helper.out is None and helper.argv == ()
     assert helper.workers == 1 and helper.budget is None  # the whole plan, in its own process
     assert (helper.targets, helper.batch_sizes, helper.max_new_tokens) == (config.targets, (1, 2, 4), 3)
     assert helper.cuda_graphs and helper.placement == config.placement
-    assert compile_ahead.kernels_ahead(config) == (MODE,)  # the default kernels compile nothing
-    assert compile_ahead.kernels_ahead(replace(config, kernels=(MODE,))) == (MODE,)
-    assert compile_ahead.kernels_ahead(replace(config, kernels=("default",))) == ()
+    assert kernels_ahead.modes(config) == (MODE,)  # the default kernels compile nothing
+    assert kernels_ahead.modes(replace(config, kernels=(MODE,))) == (MODE,)
+    assert kernels_ahead.modes(replace(config, kernels=("default",))) == ()
 
 
 def test_saved_steps_off_do_not_stop_it(tiny_model_dir, monkeypatch):
@@ -46,6 +46,49 @@ def test_saved_steps_off_do_not_stop_it(tiny_model_dir, monkeypatch):
     monkeypatch.setenv(precompiled.ENV, "0")
     assert compile_ahead.why_not(config, model) is None  # no saved step is involved
     assert compile_ahead.why_not(replace(config, cuda_graphs=False), model) == f"saved steps off ({precompiled.ENV}=0)"
+
+
+def test_before_the_load_the_checkpoint_says_how_much_memory_the_copy_takes(tiny_model_dir, tmp_path, monkeypatch):
+    config = _config(tiny_model_dir, cuda_graphs=True)
+    stored = sum(p.stat().st_size for p in tiny_model_dir.iterdir() if p.suffix == ".safetensors")
+    assert stored and kernels_ahead.before_load(config) == stored
+    wide = replace(config, model=replace(config.model, dtype="float32"))
+    assert kernels_ahead.before_load(wide) == 2 * stored  # 16-bit files read as float32
+    hub = replace(config, model=replace(config.model, name="org/model"))
+    embedded = replace(config, model=replace(config.model, name=None))
+    empty = replace(config, model=replace(config.model, name=str(tmp_path)))
+    assert kernels_ahead.before_load(hub) is None and kernels_ahead.before_load(embedded) is None
+    assert kernels_ahead.before_load(empty) is None  # known after the load (which says what is wrong)
+    # the device and cores come from the config before the load; the memory from those bytes
+    monkeypatch.delenv(compile_ahead.ENV, raising=False)
+    monkeypatch.setattr(compile_ahead.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    asked = []
+    monkeypatch.setattr(compile_ahead, "_memory_short", lambda device, weights, copies: asked.append(
+        (device.type, weights, copies)))
+    on_gpu = replace(config, model=replace(config.model, device="cuda"))
+    assert compile_ahead.why_not(on_gpu, None, weights=stored) is None
+    assert asked == [("cuda", stored, compile_ahead.MEMORY_FACTOR + 1)]  # this process's own copy still to come
+    assert compile_ahead.why_not(config, None, weights=stored) == "a cpu device (the two compiles share its cores)"
+
+
+def test_started_before_the_load_it_is_not_started_again(tiny_model_dir, monkeypatch, tmp_path):
+    started = []
+    monkeypatch.setenv(compile_ahead.ENV, "1")
+    monkeypatch.setattr(compile_ahead.subprocess, "Popen", lambda *a, **k: started.append(a) or _Running())
+    monkeypatch.setattr(compile_ahead.tempfile, "tempdir", str(tmp_path))
+    ahead = compile_ahead.CompileAhead()
+    config = _config(tiny_model_dir, cuda_graphs=True)
+    ahead.start(config, None)
+    ahead.start(config, object())  # the call after the load
+    assert len(started) == 1 and list(ahead.helpers) == [MODE] and ahead.helpers[MODE].binaries
+    undecided = compile_ahead.CompileAhead()
+    undecided.start(replace(config, model=replace(config.model, name=None)), None)  # the embedded model: after
+    assert not undecided.decided and not undecided.helpers and not undecided.outcomes
+
+
+class _Running:
+    def poll(self):
+        return None
 
 
 def test_the_warm_ups_run_last_first_and_decode_nothing(tiny_model_dir, monkeypatch, tmp_path):

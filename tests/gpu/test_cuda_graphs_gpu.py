@@ -154,38 +154,39 @@ def _binaries(folder) -> set:
 
 
 def test_the_second_process_leaves_every_binary_the_probe_needs(gpu_model_dir, tmp_path):
-    """The second process of `--cuda-graphs` (compile_ahead.py) run to its end in an empty Triton cache: the probe
-    after it compiles no kernel of its own. Control: the same probe from an empty cache compiles some. The bits
-    of the binaries loaded and of those compiled in the probe are the same."""
+    """The second process of `--cuda-graphs` (kernels_ahead.py), made from a probe's stored config as the probe makes
+    it and run to its end in an empty Triton cache: the same probe after it compiles no kernel of its own, and its
+    streams are the bits of the probe that compiled every kernel itself (the control, from an empty cache: it
+    compiles some)."""
     import json
     import subprocess
     from dataclasses import asdict
 
-    from nondet.probes.models.loading import ModelSpec
+    from nondet.probes.core.stored_config import from_stored
     from nondet.probes.probe import ProbeConfig
-    from nondet.probes.static import compile_ahead
+    from nondet.probes.static import compile_ahead, kernels_ahead
+    from nondet.rundir import RunDir
+    from nondet.rundir.reader import read_header_dict
 
-    runs = {}
-    for name in ("ahead", "control"):
-        triton_dir = tmp_path / f"triton-{name}"
-        env = {"TRITON_CACHE_DIR": str(triton_dir), "NONDET_CACHE": str(tmp_path / f"cache-{name}"),
-               compile_ahead.ENV: "0"}  # the probes start no second process of their own
-        if name == "ahead":
-            config = ProbeConfig(model=ModelSpec(name=str(gpu_model_dir), device="cuda"), batch_sizes=(1, 2, 4, 8),
-                                 max_new_tokens=STEPS, kernels=("default", "batch-invariant"), cuda_graphs=True,
-                                 prompt="Tell me about Richard Feynman")
-            settings = tmp_path / compile_ahead.SETTINGS
-            settings.write_text(json.dumps(asdict(compile_ahead.warm_up_config(config, "batch-invariant"))))
-            done = subprocess.run(compile_ahead._command(settings), env={**compile_ahead._helper_env(), **env},
-                                  capture_output=True, text=True, timeout=300)
-            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-            assert (tmp_path / compile_ahead.FINISHED).exists()
-        before = _binaries(triton_dir)
-        streams = _cli_probe(gpu_model_dir, tmp_path / f"run-{name}", **env)
-        runs[name] = (before, _binaries(triton_dir) - before, streams)
-    assert runs["ahead"][0] and not runs["ahead"][1], runs["ahead"][1]  # every binary was the second process's
-    assert not runs["control"][0] and runs["control"][1]  # control: the probe compiles its own
-    assert runs["ahead"][2] == runs["control"][2]
+    def env(name: str) -> dict:  # a Triton cache of its own; the probes start no second process themselves
+        return {"TRITON_CACHE_DIR": str(tmp_path / f"triton-{name}"), "NONDET_CACHE": str(tmp_path / f"cache-{name}"),
+                compile_ahead.ENV: "0"}
+
+    control = _cli_probe(gpu_model_dir, tmp_path / "run-control", **env("control"))
+    assert _binaries(tmp_path / "triton-control")  # control: a probe from an empty cache compiles its kernels
+
+    config = from_stored(ProbeConfig, read_header_dict(RunDir(tmp_path / "run-control"))["config"])
+    settings = tmp_path / compile_ahead.SETTINGS
+    settings.write_text(json.dumps(asdict(kernels_ahead.warm_up_config(config, "batch-invariant"))))
+    done = subprocess.run(compile_ahead._command(settings), env={**compile_ahead._helper_env(), **env("ahead")},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert (tmp_path / compile_ahead.FINISHED).exists()
+    left = _binaries(tmp_path / "triton-ahead")
+    assert left
+    streams = _cli_probe(gpu_model_dir, tmp_path / "run-ahead", **env("ahead"))
+    assert _binaries(tmp_path / "triton-ahead") == left  # every binary the probe needed was there
+    assert streams == control
 
 
 def test_the_probe_starts_the_second_process_and_says_what_it_did(gpu_model_dir, tmp_path):

@@ -20,14 +20,8 @@ compiles share the cores and the gain was 4%: docs/benchmarks.md). A second proc
 not finished after WAIT_S, leaves the mode to compile here, as without it; summary.json's decode_path
 "compiled_ahead" says per mode what happened.
 
-Under `--cuda-graphs` nothing is traced; what a cold probe compiles is the mode's Triton binaries, a tile per
-matmul M range and prompt length (on an H200 the mode's warm-ups took 5.1x the default's from an empty cache,
-0.5x warm: docs/benchmarks.md, 2026-12-01). There the second process runs the mode's warm-ups alone, every
-batch shape of the probe in the reverse of the probe's order (KernelsAhead), and leaves the binaries in
-Triton's on-disk cache under NONDET_CACHE, where the probe's own launches find them. The probe does not wait
-for it: a kernel not yet there is compiled here as without it (the same source and options give the same
-binary), so the second process can only take work off the probe. It is stopped at the probe's end if still
-running. Binaries, not numbers, are what it hands over, and a binary is the same wherever it was compiled.
+Under `--cuda-graphs` nothing is traced: the second process compiles the mode's Triton binaries beside the
+probe, which does not wait for it (kernels_ahead.py says how).
 """
 
 import json
@@ -41,6 +35,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from nondet.probes.core.child_process import usable_cores
+from nondet.probes.static import kernels_ahead
 
 ENV = "NONDET_COMPILE_AHEAD"
 MIN_CORES = 8  # an H200 host has 16; on a 2-core CPU a cold probe gained 0-3% (docs/benchmarks.md, 2026-11-29)
@@ -69,25 +64,36 @@ class Helper:
 
 
 class CompileAhead:
-    """The second processes of one probe: started after the model's load (start), waited for before
-    their mode's first warm-up (wait), stopped and removed at the end (close)."""
+    """The second processes of one probe: started after the model's load, or with it (start), waited for
+    before their mode's first warm-up (wait), stopped and removed at the end (close)."""
 
     def __init__(self) -> None:
         self.helpers: dict[str, Helper] = {}
         self.outcomes: dict[str, str] = {}  # kernels mode -> what its second process did, in words
+        self.decided = False  # start() decided whether second processes run (before or after the model's load)
 
     def start(self, config, model, in_memory: bool = False) -> None:
         """A second process per later kernels mode of `config` (a ProbeConfig), where it pays (why_not).
-        in_memory: the probe was handed `model` (probe_model), which a second process cannot load."""
-        later = kernels_ahead(config) if config.cuda_graphs else config.kernels[1:]
-        reason = why_not(config, model, in_memory) if later else "one kernels mode"
+        in_memory: the probe was handed `model` (probe_model), which a second process cannot load. model None:
+        before the probe loads it (--cuda-graphs: kernels_ahead.before_load); where that cannot be decided
+        yet, the call after the load decides. Once decided, later calls do nothing."""
+        if self.decided:
+            return
+        later = kernels_ahead.modes(config) if config.cuda_graphs else config.kernels[1:]
+        weights = None
+        if model is None:
+            weights = kernels_ahead.before_load(config)
+            if weights is None:
+                return
+        self.decided = True
+        reason = why_not(config, model, in_memory, weights) if later else "one kernels mode"
         if reason is not None:
             self.outcomes.update({mode: f"not started: {reason}" for mode in later})
             return
         for mode in later:
             folder = Path(tempfile.mkdtemp(prefix="nondet-ahead-"))
             argument = folder / SETTINGS
-            settings = warm_up_config(config, mode) if config.cuda_graphs else helper_config(config, mode)
+            settings = kernels_ahead.warm_up_config(config, mode) if config.cuda_graphs else helper_config(config, mode)
             argument.write_text(json.dumps(asdict(settings)))
             with open(folder / LOG, "wb") as log:
                 process = subprocess.Popen(_command(argument), stdout=log, stderr=subprocess.STDOUT,
@@ -150,7 +156,7 @@ class CompileAhead:
                 self.outcomes[helper.mode] = "stopped: the probe ended before its mode ran"
                 continue
             code = helper.process.poll()
-            self.outcomes[helper.mode] = _binaries_outcome(helper, code, beside=helper.beside)
+            self.outcomes[helper.mode] = _binaries_outcome(helper, code, helper.beside)
             _stop(helper)
         self.helpers.clear()
 
@@ -158,8 +164,9 @@ class CompileAhead:
         return dict(self.outcomes)
 
 
-def why_not(config, model, in_memory: bool = False) -> str | None:
-    """Why no second process is started for this probe and model, or None where one is."""
+def why_not(config, model, in_memory: bool = False, weights: int | None = None) -> str | None:
+    """Why no second process is started for this probe and model, or None where one is. model None: before the
+    probe's load, `weights` the checkpoint's bytes (kernels_ahead.before_load)."""
     from nondet.probes.core import precompiled
 
     setting = os.environ.get(ENV)
@@ -173,22 +180,25 @@ def why_not(config, model, in_memory: bool = False) -> str | None:
         return "the compiled step of another axis"
     if setting == "1":
         return None
-    if model.device.type != "cuda":
-        return f"a {model.device.type} device (the two compiles share its cores)"
+    device = model.device if model is not None else kernels_ahead.configured_device(config)
+    if device.type != "cuda":
+        return f"a {device.type} device (the two compiles share its cores)"
     cores = usable_cores()
     if cores < MIN_CORES:
         return f"{cores} cores (fewer than {MIN_CORES})"
-    return _memory_short(model)
+    if model is not None:
+        return _memory_short(device, sum(p.numel() * p.element_size() for p in model.parameters()), MEMORY_FACTOR)
+    return _memory_short(device, weights, MEMORY_FACTOR + 1)  # this process's own copy is still to come
 
 
-def _memory_short(model) -> str | None:
-    """Why the GPU cannot hold a second copy of the weights while this process runs, or None."""
+def _memory_short(device, weights: int, copies: int) -> str | None:
+    """Why the GPU cannot hold `copies` times the weights' bytes (the second copy and the room this process
+    still needs), or None."""
     import torch
 
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    free, _ = torch.cuda.mem_get_info(model.device)
-    if free < MEMORY_FACTOR * weights:
-        return f"{free / 2**30:.1f} GiB free on the GPU, under {MEMORY_FACTOR} x the weights' {weights / 2**30:.1f} GiB"
+    free, _ = torch.cuda.mem_get_info(device)
+    if free < copies * weights:
+        return f"{free / 2**30:.1f} GiB free on the GPU, under {copies} x the weights' {weights / 2**30:.1f} GiB"
     return None
 
 
@@ -198,33 +208,6 @@ def helper_config(config, mode: str):
     read); no run directory."""
     return replace(config, prompt=config.targets[0], prompts=(), batch_sizes=(1,), placement="auto", runs=None,
                    trials=1, ragged=False, kernels=(mode,), out=None, argv=())
-
-
-def kernels_ahead(config) -> tuple[str, ...]:
-    """--cuda-graphs: the kernels modes whose Triton binaries a second process compiles; the default kernels
-    (cuBLAS, SDPA) compile nothing. The first mode too, where it is the batch-invariant one: the second
-    process starts from the other end of the plan."""
-    return tuple(mode for mode in config.kernels if mode != "default")
-
-
-def warm_up_config(config, mode: str):
-    """--cuda-graphs: the second process's probe, every condition of `mode` as the probe plans them (each batch
-    shape is a binary's M range and a prompt length), warmed up and not decoded (ahead_process.py); no run
-    directory, no --workers, no --budget (its plan is the probe's whole plan)."""
-    return replace(config, kernels=(mode,), out=None, argv=(), workers=1, budget=None)
-
-
-def _binaries_outcome(helper: Helper, code: int | None, beside: float | None) -> str:
-    """What a --cuda-graphs second process did, in words (summary.json decode_path.compiled_ahead)."""
-    took = _finished(helper)
-    if code == 0 and took is not None:
-        where = ("before the mode began" if beside is None
-                 else f"{max(0.0, helper.started + took - beside):.1f} s of it beside the mode")
-        return f"kernels compiled by a second process in {took:.1f} s ({where})"
-    if code is None:
-        return (f"kernels compiled by a second process beside the mode; stopped at the probe's end, "
-                f"{time.time() - helper.started:.1f} s after its start")
-    return f"second process failed (exit {code}: {_last_line(helper)}): kernels compiled here"
 
 
 def _command(argument: Path) -> list[str]:
@@ -250,6 +233,11 @@ def _stop(helper: Helper) -> None:
             helper.process.kill()
             helper.process.wait()
     shutil.rmtree(helper.folder, ignore_errors=True)
+
+
+def _binaries_outcome(helper: Helper, code: int | None, beside: float | None) -> str:
+    return kernels_ahead.outcome(helper.started, _finished(helper), code, beside,
+                                 _last_line(helper) if code else "")
 
 
 def _finished(helper: Helper) -> float | None:

@@ -40,22 +40,27 @@ class StaticSource:
         self.budget_note: dict | None = None  # summary.json "budget" (--budget only)
         self.decoder = None  # eager or compiled decoding of a condition (decoder.py), set in open()
         self.workers = None  # --workers: helper processes decoding conditions beside this one (workers.py)
+        self.ahead = None  # compile_ahead.CompileAhead: second processes compiling a kernels mode meanwhile
         self.plan_index: dict[str, int] = {}  # condition id -> its place in the plan (what helpers are sent)
 
     def open(self) -> Opened:
         self.started = time.perf_counter()
         in_memory = self.loaded is not None  # a model handed over (probe_model), not loaded from config.model
+        c = self.config
+        if c.compile_backend or c.cuda_graphs:  # later kernels modes compiled by second processes meanwhile
+            self.ahead = CompileAhead()
+            if c.cuda_graphs and not in_memory:  # its second process loads the model beside this one
+                self.ahead.start(c, None)
         self.loaded = self.loaded or load_model(self.config.model)
         self.inputs = [tokenize_inputs(self.loaded.tokenizer, p, self.config.fillers) for p in self.prompt_texts()]
         env = fingerprint(self.loaded.description, ",".join(self.config.kernels))
-        c = self.config
         settings = DecodeSettings(c.max_new_tokens, c.temperature, c.seed, c.kv_cache, cuda_graphs=c.cuda_graphs,
                                   allow_uncovered=c.allow_uncovered, sampler=c.sampler)
         store = census_store(self.loaded.model) if c.compile_backend else None
         self.decoder = ConditionDecoder(settings, c.compile_backend, self.loaded.model.device.type, store)
-        if c.compile_backend or c.cuda_graphs:  # later kernels modes compiled by second processes meanwhile
-            self.decoder.ahead = CompileAhead()
-            self.decoder.ahead.start(c, self.loaded.model, in_memory)
+        if self.ahead is not None:  # where not decided before the load
+            self.decoder.ahead = self.ahead
+            self.ahead.start(c, self.loaded.model, in_memory)
         env["decode_path"] = self.decoder.label(c.kv_cache)
         if c.workers > 1:
             env["workers"] = c.workers
@@ -174,8 +179,8 @@ class StaticSource:
     def close(self) -> None:
         if self.workers is not None:
             self.workers.close()
-        if self.decoder is not None and self.decoder.ahead is not None:
-            self.decoder.ahead.close()
+        if self.ahead is not None:
+            self.ahead.close()
 
     def _stream(self, condition: cond.Condition, row: int, steps: list[dict], prompt_id: int,
                 prompt_tokens: int) -> StreamRecord:
