@@ -182,3 +182,36 @@ def test_one_that_failed_says_so(tmp_path):
     ahead.wait(MODE, cache_warm=False)
     assert ahead.as_summary() == {MODE: "second process failed (exit 3: ModelLoadError: model directory not found): "
                                         "kernels compiled here"}
+
+
+def test_a_plan_whose_conditions_all_ran_starts_no_second_process_next_time(tiny_model_dir, monkeypatch, tmp_path):
+    """A probe that ran every condition of the mode marks its plan (its binaries are in the cache); the next probe
+    of that plan starts none. Controls: another plan, or another Triton cache, still starts one."""
+    started = []
+    monkeypatch.setenv(compile_ahead.ENV, "1")
+    monkeypatch.setenv("NONDET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setattr(compile_ahead.subprocess, "Popen", lambda *a, **k: started.append(a) or _Running())
+    monkeypatch.setattr(compile_ahead.tempfile, "tempdir", str(tmp_path))
+    config = _config(tiny_model_dir, cuda_graphs=True)
+
+    def start(config) -> compile_ahead.CompileAhead:
+        ahead = compile_ahead.CompileAhead()
+        ahead.start(config, object())
+        return ahead
+
+    first = start(config)
+    assert len(started) == 1 and not first.outcomes
+    first.finished(["default"])  # the default kernels compile nothing: no marker
+    assert len(started) == 1 and start(config).helpers and len(started) == 2
+    first.finished([MODE])
+    again = start(config)
+    assert len(started) == 2 and not again.helpers
+    assert again.as_summary() == {MODE: f"not started: {compile_ahead.MARKED}"}
+    assert start(replace(config, batch_sizes=(1, 2))).helpers and len(started) == 3  # another plan
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert start(config).helpers and len(started) == 4  # another cache holds none of them
+    compiled = compile_ahead.CompileAhead()
+    compiled.config = replace(config, cuda_graphs=False, compile_backend="aot_eager")
+    compiled.finished([MODE])  # the compiled path's saved steps have their own keys: no marker
+    assert len(list((tmp_path / "cache" / kernels_ahead.MARKERS).iterdir())) == 1  # the first plan's alone

@@ -195,10 +195,14 @@ def test_the_probe_starts_the_second_process_and_says_what_it_did(gpu_model_dir,
     from nondet.probes.static import compile_ahead
 
     # forced on: the test host may have fewer cores than it asks for
-    _cli_probe(gpu_model_dir, tmp_path / "run", TRITON_CACHE_DIR=str(tmp_path / "triton"),
-               NONDET_CACHE=str(tmp_path / "cache"), **{compile_ahead.ENV: "1"})
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    outcome = summary["decode_path"]["compiled_ahead"]
-    assert list(outcome) == ["batch-invariant"] and outcome["batch-invariant"].startswith(
-        "kernels compiled by a second process "), outcome
-    assert summary["modes"]["batch-invariant"]["distinct_completions"] == 1
+    env = {"TRITON_CACHE_DIR": str(tmp_path / "triton"), "NONDET_CACHE": str(tmp_path / "cache"), compile_ahead.ENV: "1"}
+    outcomes = []
+    for run in ("cold", "warm"):
+        _cli_probe(gpu_model_dir, tmp_path / run, **env)
+        summary = json.loads((tmp_path / run / "summary.json").read_text())
+        outcomes.append(summary["decode_path"]["compiled_ahead"])
+        assert summary["modes"]["batch-invariant"]["distinct_completions"] == 1
+    assert list(outcomes[0]) == ["batch-invariant"] and outcomes[0]["batch-invariant"].startswith(
+        "kernels compiled by a second process "), outcomes[0]
+    # the first probe ran every condition: the second finds its plan marked and starts none
+    assert outcomes[1] == {"batch-invariant": f"not started: {compile_ahead.MARKED}"}

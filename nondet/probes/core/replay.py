@@ -296,7 +296,10 @@ def replay_condition(model, tokenizer, condition: Condition, target: list[int], 
     """One condition: build its batch, generate under its kernels; {target row: step dicts}.
     prompts: every prompt's token ids, for a condition with a prompt in each row.
     warm: a warm-up call of the compiled path: the same batch and cache length, stopped after
-    compiled.WARM_STEPS decode steps, nothing recorded ({})."""
+    compiled.WARM_STEPS decode steps, its records dropped ({}); they are made all the same, so the recorder's
+    own kernels (under the mode, the log-softmax over the logits) compile in the warm-up too, and a warm-up
+    alone leaves every binary the condition needs (a --cuda-graphs second process warms up only:
+    static/kernels_ahead.py)."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batch = build_batch(condition, target, fillers, pad_id or 0, prompts)
     with kernels_mode(condition.kernels, model, traceable=COMPILED_CALLS if settings.compile_backend else False,
@@ -308,5 +311,6 @@ def replay_condition(model, tokenizer, condition: Condition, target: list[int], 
         stop = warm_up_stop(len(batch.input_ids[0]))
         # the CUDA-graph path records its graphs here: an MoE's routing trace must be in them (captured.keep)
         with RoutingTrace(model, batch.target_rows, len(batch.input_ids)) if settings.cuda_graphs else nullcontext():
-            generate(model, tokenizer, batch, settings, None, stopping=[stop])
+            generate(model, tokenizer, batch, settings, new_recorder(batch, settings, getattr(model, "dtype", None)),
+                     stopping=[stop])
         return {}

@@ -47,6 +47,7 @@ SETTINGS = "probe-settings.json"  # the second process's ProbeConfig (asdict), i
 # the second process's time.time() when it ended well, in its folder: the probe often reaches the mode after the
 # second process is done, so the time until the wait ends would overstate the compile (by 34 s on a 2-core CPU)
 FINISHED = "finished"
+MARKED = "an earlier probe of this plan compiled its kernels (NONDET_CACHE/kernels-ahead)"
 # the second process's module (a probes root module: it runs the static source with the probe's own loop)
 PROCESS = "nondet.probes.ahead_process"
 
@@ -71,6 +72,7 @@ class CompileAhead:
         self.helpers: dict[str, Helper] = {}
         self.outcomes: dict[str, str] = {}  # kernels mode -> what its second process did, in words
         self.decided = False  # start() decided whether second processes run (before or after the model's load)
+        self.config = None  # the probe's ProbeConfig, from start()
 
     def start(self, config, model, in_memory: bool = False) -> None:
         """A second process per later kernels mode of `config` (a ProbeConfig), where it pays (why_not).
@@ -80,6 +82,7 @@ class CompileAhead:
         if self.decided:
             return
         later = kernels_ahead.modes(config) if config.cuda_graphs else config.kernels[1:]
+        self.config = config
         weights = None
         if model is None:
             weights = kernels_ahead.before_load(config)
@@ -90,6 +93,10 @@ class CompileAhead:
         if reason is not None:
             self.outcomes.update({mode: f"not started: {reason}" for mode in later})
             return
+        if config.cuda_graphs:  # those whose binaries an earlier probe left (kernels_ahead.mark)
+            marked = [mode for mode in later if kernels_ahead.is_marked(config, mode)]
+            self.outcomes.update({mode: f"not started: {MARKED}" for mode in marked})
+            later = [mode for mode in later if mode not in marked]
         for mode in later:
             folder = Path(tempfile.mkdtemp(prefix="nondet-ahead-"))
             argument = folder / SETTINGS
@@ -146,6 +153,15 @@ class CompileAhead:
         del self.helpers[helper.mode]
         self.outcomes[helper.mode] = _binaries_outcome(helper, code, beside=None)
         shutil.rmtree(helper.folder, ignore_errors=True)
+
+    def finished(self, modes: list[str]) -> None:
+        """Every condition of these kernels modes ran on the CUDA-graph path: their binaries are in the cache,
+        and a later probe of the same plan starts no second process for them (kernels_ahead.mark)."""
+        if self.config is None or not self.config.cuda_graphs:
+            return
+        for mode in modes:
+            if mode in kernels_ahead.modes(self.config):
+                kernels_ahead.mark(self.config, mode)
 
     def close(self) -> None:
         """Stop every second process still running: one whose mode never began (the probe ended early: an

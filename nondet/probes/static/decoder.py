@@ -121,6 +121,7 @@ class ConditionDecoder:
             doc["decode_path"] = self.paths.as_summary()
             if self.ahead is not None:
                 self.ahead.close()  # every condition ran: a second process still running beside its mode is done with
+                self.ahead.finished([m for m, e in self.paths.modes.items() if self.paths.compiles(m) and e.conditions])
             if self.ahead is not None and self.ahead.outcomes:
                 doc["decode_path"]["compiled_ahead"] = self.ahead.as_summary()
         if self.graphs is not None:

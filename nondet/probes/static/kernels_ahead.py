@@ -11,12 +11,22 @@ The probe does not wait for it: a kernel not there yet is compiled here as witho
 options give the same binary), so it can only take work off the probe; it runs at a lower priority (NICE in
 ahead_process.py), since Triton's compiler is threaded and the probe's decode is bound by its host thread.
 It is stopped once every condition ran. Binaries, not numbers, are what it hands over.
+
+Where an earlier probe of the same plan ran every condition of the mode on this path, with the same Triton
+cache, versions and GPU, its binaries are all there: the probe leaves a marker under NONDET_CACHE (mark), and
+a later one starts no second process (is_marked), which would only load them again beside the probe (on an
+H200 a warm probe took 2-2.7 s longer with it, 2026-12-01). A marker whose binaries were removed since costs
+the probe the compiles it would make without a second process.
 """
 
-from dataclasses import replace
+import hashlib
+import json
+import os
+from dataclasses import asdict, replace
 from pathlib import Path
 
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".gguf")
+MARKERS = "kernels-ahead"  # under NONDET_CACHE: an empty file per plan whose binaries a probe compiled (mark)
 
 
 def modes(config) -> tuple[str, ...]:
@@ -72,3 +82,53 @@ def outcome(started: float, took: float | None, code: int | None, beside: float 
         return (f"kernels compiled by a second process beside the mode; stopped at the probe's end, "
                 f"{time.time() - started:.1f} s after its start")
     return f"second process failed (exit {code}: {last_line}): kernels compiled here"
+
+
+def is_marked(config, mode: str) -> bool:
+    """Whether an earlier probe of this plan ran every condition of `mode` with this Triton cache, these
+    versions and this GPU (mark): its binaries are in the cache."""
+    return marker(config, mode).exists()
+
+
+def mark(config, mode: str) -> None:
+    """After a probe ran every condition of `mode` on the CUDA-graph path: its binaries are in the cache. A
+    marker that cannot be written is only a later probe's second process started again."""
+    path = marker(config, mode)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError:
+        pass
+
+
+def marker(config, mode: str) -> Path:
+    """The marker's path: a hash of what the mode's binaries follow from (the plan as the second process
+    would run it, the model's config.json where it is a local folder, the Triton cache folder, torch's,
+    Triton's and nondet's versions, the GPU's name)."""
+    import torch
+    import triton
+
+    import nondet
+    from nondet.probes.core.cache_dir import TRITON_CACHE_ENV, cache_root
+
+    device = configured_device(config)
+    what = {"plan": asdict(warm_up_config(config, mode)), "model_config": _model_config(config),
+            "triton_cache": os.environ.get(TRITON_CACHE_ENV),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+            "versions": [torch.__version__, triton.__version__, nondet.__version__]}
+    key = hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()[:32]
+    return cache_root() / MARKERS / key
+
+
+def _model_config(config) -> str | None:
+    """A local model folder's config.json, as text (the shapes the binaries follow), else None (a hub id,
+    the embedded model: their name, in the plan, stands for it)."""
+    from nondet.probes.models.loading import is_local_path
+
+    name = config.model.name
+    if name is None or not is_local_path(name):
+        return None
+    try:
+        return (Path(name).expanduser() / "config.json").read_text()
+    except OSError:
+        return None
