@@ -33,7 +33,8 @@
 #                name beginning "cold" and longer, e.g. cold-alone, starts another new cache for itself and the
 #                runs after it; -nographs in a name, e.g. "cold-nographs warm-nographs", runs the compiled path
 #                without CUDA graphs: NONDET_CUDA_GRAPHS=0; -alone compiles the mode's step in the probe's own
-#                process, NONDET_COMPILE_AHEAD=0; cudagraphs in a name, e.g. "cold-cudagraphs cudagraphs-warm", runs
+#                process, NONDET_COMPILE_AHEAD=0 (with cudagraphs: no second process compiling the mode's kernels
+#                beside the probe); cudagraphs in a name, e.g. "cold-cudagraphs cudagraphs-warm", runs
 #                `--cuda-graphs` in place of --compile, static `--kv-cache static` eager); each with the probe's stages timed and
 #                torch's compile-time breakdown (scripts/device/gpu_probe_cli.py)
 #   step-trace   the mode's saved decode step traced with the KV length symbolic on a one-layer GPU case (-b 2,4:
