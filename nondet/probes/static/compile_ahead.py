@@ -116,7 +116,8 @@ class CompileAhead:
         the cache was warm for the earlier modes (their steps loaded, none compiled), it is stopped instead:
         this mode's step is most likely saved too, and the second process would only load it as well,
         later than this one (on an H200 a warm probe waited 10-15 s for it); where it is not saved after
-        all, it is compiled here, as without a second process."""
+        all, it is compiled here, as without a second process. A --cuda-graphs second process is not waited
+        for (_beside)."""
         helper = self.helpers.get(mode)
         if helper is None or helper.beside is not None:
             return
@@ -145,7 +146,7 @@ class CompileAhead:
 
     def _beside(self, helper: Helper) -> None:
         """--cuda-graphs, the mode about to begin: not waited for. Where the second process is done, say so;
-        else it goes on beside the mode (compile_ahead's docstring) and close() says what it did."""
+        else it goes on beside the mode (kernels_ahead.py) and close() says what it did."""
         code = helper.process.poll()
         if code is None:
             helper.beside = time.time()
