@@ -12,6 +12,7 @@ from nondet.probes.core.generation_defaults import ignored_defaults
 from nondet.probes.models.load_checks import check_weights_loaded, load_errors, load_failure, one_line, shortened
 
 DTYPES = ("bfloat16", "float16", "float32")
+MODEL_CONFIG = "config.json"  # a model directory's Hugging Face config (not the run directory's)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def resolve_source(name: str | None) -> str:
     looks_local = is_local_path(name)
     if looks_local and not Path(name).expanduser().is_dir():
         raise ModelLoadError(f"model directory not found: {name}")
-    if looks_local and not (Path(name).expanduser() / "config.json").is_file():
+    if looks_local and not (Path(name).expanduser() / MODEL_CONFIG).is_file():
         raise ModelLoadError(f"model directory {name} holds no model (no config.json); pass the directory "
                              "save_pretrained wrote: config.json, the weights and the tokenizer")
     return str(Path(name).expanduser()) if looks_local else name

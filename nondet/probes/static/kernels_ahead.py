@@ -123,12 +123,12 @@ def marker(config, mode: str) -> Path:
 def _model_config(config) -> str | None:
     """A local model folder's config.json, as text (the shapes the binaries follow), else None (a hub id,
     the embedded model: their name, in the plan, stands for it)."""
-    from nondet.probes.models.loading import is_local_path
+    from nondet.probes.models.loading import MODEL_CONFIG, is_local_path
 
     name = config.model.name
     if name is None or not is_local_path(name):
         return None
     try:
-        return (Path(name).expanduser() / "config.json").read_text()
+        return (Path(name).expanduser() / MODEL_CONFIG).read_text()
     except OSError:
         return None
