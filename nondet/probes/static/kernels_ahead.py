@@ -54,14 +54,9 @@ def before_load(config) -> int | None:
     """Before the probe's load: the bytes the weights will take on the GPU, from a local checkpoint folder's
     weight files (16-bit files read as float32 count twice), or None where that is known only after the load
     (a hub id, the embedded model)."""
-    from nondet.probes.models.loading import is_local_path
-
-    name = config.model.name
-    if name is None or not is_local_path(name):
-        return None
-    folder = Path(name).expanduser()
-    if not folder.is_dir():
-        return None  # the load says what is wrong
+    folder = _local_folder(config)
+    if folder is None or not folder.is_dir():
+        return None  # a hub id or the embedded model; a missing folder the load names
     stored = sum(p.stat().st_size for p in folder.iterdir() if p.suffix in WEIGHT_FILES and p.is_file())
     if not stored:
         return None
@@ -123,12 +118,20 @@ def marker(config, mode: str) -> Path:
 def _model_config(config) -> str | None:
     """A local model folder's config.json, as text (the shapes the binaries follow), else None (a hub id,
     the embedded model: their name, in the plan, stands for it)."""
-    from nondet.probes.models.loading import MODEL_CONFIG, is_local_path
+    from nondet.probes.models.loading import MODEL_CONFIG
 
-    name = config.model.name
-    if name is None or not is_local_path(name):
+    folder = _local_folder(config)
+    if folder is None:
         return None
     try:
-        return (Path(name).expanduser() / MODEL_CONFIG).read_text()
+        return (folder / MODEL_CONFIG).read_text()
     except OSError:
         return None
+
+
+def _local_folder(config) -> Path | None:
+    """The model's folder where --model names a local one, else None (a hub id, the embedded model)."""
+    from nondet.probes.models.loading import is_local_path
+
+    name = config.model.name
+    return Path(name).expanduser() if name is not None and is_local_path(name) else None

@@ -150,7 +150,7 @@ class StaticSource:
 
     def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
         condition: cond.Condition = planned.plan
-        prompts = [ids for ids, _ in self.inputs]
+        lengths = self.lengths()
         run, shape = self._runner(condition)
 
         def decode_here() -> dict[int, list[dict]]:
@@ -159,7 +159,7 @@ class StaticSource:
         rows = self.workers.rows(self.plan_index[condition.condition_id], decode_here) if self.workers else decode_here()
         for row, steps in rows.items():
             prompt_id = condition.row_prompts[row] if condition.row_prompts else condition.prompt_id
-            emit(self._stream(condition, row, steps, prompt_id, len(prompts[prompt_id])))
+            emit(self._stream(condition, row, steps, prompt_id, lengths[prompt_id]))
         return condition_record(condition)
 
     def summarize(self, streams: list[dict]):
