@@ -19,7 +19,9 @@ The same forward also runs with default kernels: the mode's logits must equal th
 beyond that is wrong, not invariant.
 
 The result is cached per (model class, config, dtype, device, compiled, instruction set): a probe
-enters the mode many times on one model.
+enters the mode many times on one model. A caller that can name the model's files may also pass a
+store (`saved`: read() -> Census or None, write(Census)) that keeps the census between processes
+(probes/core/saved_census.py); the census then says where it was taken (`taken`).
 """
 
 import contextlib
@@ -40,6 +42,7 @@ COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d")
 # collectives that move data without arithmetic (a gathered lm_head's logits, DTensor's bookkeeping)
 _COPYING_COLLECTIVES = {"all_gather_into_tensor", "all_gather_into_tensor_out", "allgather_", "broadcast",
                         "broadcast_", "wait_tensor", "_wrap_tensor_autograd", "all_to_all_single", "alltoall_base_"}
+TAKEN_HERE = "in this process"
 ROWS, PROMPT = 2, 5  # a short forward that still has a batch (rows) and a prefill longer than a decode
 # largest |mode - default| logit allowed, relative to the largest |default logit|: rounding through
 # the layers (an 8B-shaped random bf16 Qwen3 of 36 layers on an H200: 0.25 of 3.4, so 0.07), far below
@@ -73,6 +76,7 @@ class Census:
     max_logit_diff: float  # largest |mode - default| logit over both forwards
     tolerance: float  # the allowed largest difference (TOLERANCE x largest |default logit|)
     skipped: tuple[str, ...] = field(default=())  # checks not made, with why
+    taken: str = TAKEN_HERE  # where the forwards ran: this process, or the stored census's record
 
     def uncovered(self) -> list[OpUse]:
         return [use for use in self.uses if use.verdict == UNCOVERED]
@@ -92,23 +96,44 @@ class Census:
         return {"model_class": self.model_class, "dtype": self.dtype, "compiled": self.compiled,
                 "counts": self.counts(), "max_logit_diff": self.max_logit_diff, "tolerance": self.tolerance,
                 "uncovered": [f"{use.module or self.model_class}: {use.op}" for use in self.uncovered()],
-                "skipped": list(self.skipped)}
+                "skipped": list(self.skipped), "taken": self.taken}
+
+    def to_record(self) -> dict:
+        """Everything, for a store (from_record reads it back)."""
+        return {"model_class": self.model_class, "dtype": self.dtype, "compiled": self.compiled,
+                "uses": [[u.module, u.op, u.verdict, u.why, u.calls] for u in self.uses],
+                "max_logit_diff": self.max_logit_diff, "tolerance": self.tolerance, "skipped": list(self.skipped)}
+
+
+def from_record(record: dict, taken: str) -> Census:
+    """A Census from to_record's dict (KeyError / TypeError / ValueError where it is not one)."""
+    uses = tuple(OpUse(str(m), str(op), str(v), str(why), int(n)) for m, op, v, why, n in record["uses"])
+    if any(u.verdict not in (ROUTED, ROW_INDEPENDENT, UNCOVERED) for u in uses):
+        raise ValueError("unknown verdict")
+    return Census(model_class=str(record["model_class"]), dtype=str(record["dtype"]), compiled=bool(record["compiled"]),
+                  uses=uses, max_logit_diff=float(record["max_logit_diff"]), tolerance=float(record["tolerance"]),
+                  skipped=tuple(str(s) for s in record["skipped"]), taken=taken)
 
 
 _CACHE: dict[tuple, Census] = {}
 
 
-def take(model, mode_scope, compiled: bool = False) -> Census:
+def take(model, mode_scope, compiled: bool = False, saved=None) -> Census:
     """The census of `model` (cached per class, config, dtype, device, compiled, instruction set, ranks).
     mode_scope(): a context manager of the whole mode on `model` (mode.census_of passes it), without a
-    census of its own."""
-    key = _key(model, compiled)
+    census of its own. saved: a store of this model's census between processes, or None (the module doc)."""
+    key = cache_key(model, compiled)
     if key not in _CACHE:
-        _CACHE[key] = _run(model, mode_scope, compiled)
+        found = saved.read() if saved is not None else None
+        if found is None:
+            found = _run(model, mode_scope, compiled)
+            if saved is not None:
+                saved.write(found)
+        _CACHE[key] = found
     return _CACHE[key]
 
 
-def _key(model, compiled: bool) -> tuple:
+def cache_key(model, compiled: bool) -> tuple:
     config = model.config.to_json_string() if hasattr(model, "config") else repr(model)
     parameter = next(model.parameters(), None)
     where = (str(parameter.dtype), str(parameter.device)) if parameter is not None else ("", "")

@@ -50,17 +50,18 @@ def check(model) -> None:
         raise UnsupportedModel(f"the batch-invariant mode cannot cover {path}: {reason}{more}")
 
 
-def verify(model, mode_scope, compiled: bool = False, allow_uncovered: bool = False):
+def verify(model, mode_scope, compiled: bool = False, allow_uncovered: bool = False, saved=None):
     """The model's op census (census.py), after refusing what it shows the mode does not cover.
 
-    mode_scope: the whole mode on the model, as census.take takes it (mode.verify_coverage passes it).
+    mode_scope: the whole mode on the model, as census.take takes it (mode.verify_coverage passes it);
+    saved: census.take's store between processes, or None.
     Raises UnsupportedModel, one line: for the first uncovered op (module and op) unless
     `allow_uncovered` (then the caller labels its run "partly invariant"), and always when the
     mode's logits leave the default kernels' beyond rounding."""
     from nondet.kernels import census
 
     check(model)
-    found = census.take(model, mode_scope, compiled)
+    found = census.take(model, mode_scope, compiled, saved)
     missing = found.uncovered()
     if missing and not allow_uncovered:
         first = missing[0]

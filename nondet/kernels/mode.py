@@ -151,11 +151,12 @@ def census_of(model, compiled: bool = False):
     return census.take(model, _census_scope(model, compiled), compiled)
 
 
-def verify_coverage(model, compiled: bool = False, allow_uncovered: bool = False):
-    """The model's op census after the mode's refusals (coverage.verify): UnsupportedModel, one line."""
+def verify_coverage(model, compiled: bool = False, allow_uncovered: bool = False, saved=None):
+    """The model's op census after the mode's refusals (coverage.verify): UnsupportedModel, one line.
+    saved: a store of the census between processes (census.take), or None."""
     from nondet.kernels import coverage
 
-    return coverage.verify(model, _census_scope(model, compiled), compiled, allow_uncovered)
+    return coverage.verify(model, _census_scope(model, compiled), compiled, allow_uncovered, saved)
 
 
 def _census_scope(model, compiled: bool):

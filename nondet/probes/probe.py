@@ -17,6 +17,7 @@ from typing import Callable
 from nondet.errors import UsageError
 from nondet.probes.core.corpus import FILLERS
 from nondet.probes.core.kernel_coverage import census_entry, label_summary
+from nondet.probes.core.saved_census import saved_census
 from nondet.probes.core.load_config import LoadConfig
 from nondet.probes.core.load_config import validate as validate_load
 from nondet.probes.core.numerics import numerics_scope
@@ -227,7 +228,9 @@ def _open(source: Source, config: ProbeConfig) -> RunWriter:
     model = getattr(getattr(source, "loaded", None), "model", None)
     if opened.fingerprint is not None and model is not None and "batch-invariant" in config.kernels:
         # before any condition runs: a model the mode cannot cover is refused now, not after the default's
-        opened.fingerprint["census"] = census_entry(model, bool(config.compile_backend), config.allow_uncovered)
+        compiled = bool(config.compile_backend)
+        opened.fingerprint["census"] = census_entry(model, compiled, config.allow_uncovered,
+                                                    saved_census(model, compiled))
     if opened.fingerprint is not None:
         writer.write_header(new_header("probe", asdict(config), config.argv), opened.fingerprint)
     source.attach(writer)

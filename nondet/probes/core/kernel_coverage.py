@@ -16,14 +16,15 @@ from nondet.verdict import injected_control_line, partly_line
 INVARIANT, PARTLY = "invariant", "partly invariant"
 
 
-def census_entry(model, compiled: bool, allow_uncovered: bool) -> dict:
-    """fingerprint.json's "census": the census's counts, the uncovered ops, the logit check, and
-    "coverage". Raises UnsupportedModelError (exit 3) where the mode refuses the model."""
+def census_entry(model, compiled: bool, allow_uncovered: bool, saved=None) -> dict:
+    """fingerprint.json's "census": the census's counts, the uncovered ops, the logit check, where it was
+    taken, and "coverage". Raises UnsupportedModelError (exit 3) where the mode refuses the model. saved: the
+    census's store between processes (saved_census.py), or None."""
     from nondet.kernels.coverage import UnsupportedModel
     from nondet.kernels.mode import verify_coverage
 
     try:
-        found = verify_coverage(model, compiled=compiled, allow_uncovered=allow_uncovered)
+        found = verify_coverage(model, compiled=compiled, allow_uncovered=allow_uncovered, saved=saved)
     except UnsupportedModel as exc:
         raise UnsupportedModelError(str(exc)) from None
     return {**found.to_json(), "coverage": PARTLY if found.uncovered() else INVARIANT}
