@@ -12,6 +12,7 @@ StreamRecord whose prompt_id is that row's prompt: it is compared with that prom
 import time
 
 from nondet.errors import UsageError
+from nondet.kernels.prefetch import start_triton_key
 from nondet.probes.core import conditions as cond
 from nondet.probes.core.batch import batch_shape, tokenize_inputs
 from nondet.probes.core.chat import model_texts
@@ -47,6 +48,8 @@ class StaticSource:
         self.started = time.perf_counter()
         in_memory = self.loaded is not None  # a model handed over (probe_model), not loaded from config.model
         c = self.config
+        if "batch-invariant" in c.kernels and c.model.device.startswith("cuda"):
+            start_triton_key()  # hashed beside the load, not at the mode's first launch
         if c.compile_backend or c.cuda_graphs:  # later kernels modes compiled by second processes meanwhile
             self.ahead = CompileAhead()
             if c.cuda_graphs and not in_memory:  # its second process loads the model beside this one
