@@ -30,11 +30,11 @@ SAFE_ENV_PREFIXES = ("NONDET_", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "
                      "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR")
 # imported once by the fork server (module names: the server does not see the tests' sys.path). Past
 # torch and transformers, what a command imports when it runs (its CLI module, the probe, the reports'
-# pandas / pyarrow / matplotlib): 1.3 s -> 0.5 s of CPU for a tiny probe. nondet reads no variable at
+# pandas / pyarrow): 1.3 s -> 0.5 s of CPU for a tiny probe. nondet reads no variable at
 # import time, so its modules are as safe to preload as the libraries.
 PRELOAD = ["torch", "transformers", "transformers.modeling_utils", "transformers.models.auto.modeling_auto",
            "transformers.models.auto.tokenization_auto", "transformers.masking_utils", "transformers.processing_utils",
-           "pandas", "pyarrow", "matplotlib.figure", "matplotlib.backends.backend_agg", "rich.console",
+           "pandas", "pyarrow", "rich.console",
            "nondet.cli.app", "nondet.cli.probe", "nondet.cli.bisect", "nondet.cli.gate", "nondet.cli.report",
            "nondet.cli.rl", "nondet.cli.kernels", "nondet.cli.compare", "nondet.probes.probe", "nondet.reports"]
 _SERVER = {"context": None, "env": None}

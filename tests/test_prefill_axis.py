@@ -120,7 +120,7 @@ def test_report_has_the_prefill_section_and_figure(qwen3):
     assert done.returncode == 0, done.stderr
     markdown = (result.run_dir / "report.md").read_text()
     assert "## Prefix cache and chunked prefill" in markdown and "chunks of 3" in markdown
-    assert (result.run_dir / "figures" / "prefill.png").stat().st_size > 1000
+    assert (result.run_dir / "figures" / "prefill.svg").stat().st_size > 1000
 
 
 @pytest.mark.parametrize("extra", [["--load", "continuous"], ["--kv-cache", "static"], ["--budget", "30"]])

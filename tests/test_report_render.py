@@ -3,6 +3,7 @@
 import json
 import re
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 from report_fixtures import write_run
@@ -39,8 +40,32 @@ def test_write_report_returns_paths_in_the_run_dir(full):
     run, _, _ = full
     assert (run / "report.md").is_file() and (run / "report.html").is_file()
     assert sorted(p.name for p in (run / "figures").iterdir()) == [
-        "amplification.png", "bisect_heatmap.png", "distinct_by_batch_size.png", "first_divergence.png",
-        "kernels_before_after.png"]
+        "amplification.svg", "bisect_heatmap.svg", "distinct_by_batch_size.svg", "first_divergence.svg",
+        "kernels_before_after.svg"]
+
+
+def test_each_figure_is_well_formed_svg(full):
+    run = full[0]
+    for path in sorted((run / "figures").iterdir()):
+        root = ElementTree.fromstring(path.read_bytes())
+        assert root.tag == "{http://www.w3.org/2000/svg}svg", path.name
+        assert root.get("font-family") == "sans-serif" and float(root.get("width")) >= 600
+        assert len(root.findall(".//{http://www.w3.org/2000/svg}text")) >= 5, path.name  # ticks, labels, title
+
+
+def test_figure_labels_are_escaped_in_the_svg(tmp_path):
+    """A module's op class is model-derived: `<script>` and `&` in it stay text in the heatmap's SVG."""
+    from nondet.reports.figures import bisect_heatmap
+    from nondet.reports.tables import read_tables
+
+    run = write_run(tmp_path / "run", bisect=True)
+    t = read_tables(run)
+    t.bisect_modules.loc[t.bisect_modules.op_class == "norm", "op_class"] = "<script>x</script> & co"
+    svg = bisect_heatmap(t).decode("utf-8")
+    assert "<script" not in svg
+    assert "&lt;script&gt;x&lt;/script&gt; &amp; co" in svg
+    texts = [e.text for e in ElementTree.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")]
+    assert "<script>x</script> & co" in texts
 
 
 def test_markdown_headings_in_order(full, bare):
@@ -87,7 +112,7 @@ def test_markdown_bisect_ablation_reproduce(full):
     assert "born at **step 1** in `model.layers.0.self_attn.q_proj` (op class matmul, layer 0)." in md
     assert ("The token flips at step 5, where the reference's top1−top2 margin was 0.00781 (0x1p-7): "
             "the reference took `  Queens `, the divergent run `  New `.") in md
-    assert "![Heatmap of differences by layer and op class](figures/bisect_heatmap.png)" in md
+    assert "![Heatmap of differences by layer and op class](figures/bisect_heatmap.svg)" in md
     assert "| 0 | `model.layers.0.self_attn.q_proj` | matmul | 0.00112 | 0.00449 | 73 | 17 |" in md
     assert "| `matmul` | yes | yes | — | — | — |" in md
     assert "| `norm` | no | no | 5 | 1 | step 1: model.layers.0.self_attn.q_proj (matmul) |" in md
@@ -121,7 +146,7 @@ def test_html_is_self_contained(full):
     assert "default-src 'none'" in html
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html)
     assert "<link" not in html and "@import" not in html and "url(" not in html
-    assert html.count('src="data:image/png;base64,') == 5
+    assert html.count('src="data:image/svg+xml;base64,') == 5
     assert "@media print" in html
 
 

@@ -196,7 +196,7 @@ def test_report_has_the_rl_section_and_histogram(controls):
     md, html = write_report(controls.run_dir)
     text = md.read_text()
     assert "## Sampler vs trainer" in text and "| `batch-invariant` | 4 (right) | 24 | 100.0% |" in text
-    assert (controls.run_dir / "figures" / "rl_dlogp.png").exists() and "data:image/png" in html.read_text()
+    assert (controls.run_dir / "figures" / "rl_dlogp.svg").exists() and "data:image/svg+xml" in html.read_text()
 
 
 def test_cli_prints_the_table(tiny_model_dir, tmp_path):

@@ -1,4 +1,4 @@
-"""Reports: run directory -> tables (pandas), figures (matplotlib), report.md and report.html.
+"""Reports: run directory -> tables (pandas), figures (SVG, svg.py), report.md and report.html.
 
 Imports no torch: a report can be rendered on any machine from the run directory alone.
 The names below load on first use, so importing `nondet.reports` stays light (no pandas).

@@ -22,7 +22,7 @@ def bisect_blocks(t: RunTables, no_bisect: list) -> list:
     replayed = replay_line(b)
     if replayed:
         blocks.append(Para([replayed[0].upper() + replayed[1:] + "."], kind="note"))
-    blocks += figure_or_hint("bisect_heatmap.png", figures.bisect_heatmap(t), "Heatmap of differences by layer and op class",
+    blocks += figure_or_hint("bisect_heatmap.svg", figures.bisect_heatmap(t), "Heatmap of differences by layer and op class",
                       ["Layer × op class; colour = log10 of the largest absolute difference of the target row "
                        "(blank = bit-identical); the origin is boxed."],
                       ["No per-module table (bisect_modules.csv) yet: run ", Code(f"nondet bisect {run_dir_arg(t)}"),

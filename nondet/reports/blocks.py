@@ -78,7 +78,7 @@ class TokenDiff:
 @dataclass
 class Figure:
     name: str  # file name under figures/
-    png: bytes
+    svg: bytes  # UTF-8 SVG text
     alt: str
     caption: list  # of Inline
 
@@ -102,6 +102,6 @@ class CodeBlock:
     lines: list[str]  # trusted shell commands, one per line
 
 
-def figure_or_hint(name: str, png: bytes | None, alt: str, caption: list, hint: list) -> list:
+def figure_or_hint(name: str, svg: bytes | None, alt: str, caption: list, hint: list) -> list:
     """The figure when there is data for it, else one line saying how to produce it."""
-    return [Figure(name, png, alt, caption)] if png else [Para(hint, kind="hint")]
+    return [Figure(name, svg, alt, caption)] if svg else [Para(hint, kind="hint")]

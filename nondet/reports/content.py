@@ -379,24 +379,24 @@ def _figure_sections(t: RunTables) -> list[Section]:
     no_bisect = ["No bisect yet: run ", Code(f"nondet bisect {rd}"), "."]
     return [
         Section("First divergence steps", "fig-first-divergence", figure_or_hint(
-            "first_divergence.png", figures.first_divergence_histogram(t), "Histogram of first divergence steps",
+            "first_divergence.svg", figures.first_divergence_histogram(t), "Histogram of first divergence steps",
             ["Per run: the first step whose logprob bits differ from the reference, and the first step "
              "whose token differs. Numeric divergence comes first; the token flips later, at a near-tie."],
             ["No run diverged from the reference: nothing to plot."]), level=3),
         Section("Completions by batch size", "fig-batch-size", figure_or_hint(
-            "distinct_by_batch_size.png", figures.distinct_by_batch_size(t), "Completions by batch size",
+            "distinct_by_batch_size.svg", figures.distinct_by_batch_size(t), "Completions by batch size",
             ["Every run at each batch size, coloured by the completion it produced (green: the reference's); "
              "the number on top counts the runs whose completion differs from their prompt's reference."],
             ["No runs with a batch size and completion id: rerun `nondet probe`."]), level=3),
         Section("Bisect: where the difference is born", "fig-bisect", bisect_blocks(t, no_bisect), level=3),
         Section("Bisect: amplification", "fig-amplification", figure_or_hint(
-            "amplification.png", figures.amplification_curve(t), "Amplification of the difference",
+            "amplification.svg", figures.amplification_curve(t), "Amplification of the difference",
             ["Largest absolute difference of the target row's residual stream after each decoder layer, "
              "per replayed step: how far a few-ULP difference at the origin spreads, and whether it lasts "
              "until a near-tie flips a token."],
             no_bisect), level=3),
         Section("Before / after: batch-invariant kernels", "fig-before-after", figure_or_hint(
-            "kernels_before_after.png", figures.kernels_before_after(t), "Default against batch-invariant kernels",
+            "kernels_before_after.svg", figures.kernels_before_after(t), "Default against batch-invariant kernels",
             ["Distinct completions per condition under default and batch-invariant kernels."],
             ["No before/after comparison yet: run ", Code(_confirm_command(t)), "."]), level=3),
     ]

@@ -1,40 +1,39 @@
-"""Figures (matplotlib, Agg canvas, no pyplot state): each returns PNG bytes or None.
+"""Figures as SVG text (svg.py, no plotting library): each returns UTF-8 SVG bytes or None.
 
-A function returns None when the run lacks its data; the caller says how to get it.
+A function returns None when the run lacks its data; the caller says how to get it. Sizes are in
+px: 840 x 384 is the 7 x 3.2 in at 120 dpi the report's figures always had.
 """
-
-import io
 
 import numpy as np
 import pandas as pd
 
 from nondet.fmt import fmt_prefill_form, prefill_order
+from nondet.reports.colormaps import colour_at
+from nondet.reports.svg import (Box, Key, Panel, colorbar, colorbar_width, legend_width, plot_box,
+                                rotated_height)
+from nondet.reports.svg_axes import (Linear, Log, Symlog, fmt_power, fmt_tick, log_ticks, nice_ticks,
+                                     symlog_ticks, ticks_within)
+from nondet.reports.svg_canvas import Canvas
 from nondet.reports.tables import RunTables
 
 OP_ORDER = ["embedding", "norm", "matmul", "attention", "softmax", "rotary", "activation", "other"]
 MODE_COLOURS = {"default": "#c0392b", "batch-invariant": "#2471a3"}
-DPI = 120
-
-
-def _new(width: float = 7.0, height: float = 3.2, ncols: int = 1):
-    # The Agg canvas is attached here, not at import, and never touches pyplot's global backend.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, ncols)
-    return fig, axes
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, facecolor="white")
-    return buf.getvalue()
+WIDTH, HEIGHT = 840, 384
+BLANK = "#eef2f5"  # a heatmap cell without a difference (bit-identical or not recorded)
 
 
 def _mode_runs(t: RunTables, mode: str) -> pd.DataFrame:
     return t.runs[t.runs.kernels == mode]
+
+
+def _labelled(ticks: list[float], fmt=fmt_tick) -> list[tuple[float, str]]:
+    return [(v, fmt(v)) for v in ticks]
+
+
+def _padded(lo: float, hi: float) -> Linear:
+    """A data range with 5% room at each end, so end points do not sit on the frame."""
+    pad = (hi - lo) * 0.05 or 0.5
+    return Linear(lo - pad, hi + pad)
 
 
 def first_divergence_histogram(t: RunTables) -> bytes | None:
@@ -47,17 +46,23 @@ def first_divergence_histogram(t: RunTables) -> bytes | None:
     hi = int(max(tok.max() if not tok.empty else 0, num.max() if not num.empty else 0))
     width = max(1, -(-(hi + 1) // 30))  # at most ~30 bins, each a whole number of steps
     bins = np.arange(-0.5, hi + width + 0.5, width)
-    fig, ax = _new()
-    for data, label, colour in ((num, "first numeric divergence (logprob bits)", "#7f8c8d"),
-                                (tok, "first token divergence", "#c0392b")):
-        ax.hist(data, bins=bins, label=label, color=colour, alpha=0.8, edgecolor="white")
-    ax.set_xlabel("decode step")
-    ax.set_ylabel("runs")
-    ax.set_title(f"Where runs leave the reference ({t.primary_mode} kernels; of {len(runs)} runs, {len(num)} "
-                 f"differ in logprob bits, {len(tok)} in tokens)", fontsize=10)
-    ax.legend(frameon=False, fontsize=8, loc="best")
-    ax.yaxis.get_major_locator().set_params(integer=True)
-    return _png(fig)
+    series = [(np.histogram(num, bins)[0], "first numeric divergence (logprob bits)", "#7f8c8d"),
+              (np.histogram(tok, bins)[0], "first token divergence", "#c0392b")]
+    top = max(int(c.max()) for c, _, _ in series) / 0.72  # the top quarter is the legend's
+    yticks = _labelled(nice_ticks(0, top, integer=True))
+    canvas = Canvas(WIDTH, HEIGHT)
+    box = plot_box(Box(0, 0, WIDTH, HEIGHT), ytick_labels=[s for _, s in yticks], xlabel=True, ylabel=True,
+                   title=True)
+    panel = Panel(canvas, box, _padded(bins[0], bins[-1]), Linear(0, yticks[-1][0]))
+    for counts, _, colour in series:
+        for left, n in zip(bins, counts):
+            if n:
+                panel.bar(left + width / 2, n, width, colour, opacity=0.8)
+    panel.frame(_labelled(ticks_within(bins[0], bins[-1], 12, integer=True)), yticks, "decode step", "runs",
+                f"Where runs leave the reference ({t.primary_mode} kernels; of {len(runs)} runs, {len(num)} "
+                f"differ in logprob bits, {len(tok)} in tokens)")
+    panel.legend([Key(label, colour) for _, label, colour in series], "upper right")
+    return canvas.to_bytes()
 
 
 REF_COLOUR = "#1e8449"
@@ -85,35 +90,36 @@ def distinct_by_batch_size(t: RunTables) -> bytes | None:
     sizes = sorted(int(b) for b in runs.batch_size.unique())
     ref_ids = {m: {c["completion_id"] for c in t.modes[m].get("completions", []) if c.get("is_reference")}
                for m in modes}
-    fig, ax = _new()
+    tallest = runs.groupby(["kernels", "batch_size"]).size().max()
+    yticks = _labelled(nice_ticks(0, tallest * 1.12, integer=True))  # room for the numbers on top
+    stacks = [(i, j, _stack(runs[(runs.kernels == m) & (runs.batch_size == bs)], ref_ids[m]))
+              for i, m in enumerate(modes) for j, bs in enumerate(sizes)]
+    keys = list({label: Key(label, colour) for _, _, stack in stacks for _, label, colour in stack}.values())
+    canvas = Canvas(WIDTH, HEIGHT)
+    # Beside the plot: inside it, the legend covers the labels of the first bars.
+    box = plot_box(Box(0, 0, WIDTH, HEIGHT), ytick_labels=[s for _, s in yticks], xlabel=True, ylabel=True,
+                   title=True, right=legend_width(keys) + 10)
+    panel = Panel(canvas, box, Linear(-0.5, len(sizes) - 0.5), Linear(0, yticks[-1][0]))
     width = 0.8 / len(modes)
-    seen: dict[str, object] = {}
-    for i, mode in enumerate(modes):
-        mine = runs[runs.kernels == mode]
-        for j, bs in enumerate(sizes):
-            x = j + i * width - 0.4 + width / 2
-            counts = mine[mine.batch_size == bs].completion_id.value_counts().sort_index()
-            bottom, off_reference = 0, 0
-            for cid, n in counts.items():
-                label, colour = _completion_style(int(cid), cid in ref_ids[mode])
-                off_reference += 0 if cid in ref_ids[mode] else int(n)
-                bar = ax.bar(x, n, width * 0.92, bottom=bottom, color=colour, edgecolor="white",
-                             hatch="//" if mode != "default" else None)
-                seen.setdefault(label, bar)
-                bottom += n
-            if bottom:
-                ax.annotate(f"{off_reference}", (x, bottom), xytext=(0, 2), textcoords="offset points",
-                            ha="center", fontsize=8)
-    ax.set_xticks(range(len(sizes)), [str(b) for b in sizes])
-    ax.set_xlabel("batch size" + ("   (hatched: batch-invariant kernels)" if len(modes) > 1 else ""))
-    ax.set_ylabel("runs")
-    ax.set_title("Completions by batch size (number on top: runs off the reference)", fontsize=10)
-    ax.yaxis.get_major_locator().set_params(integer=True)
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
-    # Beside the plot: inside it, the legend covers the distinct-count labels of the first bars.
-    ax.legend(seen.values(), seen.keys(), frameon=False, fontsize=8, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0))
-    return _png(fig)
+    for i, j, stack in stacks:
+        x, bottom = j + i * width - 0.4 + width / 2, 0
+        for n, label, colour in stack:
+            panel.bar(x, n, width * 0.92, colour, bottom=bottom, hatch=modes[i] != "default")
+            bottom += n
+        if bottom:
+            off_reference = sum(n for n, label, _ in stack if label != "reference completion")
+            panel.note(x, bottom, str(off_reference), dy=-8)
+    panel.frame(list(enumerate(map(str, sizes))), yticks,
+                "batch size" + ("   (hatched: batch-invariant kernels)" if len(modes) > 1 else ""), "runs",
+                "Completions by batch size (number on top: runs off the reference)")
+    panel.legend(keys, "right")
+    return canvas.to_bytes()
+
+
+def _stack(runs: pd.DataFrame, ref_ids: set) -> list[tuple[int, str, str]]:
+    """(runs, legend label, colour) of each completion at one batch size, by completion id."""
+    counts = runs.completion_id.value_counts().sort_index()
+    return [(int(n), *_completion_style(int(cid), cid in ref_ids)) for cid, n in counts.items()]
 
 
 def _heat_matrix(mods: pd.DataFrame) -> tuple[np.ndarray, list[str], list[str]]:
@@ -139,22 +145,26 @@ def bisect_heatmap(t: RunTables) -> bytes | None:
     steps = sorted(mods.step.unique())[:3]
     mats = [_heat_matrix(mods[mods.step == s]) for s in steps]
     logs = [np.log10(np.where(m > 0, m, np.nan)) for m, _, _ in mats]
-    finite = np.concatenate([l[np.isfinite(l)] for l in logs]) if logs else np.array([])
-    vmin, vmax = (finite.min(), finite.max()) if finite.size else (-8, 0)
+    finite = np.concatenate([l[np.isfinite(l)] for l in logs])
+    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (-8.0, 0.0)
+    vmax = max(vmax, vmin + 1e-9)
+    bar_ticks = ticks_within(vmin, vmax, 6) or [vmin]
+    all_cols = [c for _, _, cols in mats for c in cols]
     n_rows = max(len(lbl) for _, lbl, _ in mats)
-    fig, axes = _new(3.4 * len(steps) + 1.2, 1.2 + 0.28 * n_rows, ncols=len(steps))
-    axes = np.atleast_1d(axes)
-    import matplotlib
-
-    cmap = matplotlib.colormaps["magma_r"].with_extremes(bad="#eef2f5")
-    for ax, s, (m, rlabels, cols), lg in zip(axes, steps, mats, logs):
-        im = ax.imshow(lg, aspect="auto", cmap=cmap, vmin=vmin, vmax=max(vmax, vmin + 1e-9))
-        ax.set_xticks(range(len(cols)), cols, rotation=35, ha="right", fontsize=8)
-        ax.set_yticks(range(len(rlabels)), rlabels, fontsize=8)
-        ax.set_title(_step_title(t, int(s)), fontsize=9)
-        _mark_origin(ax, t, int(s), rlabels, cols)
-    fig.colorbar(im, ax=list(axes), label="log10 max |diff|", shrink=0.9)
-    return _png(fig)
+    bar_w = colorbar_width([f"{v:g}" for v in bar_ticks])
+    canvas = Canvas(400 * len(steps) + bar_w, 70 + 26 * n_rows + rotated_height(all_cols, 35))
+    step_w = (canvas.width - bar_w) / len(steps)
+    for k, (s, (_, rlabels, cols), lg) in enumerate(zip(steps, mats, logs)):
+        region = Box(k * step_w, 0, (k + 1) * step_w, canvas.height)
+        box = plot_box(region, ytick_labels=rlabels, xtick_labels=all_cols, xrotate=-35, title=True)
+        panel = Panel(canvas, box, Linear(-0.5, len(cols) - 0.5), Linear(-0.5, len(rlabels) - 0.5), flip_y=True)
+        for (r, c), v in np.ndenumerate(lg):
+            panel.cell(c, r, colour_at("magma_r", (v - vmin) / (vmax - vmin)) if np.isfinite(v) else BLANK)
+        panel.frame(list(enumerate(cols)), list(enumerate(rlabels)), title=_step_title(t, int(s)), xrotate=-35)
+        _mark_origin(panel, t, int(s), rlabels, cols)
+    bar = Box(canvas.width - bar_w + 16, box.top, canvas.width - bar_w + 30, box.bottom)
+    colorbar(canvas, bar, "magma_r", vmin, vmax, bar_ticks, "log10 max |diff|")
+    return canvas.to_bytes()
 
 
 def _step_title(t: RunTables, step: int) -> str:
@@ -164,7 +174,7 @@ def _step_title(t: RunTables, step: int) -> str:
     return f"step {step}" + (f" ({', '.join(tags)})" if tags else "")
 
 
-def _mark_origin(ax, t: RunTables, step: int, rlabels: list[str], cols: list[str]) -> None:
+def _mark_origin(panel: Panel, t: RunTables, step: int, rlabels: list[str], cols: list[str]) -> None:
     origin = (t.bisect or {}).get("origin") or {}
     if origin.get("step") != step or origin.get("op_class") not in cols:
         return
@@ -172,10 +182,8 @@ def _mark_origin(ax, t: RunTables, step: int, rlabels: list[str], cols: list[str
     label = f"layer {layer}" if layer is not None else None
     if label not in rlabels:
         return
-    from matplotlib.patches import Rectangle
-
     r, c = rlabels.index(label), cols.index(origin["op_class"])
-    ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="#1abc9c", linewidth=2.5))
+    panel.outline(c - 0.5, r - 0.5, c + 0.5, r + 0.5, "#1abc9c", 2.5)
 
 
 def amplification_curve(t: RunTables) -> bytes | None:
@@ -183,48 +191,47 @@ def amplification_curve(t: RunTables) -> bytes | None:
     amp = t.amplification
     if amp.empty:
         return None
-    import matplotlib
-
-    fig, (left, right) = _new(9.0, 3.2, ncols=2)
     positive = amp.max_abs_diff[amp.max_abs_diff > 0]
     floor = positive.min() / 2 if not positive.empty else 1e-8  # symlog: zeros (bit-identical) sit on the axis
+    top = positive.max() * 2 if not positive.empty else 1e-6
     steps = sorted(amp.step.unique())
-    cmap = matplotlib.colormaps["viridis"]
+    per_step = amp.groupby("step").max_abs_diff.max()
+    flip = (t.bisect or {}).get("flip_step")
+    canvas = Canvas(1080, HEIGHT)
+    has_zero = bool((amp.max_abs_diff == 0).any())
+    left = _amp_panel(canvas, Box(0, 0, 540, HEIGHT), amp.layer, amp.max_abs_diff, has_zero, floor, top, "layer",
+                      "max |diff| of residual stream", "By layer (colour: step, early = dark; 0 = bit-identical)")
     for i, s in enumerate(steps):
         d = amp[amp.step == s].sort_values("layer")
-        left.plot(d.layer, d.max_abs_diff, marker="." if len(steps) <= 30 else None, linewidth=1,
-                  color=cmap(i / max(1, len(steps) - 1)),
-                  label=f"step {s}" if len(steps) <= 8 else None)
-    left.set_xlabel("layer")
-    left.set_ylabel("max |diff| of residual stream")
-    left.set_title("By layer (colour: step, early = dark; 0 = bit-identical)", fontsize=9)
+        left.line(d.layer, d.max_abs_diff, colour_at("viridis", i / max(1, len(steps) - 1)), 1.2,
+                  "dot" if len(steps) <= 30 else None)
     if len(steps) <= 8:
-        left.legend(frameon=False, fontsize=7)
-    per_step = amp.groupby("step").max_abs_diff.max()
-    right.plot(per_step.index, per_step.values, marker="o" if len(per_step) <= 30 else None, color="#c0392b")
-    right.set_xlabel("decode step")
-    right.set_title("Largest over layers, by step", fontsize=9)
-    from matplotlib.ticker import FuncFormatter
-
-    top = positive.max() * 2 if not positive.empty else 1e-6
-    ticks = [0.0] + [m * 10.0 ** e for e in range(int(np.floor(np.log10(floor))), int(np.ceil(np.log10(top))) + 1)
-                     for m in (1, 2, 5) if floor <= m * 10.0 ** e <= top]
-    has_zero = bool((amp.max_abs_diff == 0).any())
-    for ax in (left, right):
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        if not has_zero:
-            ax.set_yscale("log")
-            continue
-        ax.set_yscale("symlog", linthresh=floor)
-        ax.set_ylim(0, top)
-        ax.set_yticks(ticks)
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}" if v else "0"))
-    flip = (t.bisect or {}).get("flip_step")
+        left.legend([Key(f"step {s}", colour_at("viridis", i / max(1, len(steps) - 1)), "line", "dot")
+                     for i, s in enumerate(steps)], "upper left")
+    xs = list(per_step.index) + ([flip] if flip is not None else [])
+    right = _amp_panel(canvas, Box(540, 0, 1080, HEIGHT), pd.Series(xs), per_step, has_zero, floor, top,
+                       "decode step", "", "Largest over layers, by step")
+    right.line(per_step.index, per_step.values, "#c0392b", 2.0, "circle" if len(per_step) <= 30 else None)
     if flip is not None:
-        right.axvline(flip, color="#555", linestyle="--", linewidth=1)
-        right.annotate("token flip", (flip, 0.95), xycoords=("data", "axes fraction"), xytext=(-4, 0),
-                       textcoords="offset points", fontsize=8, ha="right")
-    return _png(fig)
+        right.vline(flip, "token flip")
+    return canvas.to_bytes()
+
+
+def _amp_panel(canvas: Canvas, region: Box, xs: pd.Series, ys: pd.Series, has_zero: bool, floor: float,
+               top: float, xlabel: str, ylabel: str, title: str) -> Panel:
+    """One half of the amplification figure: integer x, y on a log scale (symlog from 0 when some
+    differences are exactly 0), framed and labelled."""
+    if has_zero:
+        yt, y = symlog_ticks(floor, top), Symlog(floor, 0.0, top)
+    else:
+        seen = ys[ys > 0]
+        yt = log_ticks(seen.min(), seen.max())
+        y = Log(yt[0], yt[-1])
+    yticks = _labelled(yt, fmt_power)
+    box = plot_box(region, ytick_labels=[s for _, s in yticks], xlabel=True, ylabel=bool(ylabel), title=True)
+    panel = Panel(canvas, box, _padded(float(xs.min()), float(xs.max())), y)
+    panel.frame(_labelled(ticks_within(panel.x.lo, panel.x.hi, 8, integer=True)), yticks, xlabel, ylabel, title)
+    return panel
 
 
 def kernels_before_after(t: RunTables) -> bytes | None:
@@ -235,21 +242,22 @@ def kernels_before_after(t: RunTables) -> bytes | None:
     conds = t.conditions.assign(key=[_cond_key(r) for r in t.conditions.itertuples()])
     table = conds.pivot_table(index="key", columns="kernels", values="distinct_completions", sort=False)
     table = table[[m for m in modes if m in table.columns]]
-    fig, ax = _new(7.0, 1.4 + 0.3 * len(table))
-    y = np.arange(len(table))
+    xmax = float(np.nanmax(table.values)) * 1.25 + 0.5
+    canvas = Canvas(WIDTH, 168 + 36 * len(table))
+    box = plot_box(Box(0, 0, canvas.width, canvas.height), ytick_labels=list(table.index), xlabel=True, title=True)
+    panel = Panel(canvas, box, Linear(0, xmax), Linear(-0.5, len(table) - 0.5), flip_y=True)
     height = 0.8 / len(table.columns)
     for i, mode in enumerate(table.columns):
-        bars = ax.barh(y + i * height - 0.4 + height / 2, table[mode], height, label=f"{mode} kernels",
-                       color=MODE_COLOURS.get(mode, "#555"))
-        ax.bar_label(bars, fmt="%d", fontsize=8, padding=2)
-    ax.set_yticks(y, table.index, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("distinct completions in the condition")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_xlim(0, np.nanmax(table.values) * 1.25 + 0.5)
-    ax.set_title("Before / after: default against batch-invariant kernels")
-    ax.legend(frameon=False, fontsize=8, loc="lower right")
-    return _png(fig)
+        for y, n in enumerate(table[mode]):
+            if pd.notna(n):
+                at = y + i * height - 0.4 + height / 2
+                panel.barh(at, n, height, MODE_COLOURS.get(mode, "#555555"))
+                panel.note(n, at, f"{n:.0f}", dx=3, anchor="start")
+    panel.frame(_labelled(ticks_within(0, xmax, 8, integer=True)), list(enumerate(table.index)),
+                "distinct completions in the condition",
+                title="Before / after: default against batch-invariant kernels")
+    panel.legend([Key(f"{m} kernels", MODE_COLOURS.get(m, "#555555")) for m in table.columns], "lower right")
+    return canvas.to_bytes()
 
 
 def _cond_key(row) -> str:
@@ -268,26 +276,23 @@ def prefill_divergence(t: RunTables) -> bytes | None:
     labels = list(dict.fromkeys(fmt_prefill_form(f) for f in sorted(forms, key=prefill_order)))
     horizon = max(1, int((t.config.get("config") or {}).get("max_new_tokens") or 1))
     modes = list(dict.fromkeys(f["kernels"] for f in forms))
-    fig, ax = _new(height=1.2 + 0.32 * len(labels) * len(modes))
+    keys = [Key(f"{m}: bits differ", MODE_COLOURS.get(m, "#5d6d7e"), "marker", "circle") for m in modes]
+    keys += [Key("token differs", "#333333", "marker", "cross"),
+             Key(f"no difference in {horizon} steps", "#333333", "marker", "hollow")]
+    canvas = Canvas(WIDTH, 144 + 38 * len(labels) * len(modes))
+    box = plot_box(Box(0, 0, canvas.width, canvas.height), ytick_labels=labels, xlabel=True, title=True,
+                   right=legend_width(keys) + 10)
+    panel = Panel(canvas, box, Linear(-0.5, horizon + 0.5), Linear(-0.5, len(labels) - 0.5), flip_y=True)
     for i, mode in enumerate(modes):
         offset = (i - (len(modes) - 1) / 2) * 0.25
         colour = MODE_COLOURS.get(mode, "#5d6d7e")
         for f in (f for f in forms if f["kernels"] == mode):
             y = labels.index(fmt_prefill_form(f)) + offset
             bits, token = f["first_numeric_divergence"], f["first_token_divergence"]
-            if bits is None:
-                ax.plot(horizon, y, "o", mfc="white", mec=colour)
-            else:
-                ax.plot(bits, y, "o", color=colour)
+            panel.marker(horizon if bits is None else bits, y, "hollow" if bits is None else "circle", colour)
             if token is not None:
-                ax.plot(token, y, "x", color=colour, ms=8)
-        ax.plot([], [], "o", color=colour, label=f"{mode}: bits differ")
-    ax.plot([], [], "x", color="#333333", label="token differs")
-    ax.plot([], [], "o", mfc="white", mec="#333333", label=f"no difference in {horizon} steps")
-    ax.set_yticks(range(len(labels)), labels)
-    ax.invert_yaxis()
-    ax.set_xlim(-0.5, horizon + 0.5)
-    ax.set_xlabel("decode step")
-    ax.set_title("Prefix cache and chunked prefill: where a run leaves one-pass prefill", fontsize=10)
-    ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _png(fig)
+                panel.marker(token, y, "cross", colour)
+    panel.frame(_labelled(ticks_within(0, horizon, 10, integer=True)), list(enumerate(labels)), "decode step",
+                title="Prefix cache and chunked prefill: where a run leaves one-pass prefill")
+    panel.legend(keys, "right")
+    return canvas.to_bytes()

@@ -115,8 +115,10 @@ def _block(block) -> str:
     if isinstance(block, TokenDiff):
         return _token_diff(block)
     if isinstance(block, Figure):
-        data = base64.b64encode(block.png).decode("ascii")
-        return (f'<figure><img src="data:image/png;base64,{data}" alt="{escape(block.alt)}">'
+        # an <img>, not inline <svg>: the figure stays its own document (no shared ids or CSS), and an
+        # SVG loaded as an image runs no script and fetches nothing, whatever a label in it held
+        data = base64.b64encode(block.svg).decode("ascii")
+        return (f'<figure><img src="data:image/svg+xml;base64,{data}" alt="{escape(block.alt)}">'
                 f"<figcaption>{_inline(block.caption)}</figcaption></figure>")
     if isinstance(block, CodeBlock):
         return f"<pre>{escape(chr(10).join(block.lines))}</pre>"

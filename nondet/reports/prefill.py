@@ -25,7 +25,7 @@ def prefill_sections(t: RunTables) -> list[Section]:
                  "forward, as a server's chunked prefill does under a token budget. Fewer rows per matmul and keys "
                  "split between cache and call change a batch-variant kernel's reduction order; the "
                  "batch-invariant kernels must give the same bits for every split."], kind="note")
-    figure = figure_or_hint("prefill.png", figures.prefill_divergence(t), "Prefill axis: first divergence per form",
+    figure = figure_or_hint("prefill.svg", figures.prefill_divergence(t), "Prefill axis: first divergence per form",
                             ["Per form and size, each kernels mode's first step whose logprob bits differ from "
                              "one-pass prefill (filled), whose token differs (cross), or none (hollow, at the "
                              "right edge). Earliest over the prompts."], ["No prefill runs: nothing to plot."])

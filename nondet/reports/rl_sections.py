@@ -13,6 +13,9 @@ from nondet.fmt import fmt_float
 from nondet.reports.blocks import Code, CodeBlock, Figure, Model, Para, Report, Section, Table
 from nondet.reports.content import partial_sentence
 from nondet.reports.prompts import prompt_blocks
+from nondet.reports.svg import Box, Key, Panel, legend_width, plot_box
+from nondet.reports.svg_axes import Linear, fmt_tick, nice_ticks
+from nondet.reports.svg_canvas import Canvas
 from nondet.rl.groups import warning
 from nondet.rundir import RunDir
 from nondet.rundir.reader import has_bisect, has_header, read_header, read_streams, read_summary, torn_records
@@ -116,28 +119,33 @@ def token_differences(pair: dict, streams: list[dict]) -> np.ndarray:
 def _figure(pairs: list[dict], streams: list[dict]) -> list:
     if not pairs:
         return [Para(["No trainer tokens to compare."], kind="hint")]
-    png = dlogp_histogram([(f"{p['kernels']} mb={p['micro_batch']}", token_differences(p, streams)) for p in pairs])
-    return [Figure("rl_dlogp.png", png, "histogram of |dlogp| per kernels mode and micro-batch",
+    svg = dlogp_histogram([(f"{p['kernels']} mb={p['micro_batch']}", token_differences(p, streams)) for p in pairs])
+    return [Figure("rl_dlogp.svg", svg, "histogram of |dlogp| per kernels mode and micro-batch",
                    ["|trainer - sampler| logprob per sampled token; the bar at 0 counts bit-identical tokens."])]
+
+
+# one colour per pair: the first of the "tab10" palette, the colours this histogram always had
+CYCLE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
 def dlogp_histogram(series: list[tuple[str, np.ndarray]]) -> bytes:
     """One step histogram per pair over log10 |dlogp|, with identical tokens in a bin left of the axis."""
-    import io
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure as MplFigure
-
-    fig = MplFigure(figsize=(7.0, 3.2), dpi=120, layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    edges = np.linspace(-9, 1, 41)
-    for label, d in series:
+    edges = np.concatenate([[-10], np.linspace(-9, 1, 41)])
+    counts = []
+    for _, d in series:
         logs = np.where(d > 0, np.log10(np.where(d > 0, d, 1)), -9.5)  # identical tokens: the bin at -9.5
-        ax.hist(np.clip(logs, -9.99, 0.99), bins=np.concatenate([[-10], edges]), histtype="step", label=label)
-    ax.set_xlabel("log10 |dlogp|  (leftmost bin: bit-identical)")
-    ax.set_ylabel("tokens")
-    ax.legend(fontsize=7)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, facecolor="white")
-    return buf.getvalue()
+        counts.append(np.histogram(np.clip(logs, -9.99, 0.99), bins=edges)[0])
+    tallest = max((int(c.max()) for c in counts), default=1)
+    yticks = [(v, fmt_tick(v)) for v in nice_ticks(0, tallest * 1.05, integer=True)]
+    keys = [Key(label, CYCLE[i % len(CYCLE)], "line") for i, (label, _) in enumerate(series)]
+    canvas = Canvas(840, 384)
+    box = plot_box(Box(0, 0, 840, 384), ytick_labels=[s for _, s in yticks], xlabel=True, ylabel=True,
+                   right=legend_width(keys) + 10)
+    panel = Panel(canvas, box, Linear(-10.5, 1.5), Linear(0, yticks[-1][0]))
+    for key, c in zip(keys, counts):
+        xs = np.repeat(edges, 2)  # the outline of the bars: up and across each bin, down at the end
+        panel.line(xs, np.concatenate([[0], np.repeat(c, 2), [0]]), key.colour, 1.5)
+    panel.frame([(v, fmt_tick(v)) for v in range(-10, 2, 2)], yticks,
+                "log10 |dlogp|  (leftmost bin: bit-identical)", "tokens")
+    panel.legend(keys, "right")
+    return canvas.to_bytes()

@@ -1,4 +1,4 @@
-"""write_report: run directory -> report.md, report.html and figures/*.png inside it."""
+"""write_report: run directory -> report.md, report.html and figures/*.svg inside it."""
 
 from pathlib import Path
 
@@ -33,5 +33,5 @@ def _write(rd: RunDir, report) -> tuple[Path, Path]:
     for section in report.sections:
         for block in section.blocks:
             if isinstance(block, Figure):
-                write_figure(rd, block.name, block.png)
+                write_figure(rd, block.name, block.svg)
     return write_report_pages(rd, render_markdown(report, FIGURES), render_html(report))

@@ -30,7 +30,7 @@ ABLATION = "ablation.json"  # `nondet bisect`: the ablation again, on its own
 GATE = "gate.json"  # `nondet gate`: the policy's verdict
 REPORT_MD = "report.md"  # `nondet report`
 REPORT_HTML = "report.html"  # `nondet report`, self-contained
-FIGURES = "figures"  # `nondet report`: the folder of report.md's PNGs
+FIGURES = "figures"  # `nondet report`: the folder of report.md's SVG figures
 RUN_FILES = (CONFIG, FINGERPRINT, CONDITIONS, STREAMS, SUMMARY, BISECT, BISECT_MODULES, ABLATION, GATE,
              REPORT_MD, REPORT_HTML, FIGURES)
 # torn records already warned about, as (path, line, file size): one command reads a file more than once

@@ -182,9 +182,9 @@ def write_gate(rd: RunDir, verdict: dict) -> Path:
     return rd.write_json(GATE, verdict)
 
 
-def write_figure(rd: RunDir, name: str, png: bytes) -> Path:
-    """One of the report's PNGs, under figures/."""
-    return rd.write_bytes(f"{FIGURES}/{name}", png)
+def write_figure(rd: RunDir, name: str, svg: bytes) -> Path:
+    """One of the report's figures (SVG text, UTF-8), under figures/."""
+    return rd.write_bytes(f"{FIGURES}/{name}", svg)
 
 
 def write_report_pages(rd: RunDir, markdown: str, html: str) -> tuple[Path, Path]:
