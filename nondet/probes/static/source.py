@@ -12,7 +12,7 @@ StreamRecord whose prompt_id is that row's prompt: it is compared with that prom
 import time
 
 from nondet.errors import UsageError
-from nondet.kernels.prefetch import start_triton_key
+from nondet.kernels import prefetch
 from nondet.probes.core import conditions as cond
 from nondet.probes.core.batch import batch_shape, tokenize_inputs
 from nondet.probes.core.chat import model_texts
@@ -48,8 +48,8 @@ class StaticSource:
         self.started = time.perf_counter()
         in_memory = self.loaded is not None  # a model handed over (probe_model), not loaded from config.model
         c = self.config
-        if "batch-invariant" in c.kernels and c.model.device.startswith("cuda"):
-            start_triton_key()  # hashed beside the load, not at the mode's first launch
+        if "batch-invariant" in c.kernels:
+            prefetch.start(c.model.device)  # Triton's key and the GPU's libraries beside the load, not in it
         if c.compile_backend or c.cuda_graphs:  # later kernels modes compiled by second processes meanwhile
             self.ahead = CompileAhead()
             if c.cuda_graphs and not in_memory:  # its second process loads the model beside this one
