@@ -34,7 +34,8 @@
 #                runs after it; -nographs in a name, e.g. "cold-nographs warm-nographs", runs the compiled path
 #                without CUDA graphs: NONDET_CUDA_GRAPHS=0; -alone compiles the mode's step in the probe's own
 #                process, NONDET_COMPILE_AHEAD=0 (with cudagraphs: no second process compiling the mode's kernels
-#                beside the probe); cudagraphs in a name, e.g. "cold-cudagraphs cudagraphs-warm", runs
+#                beside the probe); -noprefetch: NONDET_PREFETCH=0 (no threads for Triton's key and the GPU's
+#                libraries); -nosaved: NONDET_SAVED_CENSUS=0 (the op census taken, not read); cudagraphs in a name, e.g. "cold-cudagraphs cudagraphs-warm", runs
 #                `--cuda-graphs` in place of --compile, static `--kv-cache static` eager); each with the probe's stages timed and
 #                torch's compile-time breakdown (scripts/device/gpu_probe_cli.py)
 #   step-trace   the mode's saved decode step traced with the KV length symbolic on a one-layer GPU case (-b 2,4:
@@ -135,8 +136,11 @@ print(d(GPU_CASE))" 2>/dev/null | tail -1)
                  esac  # eager kernels from recorded CUDA graphs (--cuda-graphs), or eager on the same static cache
                  local graphs=1 ahead=""; case "$run" in *-nographs*) graphs=0 ;; esac  # no CUDA graphs
                  case "$run" in *-alone*) ahead=0 ;; esac  # the later mode compiled in the probe's own process
+                 local prefetch=1 saved=1  # -noprefetch: no threads for the GPU's first costs; -nosaved: census taken
+                 case "$run" in *-noprefetch*) prefetch=0 ;; esac; case "$run" in *-nosaved*) saved=0 ;; esac
                  rm -rf "/tmp/run-cli-$run"; local t0; t0=$(date +%s.%N)
-                 NONDET_CUDA_GRAPHS=$graphs NONDET_COMPILE_AHEAD=$ahead NONDET_CACHE=$cache TORCH_LOGS=recompiles timeout 280 \
+                 NONDET_CUDA_GRAPHS=$graphs NONDET_COMPILE_AHEAD=$ahead NONDET_PREFETCH=$prefetch NONDET_SAVED_CENSUS=$saved \
+                 NONDET_CACHE=$cache TORCH_LOGS=recompiles timeout 280 \
                    python3 scripts/device/gpu_probe_cli.py "${args[@]}" --out "/tmp/run-cli-$run" \
                    > "$OUT/probe-cli-$run.log" 2>&1
                  echo "$run: exit $? wall $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')") s," \
