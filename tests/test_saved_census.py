@@ -82,6 +82,11 @@ def test_a_module_swapped_after_the_load_or_a_patched_forward_runs_the_census_ag
     layer.mlp.act_fn = act
     assert saved_census(model, False).path == before  # the control: the same tree, the same store
 
+    model.config._attn_implementation = "eager"  # loaded with another attention: another default forward
+    assert saved_census(model, False).path != before
+    model.config._attn_implementation = "sdpa"
+    assert saved_census(model, False).path == before
+
     cls = type(layer.self_attn)
     original = cls.forward
     monkeypatch.setattr(cls, "forward", lambda self, *a, **k: original(self, *a, **k))

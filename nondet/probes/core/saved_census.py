@@ -5,7 +5,8 @@ whose whole wall is 16-20 s (docs/benchmarks.md, 2026-12-02). Its answer follows
 names, so a later probe of the same model finds it on disk and runs none of them; the census it reports then
 says it was stored (fingerprint.json census.taken). The key holds:
 
-- the census's own key (model class, config, dtype, device, compiled, instruction set, ranks), and the
+- the census's own key (model class, config, dtype, device, compiled, instruction set, ranks), the attention
+  and experts implementations the model was loaded with (the default forward's logits follow them), and the
   module tree as printed (a module swapped after the load, as the demo's injected norm, is another key);
 - each module class's forward, as compiled code, and the file its class came from (size and time): an edited
   or patched forward is another key;
@@ -87,7 +88,9 @@ def _digest(model, compiled: bool, folder: Path) -> str:
 
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
-    what = [repr(cache_key(model, compiled)), repr(model), *_forwards(model), *_files(folder),
+    implementations = [str(getattr(model.config, name, None)) for name in ("_attn_implementation",
+                                                                          "_experts_implementation")]
+    what = [repr(cache_key(model, compiled)), repr(model), *implementations, *_forwards(model), *_files(folder),
             torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
             torch.get_float32_matmul_precision(), str(torch.backends.cuda.matmul.allow_tf32),
             str(torch.backends.cudnn.allow_tf32)]
