@@ -24,7 +24,8 @@ def start(device: str) -> list[threading.Thread]:
     on another device or with NONDET_PREFETCH=0."""
     if os.environ.get(ENV, "1") == "0" or not device.startswith("cuda"):
         return []
-    return [t for t in (start_triton_key(), _thread(_warm_device, device, "nondet-device-warm")) if t is not None]
+    warm = _thread(lambda: _warm_device(device), "nondet-device-warm")
+    return [t for t in (start_triton_key(), warm) if t is not None]
 
 
 def start_triton_key() -> threading.Thread | None:
@@ -33,18 +34,19 @@ def start_triton_key() -> threading.Thread | None:
         from triton.runtime.cache import triton_key
     except ImportError:  # another Triton layout: the first launch computes it, as without this
         return None
-    return _thread(triton_key, None, "nondet-triton-key")
+    return _thread(triton_key, "nondet-triton-key")
 
 
-def _thread(target, arg, name: str) -> threading.Thread:
-    thread = threading.Thread(target=_quietly, args=(target, arg), name=name, daemon=True)
+def _thread(work, name: str) -> threading.Thread:
+    """work() in a daemon thread, its failure left to the main thread to meet."""
+    thread = threading.Thread(target=_quietly, args=(work,), name=name, daemon=True)
     thread.start()
     return thread
 
 
-def _quietly(work, arg) -> None:
+def _quietly(work) -> None:
     try:
-        work() if arg is None else work(arg)
+        work()
     except Exception:  # a missing library, a busy device: the main thread meets it and says so, as without this
         pass
 

@@ -106,7 +106,8 @@ def _forwards(model) -> list[str]:
         code = getattr(getattr(cls, "forward", None), "__code__", None)
         body = (hashlib.sha256(code.co_code + repr(code.co_consts).encode()).hexdigest(),
                 code.co_filename, code.co_firstlineno) if code is not None else None
-        out.append(f"{cls.__module__}.{cls.__qualname__} {body} {_stat(getattr(sys.modules.get(cls.__module__), '__file__', None))}")
+        source = getattr(sys.modules.get(cls.__module__), "__file__", None)
+        out.append(f"{cls.__module__}.{cls.__qualname__} {body} {_stat(source)}")
     return out
 
 
