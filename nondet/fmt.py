@@ -108,8 +108,9 @@ def saved_steps_note(steps: dict) -> str:
 
 
 def ahead_note(outcome: str | None) -> str:
-    """'; compiled by a second process in 52.3 s (...)', or its failure (probes/static/compile_ahead.py); nothing
-    where none was started (summary.json says why)."""
+    """'; compiled by a second process in 52.3 s (...)', '; 9 of the mode's 17 conditions decoded by a second
+    process ...', or its failure (probes/static/compile_ahead.py); nothing where none was started (summary.json
+    says why)."""
     return "" if not outcome or outcome.startswith("not started") else f"; {outcome}"
 
 

@@ -135,7 +135,7 @@ def test_where_no_second_process_is_started(tmp_path, tiny_model_dir, monkeypatc
     config = _config(tiny_model_dir, tmp_path / "run")
     monkeypatch.delenv(compile_ahead.ENV, raising=False)
     monkeypatch.delenv(precompiled.ENV, raising=False)
-    assert compile_ahead.why_not(config, _model()) == "a cpu device (the two compiles share its cores)"
+    assert compile_ahead.why_not(config, _model()) == "a cpu device (the two processes would share its cores)"
     monkeypatch.setattr(compile_ahead.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert compile_ahead.why_not(config, _model("cuda")) == "2 cores (fewer than 8)"
     monkeypatch.setenv(compile_ahead.ENV, "1")

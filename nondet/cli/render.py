@@ -39,6 +39,9 @@ def print_probe_summary(summary: dict, run_dir, console: Console) -> None:
     if summary.get("decode_path"):
         for line in decode_path_lines(summary["decode_path"]):
             console.print(line)
+    for mode, outcome in summary.get("decoded_ahead", {}).items():  # eager: the mode's second process
+        if ahead_note(outcome):
+            console.print(f"{mode}: {outcome}")
     if summary.get("compiled_graph_census"):
         console.print(graph_census_line(summary["compiled_graph_census"]))
     console.print(f"run directory: {run_dir}")

@@ -166,7 +166,9 @@ def _decode_path_note(t: RunTables) -> list[Para]:
     path = t.fingerprint.get("decode_path")
     compiled = t.summary.get("decode_path") or {}
     if not path or not compiled:
-        return [Para([f"Decode path: {path}."], kind="note")] if path else []
+        ahead = "".join(f"; {mode} kernels: {outcome}" for mode, outcome in
+                        t.summary.get("decoded_ahead", {}).items() if ahead_note(outcome))
+        return [Para([f"Decode path: {path}{ahead}."], kind="note")] if path else []
     done, doing = ("recorded", "record") if compiled.get("backend") == "cuda-graphs" else ("compiled", "compile")
     modes = [f"{mode} kernels " + (f"{done} ({doing} + warm-up {m['warmup_s']:.1f} s, decoding {m['measured_s']:.1f} s"
                                     f"{breaks_note(m)}{saved_steps_note(compiled.get('precompiled', {}).get(mode, {}))}"

@@ -2,7 +2,8 @@
 the same static cache, for default kernels and the mode, at every batch size, on the call that records the graphs
 and on the next one that only replays them. Control: a replay that is not handed the step's inputs (the copy into
 the graph's buffers left out) makes other records, so the comparison sees the graphs. The whole probe: the mode 1
-distinct, the injected variance still found under the default kernels, and the summary counts the replays."""
+distinct, the injected variance still found under the default kernels, and the summary counts the replays; with the
+mode's conditions decoded by a second process (static/decode_ahead.py), the same run as in one process."""
 
 import pytest
 
@@ -148,61 +149,58 @@ def _cli_probe(gpu_model_dir, out, **env) -> dict:
     return {s.run_id: s.steps for s in read_streams(RunDir(out), whole=True)}
 
 
-def _binaries(folder) -> set:
-    """Triton's on-disk cache: a folder per compiled kernel (and per launcher)."""
-    return {p.name for p in folder.iterdir()} if folder.exists() else set()
-
-
-def test_the_second_process_leaves_every_binary_the_probe_needs(gpu_model_dir, tmp_path):
-    """The second process of `--cuda-graphs` (kernels_ahead.py), made from a probe's stored config as the probe makes
-    it and run to its end in an empty Triton cache: the same probe after it compiles no kernel of its own, and its
-    streams are the bits of the probe that compiled every kernel itself (the control, from an empty cache: it
-    compiles some)."""
+def _mode_conditions(run_dir) -> int:
     import json
-    import subprocess
-    from dataclasses import asdict
 
-    from nondet.probes.core.stored_config import from_stored
-    from nondet.probes.probe import ProbeConfig
-    from nondet.probes.static import compile_ahead, kernels_ahead
+    lines = (run_dir / "conditions.jsonl").read_text().splitlines()
+    return sum(json.loads(line)["kernels"] == "batch-invariant" for line in lines)
+
+
+@pytest.mark.parametrize("cuda_graphs", [True, False])  # False: eager, the default path on CUDA
+def test_the_modes_rows_from_a_second_process_are_the_bits_of_one_process(gpu_model_dir, tmp_path, monkeypatch,
+                                                                          cuda_graphs):
+    """A second process decodes every condition of the mode (the probe claims none: PROBE_CLAIMS False); the
+    probe's run is its control's, NONDET_COMPILE_AHEAD=0 (every condition in one process), record for record; the
+    mode 1 distinct, the injected variance still found under the default kernels."""
+    from nondet.probes.models.loading import ModelSpec
+    from nondet.probes.probe import ProbeConfig, run_probe
+    from nondet.probes.static import compile_ahead
     from nondet.rundir import RunDir
-    from nondet.rundir.reader import read_header_dict
+    from nondet.rundir.reader import read_streams
 
-    def env(name: str) -> dict:  # a Triton cache of its own; the probes start no second process themselves
-        return {"TRITON_CACHE_DIR": str(tmp_path / f"triton-{name}"), "NONDET_CACHE": str(tmp_path / f"cache-{name}"),
-                compile_ahead.ENV: "0"}
-
-    control = _cli_probe(gpu_model_dir, tmp_path / "run-control", **env("control"))
-    assert _binaries(tmp_path / "triton-control")  # control: a probe from an empty cache compiles its kernels
-
-    config = from_stored(ProbeConfig, read_header_dict(RunDir(tmp_path / "run-control"))["config"])
-    settings = tmp_path / compile_ahead.SETTINGS
-    settings.write_text(json.dumps(asdict(kernels_ahead.warm_up_config(config, "batch-invariant"))))
-    done = subprocess.run(compile_ahead._command(settings), env={**compile_ahead._helper_env(), **env("ahead")},
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert (tmp_path / compile_ahead.FINISHED).exists()
-    left = _binaries(tmp_path / "triton-ahead")
-    assert left
-    streams = _cli_probe(gpu_model_dir, tmp_path / "run-ahead", **env("ahead"))
-    assert _binaries(tmp_path / "triton-ahead") == left  # every binary the probe needed was there
-    assert streams == control
+    monkeypatch.setattr(compile_ahead, "PROBE_CLAIMS", False)
+    monkeypatch.setattr(compile_ahead.tempfile, "tempdir", str(tmp_path))
+    runs = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv(compile_ahead.ENV, setting)
+        config = ProbeConfig(model=ModelSpec(name=str(gpu_model_dir), device="cuda", inject_variance=True),
+                             batch_sizes=(1, 2, 4, 8), max_new_tokens=STEPS, kernels=("default", "batch-invariant"),
+                             cuda_graphs=cuda_graphs, out=str(tmp_path / f"run-{setting}"))
+        runs[setting] = run_probe(config)
+    summary = runs["1"].summary
+    outcome = (summary["decode_path"]["compiled_ahead"] if cuda_graphs else summary["decoded_ahead"])["batch-invariant"]
+    n = _mode_conditions(runs["0"].run_dir)
+    assert outcome.startswith(f"{n} of the mode's {n} conditions decoded by a second process"), outcome
+    streams = {s: {r.run_id: r.steps for r in read_streams(RunDir(runs[s].run_dir), whole=True)} for s in runs}
+    assert streams["1"] == streams["0"]
+    assert summary["modes"]["batch-invariant"]["distinct_completions"] == 1
+    assert summary["modes"]["default"]["first_numeric_divergence"] is not None
 
 
-def test_the_probe_starts_the_second_process_and_says_what_it_did(gpu_model_dir, tmp_path):
+def test_the_probe_meets_the_second_process_and_says_what_it_did(gpu_model_dir, tmp_path):
+    """`probe --cuda-graphs --confirm` as a user runs it: the probe and the second process share the mode's
+    conditions (whichever claims one first decodes it); the streams are the control's, without one."""
     import json
 
     from nondet.probes.static import compile_ahead
 
-    # forced on: the test host may have fewer cores than it asks for
-    env = {"TRITON_CACHE_DIR": str(tmp_path / "triton"), "NONDET_CACHE": str(tmp_path / "cache"), compile_ahead.ENV: "1"}
-    outcomes = []
-    for run in ("cold", "warm"):
-        _cli_probe(gpu_model_dir, tmp_path / run, **env)
-        summary = json.loads((tmp_path / run / "summary.json").read_text())
-        outcomes.append(summary["decode_path"]["compiled_ahead"])
-        assert summary["modes"]["batch-invariant"]["distinct_completions"] == 1
-    assert list(outcomes[0]) == ["batch-invariant"] and outcomes[0]["batch-invariant"].startswith(
-        "kernels compiled by a second process "), outcomes[0]
-    # the first probe ran every condition: the second finds its plan marked and starts none
-    assert outcomes[1] == {"batch-invariant": f"not started: {compile_ahead.MARKED}"}
+    runs = {}
+    for setting in ("1", "0"):  # forced on: the test host may have fewer cores than it asks for
+        env = {"NONDET_CACHE": str(tmp_path / "cache"), compile_ahead.ENV: setting}
+        runs[setting] = _cli_probe(gpu_model_dir, tmp_path / f"run-{setting}", **env)
+    summary = json.loads((tmp_path / "run-1" / "summary.json").read_text())
+    n = _mode_conditions(tmp_path / "run-1")
+    assert f" of the mode's {n} conditions decoded by a second process" in \
+        summary["decode_path"]["compiled_ahead"]["batch-invariant"]
+    assert summary["modes"]["batch-invariant"]["distinct_completions"] == 1
+    assert runs["1"] == runs["0"]

@@ -297,9 +297,8 @@ def replay_condition(model, tokenizer, condition: Condition, target: list[int], 
     prompts: every prompt's token ids, for a condition with a prompt in each row.
     warm: a warm-up call of the compiled path: the same batch and cache length, stopped after
     compiled.WARM_STEPS decode steps, its records dropped ({}); they are made all the same, so the recorder's
-    own kernels (under the mode, the log-softmax over the logits) compile in the warm-up too, and a warm-up
-    alone leaves every binary the condition needs (a --cuda-graphs second process warms up only:
-    static/kernels_ahead.py)."""
+    own kernels (under the mode, the log-softmax over the logits) compile in the warm-up too, and the
+    warm-up's time holds every compile the condition needs."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batch = build_batch(condition, target, fillers, pad_id or 0, prompts)
     with kernels_mode(condition.kernels, model, traceable=COMPILED_CALLS if settings.compile_backend else False,

@@ -20,8 +20,9 @@ compiles share the cores and the gain was 4%: docs/benchmarks.md). A second proc
 not finished after WAIT_S, leaves the mode to compile here, as without it; summary.json's decode_path
 "compiled_ahead" says per mode what happened.
 
-Under `--cuda-graphs` nothing is traced: the second process compiles the mode's Triton binaries beside the
-probe, which does not wait for it (kernels_ahead.py says how).
+Where the probe decodes eagerly or from CUDA graphs nothing is traced: the second process decodes the mode's
+conditions beside the probe instead, from the plan's other end (decode_ahead.py); it starts with the model's
+load, and the probe takes its rows (rows).
 """
 
 import json
@@ -35,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from nondet.probes.core.child_process import usable_cores
-from nondet.probes.static import kernels_ahead
+from nondet.probes.static import decode_ahead, rows_ahead
 
 ENV = "NONDET_COMPILE_AHEAD"
 MIN_CORES = 8  # an H200 host has 16; on a 2-core CPU a cold probe gained 0-3% (docs/benchmarks.md, 2026-11-29)
@@ -47,26 +48,32 @@ SETTINGS = "probe-settings.json"  # the second process's ProbeConfig (asdict), i
 # the second process's time.time() when it ended well, in its folder: the probe often reaches the mode after the
 # second process is done, so the time until the wait ends would overstate the compile (by 34 s on a 2-core CPU)
 FINISHED = "finished"
-MARKED = "an earlier probe of this plan compiled its kernels (NONDET_CACHE/kernels-ahead)"
 # the second process's module (a probes root module: it runs the static source with the probe's own loop)
 PROCESS = "nondet.probes.ahead_process"
+POLL_S = 0.01  # how often the probe looks for rows a decoding second process has not written yet
+# tests set False: the probe never claims a condition of a decoding second process's mode while that process
+# runs, so it decodes them all whatever its start-up time (a tiny model's sweep ends before it loads)
+PROBE_CLAIMS = True
 
 
 @dataclass
 class Helper:
-    """One second process: the kernels mode it compiles, its folder (its settings and log)."""
+    """One second process: the kernels mode it compiles or decodes, its folder (its settings, log and rows)."""
 
     mode: str
     process: subprocess.Popen
     folder: Path
     started: float  # time.time() when it was started (the clock FINISHED is written in: two processes read it)
-    binaries: bool = False  # --cuda-graphs: it warms up the mode's shapes for their Triton binaries, not waited for
-    beside: float | None = None  # time.time() when the probe began the mode with it still running (--cuda-graphs)
+    decodes: bool = False  # it decodes the mode's conditions (decode_ahead.py) rather than compiling its step
+    taken: int = 0  # conditions whose rows the probe took from it
+    here: int = 0  # conditions of its mode the probe decoded itself
+    waited: float = 0.0  # seconds the probe waited for its rows
 
 
 class CompileAhead:
-    """The second processes of one probe: started after the model's load, or with it (start), waited for
-    before their mode's first warm-up (wait), stopped and removed at the end (close)."""
+    """The second processes of one probe: started after the model's load, or with it (start); a compiling
+    one waited for before its mode's first warm-up (wait), a decoding one asked for its rows (rows); stopped
+    and removed at the end (close)."""
 
     def __init__(self) -> None:
         self.helpers: dict[str, Helper] = {}
@@ -77,15 +84,16 @@ class CompileAhead:
     def start(self, config, model, in_memory: bool = False) -> None:
         """A second process per later kernels mode of `config` (a ProbeConfig), where it pays (why_not).
         in_memory: the probe was handed `model` (probe_model), which a second process cannot load. model None:
-        before the probe loads it (--cuda-graphs: kernels_ahead.before_load); where that cannot be decided
-        yet, the call after the load decides. Once decided, later calls do nothing."""
+        before the probe loads it (a decoding second process: decode_ahead.before_load); where that cannot be
+        decided yet, the call after the load decides. Once decided, later calls do nothing."""
         if self.decided:
             return
-        later = kernels_ahead.modes(config) if config.cuda_graphs else config.kernels[1:]
+        decodes = not config.compile_backend
+        later = decode_ahead.modes(config) if decodes else config.kernels[1:]
         self.config = config
         weights = None
         if model is None:
-            weights = kernels_ahead.before_load(config)
+            weights = decode_ahead.before_load(config)
             if weights is None:
                 return
         self.decided = True
@@ -93,38 +101,49 @@ class CompileAhead:
         if reason is not None:
             self.outcomes.update({mode: f"not started: {reason}" for mode in later})
             return
-        if config.cuda_graphs:  # those whose binaries an earlier probe left (kernels_ahead.mark)
-            marked = [mode for mode in later if kernels_ahead.is_marked(config, mode)]
-            self.outcomes.update({mode: f"not started: {MARKED}" for mode in marked})
-            later = [mode for mode in later if mode not in marked]
         for mode in later:
             folder = Path(tempfile.mkdtemp(prefix="nondet-ahead-"))
             argument = folder / SETTINGS
-            settings = kernels_ahead.warm_up_config(config, mode) if config.cuda_graphs else helper_config(config, mode)
+            settings = decode_ahead.helper_config(config, mode) if decodes else helper_config(config, mode)
             argument.write_text(json.dumps(asdict(settings)))
+            if decodes:
+                rows_ahead.prepare(folder)
             with open(folder / LOG, "wb") as log:
                 process = subprocess.Popen(_command(argument), stdout=log, stderr=subprocess.STDOUT,
                                            env=_helper_env())
-            self.helpers[mode] = Helper(mode, process, folder, time.time(), binaries=config.cuda_graphs)
+            self.helpers[mode] = Helper(mode, process, folder, time.time(), decodes=decodes)
 
     def waits_for(self, mode: str) -> bool:
-        """Whether a second process of this mode's is still to be waited for (or stopped)."""
-        return mode in self.helpers
+        """Whether a compiling second process of this mode's is still to be waited for (or stopped)."""
+        helper = self.helpers.get(mode)
+        return helper is not None and not helper.decodes
+
+    def rows(self, mode: str, condition_id: str, decode_here) -> dict[int, list[dict]]:
+        """A condition's rows: decoded here by decode_here() where no second process decodes its mode or the
+        probe claims it first; else the second process's, waited for. Where that process is gone without
+        them (it failed, or was killed), decoded here after all."""
+        helper = self.helpers.get(mode)
+        if helper is None or not helper.decodes:
+            return decode_here()
+        if PROBE_CLAIMS and rows_ahead.claim(helper.folder, condition_id):
+            helper.here += 1
+            return decode_here()
+        rows = _wait_for_rows(helper, condition_id)
+        if rows is None:
+            helper.here += 1
+            return decode_here()
+        helper.taken += 1
+        return rows
 
     def wait(self, mode: str, cache_warm: bool) -> None:
         """Before the mode's first warm-up: wait for its second process, if any, and note what it did. Where
         the cache was warm for the earlier modes (their steps loaded, none compiled), it is stopped instead:
         this mode's step is most likely saved too, and the second process would only load it as well,
         later than this one (on an H200 a warm probe waited 10-15 s for it); where it is not saved after
-        all, it is compiled here, as without a second process. A --cuda-graphs second process is not waited
-        for (_beside)."""
-        helper = self.helpers.get(mode)
-        if helper is None or helper.beside is not None:
+        all, it is compiled here, as without a second process."""
+        if not self.waits_for(mode):
             return
-        if helper.binaries:
-            self._beside(helper)
-            return
-        del self.helpers[mode]
+        helper = self.helpers.pop(mode)
         if cache_warm:
             _stop(helper)
             self.outcomes[mode] = "stopped: the earlier kernels modes' steps were loaded (a warm cache)"
@@ -144,36 +163,17 @@ class CompileAhead:
             self.outcomes[mode] = f"second process failed (exit {code}: {_last_line(helper)}): compiled here"
         shutil.rmtree(helper.folder, ignore_errors=True)
 
-    def _beside(self, helper: Helper) -> None:
-        """--cuda-graphs, the mode about to begin: not waited for. Where the second process is done, say so;
-        else it goes on beside the mode (kernels_ahead.py) and close() says what it did."""
-        code = helper.process.poll()
-        if code is None:
-            helper.beside = time.time()
-            return
-        del self.helpers[helper.mode]
-        self.outcomes[helper.mode] = _binaries_outcome(helper, code, beside=None)
-        shutil.rmtree(helper.folder, ignore_errors=True)
-
-    def finished(self, modes: list[str]) -> None:
-        """Every condition of these kernels modes ran on the CUDA-graph path: their binaries are in the cache,
-        and a later probe of the same plan starts no second process for them (kernels_ahead.mark)."""
-        if self.config is None or not self.config.cuda_graphs:
-            return
-        for mode in modes:
-            if mode in kernels_ahead.modes(self.config):
-                kernels_ahead.mark(self.config, mode)
-
     def close(self) -> None:
-        """Stop every second process still running: one whose mode never began (the probe ended early: an
-        error, Ctrl-C), or one that ran beside its mode (--cuda-graphs) and is done or no longer of use."""
+        """Stop every second process still running and say what each did: a compiling one whose mode never
+        began (the probe ended early: an error, Ctrl-C); a decoding one, done or no longer of use."""
         for helper in self.helpers.values():
-            if helper.beside is None:
-                _stop(helper)
+            if helper.decodes and helper.taken + helper.here:
+                code = helper.process.poll()
+                self.outcomes[helper.mode] = decode_ahead.outcome(helper.taken, helper.here, helper.waited,
+                                                                  _finished(helper), code,
+                                                                  _last_line(helper) if code else "")
+            else:
                 self.outcomes[helper.mode] = "stopped: the probe ended before its mode ran"
-                continue
-            code = helper.process.poll()
-            self.outcomes[helper.mode] = _binaries_outcome(helper, code, helper.beside)
             _stop(helper)
         self.helpers.clear()
 
@@ -183,7 +183,7 @@ class CompileAhead:
 
 def why_not(config, model, in_memory: bool = False, weights: int | None = None) -> str | None:
     """Why no second process is started for this probe and model, or None where one is. model None: before the
-    probe's load, `weights` the checkpoint's bytes (kernels_ahead.before_load)."""
+    probe's load, `weights` the checkpoint's bytes (decode_ahead.before_load)."""
     from nondet.probes.core import precompiled
 
     setting = os.environ.get(ENV)
@@ -191,15 +191,17 @@ def why_not(config, model, in_memory: bool = False, weights: int | None = None) 
         return f"{ENV}=0"
     if in_memory:
         return "a model handed over in memory (a second process loads the model from disk)"
-    if not config.cuda_graphs and not precompiled.enabled():
+    if config.compile_backend and not precompiled.enabled():
         return f"saved steps off ({precompiled.ENV}={os.environ.get(precompiled.ENV)})"
-    if config.prefill or config.speculative or config.tp:
+    if config.prefill or config.speculative or config.tp or config.load.mode != "static":
         return "the compiled step of another axis"
+    if config.workers != 1 or config.budget is not None:
+        return "--workers / --budget plan the conditions' processes themselves"
     if setting == "1":
         return None
-    device = model.device if model is not None else kernels_ahead.configured_device(config)
+    device = model.device if model is not None else decode_ahead.configured_device(config)
     if device.type != "cuda":
-        return f"a {device.type} device (the two compiles share its cores)"
+        return f"a {device.type} device (the two processes would share its cores)"
     cores = usable_cores()
     if cores < MIN_CORES:
         return f"{cores} cores (fewer than {MIN_CORES})"
@@ -252,9 +254,17 @@ def _stop(helper: Helper) -> None:
     shutil.rmtree(helper.folder, ignore_errors=True)
 
 
-def _binaries_outcome(helper: Helper, code: int | None, beside: float | None) -> str:
-    return kernels_ahead.outcome(helper.started, _finished(helper), code, beside,
-                                 _last_line(helper) if code else "")
+def _wait_for_rows(helper: Helper, condition_id: str) -> dict[int, list[dict]] | None:
+    """The rows of a condition the second process claimed, once written; None where it ended without them."""
+    waited = time.time()
+    try:
+        while (rows := rows_ahead.take(helper.folder, condition_id)) is None:
+            if helper.process.poll() is not None:
+                return rows_ahead.take(helper.folder, condition_id)  # written just before it ended
+            time.sleep(POLL_S)
+        return rows
+    finally:
+        helper.waited += time.time() - waited
 
 
 def _finished(helper: Helper) -> float | None:

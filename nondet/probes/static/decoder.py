@@ -62,15 +62,6 @@ class ConditionDecoder:
             refuse_uncovered_graphs(self.graphs, self.settings.allow_uncovered)
         return rows
 
-    def warm_only(self, mode: str, run, shape: tuple | None = None) -> None:
-        """The condition's warm-up and nothing else (a second process's work, compile_ahead.py: under
-        `--cuda-graphs` it leaves the mode's Triton binaries in the on-disk cache for the probe)."""
-        if self.paths is None:
-            return
-        compiled = replace(self.settings, compile_backend=self.compile_backend)
-        with self._scope(mode):
-            self._warm_once(mode, run, compiled, shape)
-
     def _warm_once(self, mode: str, run, compiled: DecodeSettings, shape: tuple | None) -> None:
         """The warm-up call of the condition's shape, unless one of the same mode and shape ran already."""
         if self.paths.compiles(mode) and (shape is None or (mode, shape) not in self.warmed):
@@ -115,15 +106,11 @@ class ConditionDecoder:
         return collecting(self.graphs)
 
     def summary(self) -> dict:
-        """summary.json's decode_path, compiled_graph_census and (allowed uncovered ops) kernel_coverage."""
+        """summary.json's decode_path, compiled_graph_census and (allowed uncovered ops) kernel_coverage (the
+        second processes' outcomes the static source adds: it holds them)."""
         doc = {}
         if self.paths is not None:
             doc["decode_path"] = self.paths.as_summary()
-            if self.ahead is not None:
-                self.ahead.close()  # every condition ran: a second process still running beside its mode is done with
-                self.ahead.finished([m for m, e in self.paths.modes.items() if self.paths.compiles(m) and e.conditions])
-            if self.ahead is not None and self.ahead.outcomes:
-                doc["decode_path"]["compiled_ahead"] = self.ahead.as_summary()
         if self.graphs is not None:
             doc["compiled_graph_census"] = self.graphs.to_json()
             if self.graphs.uncovered:  # allowed (refused otherwise): the run is partly invariant

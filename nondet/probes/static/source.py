@@ -23,6 +23,7 @@ from nondet.probes.core.replay import DecodeSettings, eos_ids, finish_reason, re
 from nondet.probes.core.source import Emit, Opened, Planned, step_record
 from nondet.probes.core.summarize import as_summary, sampling_section, summarize_modes
 from nondet.probes.models.loading import load_model
+from nondet.probes.static import decode_ahead
 from nondet.probes.static.compile_ahead import CompileAhead
 from nondet.probes.static.decoder import ConditionDecoder
 from nondet.rundir.records import ConditionRecord, StreamRecord
@@ -41,7 +42,7 @@ class StaticSource:
         self.budget_note: dict | None = None  # summary.json "budget" (--budget only)
         self.decoder = None  # eager or compiled decoding of a condition (decoder.py), set in open()
         self.workers = None  # --workers: helper processes decoding conditions beside this one (workers.py)
-        self.ahead = None  # compile_ahead.CompileAhead: second processes compiling a kernels mode meanwhile
+        self.ahead = None  # compile_ahead.CompileAhead: second processes compiling or decoding a kernels mode
         self.plan_index: dict[str, int] = {}  # condition id -> its place in the plan (what helpers are sent)
 
     def open(self) -> Opened:
@@ -50,9 +51,9 @@ class StaticSource:
         c = self.config
         if "batch-invariant" in c.kernels:
             prefetch.start(c.model.device)  # Triton's key and the GPU's libraries beside the load, not in it
-        if c.compile_backend or c.cuda_graphs:  # later kernels modes compiled by second processes meanwhile
+        if c.compile_backend or decode_ahead.applies(c):  # later kernels modes compiled or decoded meanwhile
             self.ahead = CompileAhead()
-            if c.cuda_graphs and not in_memory:  # its second process loads the model beside this one
+            if not c.compile_backend and not in_memory:  # a decoding second process loads the model beside this one
                 self.ahead.start(c, None)
         self.loaded = self.loaded or load_model(self.config.model)
         self.inputs = [tokenize_inputs(self.loaded.tokenizer, p, self.config.fillers) for p in self.prompt_texts()]
@@ -146,20 +147,24 @@ class StaticSource:
 
         return run, batch_shape(condition, target, fillers, prompts)
 
-    def warm_up(self, planned: Planned) -> None:
-        """The condition's warm-up alone (a second process's work: probes/static/compile_ahead.py)."""
-        run, shape = self._runner(planned.plan)
-        self.decoder.warm_only(planned.plan.kernels, run, shape)
+    def decoded_rows(self, condition: cond.Condition) -> dict[int, list[dict]]:
+        """The condition decoded in this process: {target row: step dicts}."""
+        run, shape = self._runner(condition)
+        return self.decoder.decode(condition.kernels, run, shape)
 
     def replay(self, planned: Planned, emit: Emit) -> ConditionRecord:
         condition: cond.Condition = planned.plan
         lengths = self.lengths()
-        run, shape = self._runner(condition)
 
         def decode_here() -> dict[int, list[dict]]:
-            return self.decoder.decode(condition.kernels, run, shape)
+            return self.decoded_rows(condition)
 
-        rows = self.workers.rows(self.plan_index[condition.condition_id], decode_here) if self.workers else decode_here()
+        if self.workers is not None:
+            rows = self.workers.rows(self.plan_index[condition.condition_id], decode_here)
+        elif self.ahead is not None:
+            rows = self.ahead.rows(condition.kernels, condition.condition_id, decode_here)
+        else:
+            rows = decode_here()
         for row, steps in rows.items():
             prompt_id = condition.row_prompts[row] if condition.row_prompts else condition.prompt_id
             emit(self._stream(condition, row, steps, prompt_id, lengths[prompt_id]))
@@ -175,9 +180,22 @@ class StaticSource:
 
             doc["prefill"] = prefill_section(streams, self.config.prefill)
         doc.update(self.decoder.summary())
+        if self.ahead is not None:
+            self._ahead_summary(doc)
         if self.workers is not None:
             doc["workers"] = self.workers.summary()
         return as_summary(doc)
+
+    def _ahead_summary(self, doc: dict) -> None:
+        """The second processes' outcomes (every condition ran: those still running are stopped): under the
+        compiled or CUDA-graph path's decode_path as compiled_ahead, eager as decoded_ahead."""
+        self.ahead.close()
+        if not self.ahead.outcomes:
+            return
+        if "decode_path" in doc:
+            doc["decode_path"]["compiled_ahead"] = self.ahead.as_summary()
+        else:
+            doc["decoded_ahead"] = self.ahead.as_summary()
 
     def close(self) -> None:
         if self.workers is not None:
