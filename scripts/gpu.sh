@@ -135,7 +135,7 @@ print(d(GPU_CASE))" 2>/dev/null | tail -1)
                                 *static*) args=("${base[@]}" -p "Tell me about Richard Feynman" --kv-cache static) ;;
                  esac  # eager kernels from recorded CUDA graphs (--cuda-graphs), or eager on the same static cache
                  local graphs=1 ahead=""; case "$run" in *-nographs*) graphs=0 ;; esac  # no CUDA graphs
-                 case "$run" in *-alone*) ahead=0 ;; esac  # the later mode compiled in the probe's own process
+                 case "$run" in *-alone*) ahead=0 ;; esac  # no second process: the mode compiled / decoded here
                  local prefetch=1 saved=1  # -noprefetch: no threads for the GPU's first costs; -nosaved: census taken
                  case "$run" in *-noprefetch*) prefetch=0 ;; esac; case "$run" in *-nosaved*) saved=0 ;; esac
                  rm -rf "/tmp/run-cli-$run"; local t0; t0=$(date +%s.%N)
@@ -148,7 +148,7 @@ print(d(GPU_CASE))" 2>/dev/null | tail -1)
                  grep -A12 "^== wall" "$OUT/probe-cli-$run.log"
                  grep -A8 "^== stages" "$OUT/probe-cli-$run.log"
                  python3 -c "import json; s = json.load(open('/tmp/run-cli-$run/summary.json'))
-print(json.dumps(s.get('decode_path'))); print({m: (v['distinct_completions'], v['first_numeric_divergence'])
+print(json.dumps(s.get('decode_path')), s.get('decoded_ahead', '')); print({m: (v['distinct_completions'], v['first_numeric_divergence'])
 for m, v in s['modes'].items()})" 2>&1 | tail -3
                done ;;
     step-trace) local one; one=$(python3 -c "import dataclasses, sys; sys.path.insert(0, 'scripts')

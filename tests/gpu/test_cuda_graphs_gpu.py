@@ -75,9 +75,12 @@ def test_control_a_replay_without_the_steps_inputs_gives_other_records(loaded, m
     assert _records(loaded, condition, cuda_graphs=True) != eager
 
 
-def test_probe_with_cuda_graphs_confirms_and_still_finds_the_variance(gpu_model_dir, tmp_path):
+def test_probe_with_cuda_graphs_confirms_and_still_finds_the_variance(gpu_model_dir, tmp_path, monkeypatch):
     from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig, run_probe
+    from nondet.probes.static import compile_ahead
+
+    monkeypatch.setenv(compile_ahead.ENV, "0")  # every graph recorded here, where the counts are read
 
     config = ProbeConfig(model=ModelSpec(name=str(gpu_model_dir), device="cuda", inject_variance=True),
                          batch_sizes=(1, 2, 4, 8), max_new_tokens=STEPS, kernels=("default", "batch-invariant"),
