@@ -26,10 +26,12 @@ import sys
 import time
 from pathlib import Path
 
+from nondet.probes.core.model_files import WEIGHT_SUFFIXES
+
 ENV = "NONDET_SAVED_CENSUS"
 FORMAT = 1
 FOLDER = "op-census"
-MODEL_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".py")
+MODEL_FILES = (*WEIGHT_SUFFIXES, ".json", ".py")
 
 
 class SavedCensus:

@@ -19,11 +19,11 @@ one line, auto never is.
 from pathlib import Path
 
 from nondet.probes.core.child_process import usable_cores
+from nondet.probes.core.model_files import WEIGHT_SUFFIXES
 from nondet.probes.static.workers import why_not_here
 
 PROCESS_OVERHEAD_BYTES = 768 * 2**20  # a process's torch, transformers, KV cache and buffers beside the weights
 MEMORY_SHARE = 0.7  # of the memory available now: the rest is the host's
-WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
 STEP_SECONDS_FLOOR = 0.002  # the least a CPU decode step of generate takes (Python per-op cost), seconds
 MIN_DECODE_SECONDS = 8.0  # ~2.5 helper start-ups: the single-process decoding below which helpers do not pay
 
@@ -58,8 +58,10 @@ def weights_bytes(spec) -> int | None:
     folder = _local_folder(spec.name)
     if folder is None:
         return None
-    for pattern in WEIGHT_FILES:  # the first kind present: a repository shipping safetensors and .bin loads one
-        stored = sum(f.stat().st_size for f in folder.glob(pattern))
+    # the first kind present: a repository shipping safetensors and .bin loads one; a GGUF is dequantized on load,
+    # so its size says nothing of the memory (None: one process)
+    for suffix in (s for s in WEIGHT_SUFFIXES if s != ".gguf"):
+        stored = sum(f.stat().st_size for f in folder.glob(f"*{suffix}"))
         if stored:
             # a float32 load of a 16-bit checkpoint doubles it; the other way it halves (counted whole: an upper bound)
             return stored * 2 if spec.dtype == "float32" else stored

@@ -21,8 +21,6 @@ process that fails or dies leaves its unclaimed conditions, and the one it was o
 from dataclasses import replace
 from pathlib import Path
 
-WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".gguf")
-
 
 def modes(config) -> tuple[str, ...]:
     """The kernels modes a second process decodes: every one but the default kernels, whose choices (cuBLAS,
@@ -76,10 +74,12 @@ def before_load(config) -> int | None:
     """Before the probe's load: the bytes the weights will take on the GPU, from a local checkpoint folder's
     weight files (16-bit files read as float32 count twice), or None where that is known only after the load
     (a hub id, the embedded model)."""
+    from nondet.probes.core.model_files import WEIGHT_SUFFIXES
+
     folder = _local_folder(config)
     if folder is None or not folder.is_dir():
         return None  # a hub id or the embedded model; a missing folder the load names
-    stored = sum(p.stat().st_size for p in folder.iterdir() if p.suffix in WEIGHT_FILES and p.is_file())
+    stored = sum(p.stat().st_size for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file())
     if not stored:
         return None
     return stored * (2 if config.model.dtype == "float32" else 1)
