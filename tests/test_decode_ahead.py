@@ -54,12 +54,12 @@ def test_where_a_decoding_second_process_applies(tiny_model_dir, monkeypatch):
     monkeypatch.delenv(compile_ahead.ENV, raising=False)
     cpu = _config(tiny_model_dir)
     gpu = replace(cpu, model=replace(cpu.model, device="cuda"))
-    assert decode_ahead.applies(gpu) and decode_ahead.applies(replace(gpu, cuda_graphs=True))
-    assert not decode_ahead.applies(cpu)  # a CPU probe splits its work with --workers
-    assert not decode_ahead.applies(replace(gpu, compile_backend="inductor"))  # compile_ahead.py's own
-    assert not decode_ahead.applies(replace(gpu, kernels=("default",)))
+    assert compile_ahead.decodes_ahead(gpu) and compile_ahead.decodes_ahead(replace(gpu, cuda_graphs=True))
+    assert not compile_ahead.decodes_ahead(cpu)  # a CPU probe splits its work with --workers
+    assert not compile_ahead.decodes_ahead(replace(gpu, compile_backend="inductor"))  # compile_ahead.py's own
+    assert not compile_ahead.decodes_ahead(replace(gpu, kernels=("default",)))
     monkeypatch.setenv(compile_ahead.ENV, "1")
-    assert decode_ahead.applies(cpu)
+    assert compile_ahead.decodes_ahead(cpu)
     assert compile_ahead.why_not(replace(cpu, workers=2), None) == ("--workers / --budget plan the conditions' "
                                                                    "processes themselves")
 

@@ -181,6 +181,15 @@ class CompileAhead:
         return dict(self.outcomes)
 
 
+def decodes_ahead(config) -> bool:
+    """Whether the probe may start a decoding second process (why_not then decides): static batches decoded
+    eagerly or from CUDA graphs, a mode one decodes (decode_ahead.modes), on a CUDA device, or anywhere where
+    NONDET_COMPILE_AHEAD=1 asks for one (the tests, on a CPU). --compile's compiles its step instead."""
+    if config.compile_backend or not decode_ahead.modes(config):
+        return False
+    return str(config.model.device).startswith("cuda") or os.environ.get(ENV) == "1"
+
+
 def why_not(config, model, in_memory: bool = False, weights: int | None = None) -> str | None:
     """Why no second process is started for this probe and model, or None where one is. model None: before the
     probe's load, `weights` the checkpoint's bytes (decode_ahead.before_load)."""

@@ -29,19 +29,6 @@ def modes(config) -> tuple[str, ...]:
     return tuple(mode for mode in config.kernels if mode != "default")
 
 
-def applies(config) -> bool:
-    """Whether the probe may start a decoding second process (compile_ahead.why_not then decides): static
-    batches decoded eagerly or from CUDA graphs, a mode one decodes, on a CUDA device, or anywhere where
-    NONDET_COMPILE_AHEAD=1 asks for one (the tests, on a CPU). --compile has its own (compile_ahead.py)."""
-    import os
-
-    from nondet.probes.static.compile_ahead import ENV
-
-    if config.compile_backend or not modes(config):
-        return False
-    return str(config.model.device).startswith("cuda") or os.environ.get(ENV) == "1"
-
-
 def helper_config(config, mode: str):
     """The second process's probe: every condition of `mode` as the probe plans them; no run directory, no
     --workers, no --budget (its plan is the probe's whole plan)."""

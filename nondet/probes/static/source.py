@@ -23,8 +23,7 @@ from nondet.probes.core.replay import DecodeSettings, eos_ids, finish_reason, re
 from nondet.probes.core.source import Emit, Opened, Planned, step_record
 from nondet.probes.core.summarize import as_summary, sampling_section, summarize_modes
 from nondet.probes.models.loading import load_model
-from nondet.probes.static import decode_ahead
-from nondet.probes.static.compile_ahead import CompileAhead
+from nondet.probes.static.compile_ahead import CompileAhead, decodes_ahead
 from nondet.probes.static.decoder import ConditionDecoder
 from nondet.rundir.records import ConditionRecord, StreamRecord
 
@@ -51,7 +50,7 @@ class StaticSource:
         c = self.config
         if "batch-invariant" in c.kernels:
             prefetch.start(c.model.device)  # Triton's key and the GPU's libraries beside the load, not in it
-        if c.compile_backend or decode_ahead.applies(c):  # later kernels modes compiled or decoded meanwhile
+        if c.compile_backend or decodes_ahead(c):  # later kernels modes compiled or decoded meanwhile
             self.ahead = CompileAhead()
             if not c.compile_backend and not in_memory:  # a decoding second process loads the model beside this one
                 self.ahead.start(c, None)
