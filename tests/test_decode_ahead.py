@@ -24,9 +24,8 @@ def _config(model_dir, **fields):
     from nondet.probes.models.loading import ModelSpec
     from nondet.probes.probe import ProbeConfig
 
-    fields = {"kernels": ("default", MODE), "out": "run", **fields}
-    return ProbeConfig(prompt=PROMPT, model=ModelSpec(name=str(model_dir)), batch_sizes=(1, 2, 4), max_new_tokens=3,
-                       **fields)
+    fields = {"kernels": ("default", MODE), "out": "run", "max_new_tokens": 3, **fields}
+    return ProbeConfig(prompt=PROMPT, model=ModelSpec(name=str(model_dir)), batch_sizes=(1, 2, 4), **fields)
 
 
 def _streams(run_dir, name: str = "streams.jsonl") -> list[dict]:
@@ -148,16 +147,18 @@ def helper_folder(monkeypatch, tmp_path):
     return folder
 
 
-@pytest.mark.parametrize("probe_claims", [False, True])  # False: the second process decodes every condition
+# probe_claims False: the second process decodes every condition; temperature 1: each request's seeded sampler
+@pytest.mark.parametrize("probe_claims, temperature", [(False, 0.0), (True, 0.0), (False, 1.0)])
 def test_the_probe_takes_the_second_processes_rows_and_writes_the_same_run(tiny_model_dir, monkeypatch, tmp_path,
-                                                                          helper_folder, probe_claims):
+                                                                          helper_folder, probe_claims, temperature):
     from nondet.probes.probe import run_probe
 
     monkeypatch.setattr(compile_ahead, "PROBE_CLAIMS", probe_claims)
     runs = {}
     for setting in ("1", "0"):  # "0": the control, every condition decoded in this process
         monkeypatch.setenv(compile_ahead.ENV, setting)
-        runs[setting] = run_probe(_config(tiny_model_dir, out=str(tmp_path / f"run-{setting}")))
+        runs[setting] = run_probe(_config(tiny_model_dir, out=str(tmp_path / f"run-{setting}"),
+                                          temperature=temperature, seed=3, max_new_tokens=6))
     outcome = runs["1"].summary["decoded_ahead"][MODE]
     count = _mode_conditions(runs["0"].run_dir)
     if not probe_claims:
@@ -168,7 +169,7 @@ def test_the_probe_takes_the_second_processes_rows_and_writes_the_same_run(tiny_
     assert _streams(runs["1"].run_dir) == _streams(runs["0"].run_dir)
     assert runs["1"].summary["modes"] == runs["0"].summary["modes"]
     assert not list(helper_folder.iterdir())  # its folder (settings, log, rows) removed
-    if not probe_claims:  # the report says where the mode's rows came from
+    if not probe_claims and not temperature:  # the report says where the mode's rows came from
         from nondet.reports.write import write_report
 
         markdown, _ = write_report(runs["1"].run_dir)
