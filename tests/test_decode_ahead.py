@@ -184,6 +184,14 @@ def test_a_second_process_that_fails_leaves_its_conditions_to_the_probe(tiny_mod
 
     failing = [sys.executable, "-c", "import sys; print('ModelLoadError: model directory not found'); sys.exit(3)"]
     monkeypatch.setattr(compile_ahead, "_command", lambda argument: failing)
+    popen = compile_ahead.subprocess.Popen
+
+    def failed_by_now(*args, **kwargs):  # ended before the probe's end reads its exit, however busy the host
+        process = popen(*args, **kwargs)
+        process.wait()
+        return process
+
+    monkeypatch.setattr(compile_ahead.subprocess, "Popen", failed_by_now)
     monkeypatch.setattr(compile_ahead, "PROBE_CLAIMS", probe_claims)
     monkeypatch.setenv(compile_ahead.ENV, "1")
     run = run_probe(_config(tiny_model_dir, out=str(tmp_path / "run")))
@@ -221,7 +229,7 @@ def test_rows_written_by_the_second_process_are_waited_for_and_taken(tmp_path):
     ahead = compile_ahead.CompileAhead()
     helper = ahead.helpers[MODE] = _helper(tmp_path, code)
     assert ahead.rows("default", "d1", lambda: {0: ["default, here"]}) == {0: ["default, here"]}  # not its mode
-    deadline = compile_ahead.time.time() + 20
+    deadline = compile_ahead.time.time() + 120  # its imports, on a busy host
     while not any((helper.folder / rows_ahead.CLAIMS).iterdir()):  # the second process has claimed it
         assert compile_ahead.time.time() < deadline
         compile_ahead.time.sleep(0.05)
@@ -230,6 +238,20 @@ def test_rows_written_by_the_second_process_are_waited_for_and_taken(tmp_path):
     assert helper.process.poll() is not None and not helper.folder.exists()
     assert ahead.as_summary()[MODE].startswith("1 of the mode's 1 conditions decoded by a second process (the probe "
                                                "waited ")
+
+
+def test_one_that_gives_no_rows_is_stopped_and_the_probe_decodes_them(tmp_path, monkeypatch):
+    """A hung second process must not hang the probe: past ROWS_WAIT_S on one condition it is stopped."""
+    monkeypatch.setattr(compile_ahead, "ROWS_WAIT_S", 0.5)
+    ahead = compile_ahead.CompileAhead()
+    helper = ahead.helpers[MODE] = _helper(tmp_path, "import time; time.sleep(60)")
+    assert rows_ahead.claim(helper.folder, "c1")  # as the second process would, then hung
+    started = compile_ahead.time.time()
+    assert ahead.rows(MODE, "c1", lambda: {0: ["here"]}) == {0: ["here"]}
+    assert 0.5 <= compile_ahead.time.time() - started < 15 and helper.process.poll() is not None
+    ahead.close()
+    assert ahead.as_summary() == {MODE: "0 of the mode's 1 conditions decoded by a second process; it gave no rows "
+                                        "for 0 s and was stopped, the rest decoded here"}
 
 
 def test_one_whose_mode_never_began_is_stopped(tmp_path):

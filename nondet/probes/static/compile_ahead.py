@@ -51,6 +51,7 @@ FINISHED = "finished"
 # the second process's module (a probes root module: it runs the static source with the probe's own loop)
 PROCESS = "nondet.probes.ahead_process"
 POLL_S = 0.01  # how often the probe looks for rows a decoding second process has not written yet
+ROWS_WAIT_S = WAIT_S  # the longest the probe waits for one condition's rows before it stops that process
 # tests set False: the probe never claims a condition of a decoding second process's mode while that process
 # runs, so it decodes them all whatever its start-up time (a tiny model's sweep ends before it loads)
 PROBE_CLAIMS = True
@@ -68,6 +69,7 @@ class Helper:
     taken: int = 0  # conditions whose rows the probe took from it
     here: int = 0  # conditions of its mode the probe decoded itself
     waited: float = 0.0  # seconds the probe waited for its rows
+    stalled: bool = False  # it gave no rows for ROWS_WAIT_S and was stopped (a hung process must not hang the probe)
 
 
 class CompileAhead:
@@ -169,9 +171,9 @@ class CompileAhead:
         for helper in self.helpers.values():
             if helper.decodes and helper.taken + helper.here:
                 code = helper.process.poll()
-                self.outcomes[helper.mode] = decode_ahead.outcome(helper.taken, helper.here, helper.waited,
-                                                                  _finished(helper), code,
-                                                                  _last_line(helper) if code else "")
+                self.outcomes[helper.mode] = decode_ahead.outcome(
+                    helper.taken, helper.here, helper.waited, _finished(helper), code,
+                    _last_line(helper) if code else "", ROWS_WAIT_S if helper.stalled else None)
             else:
                 self.outcomes[helper.mode] = "stopped: the probe ended before its mode ran"
             _stop(helper)
@@ -253,23 +255,33 @@ def _helper_env() -> dict:
 
 
 def _stop(helper: Helper) -> None:
-    if helper.process.poll() is None:
-        helper.process.terminate()
-        try:
-            helper.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            helper.process.kill()
-            helper.process.wait()
+    _end(helper.process)
     shutil.rmtree(helper.folder, ignore_errors=True)
 
 
+def _end(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 10 s; reaped."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def _wait_for_rows(helper: Helper, condition_id: str) -> dict[int, list[dict]] | None:
-    """The rows of a condition the second process claimed, once written; None where it ended without them."""
+    """The rows of a condition the second process claimed, once written; None where it ended without them, or
+    gave none for ROWS_WAIT_S (it is stopped: the rest are the probe's)."""
     waited = time.time()
     try:
         while (rows := rows_ahead.take(helper.folder, condition_id)) is None:
             if helper.process.poll() is not None:
                 return rows_ahead.take(helper.folder, condition_id)  # written just before it ended
+            if time.time() - waited > ROWS_WAIT_S:
+                helper.stalled = True
+                _end(helper.process)
+                continue  # ended now: its rows, where it wrote them at the last moment, else None
             time.sleep(POLL_S)
         return rows
     finally:

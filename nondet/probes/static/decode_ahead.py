@@ -72,13 +72,17 @@ def before_load(config) -> int | None:
     return stored * (2 if config.model.dtype == "float32" else 1)
 
 
-def outcome(taken: int, here: int, waited: float, ran: float | None, code: int | None, last_line: str) -> str:
+def outcome(taken: int, here: int, waited: float, ran: float | None, code: int | None, last_line: str,
+            stalled_s: float | None = None) -> str:
     """What the second process did, in words (summary.json). taken: conditions whose rows the probe took from
     it; here: the mode's conditions the probe decoded itself; waited: seconds the probe waited for rows; ran:
-    its start to its good end, where it wrote one; code: its exit code, None where it was still running."""
+    its start to its good end, where it wrote one; code: its exit code, None where it was still running;
+    stalled_s: it gave no rows for that long and was stopped."""
     share = f"{taken} of the mode's {taken + here} conditions decoded by a second process"
-    if code not in (0, None) and last_line:
-        return f"{share}; it failed (exit {code}: {last_line}), the rest decoded here"
+    if stalled_s is not None:
+        return f"{share}; it gave no rows for {stalled_s:.0f} s and was stopped, the rest decoded here"
+    if code not in (0, None):
+        return f"{share}; it failed (exit {code}: {last_line or 'no output'}), the rest decoded here"
     took = f" in {ran:.1f} s" if ran is not None else ""
     return f"{share}{took} (the probe waited {waited:.1f} s for them)"
 
