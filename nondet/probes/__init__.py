@@ -3,7 +3,8 @@
     probe.py         `nondet probe` as a library call: ProbeConfig, the one loop over a source
     inmemory.py      the probe on a model already in memory, nothing written (pytest plugin)
     bisect_probe.py  `nondet bisect` of a probe run: a static or speculative replay in lockstep
-    ahead_process.py the second process that compiles a later kernels mode's step (static/compile_ahead.py)
+    ahead_process.py the second process that compiles a later kernels mode's step, or decodes the mode's
+                     conditions beside the probe (static/compile_ahead.py, static/decode_ahead.py)
     core/            what every axis shares: conditions, batches, one generate call, the diff
     models/          which model, and how it is loaded (the embedded default, the demo model)
     bisect/          bisect's shared machinery: lockstep, capture, op classes, ablation
