@@ -81,7 +81,6 @@ class CompileAhead:
         self.helpers: dict[str, Helper] = {}
         self.outcomes: dict[str, str] = {}  # kernels mode -> what its second process did, in words
         self.decided = False  # start() decided whether second processes run (before or after the model's load)
-        self.config = None  # the probe's ProbeConfig, from start()
 
     def start(self, config, model, in_memory: bool = False) -> None:
         """A second process per later kernels mode of `config` (a ProbeConfig), where it pays (why_not).
@@ -92,7 +91,6 @@ class CompileAhead:
             return
         decodes = not config.compile_backend
         later = decode_ahead.modes(config) if decodes else config.kernels[1:]
-        self.config = config
         weights = None
         if model is None:
             weights = decode_ahead.before_load(config)

@@ -53,11 +53,6 @@ def take(folder: Path, condition_id: str) -> dict[int, list[dict]] | None:
     return {int(row): steps for row, steps in json.loads(text).items()}
 
 
-def decoded(folder: Path) -> int:
-    """How many conditions' rows are in the exchange."""
-    return sum(1 for p in (folder / ROWS).glob("*.json"))
-
-
 def _file(condition_id: str) -> str:
     """A file name for a condition id (which holds '/' and other characters a name may not)."""
     return hashlib.sha256(condition_id.encode()).hexdigest()[:32] + ".json"
