@@ -33,8 +33,16 @@ def verdict(modes: dict[str, dict], level: str = "logprobs", subject: str | None
     judged when it is not our kernels (a live "server", whose kernels are unknown)."""
     if level != "logprobs":
         return _text_verdict(modes["default"], "token" if level == "tokenizer" else "word")
-    return "; ".join(_prompts_clause(subject or f"{name} kernels", m) if m.get("n_prompts", 1) > 1
-                     else _mode_clause(subject or f"{name} kernels", m) for name, m in modes.items())
+    return "; ".join((_prompts_clause(subject or f"{name} kernels", m) if m.get("n_prompts", 1) > 1
+                      else _mode_clause(subject or f"{name} kernels", m)) + stopped_clause(m)
+                     for name, m in modes.items())
+
+
+def stopped_clause(m: dict) -> str:
+    """A mode whose runs --fail-fast cut at their settled verdicts: they were compared only that far."""
+    n = m.get("stopped_runs")
+    return (f" ({n} run{'s' if n > 1 else ''} stopped once the verdict was settled (--fail-fast): "
+            "compared only that far)") if n else ""
 
 
 def _mode_clause(name: str, m: dict) -> str:
@@ -227,14 +235,18 @@ def graph_census_line(g: dict) -> str:
 def confidence_line(name: str, c: dict) -> str:
     """How sure one kernels mode's verdict is (summary.json modes.<mode>.confidence): the runs that
     diverged in tokens, the 95% interval of the rate, and the grade."""
-    k, n = c["diverged"], c["runs"]
-    if n == 0:
+    k, n, undecided = c["diverged"], c["runs"], c.get("undecided", 0)
+    if n == 0 and undecided:
+        rate = f"no rate: all {undecided} runs stopped by --fail-fast before their tokens could leave the reference's"
+    elif n == 0:
         rate = "no run besides the reference: no rate"
     elif k == 0:
         rate = f"0 of {n} runs diverged: the flip rate is below {_percent(c['high'])} at 95%"
     else:
         rate = (f"{k} of {n} runs diverged ({_percent(c['rate'])}; 95% interval {_percent(c['low'])}-"
                 f"{_percent(c['high'])})")
+    if n and undecided:
+        rate += f" ({undecided} more stopped by --fail-fast before their tokens could leave the reference's)"
     return f"{name}: {rate}; {_grade_words(c)}"
 
 

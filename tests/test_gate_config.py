@@ -68,7 +68,7 @@ def test_nondet_toml_wins_and_flags_win_over_it(tmp_path):
     ("max-new-tokens = 0\n", "{path}: max-new-tokens must be >= 1, not 0"),
     ("batch_sizes = [1, 2]\n", "{path}: unknown key 'batch_sizes'; known keys: model, prompt, prompts, prompts-file, "
                                "batch-sizes, positions, runs, max-new-tokens, kernels, dtype, device, threads, workers, load, "
-                               "endpoint, rate, concurrency, inject-variance, compile, cuda-graphs, prefix-cache, chunked-prefill, require, "
+                               "endpoint, rate, concurrency, inject-variance, compile, cuda-graphs, fail-fast, prefix-cache, chunked-prefill, require, "
                                "max-distinct, min-divergence-step, max-logprob-diff, max-flip-rate, speculative, "
                                "speculative-forms, "
                                "rl, max-kl, micro-batch, sampler-batch"),

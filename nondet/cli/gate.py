@@ -79,6 +79,11 @@ def gate(
     cuda_graphs: Annotated[Optional[bool], typer.Option(
         "--cuda-graphs", help="Batch axis: decode with the eager kernels replayed from CUDA graphs, CUDA only "
                               "(see nondet probe --cuda-graphs).")] = None,
+    fail_fast: Annotated[Optional[bool], typer.Option(
+        "--fail-fast", help="Batch axis: stop each batched call once every compared row's verdict is settled (a "
+                            "token or logprob past the requirement, or min-divergence-step's steps agreeing): a "
+                            "failing gate ends sooner, its streams cut there. identical, max-logprob-diff and "
+                            "min-divergence-step only.")] = None,
     prefix_cache: Annotated[Optional[str], typer.Option(
         "--prefix-cache", help="Batch axis: also each prompt alone with its first N tokens' KV cache left by an "
                                "earlier request, vs one prefill (see nondet probe --prefix-cache), e.g. auto.")] = None,
@@ -146,6 +151,7 @@ def gate(
              "workers": workers, "load": load, "endpoint": endpoint, "rate": rate, "concurrency": concurrency,
              "inject-variance": inject_variance, "speculative-forms": speculative, "rl": rl, "max-kl": max_kl,
              "micro-batch": micro_batch, "sampler-batch": sampler_batch, "compile": compile, "cuda-graphs": cuda_graphs,
+             "fail-fast": fail_fast,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill}
     source = config if config is not None else find_config(Path.cwd())
     settings = resolve(flags, load_config(source) if source else {}, source)
@@ -218,7 +224,9 @@ def probe_configs(settings: "GateSettings", out: str | None, speculative: str | 
                                   threads=settings.threads, prefill=() if speculative else settings.prefill,
                                   workers=1 if speculative else settings.workers,
                                   compile_backend="inductor" if settings.compile else None,
-                                  cuda_graphs=settings.cuda_graphs and not speculative)
+                                  cuda_graphs=settings.cuda_graphs and not speculative,
+                                  fail_fast=settings.policy.describe() if settings.fail_fast and not speculative
+                                  else None)
                for prompts, run_dir in groups]
     for config in configs:  # now, before any axis runs: e.g. a chat prompt on an axis that takes plain text
         validate_config(with_chat_endpoint(config))

@@ -25,6 +25,8 @@ directory. Keys (TOML, kebab-case):
     concurrency = 8                   # fillers in the engine at once / copies in flight
     inject-variance = false           # self-test: one norm made batch-variant; the gate must fail
     cuda-graphs = true                # the batch axis from CUDA graphs of the eager kernels (probe --cuda-graphs)
+    fail-fast = true                  # the batch axis: each batched call stops once its rows' verdicts are
+                                      #   settled (identical, max-logprob-diff, min-divergence-step)
     require = "identical"             # or ONE of: max-distinct = 2, min-divergence-step = 50,
                                       #            max-logprob-diff = 1e-3, max-flip-rate = 0.01
     speculative = "identical"         # the speculative axis: each form vs plain greedy (any requirement
@@ -59,7 +61,7 @@ from nondet.prompt import Prompt
 CONFIG_NAMES = ("nondet.toml", "pyproject.toml")
 KEYS = ("model", *PROMPT_KEYS, "batch-sizes", "positions", "runs", "max-new-tokens", "kernels",
         "dtype", "device", "threads", "workers", "load", "endpoint", "rate", "concurrency", "inject-variance", "compile",
-        "cuda-graphs", "prefix-cache", "chunked-prefill", "require",
+        "cuda-graphs", "fail-fast", "prefix-cache", "chunked-prefill", "require",
         *THRESHOLDS, "speculative", "speculative-forms", "rl", "max-kl", "micro-batch", "sampler-batch")
 
 
@@ -99,6 +101,9 @@ class GateSettings:
     compile: bool = False  # decode on the compiled path (probe --compile); the batch axis's static batches
     # the batch axis's static batches with eager kernels replayed from CUDA graphs (probe --cuda-graphs), CUDA only
     cuda_graphs: bool = False
+    # the batch axis: each batched call stops once every compared row's verdict is settled (probe's fail_fast,
+    # core/settled.py); a failing gate ends sooner, its streams cut where they were decided
+    fail_fast: bool = False
     # the batch axis also runs the prefill splits (probe --prefix-cache / --chunked-prefill), judged by its policy
     prefill: tuple[str, ...] = ()
     source: str = ""  # the config file the settings came from ("" = flags and defaults only)
@@ -153,6 +158,7 @@ def resolve(flags: dict[str, Any], file_values: dict[str, Any], source: Path | N
         inject_variance=value.flag(values, "inject-variance", label) if "inject-variance" in values else None,
         compile=value.flag(values, "compile", label),
         cuda_graphs=value.flag(values, "cuda-graphs", label),
+        fail_fast=value.flag(values, "fail-fast", label),
         prefill=value.prefill(values, label),
         policy=axis.policy(given, file_values, label.where),
         axes=axis.axes(given, file_values),

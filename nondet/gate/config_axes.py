@@ -19,7 +19,7 @@ AXIS_KEYS = {  # axis -> the keys (file) or flags that name it
 # they would be ignored silently. "positions" / "runs" on the speculative axis are refused by the probe itself.
 AXIS_ONLY_KEYS = {
     **{key: ("batch",) for key in ("batch-sizes", "positions", "runs", "workers", "rate", "concurrency",
-                                   "cuda-graphs", "prefix-cache", "chunked-prefill")},
+                                   "cuda-graphs", "fail-fast", "prefix-cache", "chunked-prefill")},
     "compile": ("batch", "speculative"),  # the rl axis samples and trains eager
     **{key: ("rl",) for key in ("micro-batch", "sampler-batch")},
 }

@@ -355,7 +355,8 @@ def _token_message(view: _ModeView, run: dict, runs: list[dict]) -> str:
 def _numeric_message(view: _ModeView, run: dict) -> str:
     step = run["first_numeric_divergence"]
     ref, here = view.step(view.ref_id, step), view.step(run["run_id"], step)
-    text = (f"same tokens, but logprob bits differ from step {step} "
+    same = "same tokens as far as decoded (stopped there: --fail-fast)" if run.get("stopped") else "same tokens"
+    text = (f"{same}, but logprob bits differ from step {step} "
             f"(run {run['run_id']}, row {run['position']}) at {_show(ref)}")
     if ref and here and "logprob" in ref and "logprob" in here:
         a, b = float.fromhex(ref["logprob"]), float.fromhex(here["logprob"])

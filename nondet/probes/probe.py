@@ -103,6 +103,10 @@ class ProbeConfig:
     # torch threads (without --threads, the cores shared out); the run directory is one process's
     # (probes/static/workers.py); "auto": run_probe picks the number for this host (auto_workers.py)
     workers: int | str = 1
+    # static load: each batched call stops once every target row's verdict against its reference is settled
+    # under this rule ("identical", "max-logprob-diff = X", "min-divergence-step = S"; core/settled.py): the
+    # gate's --fail-fast; the cut streams end "stopped". None = every call decodes max_new_tokens
+    fail_fast: str | None = None
 
     def __post_init__(self) -> None:
         # prompts read back from config.json (a server probe's --resume) hold a Chat as {"messages": [...]}
@@ -298,6 +302,10 @@ def validate_config(config: ProbeConfig) -> None:
     from nondet.probes.static import workers
 
     workers.validate(config)
+    if config.fail_fast is not None:  # static batches only: refuse_unread_flags
+        from nondet.probes.core.settled import StopRule
+
+        StopRule.parse(config.fail_fast)
     if config.tp and (config.load.mode != "static" or config.speculative or config.budget is not None):
         raise UsageError("--tp runs static batches in worker processes; drop --load / --endpoint / --speculative / "
                          "--budget")

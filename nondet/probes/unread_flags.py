@@ -34,6 +34,7 @@ RULES: tuple[tuple[str, str, frozenset[str]], ...] = (
     ("--inject-variance / --no-inject-variance", "model.inject_variance", IN_PROCESS),
     ("--kernels / --confirm", "kernels", IN_PROCESS),
     ("--allow-uncovered", "allow_uncovered", frozenset({"static", "tp", "speculative"})),
+    ("--fail-fast", "fail_fast", frozenset({"static"})),
     ("--rate", "load.rate", TRAFFIC),
     ("--concurrency", "load.concurrency", TRAFFIC),
     ("--filler-requests", "load.filler_requests", TRAFFIC),

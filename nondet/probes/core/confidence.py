@@ -4,8 +4,8 @@ A count alone overstates a pass: 0 flips in 5 runs cannot rule out a flip rate o
 kernels mode's summary carries, per prompt and over all prompts:
 
 - the runs that diverged in tokens from their prompt's reference, of the runs that are not the
-  reference, with the Wilson score interval at 95% (nondet/interval.py). With 0 flips the
-  upper bound is the statement: "0 of 30 runs diverged: the flip rate is below 11% at 95%".
+  reference (nor stopped by --fail-fast before their tokens left it: undecided, counted apart), with
+  the Wilson score interval at 95% (nondet/interval.py). With 0 flips the upper bound is the statement: "0 of 30 runs diverged: the flip rate is below 11% at 95%".
 - a grade: unstable (some run diverged in tokens); fragile (none did, but at some step the
   reference's top-1 / top-2 logprob margin is below the largest logprob difference these runs
   measured between a run and its reference at the same step and token, or 0, an exact tie: one more
@@ -16,7 +16,7 @@ Pure Python over the on-disk stream dicts (floats as float.hex strings); no torc
 """
 
 from nondet.interval import wilson
-from nondet.probes.core.diff import tokens_of
+from nondet.probes.core.diff import first_token_divergence, is_stopped
 from nondet.rundir.files import hex_to_float
 
 STABLE, FRAGILE, UNSTABLE = "stable", "fragile", "unstable"
@@ -31,12 +31,15 @@ def rate_entry(diverged: int, runs: int) -> dict:
 def prompt_confidence(streams: list[dict]) -> dict:
     """One prompt's streams of one kernels mode (its reference among them): rate, interval, grade."""
     ref = next(s for s in streams if s["is_reference"])
-    others = [s for s in streams if not s["is_reference"]]
-    diverged = sum(tokens_of(s) != tokens_of(ref) for s in others)
-    noise = max((_largest_difference(ref, s) for s in others), default=0.0)
+    # a run --fail-fast stopped before its tokens left the reference's is undecided: not counted either way
+    undecided = [s for s in streams if is_stopped(s) and first_token_divergence(ref, s) is None]
+    others = [s for s in streams if not s["is_reference"] and not any(s is u for u in undecided)]
+    diverged = sum(first_token_divergence(ref, s) is not None for s in others)
+    noise = max((_largest_difference(ref, s) for s in streams if not s["is_reference"]), default=0.0)
     fragile_steps = [i for i, step in enumerate(ref["steps"]) if _near_tie(step.get("margin"), noise)]
     grade = UNSTABLE if diverged else FRAGILE if fragile_steps else STABLE
-    return {**rate_entry(diverged, len(others)), "grade": grade, "noise": noise, "fragile_steps": fragile_steps}
+    return {**rate_entry(diverged, len(others)), "grade": grade, "noise": noise, "fragile_steps": fragile_steps,
+            **({"undecided": len(undecided)} if undecided else {})}
 
 
 def mode_confidence(streams: list[dict]) -> dict:
@@ -45,8 +48,9 @@ def mode_confidence(streams: list[dict]) -> dict:
     prompt_ids = list(dict.fromkeys(s.get("prompt_id", 0) for s in streams))
     prompts = {k: prompt_confidence([s for s in streams if s.get("prompt_id", 0) == k]) for k in prompt_ids}
     pooled = rate_entry(sum(p["diverged"] for p in prompts.values()), sum(p["runs"] for p in prompts.values()))
+    undecided = sum(p.get("undecided", 0) for p in prompts.values())
     grades = [p["grade"] for p in prompts.values()]
-    return {**pooled, "grade": max(grades, key=_ORDER.index),
+    return {**pooled, **({"undecided": undecided} if undecided else {}), "grade": max(grades, key=_ORDER.index),
             "grades": {g: grades.count(g) for g in _ORDER if g in grades},
             "prompts": {str(k): p for k, p in prompts.items()}}
 

@@ -3,12 +3,17 @@
 Pure Python on the run-directory records (no torch), so reports and tests can use it.
 A stream is a dict with "run_id", "condition_id", "position", "is_reference" and "steps"
 (each step: "token", "logprob" as float.hex, "margin" as float.hex, "piece").
+
+A stream whose finish is "stopped" (--fail-fast cut its call at its settled verdict, core/settled.py)
+is known only as far as it went: its end is not a divergence, a stopped run that still agrees with
+the reference counts as the reference's completion, and the branch tree follows it only that far.
 """
 
 import math
 from collections import Counter
 from typing import Callable
 
+from nondet.probes.core.settled import STOPPED
 from nondet.verdict import verdict  # noqa: F401 (the summary's sentence; worded in nondet/verdict.py)
 
 Decode = Callable[[list[int]], str]
@@ -19,13 +24,29 @@ def tokens_of(stream: dict) -> tuple[int, ...]:
     return tuple(step["token"] for step in stream["steps"])
 
 
+def is_stopped(stream: dict) -> bool:
+    """Cut by --fail-fast before its own end (EOS or the token limit)."""
+    return stream.get("finish") == STOPPED
+
+
 def first_token_divergence(ref: dict, run: dict) -> int | None:
-    """First step where the tokens differ (or one stream ends first); None if identical."""
+    """First step where the tokens differ (or one stream ends first, unless it was stopped there);
+    None if identical as far as both go."""
     a, b = tokens_of(ref), tokens_of(run)
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+    shorter = run if len(b) < len(a) else ref
+    return None if len(a) == len(b) or is_stopped(shorter) else min(len(a), len(b))
+
+
+def completion_of(ref: dict, run: dict) -> tuple[int, ...]:
+    """The completion a run counts as: its tokens, or the reference's for a stopped run that agrees
+    with it as far as it went."""
+    tokens = tokens_of(run)
+    if is_stopped(run) and first_token_divergence(ref, run) is None:
+        return tokens_of(ref)
+    return tokens
 
 
 def first_numeric_divergence(ref: dict, run: dict) -> int | None:
@@ -50,7 +71,7 @@ def versus_reference(ref: dict, run: dict) -> dict:
     """One run of an axis (speculative, prefill) against its prompt's reference, at batch size 1."""
     return {"condition_id": run["condition_id"], "kernels": run["kernels"], "prompt_id": run.get("prompt_id", 0),
             "run_id": run["run_id"], "reference_run_id": ref["run_id"],
-            "distinct_completions": 1 if tokens_of(ref) == tokens_of(run) else 2,
+            "distinct_completions": 1 if tokens_of(ref) == completion_of(ref, run) else 2,
             "first_token_divergence": first_token_divergence(ref, run),
             "first_numeric_divergence": first_numeric_divergence(ref, run)}
 
@@ -65,8 +86,9 @@ def summarize(streams: list[dict], decode: Decode | None = None) -> dict:
     decode = decode or _join_pieces(streams)
     ref = next(s for s in streams if s["is_reference"])
     completion_ids = _completion_ids(streams, ref)
-    runs = [_run_row(ref, s, completion_ids[tokens_of(s)]) for s in streams]
-    counts = Counter(tokens_of(s) for s in streams)
+    runs = [_run_row(ref, s, completion_ids[completion_of(ref, s)]) for s in streams]
+    counts = Counter(completion_of(ref, s) for s in streams)
+    stopped = sum(is_stopped(s) for s in streams)
     return {
         "kernels": ref.get("kernels", "default"),
         "reference_run_id": ref["run_id"],
@@ -80,6 +102,7 @@ def summarize(streams: list[dict], decode: Decode | None = None) -> dict:
         "conditions": _condition_rows(runs),
         "completions": _completions(streams, completion_ids, counts, ref, decode),
         "branch_tree": branch_tree(streams, decode),
+        **({"stopped_runs": stopped} if stopped else {}),
     }
 
 
@@ -89,11 +112,11 @@ def branch_tree(streams: list[dict], decode: Decode, start: int = 0) -> dict | N
     if step is None:
         return None
     groups: dict[int | None, list[dict]] = {}
-    for s in streams:
+    for s in _followed(streams, step):
         groups.setdefault(_token_at(s, step), []).append(s)
     alternatives = [_alternative(tok, members, step, decode)
                     for tok, members in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
-    prefix = decode(list(tokens_of(streams[0])[:step]))
+    prefix = decode(list(tokens_of(_followed(streams, step)[0])[:step]))
     return {"step": step, "count": len(streams), "prefix_text": prefix[-PREFIX_CHARS:],
             "alternatives": alternatives}
 
@@ -114,9 +137,14 @@ def _alternative(token, members: list[dict], step: int, decode: Decode) -> dict:
 def _split_step(streams: list[dict], start: int) -> int | None:
     longest = max(len(s["steps"]) for s in streams)
     for step in range(start, longest):
-        if len({_token_at(s, step) for s in streams}) > 1:
+        if len({_token_at(s, step) for s in _followed(streams, step)}) > 1:
             return step
     return None
+
+
+def _followed(streams: list[dict], step: int) -> list[dict]:
+    """The streams known at `step`: all but those stopped before it."""
+    return [s for s in streams if step < len(s["steps"]) or not is_stopped(s)]
 
 
 def _token_at(stream: dict, step: int) -> int | None:
@@ -124,7 +152,7 @@ def _token_at(stream: dict, step: int) -> int | None:
 
 
 def _completion_ids(streams: list[dict], ref: dict) -> dict[tuple, int]:
-    counts = Counter(tokens_of(s) for s in streams)
+    counts = Counter(completion_of(ref, s) for s in streams)
     ordered = sorted(counts, key=lambda t: (t != tokens_of(ref), -counts[t]))
     return {tokens: i for i, tokens in enumerate(ordered)}
 
@@ -133,6 +161,7 @@ def _run_row(ref: dict, s: dict, completion_id: int) -> dict:
     return {
         "run_id": s["run_id"], "condition_id": s["condition_id"], "position": s["position"],
         "is_reference": s["is_reference"],
+        **({"stopped": True} if is_stopped(s) else {}),
         "first_token_divergence": first_token_divergence(ref, s),
         "first_numeric_divergence": first_numeric_divergence(ref, s),
         "completion_id": completion_id,

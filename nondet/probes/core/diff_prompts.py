@@ -32,7 +32,9 @@ def merge_prompts(summaries: list[dict], prompt_ids: list[int], texts: tuple[Pro
                         for c in s["completions"]]
     first_split = _first_split(summaries)
     conditions = _merge_conditions([c for s in summaries for c in s["conditions"]])
+    stopped = sum(s.get("stopped_runs", 0) for s in summaries)
     return {
+        **({"stopped_runs": stopped} if stopped else {}),
         "kernels": summaries[0]["kernels"],
         "reference_run_id": summaries[0]["reference_run_id"],
         "n_prompts": len(summaries),

@@ -68,6 +68,12 @@ class StepRecorder:
         for row, kept in self.steps.items():
             self._steps[row] = kept[:steps]
 
+    def latest(self) -> tuple:
+        """(tokens [R], logprobs [R] fp32, step index) of the last step recorded, as tensors on the logits'
+        device (a step not yet converted), for a stopping criterion that reads each step (core/settled.py)."""
+        tokens, logprobs = self._pending[-1][:2]
+        return tokens, logprobs, self._converted() + len(self._pending) - 1
+
     def __call__(self, input_ids, scores):
         import torch
 

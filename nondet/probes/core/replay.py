@@ -18,9 +18,11 @@ from nondet.probes.core.generation_defaults import without_model_defaults
 from nondet.probes.core.kernels_mode import COMPILED_CALLS, kernels_mode
 from nondet.probes.core.recorder import StepRecorder
 from nondet.probes.core.routing_trace import RoutingTrace
+from nondet.probes.core.settled import StopRule, mark_stopped, settled_criterion
 
 
 KV_CACHES = ("dynamic", "static")
+Settle = tuple[StopRule, dict[int, list[dict]]]  # --fail-fast: the rule and each target row's reference steps
 
 
 @dataclass(frozen=True)
@@ -49,12 +51,16 @@ class DecodeSettings:
     cache_tokens: int | None = None
 
 
-def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings) -> dict[int, list[dict]]:
-    """Run generate on the batch; {target row: [step record, ...]} truncated after EOS."""
+def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings,
+                       settle: Settle | None = None) -> dict[int, list[dict]]:
+    """Run generate on the batch; {target row: [step record, ...]} truncated after EOS.
+    settle: (rule, {target row: its reference's steps}): the call stops once every row's verdict is settled
+    (--fail-fast, core/settled.py), its cut rows marked."""
     recorder = new_recorder(batch, settings, getattr(model, "dtype", None))
     trace = RoutingTrace(model, batch.target_rows, len(batch.input_ids))
+    criterion = settled_criterion(*settle, recorder) if settle else None
     with trace:  # a mixture of experts: each target token's experts, per step (nothing on a dense model)
-        generate(model, tokenizer, batch, settings, recorder)
+        generate(model, tokenizer, batch, settings, recorder, stopping=[criterion] if criterion else ())
     steps_of = recorder.steps
     if trace.found:
         for row, experts in trace.experts().items():
@@ -62,7 +68,8 @@ def generate_condition(model, tokenizer, batch: Batch, settings: DecodeSettings)
             for step, ids in zip(steps_of[row], experts[len(batch.splits):]):
                 step["experts"] = ids
     eos = eos_ids(model, tokenizer)
-    return {row: truncate_at_eos(steps, eos) for row, steps in steps_of.items()}
+    rows = {row: truncate_at_eos(steps, eos) for row, steps in steps_of.items()}
+    return mark_stopped(rows, settings.max_new_tokens, eos) if criterion and criterion.fired else rows
 
 
 def new_recorder(batch: Batch, settings: DecodeSettings, model_dtype=None) -> StepRecorder:
@@ -292,19 +299,20 @@ def truncate_at_eos(steps: list[dict], eos: list[int]) -> list[dict]:
 
 def replay_condition(model, tokenizer, condition: Condition, target: list[int], fillers: list[list[int]],
                      settings: DecodeSettings, prompts: list[list[int]] | None = None,
-                     warm: bool = False) -> dict[int, list[dict]]:
+                     warm: bool = False, settle: Settle | None = None) -> dict[int, list[dict]]:
     """One condition: build its batch, generate under its kernels; {target row: step dicts}.
     prompts: every prompt's token ids, for a condition with a prompt in each row.
     warm: a warm-up call of the compiled path: the same batch and cache length, stopped after
     compiled.WARM_STEPS decode steps, its records dropped ({}); they are made all the same, so the recorder's
     own kernels (under the mode, the log-softmax over the logits) compile in the warm-up too, and the
-    warm-up's time holds every compile the condition needs."""
+    warm-up's time holds every compile the condition needs.
+    settle: --fail-fast's rule and references (generate_condition)."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batch = build_batch(condition, target, fillers, pad_id or 0, prompts)
     with kernels_mode(condition.kernels, model, traceable=COMPILED_CALLS if settings.compile_backend else False,
                       allow_uncovered=settings.allow_uncovered):
         if not warm:
-            return generate_condition(model, tokenizer, batch, settings)
+            return generate_condition(model, tokenizer, batch, settings, settle)
         from nondet.probes.core.compiled import warm_up_stop
 
         stop = warm_up_stop(len(batch.input_ids[0]))

@@ -184,8 +184,9 @@ class CompileAhead:
 def decodes_ahead(config) -> bool:
     """Whether the probe may start a decoding second process (why_not then decides): static batches decoded
     eagerly or from CUDA graphs, a mode one decodes (decode_ahead.modes), on a CUDA device, or anywhere where
-    NONDET_COMPILE_AHEAD=1 asks for one (the tests, on a CPU). --compile's compiles its step instead."""
-    if config.compile_backend or not decode_ahead.modes(config):
+    NONDET_COMPILE_AHEAD=1 asks for one (the tests, on a CPU). --compile's compiles its step instead; with
+    --fail-fast the batches need their references, which are decoded here."""
+    if config.compile_backend or config.fail_fast or not decode_ahead.modes(config):
         return False
     return str(config.model.device).startswith("cuda") or os.environ.get(ENV) == "1"
 

@@ -20,11 +20,13 @@ from nondet.probes.core.compiled import census_store
 from nondet.probes.core.numerics import fingerprint
 from nondet.probes.core.pieces import token_piece
 from nondet.probes.core.replay import DecodeSettings, eos_ids, finish_reason, replay_condition
+from nondet.probes.core.settled import STOPPED, stopped
 from nondet.probes.core.source import Emit, Opened, Planned, step_record
 from nondet.probes.core.summarize import as_summary, sampling_section, summarize_modes
 from nondet.probes.models.loading import load_model
 from nondet.probes.static.compile_ahead import CompileAhead, decodes_ahead
 from nondet.probes.static.decoder import ConditionDecoder
+from nondet.probes.static.fail_fast import FailFast
 from nondet.rundir.records import ConditionRecord, StreamRecord
 
 
@@ -43,6 +45,8 @@ class StaticSource:
         self.workers = None  # --workers: helper processes decoding conditions beside this one (workers.py)
         self.ahead = None  # compile_ahead.CompileAhead: second processes compiling or decoding a kernels mode
         self.plan_index: dict[str, int] = {}  # condition id -> its place in the plan (what helpers are sent)
+        # --fail-fast: the references decoded so far and each batch's stop (fail_fast.py); None = decode to the end
+        self.fail_fast = FailFast(config.fail_fast) if config.fail_fast else None
 
     def open(self) -> Opened:
         self.started = time.perf_counter()
@@ -93,7 +97,7 @@ class StaticSource:
         self.plan_index = {c.condition_id: i for i, c in enumerate(conditions)}
         job = dict(spec=self.config.model, inputs=tuple(self.inputs), settings=self.decoder.settings,
                    threads=torch.get_num_threads())  # the parent's, set by numerics_scope
-        self.workers = ConditionWorkers(job, conditions, min(self.config.workers, len(conditions)))
+        self.workers = ConditionWorkers(job, conditions, min(self.config.workers, len(conditions)), self.fail_fast)
 
     def _fit_budget(self) -> list[cond.Condition]:
         """--budget: time short calls per kernels mode, then keep what fits (probes/static/budget.py);
@@ -141,8 +145,9 @@ class StaticSource:
         prompts = [ids for ids, _ in self.inputs]
 
         def run(settings: DecodeSettings, warm: bool = False) -> dict[int, list[dict]]:
+            settle = self.fail_fast.settle(condition) if self.fail_fast is not None and not warm else None
             return replay_condition(self.loaded.model, self.loaded.tokenizer, condition, target, fillers,
-                                    settings, prompts, warm)
+                                    settings, prompts, warm, settle)
 
         return run, batch_shape(condition, target, fillers, prompts)
 
@@ -164,6 +169,8 @@ class StaticSource:
             rows = self.ahead.rows(condition.kernels, condition.condition_id, decode_here)
         else:
             rows = decode_here()
+        if self.fail_fast is not None:
+            self.fail_fast.record(condition, rows)
         for row, steps in rows.items():
             prompt_id = condition.row_prompts[row] if condition.row_prompts else condition.prompt_id
             emit(self._stream(condition, row, steps, prompt_id, lengths[prompt_id]))
@@ -206,11 +213,12 @@ class StaticSource:
                 prompt_tokens: int) -> StreamRecord:
         tok = self.loaded.tokenizer
         tokens = [s["token"] for s in steps]
+        finish = STOPPED if stopped(steps) else finish_reason(tokens, eos_ids(self.loaded.model, tok))
         self.run_ids += 1
         return StreamRecord(
             run_id=self.run_ids - 1, condition_id=condition.condition_id, kernels=condition.kernels, position=row,
             is_reference=condition.is_reference, prompt_id=prompt_id, prompt_tokens=prompt_tokens,
-            finish=finish_reason(tokens, eos_ids(self.loaded.model, tok)), text=tok.decode(tokens),
+            finish=finish, text=tok.decode(tokens),
             steps=[step_record(s, token_piece(tok, s["token"])) for s in steps],
             extra={"prefill": condition.prefill} if condition.prefill else {})
 

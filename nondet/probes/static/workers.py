@@ -14,8 +14,11 @@ the cores, and fingerprint.json records both.
 
 Scheduling: the parent decodes from the front of the plan as the probe loop asks, the helpers claim
 from the back (one lock, in the parent): no condition runs twice and no process idles while one is
-left. Helpers talk to the parent over pipes (no cross-process semaphores for a killed helper to
-leak); one dispatcher thread in the parent serves them while the main thread decodes.
+left. With --fail-fast a batch is claimed only once its references are decoded, and they are sent
+with it (static/fail_fast.py): a helper then takes the last condition that is ready, references
+first at the start, and waits while none is. Helpers talk to the parent over pipes (no cross-process
+semaphores for a killed helper to leak); one dispatcher thread in the parent serves them while the
+main thread decodes.
 """
 
 import os
@@ -79,13 +82,17 @@ def threads_per_worker(threads: int | None, workers: int) -> int | None:
 
 
 class ConditionWorkers:
-    """N - 1 helper processes beside the parent; `rows(index, decode_here)` gives a condition's rows."""
+    """N - 1 helper processes beside the parent; `rows(index, decode_here)` gives a condition's rows.
+    fail_fast: the source's FailFast (static/fail_fast.py), or None."""
 
-    def __init__(self, job_fields: dict, conditions: list, workers: int) -> None:
+    def __init__(self, job_fields: dict, conditions: list, workers: int, fail_fast=None) -> None:
         import torch.multiprocessing as mp
 
         context = mp.get_context("spawn")  # no fork of a process holding torch's thread pools
-        self.front, self.back = 0, len(conditions)  # the parent decodes [front..), helpers claim from back down
+        self.conditions = conditions
+        self.fail_fast = fail_fast
+        self.unclaimed = set(range(len(conditions)))  # the parent takes its next one, helpers the last ready one
+        self.idle: list = []  # helpers' pipes waiting for a condition that is ready (--fail-fast)
         self.lock = threading.Condition()
         self.results: dict[int, dict] = {}  # index -> rows, from helpers
         self.counts = [0] * workers  # conditions decoded, parent first
@@ -104,14 +111,18 @@ class ConditionWorkers:
 
     def rows(self, index: int, decode_here) -> dict[int, list[dict]]:
         """Condition `index`'s rows: decoded here by decode_here() when no helper claimed it, else the
-        helper's (waited for). A helper's failure raises its one line here."""
+        helper's (waited for). A helper's failure raises its one line here. With --fail-fast a batch whose
+        references a helper is still decoding waits for them (the plan puts every reference before it)."""
         with self.lock:
-            local = PARENT_DECODES and index < self.back and self.error is None
+            while self._waits_for_references(index):
+                self.lock.wait(POLL_SECONDS)
+            local = PARENT_DECODES and index in self.unclaimed and self.error is None
             if local:
-                self.front = index + 1
+                self.unclaimed.discard(index)
         if local:
             rows = decode_here()
             self.counts[0] += 1
+            self._decoded(index, rows)
             return rows
         with self.lock:
             while index not in self.results and self.error is None:
@@ -119,6 +130,21 @@ class ConditionWorkers:
             if index not in self.results:
                 raise self.error
             return self.results.pop(index)
+
+    def _waits_for_references(self, index: int) -> bool:
+        return (PARENT_DECODES and self.error is None and index in self.unclaimed
+                and not self._ready(index))
+
+    def _ready(self, index: int) -> bool:
+        return self.fail_fast is None or self.fail_fast.ready(self.conditions[index])
+
+    def _decoded(self, index: int, rows: dict) -> None:
+        """A condition's rows are in: a reference may make batches ready for idle helpers."""
+        with self.lock:
+            if self.fail_fast is not None:
+                self.fail_fast.record(self.conditions[index], rows)
+                self._serve_idle()
+            self.lock.notify_all()
 
     def summary(self) -> dict:
         """summary.json "workers": processes and how many conditions each decoded (the parent first)."""
@@ -130,6 +156,7 @@ class ConditionWorkers:
         condition is not wanted."""
         with self.lock:
             self.error = self.error or WorkerError("the probe's worker processes were stopped")
+            self.idle.clear()
             self.lock.notify_all()
         stop_processes(self.processes, STOP_SECONDS)
         self.dispatcher.join(STOP_SECONDS)  # it sees the error within one poll; then no one reads the pipes
@@ -167,17 +194,29 @@ class ConditionWorkers:
         with self.lock:
             self.results[index] = rows
             self.counts[number] += 1
-            self.lock.notify_all()
+        self._decoded(index, rows)
 
     def _claim_next(self, conn) -> bool:
-        """Send the helper the last unclaimed condition (True), or tell it to stop (False)."""
+        """Send the helper the last unclaimed condition that is ready (True, also when it waits among the
+        idle for one to become ready), or tell it to stop (False)."""
         with self.lock:
-            if self.back > self.front and self.error is None:
-                self.back -= 1
-                conn.send(("run", self.back))
+            if self.unclaimed and self.error is None:
+                self.idle.append(conn)
+                self._serve_idle()
                 return True
         conn.send(("stop",))
         return False
+
+    def _serve_idle(self) -> None:
+        """Under the lock: each idle helper gets the last ready unclaimed condition, with its references."""
+        while self.idle:
+            ready = [i for i in self.unclaimed if self._ready(i)]
+            if not ready:
+                return
+            index = max(ready)
+            self.unclaimed.discard(index)
+            settle = self.fail_fast.settle(self.conditions[index]) if self.fail_fast is not None else None
+            self.idle.pop(0).send(("run", index, settle))
 
     def _fail(self, error: NondetError, conn) -> None:
         with self.lock:
@@ -225,7 +264,7 @@ def _decode_claims(job: HelperJob, pipe) -> None:
             condition = job.conditions[index]
             target, fillers = job.inputs[condition.prompt_id]
             rows = replay_condition(loaded.model, loaded.tokenizer, condition, list(target),
-                                    [list(f) for f in fillers], job.settings, prompts)
+                                    [list(f) for f in fillers], job.settings, prompts, settle=message[2])
             pipe.send(("rows", index, rows))
 
 
