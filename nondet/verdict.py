@@ -132,7 +132,7 @@ def report_verdict(modes: dict[str, dict], mode: str, minimal_set: Sequence[str]
     """The report's headline about `mode`: variance found or not, where, and what fixes it."""
     m = modes[mode]
     found = finding(m)
-    s = _report_clause(m, found, "" if mode == "default" else f" with {mode} kernels")
+    s = _report_clause(m, found, "" if mode == "default" else f" with {mode} kernels") + stopped_clause(m)
     if minimal_set and (found == TOKENS or m.get("first_numeric_divergence") is not None):
         s += f"; fixed by batch-invariant {' + '.join(minimal_set)}"
     if mode == "default" and "batch-invariant" in modes:

@@ -9,7 +9,9 @@ size 1, then the prompts in batches of 2, 4 and 8: the same generate calls a pad
 nondet runs `nondet gate --no-bisect` (scripts/bench_gate.py), with its row plan (no compared row
 padded) and with `--positions padded` (detLLM's calls, left-padded), each as the gate's default
 (`--workers auto`: the number of processes it picks here) and in one process (`--workers 1`); with
-`--workers N` also with N processes decoding the calls at once, the cores shared out.
+`--workers N` also with N processes decoding the calls at once, the cores shared out. `--fail-fast`
+rows first: each batched call stopped once its rows' verdicts are settled (the default kernels fail
+here, so this is the failing gate's time; a passing gate decodes every step, as the rows without it).
 detLLM lives in its own virtual environment (--env, default $NONDET_CACHE/detllm-0.1.1), created on
 first use with detLLM 0.1.1 and this environment's torch version, so both time the same torch
 kernels. Prints one table.
@@ -70,17 +72,19 @@ def main() -> None:
     detllm, detllm_code = time_detllm(exe, model, args.prompts, args.tokens)
     print(f"| detLLM 0.1.1 | {detllm:.1f} | {detllm_code} | 1.00x |", flush=True)
     padded = ("--positions", "padded")
-    rows = [("nondet gate (workers auto: the default)", ()), ("nondet gate --workers 1", ("--workers", "1")),
+    rows = [("nondet gate --fail-fast (workers auto)", ("--fail-fast",)),
+            ("nondet gate --fail-fast --workers 1", ("--fail-fast", "--workers", "1")),
+            ("nondet gate (workers auto: the default)", ()), ("nondet gate --workers 1", ("--workers", "1")),
             ("nondet gate --positions padded (detLLM's calls)", padded),
             ("nondet gate --positions padded --workers 1", (*padded, "--workers", "1"))]
     if args.workers != "auto":
         workers = ("--workers", str(args.workers))
         rows += [(f"nondet gate --workers {args.workers}", workers),
                  (f"nondet gate --positions padded --workers {args.workers}", (*padded, *workers))]
-    verdict = ""
+    verdicts = {}
     for label, flags in rows:
         wall, code, said = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model), flags)
-        verdict = verdict or said
+        verdicts.setdefault("--fail-fast" in flags, said)
         print(f"| {label} | {wall:.1f} | {code} | {detllm / wall:.2f}x |", flush=True)
     if args.compiled:  # the gate on the compiled path: its steps saved by the first run, loaded by the second
         cache = {"NONDET_CACHE": tempfile.mkdtemp(prefix="nondet-bench-cache-")}
@@ -88,7 +92,8 @@ def main() -> None:
             wall, code, _ = time_gate(tree, args.prompts, args.tokens, "1,2,4,8", "default", str(model),
                                       ("--compile",), cache)
             print(f"| nondet gate --compile, {run} | {wall:.1f} | {code} | {detllm / wall:.2f}x |", flush=True)
-    print(f"gate verdict: {verdict[:160]}")
+    for fail_fast, said in verdicts.items():
+        print(f"gate verdict{' with --fail-fast' if fail_fast else ''}: {said[:160]}")
 
 
 def _parse():

@@ -145,7 +145,7 @@ def _cli_probe(gpu_model_dir, out, **env) -> dict:
     from nondet.rundir.reader import read_streams
 
     argv = ["probe", "--model", str(gpu_model_dir), "--device", "cuda", "--confirm", "-b", "1,2,4,8", "-n",
-            str(STEPS), "-p", "Tell me about Richard Feynman", "--cuda-graphs", "--out", str(out)]
+            str(STEPS), "-p", "Tell me about Richard Feynman", "--cuda-graphs", "--inject-variance", "--out", str(out)]
     done = subprocess.run([sys.executable, "-m", "nondet", *argv], env={**os.environ, **env}, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -192,7 +192,8 @@ def test_the_modes_rows_from_a_second_process_are_the_bits_of_one_process(gpu_mo
 
 def test_the_probe_meets_the_second_process_and_says_what_it_did(gpu_model_dir, tmp_path):
     """`probe --cuda-graphs --confirm` as a user runs it: the probe and the second process share the mode's
-    conditions (whichever claims one first decodes it); the streams are the control's, without one."""
+    conditions (whichever claims one first decodes it); the streams are the control's, without one. The injected
+    variance is found under the default kernels of the same run: the mode's one completion is its fix."""
     import json
 
     from nondet.probes.static import compile_ahead
@@ -206,4 +207,6 @@ def test_the_probe_meets_the_second_process_and_says_what_it_did(gpu_model_dir, 
     assert f" of the mode's {n} conditions decoded by a second process" in \
         summary["decode_path"]["compiled_ahead"]["batch-invariant"]
     assert summary["modes"]["batch-invariant"]["distinct_completions"] == 1
+    assert summary["modes"]["batch-invariant"]["first_numeric_divergence"] is None
+    assert summary["modes"]["default"]["first_numeric_divergence"] is not None
     assert runs["1"] == runs["0"]
