@@ -218,3 +218,21 @@ def test_fail_fast_is_refused_where_no_static_batch_runs(tiny_model_dir, tmp_pat
         validate_config(replace(config, speculative=("ngram:2",), batch_sizes=(1,), prompts=()))
     with pytest.raises(UsageError, match="max-distinct"):
         validate_config(replace(config, fail_fast="max-distinct = 2"))
+
+
+def test_the_gate_maps_its_batch_policy_to_the_rule_and_refuses_the_others(tiny_model_dir, tmp_path):
+    from nondet.cli.gate import probe_configs
+    from nondet.gate.config import resolve
+
+    def configs(**flags):
+        settings = resolve({"model": str(tiny_model_dir), "fail-fast": True, **flags}, {})
+        return probe_configs(settings, str(tmp_path / "run"))
+
+    assert [c.fail_fast for c in configs(**{"max-logprob-diff": 0.001})] == ["max-logprob-diff = 0.001"]
+    assert [c.fail_fast for c in configs(**{"min-divergence-step": 50})] == ["min-divergence-step = 50"]
+    assert configs()[0].fail_fast == "identical"
+    for flags in ({"max-distinct": 2}, {"max-flip-rate": 0.1}):
+        with pytest.raises(UsageError, match="whole completions"):
+            configs(**flags)
+    with pytest.raises(UsageError, match="--fail-fast applies to the batch axis"):
+        resolve({"model": str(tiny_model_dir), "fail-fast": True, "speculative-forms": "ngram:2"}, {})
