@@ -93,6 +93,10 @@ def test_weights_are_counted_from_the_model_files(tiny_model_dir, tmp_path):
     assert auto_workers.weights_bytes(ModelSpec(str(both), "bfloat16")) == 1000
     (both / "model.safetensors").unlink()
     assert auto_workers.weights_bytes(ModelSpec(str(both), "bfloat16")) == 3000
+    gguf = tmp_path / "gguf"  # dequantized on load: its size says nothing of the memory
+    gguf.mkdir()
+    (gguf / "model.gguf").write_bytes(b"0" * 1000)
+    assert auto_workers.weights_bytes(ModelSpec(str(gguf), "bfloat16")) is None
     assert auto_workers.weights_bytes(ModelSpec("no-such-org/no-such-model", "bfloat16")) is None  # not cached
 
 

@@ -19,7 +19,7 @@ one line, auto never is.
 from pathlib import Path
 
 from nondet.probes.core.child_process import usable_cores
-from nondet.probes.core.model_files import WEIGHT_SUFFIXES
+from nondet.probes.core.model_files import loaded_bytes
 from nondet.probes.static.workers import why_not_here
 
 PROCESS_OVERHEAD_BYTES = 768 * 2**20  # a process's torch, transformers, KV cache and buffers beside the weights
@@ -54,18 +54,10 @@ def decode_steps(config) -> int:
 
 def weights_bytes(spec) -> int | None:
     """The bytes of the model's weights once loaded in spec.dtype, from its files (a local directory, the
-    embedded default, or a hub id already in the local cache); None when they cannot be found offline."""
+    embedded default, or a hub id already in the local cache; core/model_files.loaded_bytes); None when they
+    cannot be found offline."""
     folder = _local_folder(spec.name)
-    if folder is None:
-        return None
-    # the first kind present: a repository shipping safetensors and .bin loads one; a GGUF is dequantized on load,
-    # so its size says nothing of the memory (None: one process)
-    for suffix in (s for s in WEIGHT_SUFFIXES if s != ".gguf"):
-        stored = sum(f.stat().st_size for f in folder.glob(f"*{suffix}"))
-        if stored:
-            # a float32 load of a 16-bit checkpoint doubles it; the other way it halves (counted whole: an upper bound)
-            return stored * 2 if spec.dtype == "float32" else stored
-    return None
+    return None if folder is None else loaded_bytes(folder, spec.dtype)
 
 
 def _local_folder(name: str | None) -> Path | None:

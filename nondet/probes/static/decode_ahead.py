@@ -59,17 +59,14 @@ def configured_device(config):
 
 def before_load(config) -> int | None:
     """Before the probe's load: the bytes the weights will take on the GPU, from a local checkpoint folder's
-    weight files (16-bit files read as float32 count twice), or None where that is known only after the load
-    (a hub id, the embedded model)."""
-    from nondet.probes.core.model_files import WEIGHT_SUFFIXES
+    weight files (core/model_files.loaded_bytes), or None where that is known only after the load (a hub id,
+    the embedded model, a GGUF)."""
+    from nondet.probes.core.model_files import loaded_bytes
 
     folder = _local_folder(config)
     if folder is None or not folder.is_dir():
         return None  # a hub id or the embedded model; a missing folder the load names
-    stored = sum(p.stat().st_size for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file())
-    if not stored:
-        return None
-    return stored * (2 if config.model.dtype == "float32" else 1)
+    return loaded_bytes(folder, config.model.dtype)
 
 
 def outcome(taken: int, here: int, waited: float, ran: float | None, code: int | None, last_line: str,
