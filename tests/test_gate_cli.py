@@ -47,7 +47,11 @@ def test_violated_policy_exits_1(violated):
     verdict = json.loads((work / "run" / "gate.json").read_text())
     assert verdict["passed"] is False and verdict["policy"]["require"] == "identical"
     assert [c["condition_id"] for c in verdict["conditions"] if not c["passed"]] == ["default/bs8/ends"]
-    assert "CI gate (identical): policy violated by 1 of 1 condition(s)." in (work / "run" / "report.md").read_text()
+    report = (work / "run" / "report.md").read_text()
+    assert "CI gate (identical): policy violated by 1 of 1 condition(s)." in report
+    # the gate's own command line to reproduce it (not "nondet probe gate ..."), and the mode as a second gate run
+    assert "\nnondet gate --batch-sizes 1,8 --max-new-tokens 40 --inject-variance" in report
+    assert "nondet probe gate" not in report and "--inject-variance --junit junit.xml --out run --kernels batch-invariant`" in report
 
 
 def test_violation_is_bisected_where_the_bits_are_born(violated):

@@ -251,6 +251,12 @@ def _mode_runs(t: RunTables, mode: str) -> list[dict]:
 # -- branch tree ------------------------------------------------------------------------
 
 
+def _as_far(m: dict) -> str:
+    """A mode some of whose runs --fail-fast stopped: they agree only as far as they were decoded."""
+    n = m.get("stopped_runs")
+    return f", as far as decoded ({n} run{'s' if n > 1 else ''} stopped by --fail-fast at a settled verdict)" if n else ""
+
+
 def _tree(t: RunTables) -> list:
     mode = t.primary_mode
     m = t.modes[mode]
@@ -259,7 +265,7 @@ def _tree(t: RunTables) -> list:
     if not trees and m.get("branch_tree"):
         trees = [(None, m["branch_tree"])]
     if not trees:
-        return [Para(["No branch point: every run produced the reference completion."], kind="hint")]
+        return [Para(["No branch point: every run produced the reference completion" + _as_far(m) + "."], kind="hint")]
     steps = _run_steps(t)
     budget = {"left": MAX_TREE_NODES, "cut": False}
     parts: list = [Para([f"Runs with {mode} kernels share a prefix until a branch point; each alternative shows "
@@ -307,7 +313,8 @@ def _token_diffs(t: RunTables) -> list:
     divergent = sorted((c for c in m.get("completions", []) if not c.get("is_reference")),
                        key=lambda c: -c["count"])
     if not divergent:
-        return [Para(["No divergent completion: every run matches the reference token for token."], kind="hint")]
+        return [Para(["No divergent completion: every run matches the reference token for token" + _as_far(m) + "."],
+                     kind="hint")]
     steps = _run_steps(t)
     refs = _reference_runs(m)  # prompt id -> its reference run (the prompt alone)
     if any(r not in steps for r in refs.values()):
@@ -434,13 +441,15 @@ def probe_command(t: RunTables) -> str | None:
     if argv[:2] == ["-m", "nondet"]:
         argv = argv[2:]
     command = t.config.get("command", "probe")
-    if not argv or argv[0] != command:
+    if not argv or argv[0] not in (command, "gate"):  # a gate's probe records the gate's own command line
         argv = [command, *argv]
     return "nondet " + shlex.join(argv)
 
 
 def _confirm_command(t: RunTables) -> str:
     cmd = probe_command(t) or "nondet probe"
+    if cmd.split()[1] == "gate":  # the gate judges one kernels mode: the other is a second gate run
+        return cmd if "--kernels" in cmd.split() else cmd + " --kernels batch-invariant"
     return cmd if "--confirm" in cmd.split() else cmd + " --confirm"
 
 
